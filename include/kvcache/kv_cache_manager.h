@@ -1,0 +1,128 @@
+#pragma once
+
+#include "kvcache/detail/layer_table.h"
+#include "kvcache/kv_cache_config.h"
+#include "kvcache/kv_cache_layout.h"
+#include "kvcache/tensor.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace kvcache::rt
+{
+
+//! Owns one device buffer per attention layer and hands out zero-copy views of it: the slot view
+//! [2, maxBatchSize, capPadded, H, D] and the pool view [2, numPages, tokensPerPage, H, D].
+class KVCacheManager
+{
+public:
+    using KVLayerConfig = rt::KVLayerConfig;
+    using Config = KVCacheConfig;
+
+    //! An empty manager: no layers, nothing allocated.
+    KVCacheManager() noexcept = default;
+    //! Validates `config`, then allocates each layer with cudaMallocAsync on `stream` (never reallocated).
+    //! Throws InvalidConfigError for a bad config (before allocating anything), OutOfMemoryError when a layer
+    //! cannot be allocated (after freeing the layers already allocated) and CudaError for other CUDA failures.
+    KVCacheManager(Config const& config, cudaStream_t stream);
+    //! Returns all memory with cudaFreeAsync on the constructor's stream and device; never throws.
+    ~KVCacheManager() noexcept;
+
+    KVCacheManager(KVCacheManager const&) = delete;
+    KVCacheManager& operator=(KVCacheManager const&) = delete;
+    //! Takes `other`'s memory; `other` is left empty.
+    KVCacheManager(KVCacheManager&& other) noexcept;
+    //! Frees this manager's memory (stream-ordered), then takes `other`'s; `other` is left empty.
+    KVCacheManager& operator=(KVCacheManager&& other) noexcept;
+
+    //! Validates `config` without a GPU; returns its layout or throws InvalidConfigError.
+    static KVCacheLayout validate(Config const& config)
+    {
+        return computeLayout(config);
+    }
+
+    //! Returns the slot view [2, maxBatchSize, capPadded, H, D] of `layerIdx`. Throws std::out_of_range for a bad
+    //! index and InvalidConfigError when numPages() exceeds the minimum (the view's V half would be wrong).
+    Tensor& getCombinedKVCache(int32_t layerIdx);
+    //! Returns the pool view [2, numPages, tokensPerPage, H, D] of `layerIdx`; aborts on a bad index.
+    Tensor& getCombinedKVCachePoolView(int32_t layerIdx) noexcept;
+    //! Returns K and V, each [maxBatchSize, capPadded, H, D] at kPoolPtr / vPoolPtr; aborts on a bad index.
+    std::pair<Tensor, Tensor> getSeparateKVCache(int32_t layerIdx) const noexcept;
+
+    //! Returns capPadded: maxSequenceLength rounded up to whole pages.
+    int32_t maxCapPadded() const noexcept
+    {
+        return mLayout.capPadded;
+    }
+    //! Returns the pages per half and layer.
+    int32_t numPages() const noexcept
+    {
+        return mLayout.numPages;
+    }
+    //! Returns maxBatchSize * capPadded / tokensPerPage, the pages the slot view covers.
+    int32_t minPages() const noexcept
+    {
+        return mLayout.minPages;
+    }
+    //! Returns the tokens per page.
+    int32_t tokensPerPage() const noexcept
+    {
+        return mLayout.tokensPerPage;
+    }
+    //! Returns the start of layer `layerIdx`'s K pool; aborts on a bad index.
+    void* kPoolPtr(int32_t layerIdx) const noexcept;
+    //! Returns the start of layer `layerIdx`'s V pool; aborts on a bad index.
+    void* vPoolPtr(int32_t layerIdx) const noexcept;
+    //! Returns layer `layerIdx`'s head shape; aborts on a bad index.
+    KVLayerConfig const& getLayerConfig(int32_t layerIdx) const noexcept;
+    //! Returns the number of attention layers.
+    int32_t numLayers() const noexcept
+    {
+        return static_cast<int32_t>(mBuffers.size());
+    }
+    //! Returns true when every layer has the same numKVHeads and headDim (also for zero layers).
+    bool isUniform() const noexcept;
+    //! Returns the config the manager was built from.
+    Config const& getConfig() const noexcept
+    {
+        return mConfig;
+    }
+    //! Returns the layout maths (sizes per layer and in total).
+    KVCacheLayout const& getLayout() const noexcept
+    {
+        return mLayout;
+    }
+    //! Returns the stream the memory was allocated on and will be freed on.
+    cudaStream_t stream() const noexcept
+    {
+        return mStream;
+    }
+    //! Returns the device the memory lives on.
+    int32_t device() const noexcept
+    {
+        return mDevice;
+    }
+    //! Returns the device-resident per-layer table the page kernels read (nullptr with no layers).
+    detail::LayerTableEntry const* layerTable() const noexcept
+    {
+        return mLayerTable;
+    }
+
+private:
+    void checkIndex(int32_t layerIdx, char const* what) const noexcept;
+    void release() noexcept;
+
+    Config mConfig{};
+    KVCacheLayout mLayout{};
+    cudaStream_t mStream{nullptr};
+    int32_t mDevice{0};
+    std::vector<void*> mBuffers{};
+    std::vector<Tensor> mSlotViews{};
+    std::vector<Tensor> mPoolViews{};
+    detail::LayerTableEntry* mLayerTable{nullptr};
+};
+
+} // namespace kvcache::rt

@@ -1,0 +1,78 @@
+#pragma once
+
+#include "kvcache/kv_cache_manager.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace kvcache::rt
+{
+
+//! A page id that device-resident lists may hold as padding; the kernels skip it.
+inline constexpr int32_t kUNUSED_PAGE_ENTRY = -1;
+
+//! Copy page `src` onto page `dst` (same id space: [0, numPages) of every layer's K and V pools).
+struct PageCopy
+{
+    int32_t src;
+    int32_t dst;
+};
+
+//! Which half of each layer a page operation touches.
+enum class KVHalf : int32_t
+{
+    kBOTH = 0,
+    kK = 1,
+    kV = 2,
+};
+
+//! The layers and halves a page operation touches: layers [firstLayer, firstLayer + numLayers).
+struct PageOpTarget
+{
+    int32_t firstLayer = 0;
+    //! -1 means every layer from firstLayer on.
+    int32_t numLayers = -1;
+    KVHalf half = KVHalf::kBOTH;
+};
+
+//! Copies each pair's source page onto its destination page in every targeted layer and half, in one kernel
+//! launch per kMAX_INLINE_PAGE_OPS pairs, stream-ordered on `stream`; never synchronises or allocates.
+//! The list travels as kernel parameters, so the call may be captured in a CUDA graph.
+//! Throws (before launching anything) OutOfRangeError for an id outside [0, numPages) and InvalidArgumentError for
+//! a destination listed twice, a page that is both a source and a destination, or a bad target.
+void copyPages(KVCacheManager const& cache, PageCopy const* pairs, int32_t numPairs, cudaStream_t stream,
+    PageOpTarget const& target = {});
+//! As above, for a std::vector of pairs.
+void copyPages(KVCacheManager const& cache, std::vector<PageCopy> const& pairs, cudaStream_t stream,
+    PageOpTarget const& target = {});
+
+//! Copies pages listed in device memory, in one launch on `stream`. The kernel reads
+//! `*deviceNumPairs` pairs (all `maxPairs` when it is nullptr; the count is clamped to maxPairs), so a graph that
+//! captured this call replays with whatever the lists hold then. Pairs with a kUNUSED_PAGE_ENTRY id are skipped;
+//! any other id outside [0, numPages) is never dereferenced and, when `deviceErrorCount` is given, adds one to it.
+//! Overlapping sources and destinations are the caller's to avoid (the result is then unspecified).
+void copyPagesDevice(KVCacheManager const& cache, PageCopy const* devicePairs, int32_t maxPairs,
+    int32_t const* deviceNumPairs, cudaStream_t stream, PageOpTarget const& target = {},
+    int32_t* deviceErrorCount = nullptr);
+
+//! Fills each listed page with the little-endian 4-byte `pattern` (0 clears it; 0x7E007E00 is a float16 NaN)
+//! in every targeted layer and half, stream-ordered on `stream`. Throws OutOfRangeError for an id outside
+//! [0, numPages) and InvalidArgumentError for a page listed twice or a bad target, before launching anything.
+void resetPages(KVCacheManager const& cache, int32_t const* pages, int32_t numPages, cudaStream_t stream,
+    uint32_t pattern = 0, PageOpTarget const& target = {});
+//! As above, for a std::vector of page ids.
+void resetPages(KVCacheManager const& cache, std::vector<int32_t> const& pages, cudaStream_t stream,
+    uint32_t pattern = 0, PageOpTarget const& target = {});
+
+//! Resets pages listed in device memory, with the same count, skipping and error-counting rules as
+//! copyPagesDevice.
+void resetPagesDevice(KVCacheManager const& cache, int32_t const* devicePages, int32_t maxPages,
+    int32_t const* deviceNumPages, cudaStream_t stream, uint32_t pattern = 0, PageOpTarget const& target = {},
+    int32_t* deviceErrorCount = nullptr);
+
+//! Host-listed pages one launch carries as kernel parameters; longer lists take several launches.
+inline constexpr int32_t kMAX_INLINE_PAGE_OPS = 256;
+
+} // namespace kvcache::rt
