@@ -1,0 +1,545 @@
+// kvcache paged attention: a single-query (decode) attention kernel that reads K and V through the pool view and a
+// page table of shuffled pages, checked against the same attention computed from the slot view of an identity-mapped
+// copy of the cache, and against a float64 CPU reference. It shows that the pool view is exactly the
+// [numPages, tokensPerPage, H, D] K and V pools that paged attention kernels take.
+//
+// Run: kvcache-paged-attention   (exits 77 without a GPU, or 1 when KVCACHE_REQUIRE_GPU=1 is set)
+
+#include <kvcache/kvcache.h>
+
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace
+{
+
+namespace rt = kvcache::rt;
+
+//! Exit status that ctest reports as "skipped".
+constexpr int kEXIT_SKIPPED = 77;
+//! Threads per attention block: one block per (sequence, query head).
+constexpr int32_t kTHREADS = 128;
+//! Query heads per KV head (grouped-query attention).
+constexpr int32_t kGROUP_SIZE = 4;
+//! Largest |paged - dense|: both kernels do the same arithmetic in the same order, only the addressing differs.
+constexpr double kPAGED_VS_DENSE_TOLERANCE = 1e-6;
+//! Largest error against the float64 reference, relative to the largest |output| of the same (sequence, head).
+constexpr double kRELATIVE_TOLERANCE = 1e-3;
+//! float16 NaN: fills every cache position no sequence owns, so a kernel that reads one produces NaN and fails.
+constexpr uint16_t kPOISON_BITS = 0x7E00;
+
+//! Returns why no GPU can be used, or an empty string when one can.
+std::string gpuUnavailableReason()
+{
+    int count = 0;
+    cudaError_t const status = cudaGetDeviceCount(&count);
+    if (status != cudaSuccess)
+    {
+        cudaGetLastError();
+        return std::string("cudaGetDeviceCount returned ") + cudaGetErrorName(status);
+    }
+    return count == 0 ? std::string("no CUDA device is visible") : std::string();
+}
+
+//! Returns true when KVCACHE_REQUIRE_GPU=1, which turns a missing GPU from a skip into a failure.
+bool gpuRequired()
+{
+    char const* value = std::getenv("KVCACHE_REQUIRE_GPU");
+    return value != nullptr && std::string_view(value) == "1";
+}
+
+//! One decode step of one layer: a query per (sequence, query head) and where the attention output goes.
+struct DecodeArgs
+{
+    float const* q;         //!< [batch, numHeads, headDim]
+    float* out;             //!< [batch, numHeads, headDim]
+    int32_t const* seqLens; //!< [batch]
+    int32_t numHeads;       //!< query heads: kGROUP_SIZE * numKVHeads
+    int32_t headDim;        //!< D
+    float scale;            //!< 1 / sqrt(headDim)
+};
+
+//! K and V read through the pool view [2, numPages, tokensPerPage, H, D] and a page table [batch, maxPagesPerSeq].
+struct PagedKV
+{
+    __half const* k;    //!< pool view element (0, 0, 0, 0, 0): the K pool
+    __half const* v;    //!< pool view element (1, 0, 0, 0, 0): the V pool
+    int64_t pageStride; //!< pool view strides, in elements
+    int64_t tokenStride;
+    int64_t headStride;
+    int32_t tokensPerPage;
+    int32_t const* pageTable; //!< page of token t of sequence b: pageTable[b * maxPagesPerSeq + t / tokensPerPage]
+    int32_t maxPagesPerSeq;
+
+    //! Returns where head `kvHead` of token `token` of sequence `seq` starts, in elements from k (and from v).
+    __device__ int64_t offset(int32_t seq, int32_t token, int32_t kvHead) const
+    {
+        int64_t const page = pageTable[seq * maxPagesPerSeq + token / tokensPerPage];
+        return page * pageStride + (token % tokensPerPage) * tokenStride + kvHead * headStride;
+    }
+};
+
+//! K and V read through the slot view [2, maxBatchSize, capPadded, H, D] of an identity-mapped cache.
+struct DenseKV
+{
+    __half const* k;    //!< slot view element (0, 0, 0, 0, 0)
+    __half const* v;    //!< slot view element (1, 0, 0, 0, 0)
+    int64_t slotStride; //!< slot view strides, in elements
+    int64_t tokenStride;
+    int64_t headStride;
+
+    //! Returns where head `kvHead` of token `token` of sequence `seq` starts, in elements from k (and from v).
+    __device__ int64_t offset(int32_t seq, int32_t token, int32_t kvHead) const
+    {
+        return seq * slotStride + token * tokenStride + kvHead * headStride;
+    }
+};
+
+//! Returns max(a, b) for blockReduce.
+struct MaxOp
+{
+    __device__ float operator()(float a, float b) const
+    {
+        return fmaxf(a, b);
+    }
+};
+
+//! Returns a + b for blockReduce.
+struct SumOp
+{
+    __device__ float operator()(float a, float b) const
+    {
+        return a + b;
+    }
+};
+
+//! Returns `op` folded over `value` of every thread of the block, to every thread; blockDim.x must be kTHREADS.
+template <typename Op>
+__device__ float blockReduce(float value, Op op)
+{
+    __shared__ float warpResults[kTHREADS / 32];
+    for (int32_t lanes = 16; lanes > 0; lanes /= 2)
+    {
+        value = op(value, __shfl_xor_sync(0xFFFFFFFFu, value, lanes));
+    }
+    if (threadIdx.x % 32 == 0)
+    {
+        warpResults[threadIdx.x / 32] = value;
+    }
+    __syncthreads();
+    value = warpResults[0];
+    for (int32_t warp = 1; warp < kTHREADS / 32; ++warp)
+    {
+        value = op(value, warpResults[warp]);
+    }
+    __syncthreads(); // warpResults is reused by the next call
+    return value;
+}
+
+//! out = softmax(q . K^T * scale) . V for query head blockIdx.x of sequence blockIdx.y, in fp32. `Cache` says where
+//! a token's K and V rows are; everything else is shared by the paged and the dense kernel.
+template <typename Cache>
+__device__ void decodeAttention(Cache const& cache, DecodeArgs const& args)
+{
+    extern __shared__ float weights[]; // one per token of the sequence
+    int32_t const seq = static_cast<int32_t>(blockIdx.y);
+    int32_t const head = static_cast<int32_t>(blockIdx.x);
+    int32_t const kvHead = head / kGROUP_SIZE;
+    int32_t const length = args.seqLens[seq];
+    int32_t const stride = static_cast<int32_t>(blockDim.x);
+    int64_t const row = (int64_t{seq} * args.numHeads + head) * args.headDim;
+    float const* q = args.q + row;
+
+    // 1. Scores: q . k_t * scale, one token per thread at a time.
+    float localMax = -INFINITY;
+    for (int32_t t = static_cast<int32_t>(threadIdx.x); t < length; t += stride)
+    {
+        __half const* k = cache.k + cache.offset(seq, t, kvHead);
+        float dot = 0.0F;
+        for (int32_t d = 0; d < args.headDim; ++d)
+        {
+            dot += q[d] * __half2float(k[d]);
+        }
+        weights[t] = dot * args.scale;
+        localMax = fmaxf(localMax, weights[t]);
+    }
+    float const maxScore = blockReduce(localMax, MaxOp{});
+
+    // 2. Unnormalised softmax weights exp(score - max) and their sum.
+    float localSum = 0.0F;
+    for (int32_t t = static_cast<int32_t>(threadIdx.x); t < length; t += stride)
+    {
+        weights[t] = expf(weights[t] - maxScore);
+        localSum += weights[t];
+    }
+    float const sum = blockReduce(localSum, SumOp{}); // also makes every weight visible to every thread
+
+    // 3. Output: the weighted sum of the V rows, one dimension per thread at a time.
+    for (int32_t d = static_cast<int32_t>(threadIdx.x); d < args.headDim; d += stride)
+    {
+        float acc = 0.0F;
+        for (int32_t t = 0; t < length; ++t)
+        {
+            acc += weights[t] * __half2float(cache.v[cache.offset(seq, t, kvHead) + d]);
+        }
+        args.out[row + d] = acc / sum;
+    }
+}
+
+//! Decode attention reading K and V through the pool view and the page table: what a paged runtime binds.
+__global__ void pagedDecodeAttentionKernel(PagedKV cache, DecodeArgs args)
+{
+    decodeAttention(cache, args);
+}
+
+//! The same attention reading K and V through the slot view of an identity-mapped cache.
+__global__ void denseDecodeAttentionKernel(DenseKV cache, DecodeArgs args)
+{
+    decodeAttention(cache, args);
+}
+
+//! Owns a CUDA stream; it must outlive the KVCacheManagers that free their memory on it.
+class Stream
+{
+public:
+    Stream()
+    {
+        KVCACHE_CUDA_TRY(cudaStreamCreateWithFlags(&mStream, cudaStreamNonBlocking));
+    }
+    ~Stream()
+    {
+        KVCACHE_CUDA_LOG(cudaStreamDestroy(mStream));
+    }
+    Stream(Stream const&) = delete;
+    Stream& operator=(Stream const&) = delete;
+
+    //! Returns the stream.
+    cudaStream_t get() const noexcept
+    {
+        return mStream;
+    }
+
+private:
+    cudaStream_t mStream{nullptr};
+};
+
+//! Owns a device array of `T`.
+template <typename T>
+class DeviceArray
+{
+public:
+    explicit DeviceArray(size_t count)
+        : mCount(count)
+    {
+        KVCACHE_CUDA_TRY(cudaMalloc(&mData, count * sizeof(T)));
+    }
+    ~DeviceArray()
+    {
+        KVCACHE_CUDA_LOG(cudaFree(mData));
+    }
+    DeviceArray(DeviceArray const&) = delete;
+    DeviceArray& operator=(DeviceArray const&) = delete;
+
+    //! Returns the device pointer.
+    T* get() const noexcept
+    {
+        return mData;
+    }
+    //! Copies `host` (of the array's size) to the device, stream-ordered.
+    void upload(std::vector<T> const& host, cudaStream_t stream)
+    {
+        KVCACHE_CUDA_TRY(cudaMemcpyAsync(mData, host.data(), mCount * sizeof(T), cudaMemcpyHostToDevice, stream));
+    }
+
+private:
+    T* mData{nullptr};
+    size_t mCount;
+};
+
+//! Returns the float16 NaN every unowned cache position holds.
+__half poison()
+{
+    __half_raw raw{};
+    raw.x = kPOISON_BITS;
+    return __half(raw);
+}
+
+//! Returns the larger error; NaN, once seen, stays.
+double worse(double a, double b)
+{
+    return std::isnan(a) || std::isnan(b) ? std::numeric_limits<double>::quiet_NaN() : std::max(a, b);
+}
+
+//! Returns the largest |got - expected| over each (sequence, head) row of `headDim` values, divided by the largest
+//! |expected| of that row (so outputs near zero do not blow the error up).
+double maxRelativeError(std::vector<float> const& got, std::vector<double> const& expected, int32_t headDim)
+{
+    double result = 0.0;
+    for (size_t row = 0; row < expected.size(); row += static_cast<size_t>(headDim))
+    {
+        double rowScale = 0.0;
+        for (size_t i = row; i < row + static_cast<size_t>(headDim); ++i)
+        {
+            rowScale = std::max(rowScale, std::abs(expected[i]));
+        }
+        for (size_t i = row; i < row + static_cast<size_t>(headDim); ++i)
+        {
+            result = worse(result, std::abs(static_cast<double>(got[i]) - expected[i]) / rowScale);
+        }
+    }
+    return result;
+}
+
+//! Runs the example; returns the process exit status.
+int runPagedAttention()
+{
+    // Two layers of different shapes, with 12 retained pages beyond the minimum. A small page size keeps the
+    // page table interesting.
+    rt::KVCacheManager::Config config;
+    config.numAttentionLayers = 2;
+    config.maxBatchSize = 4;
+    config.maxSequenceLength = 200;
+    config.layerConfigs = {{2, 64}, {4, 128}};
+    config.kvCacheType = rt::DataType::kHALF;
+    config.tokensPerPage = 16;
+    int32_t const retainedPages = 12;
+    config.numPages = rt::KVCacheManager::validate(config).minPages + retainedPages;
+    std::vector<int32_t> const seqLens = {200, 1, 77, 130};
+
+    // The identity-mapped copy: the minimum number of pages, so the slot view is valid.
+    rt::KVCacheManager::Config denseConfig = config;
+    denseConfig.numPages = 0;
+
+    Stream stream;
+    rt::KVCacheManager paged(config, stream.get());
+    rt::KVCacheManager dense(denseConfig, stream.get());
+    rt::KVCacheLayout const& layout = paged.getLayout();
+    int32_t const batch = config.maxBatchSize;
+    int32_t const tokensPerPage = layout.tokensPerPage;
+    int32_t const maxPagesPerSeq = layout.pagesPerSlot;
+    int64_t const capPadded = layout.capPadded;
+
+    // The page table [batch, maxPagesPerSeq]: shuffled page ids from the whole pool, the retained region included;
+    // kUNUSED_PAGE_ENTRY where a sequence needs no page.
+    std::mt19937 rng(2024);
+    std::vector<int32_t> freePages(static_cast<size_t>(layout.numPages));
+    std::iota(freePages.begin(), freePages.end(), 0);
+    std::shuffle(freePages.begin(), freePages.end(), rng);
+    // Hand out the last retained page first, so the retained region is in use whatever the shuffle gave.
+    std::iter_swap(freePages.begin(), std::find(freePages.begin(), freePages.end(), layout.numPages - 1));
+    std::vector<int32_t> pageTable(static_cast<size_t>(batch) * maxPagesPerSeq, rt::kUNUSED_PAGE_ENTRY);
+    size_t nextFree = 0;
+    int32_t retainedInUse = 0;
+    std::printf("paged cache: %d pages of %d tokens (%d minimum + %d retained); page table:\n", paged.numPages(),
+        tokensPerPage, paged.minPages(), paged.numPages() - paged.minPages());
+    for (int32_t b = 0; b < batch; ++b)
+    {
+        std::printf("  sequence %d, %3d tokens:", b, seqLens[b]);
+        for (int32_t i = 0; i < (seqLens[b] + tokensPerPage - 1) / tokensPerPage; ++i)
+        {
+            int32_t const page = freePages[nextFree++];
+            pageTable[b * maxPagesPerSeq + i] = page;
+            retainedInUse += page >= paged.minPages() ? 1 : 0;
+            std::printf(" %d", page);
+        }
+        std::printf("\n");
+    }
+    std::printf("  %zu pages in use, %d of them retained (id >= %d)\n", nextFree, retainedInUse, paged.minPages());
+
+    DeviceArray<int32_t> devicePageTable(pageTable.size());
+    DeviceArray<int32_t> deviceSeqLens(seqLens.size());
+    devicePageTable.upload(pageTable, stream.get());
+    deviceSeqLens.upload(seqLens, stream.get());
+
+    bool pass = true;
+    for (int32_t layer = 0; layer < paged.numLayers(); ++layer)
+    {
+        int64_t const numKVHeads = paged.getLayerConfig(layer).numKVHeads;
+        int64_t const headDim = paged.getLayerConfig(layer).headDim;
+        int32_t const numHeads = kGROUP_SIZE * static_cast<int32_t>(numKVHeads);
+        int64_t const rowElems = numKVHeads * headDim; // one token's K (or V)
+
+        // Each sequence's tokens in order: keys[((b * capPadded + t) * H + h) * D + d], random in [-1, 1) for
+        // t < seqLens[b], poison after. K and V are drawn independently.
+        std::uniform_real_distribution<float> uniform(-1.0F, 1.0F);
+        size_t const tokenElems = static_cast<size_t>(batch * capPadded * rowElems);
+        std::vector<__half> keys(tokenElems, poison());
+        std::vector<__half> values(tokenElems, poison());
+        for (int32_t b = 0; b < batch; ++b)
+        {
+            for (int64_t i = 0; i < seqLens[b] * rowElems; ++i)
+            {
+                keys[b * capPadded * rowElems + i] = __float2half_rn(uniform(rng));
+                values[b * capPadded * rowElems + i] = __float2half_rn(uniform(rng));
+            }
+        }
+        // Queries larger than the keys make the softmax peaked, so the weights differ visibly from token to token.
+        std::uniform_real_distribution<float> queryValue(-4.0F, 4.0F);
+        std::vector<float> queries(static_cast<size_t>(batch * numHeads * headDim));
+        for (float& q : queries)
+        {
+            q = queryValue(rng);
+        }
+
+        // The paged cache, laid out by hand from the documented pool layout: token t of sequence b goes to page
+        // pageTable[b][t / P], position t % P; element (kv, page, p, h, d) is at kv * halfElems + ((page * P + p) * H
+        // + h) * D + d.
+        int64_t const halfElems = layout.layers[layer].halfElems;
+        std::vector<__half> pool(static_cast<size_t>(2 * halfElems), poison());
+        for (int32_t b = 0; b < batch; ++b)
+        {
+            for (int32_t t = 0; t < seqLens[b]; ++t)
+            {
+                int64_t const page = pageTable[b * maxPagesPerSeq + t / tokensPerPage];
+                int64_t const to = (page * tokensPerPage + t % tokensPerPage) * rowElems;
+                int64_t const from = (b * capPadded + t) * rowElems;
+                std::copy_n(&keys[from], rowElems, &pool[to]);
+                std::copy_n(&values[from], rowElems, &pool[halfElems + to]);
+            }
+        }
+        // The identity-mapped cache is the slot layout [2, batch, capPadded, H, D]: keys, then values.
+        std::vector<__half> slots(keys);
+        slots.insert(slots.end(), values.begin(), values.end());
+
+        KVCACHE_CUDA_TRY(cudaMemcpyAsync(
+            paged.kPoolPtr(layer), pool.data(), pool.size() * sizeof(__half), cudaMemcpyHostToDevice, stream.get()));
+        KVCACHE_CUDA_TRY(cudaMemcpyAsync(
+            dense.kPoolPtr(layer), slots.data(), slots.size() * sizeof(__half), cudaMemcpyHostToDevice, stream.get()));
+        DeviceArray<float> deviceQueries(queries.size());
+        deviceQueries.upload(queries, stream.get());
+        DeviceArray<float> pagedOut(queries.size());
+        DeviceArray<float> denseOut(queries.size());
+
+        // Bind the kernels to the views. Both read a head's D values as one contiguous row.
+        rt::Tensor const& poolView = paged.getCombinedKVCachePoolView(layer);
+        rt::Tensor const& slotView = dense.getCombinedKVCache(layer);
+        rt::Coords const& poolStride = poolView.getStride();
+        rt::Coords const& slotStride = slotView.getStride();
+        if (poolStride[4] != 1 || slotStride[4] != 1)
+        {
+            throw std::runtime_error("the kernels expect headDim to be the contiguous dimension");
+        }
+        __half const* poolBase = poolView.dataPointer<__half>();
+        __half const* slotBase = slotView.dataPointer<__half>();
+        if (poolBase + poolStride[0] != paged.vPoolPtr(layer))
+        {
+            std::fprintf(stderr, "layer %d: the pool view's V half does not start at vPoolPtr\n", layer);
+            pass = false;
+        }
+        PagedKV const pagedKV{poolBase, poolBase + poolStride[0], poolStride[1], poolStride[2], poolStride[3],
+            tokensPerPage, devicePageTable.get(), maxPagesPerSeq};
+        DenseKV const denseKV{slotBase, slotBase + slotStride[0], slotStride[1], slotStride[2], slotStride[3]};
+
+        DecodeArgs args{deviceQueries.get(), pagedOut.get(), deviceSeqLens.get(), numHeads,
+            static_cast<int32_t>(headDim), 1.0F / std::sqrt(static_cast<float>(headDim))};
+        dim3 const grid(static_cast<unsigned>(numHeads), static_cast<unsigned>(batch));
+        size_t const sharedBytes = static_cast<size_t>(capPadded) * sizeof(float);
+        pagedDecodeAttentionKernel<<<grid, kTHREADS, sharedBytes, stream.get()>>>(pagedKV, args);
+        KVCACHE_CUDA_TRY(cudaGetLastError());
+        args.out = denseOut.get();
+        denseDecodeAttentionKernel<<<grid, kTHREADS, sharedBytes, stream.get()>>>(denseKV, args);
+        KVCACHE_CUDA_TRY(cudaGetLastError());
+
+        std::vector<float> pagedResult(queries.size());
+        std::vector<float> denseResult(queries.size());
+        KVCACHE_CUDA_TRY(cudaMemcpyAsync(pagedResult.data(), pagedOut.get(), pagedResult.size() * sizeof(float),
+            cudaMemcpyDeviceToHost, stream.get()));
+        KVCACHE_CUDA_TRY(cudaMemcpyAsync(denseResult.data(), denseOut.get(), denseResult.size() * sizeof(float),
+            cudaMemcpyDeviceToHost, stream.get()));
+        KVCACHE_CUDA_TRY(cudaStreamSynchronize(stream.get()));
+
+        // The float64 reference, straight from the tokens in order.
+        std::vector<double> reference(queries.size());
+        for (int32_t b = 0; b < batch; ++b)
+        {
+            for (int32_t head = 0; head < numHeads; ++head)
+            {
+                int64_t const kvHead = head / kGROUP_SIZE;
+                int64_t const row = (int64_t{b} * numHeads + head) * headDim;
+                std::vector<double> weights(static_cast<size_t>(seqLens[b]));
+                for (int32_t t = 0; t < seqLens[b]; ++t)
+                {
+                    int64_t const token = ((b * capPadded + t) * numKVHeads + kvHead) * headDim;
+                    double dot = 0.0;
+                    for (int64_t d = 0; d < headDim; ++d)
+                    {
+                        dot +=
+                            static_cast<double>(queries[row + d]) * static_cast<double>(__half2float(keys[token + d]));
+                    }
+                    weights[t] = dot / std::sqrt(static_cast<double>(headDim));
+                }
+                double const maxScore = *std::max_element(weights.begin(), weights.end());
+                double sum = 0.0;
+                for (double& weight : weights)
+                {
+                    weight = std::exp(weight - maxScore);
+                    sum += weight;
+                }
+                for (int64_t d = 0; d < headDim; ++d)
+                {
+                    double acc = 0.0;
+                    for (int32_t t = 0; t < seqLens[b]; ++t)
+                    {
+                        int64_t const token = ((b * capPadded + t) * numKVHeads + kvHead) * headDim;
+                        acc += weights[t] * static_cast<double>(__half2float(values[token + d]));
+                    }
+                    reference[row + d] = acc / sum;
+                }
+            }
+        }
+
+        double pagedVsDense = 0.0;
+        for (size_t i = 0; i < pagedResult.size(); ++i)
+        {
+            pagedVsDense = worse(pagedVsDense, std::abs(static_cast<double>(pagedResult[i]) - denseResult[i]));
+        }
+        double const pagedVsReference = maxRelativeError(pagedResult, reference, static_cast<int32_t>(headDim));
+        double const denseVsReference = maxRelativeError(denseResult, reference, static_cast<int32_t>(headDim));
+        bool const layerPass = pagedVsDense <= kPAGED_VS_DENSE_TOLERANCE && pagedVsReference < kRELATIVE_TOLERANCE
+            && denseVsReference < kRELATIVE_TOLERANCE;
+        pass = pass && layerPass;
+        std::printf("layer %d (%d query heads on %lld KV heads, D %lld): max |paged - dense| %.3g; max relative error "
+                    "vs float64: paged %.3g, dense %.3g: %s\n",
+            layer, numHeads, static_cast<long long>(numKVHeads), static_cast<long long>(headDim), pagedVsDense,
+            pagedVsReference, denseVsReference, layerPass ? "PASS" : "FAIL");
+    }
+    std::printf("%s\n", pass ? "PASS" : "FAIL");
+    return pass ? 0 : 1;
+}
+
+} // namespace
+
+int main()
+{
+    std::string const reason = gpuUnavailableReason();
+    if (!reason.empty())
+    {
+        bool const required = gpuRequired();
+        std::fprintf(stderr, "kvcache-paged-attention needs a CUDA GPU: %s; %s\n", reason.c_str(),
+            required ? "failing because KVCACHE_REQUIRE_GPU=1" : "skipping (exit 77)");
+        return required ? 1 : kEXIT_SKIPPED;
+    }
+    try
+    {
+        return runPagedAttention();
+    }
+    catch (std::exception const& error)
+    {
+        std::fprintf(stderr, "kvcache-paged-attention failed: %s\n", error.what());
+        return 1;
+    }
+}
