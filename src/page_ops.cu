@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -224,13 +225,13 @@ Launch planLaunch(char const* what, KVCacheManager const& cache, PageOpTarget co
     int32_t const layerCount = cache.numLayers();
     if (target.firstLayer < 0 || (target.firstLayer >= layerCount && layerCount > 0) || (layerCount == 0 && target.firstLayer != 0))
     {
-        throw OutOfRangeError(fmt::format(
+        throw InvalidArgumentError(fmt::format(
             "{}: PageOpTarget.firstLayer is {}; it must be in [0, {})", what, target.firstLayer, layerCount));
     }
     int32_t const available = layerCount - target.firstLayer;
     if (target.numLayers < -1 || target.numLayers > available)
     {
-        throw OutOfRangeError(fmt::format("{}: PageOpTarget.numLayers is {}; it must be -1 (all) or in [0, {}] for "
+        throw InvalidArgumentError(fmt::format("{}: PageOpTarget.numLayers is {}; it must be -1 (all) or in [0, {}] for "
                                           "firstLayer {} of {} layers",
             what, target.numLayers, available, target.firstLayer, layerCount));
     }
@@ -290,29 +291,36 @@ void checkId(char const* what, char const* field, int32_t index, int32_t id, int
     }
 }
 
-//! Rejects a page written twice in one call, and (for copies) a page that is both read and written.
-void checkDisjoint(char const* what, int32_t const* written, int32_t writtenCount, int32_t const* read, int32_t readCount,
-    int32_t readStride, int32_t writtenStride)
+//! Rejects a page written twice in one call, and (for copies) a page that is both read and written. `writtenAt(i)`
+//! and `readAt(i)` return the i-th written and read page ids.
+template <typename WrittenAt, typename ReadAt>
+void checkDisjoint(char const* what, int32_t writtenCount, WrittenAt writtenAt, int32_t readCount, ReadAt readAt)
 {
-    thread_local std::vector<int32_t> sorted;
-    sorted.resize(static_cast<size_t>(writtenCount));
+    // Lists up to one launch's size are checked in a stack buffer so the common call allocates nothing.
+    std::array<int32_t, kMAX_INLINE_PAGE_OPS> local;
+    thread_local std::vector<int32_t> large;
+    if (writtenCount > kMAX_INLINE_PAGE_OPS)
+    {
+        large.resize(static_cast<size_t>(writtenCount));
+    }
+    int32_t* const begin = writtenCount > kMAX_INLINE_PAGE_OPS ? large.data() : local.data();
+    int32_t* const end = begin + writtenCount;
     for (int32_t i = 0; i < writtenCount; ++i)
     {
-        sorted[static_cast<size_t>(i)] = written[int64_t{i} * writtenStride];
+        begin[i] = writtenAt(i);
     }
-    std::sort(sorted.begin(), sorted.end());
-    auto const duplicate = std::adjacent_find(sorted.begin(), sorted.end());
-    if (duplicate != sorted.end())
+    std::sort(begin, end);
+    int32_t const* const duplicate = std::adjacent_find(begin, end);
+    if (duplicate != end)
     {
         throw InvalidArgumentError(fmt::format("{}: page {} is a destination more than once", what, *duplicate));
     }
     for (int32_t i = 0; i < readCount; ++i)
     {
-        int32_t const id = read[int64_t{i} * readStride];
-        if (std::binary_search(sorted.begin(), sorted.end(), id))
+        if (std::binary_search(begin, end, readAt(i)))
         {
             throw InvalidArgumentError(
-                fmt::format("{}: page {} is both a source and a destination in one call", what, id));
+                fmt::format("{}: page {} is both a source and a destination in one call", what, readAt(i)));
         }
     }
 }
@@ -355,9 +363,8 @@ void copyPages(
         detail::checkId(kWHAT, "pairs.src", i, pairs[i].src, cache.numPages());
         detail::checkId(kWHAT, "pairs.dst", i, pairs[i].dst, cache.numPages());
     }
-    static_assert(sizeof(PageCopy) == 2 * sizeof(int32_t), "PageCopy must be two packed int32 ids");
-    auto const* ids = reinterpret_cast<int32_t const*>(pairs);
-    detail::checkDisjoint(kWHAT, ids + 1, numPairs, ids, numPairs, 2, 2);
+    detail::checkDisjoint(
+        kWHAT, numPairs, [pairs](int32_t i) { return pairs[i].dst; }, numPairs, [pairs](int32_t i) { return pairs[i].src; });
     detail::Launch const shape = detail::planLaunch(
         kWHAT, cache, target, std::min(numPairs, kMAX_INLINE_PAGE_OPS), 0, nullptr);
     for (int32_t first = 0; first < numPairs; first += kMAX_INLINE_PAGE_OPS)
@@ -397,7 +404,8 @@ void resetPages(KVCacheManager const& cache, int32_t const* pages, int32_t numPa
     {
         detail::checkId(kWHAT, "pages", i, pages[i], cache.numPages());
     }
-    detail::checkDisjoint(kWHAT, pages, numPages, nullptr, 0, 1, 1);
+    detail::checkDisjoint(
+        kWHAT, numPages, [pages](int32_t i) { return pages[i]; }, 0, [](int32_t) { return kUNUSED_PAGE_ENTRY; });
     detail::Launch const shape = detail::planLaunch(
         kWHAT, cache, target, std::min(numPages, kMAX_INLINE_PAGE_OPS), pattern, nullptr);
     for (int32_t first = 0; first < numPages; first += kMAX_INLINE_PAGE_OPS)

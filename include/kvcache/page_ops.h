@@ -28,7 +28,8 @@ enum class KVHalf : int32_t
     kV = 2,
 };
 
-//! The layers and halves a page operation touches: layers [firstLayer, firstLayer + numLayers).
+//! The layers and halves a page operation touches: layers [firstLayer, firstLayer + numLayers). numLayers 0 makes
+//! the call a no-op; a firstLayer or numLayers outside the manager's layers throws InvalidArgumentError.
 struct PageOpTarget
 {
     int32_t firstLayer = 0;
@@ -41,7 +42,8 @@ struct PageOpTarget
 //! launch per kMAX_INLINE_PAGE_OPS pairs, stream-ordered on `stream`; never synchronises or allocates.
 //! The list travels as kernel parameters, so the call may be captured in a CUDA graph.
 //! Throws (before launching anything) OutOfRangeError for an id outside [0, numPages) and InvalidArgumentError for
-//! a destination listed twice, a page that is both a source and a destination, or a bad target.
+//! a destination listed twice, a page that is both a source and a destination, a bad target, a negative numPairs or
+//! a null list with a positive numPairs. Zero pairs is a no-op.
 void copyPages(KVCacheManager const& cache, PageCopy const* pairs, int32_t numPairs, cudaStream_t stream,
     PageOpTarget const& target = {});
 //! As above, for a std::vector of pairs.
@@ -51,13 +53,16 @@ void copyPages(KVCacheManager const& cache, std::vector<PageCopy> const& pairs, 
 //! Copies pages listed in device memory, in one launch on `stream`. The kernel reads
 //! `*deviceNumPairs` pairs (all `maxPairs` when it is nullptr; the count is clamped to maxPairs), so a graph that
 //! captured this call replays with whatever the lists hold then. Pairs with a kUNUSED_PAGE_ENTRY id are skipped;
-//! any other id outside [0, numPages) is never dereferenced and, when `deviceErrorCount` is given, adds one to it.
-//! Overlapping sources and destinations are the caller's to avoid (the result is then unspecified).
+//! any other id outside [0, numPages) is never dereferenced and, when `deviceErrorCount` is given, adds one to it
+//! (once per bad pair, whatever the number of targeted layers and halves). A negative device count counts as 0.
+//! Overlapping sources and destinations are the caller's to avoid (the result is then unspecified). Throws, before
+//! launching, for a bad target, a negative maxPairs or a null list with a positive maxPairs.
 void copyPagesDevice(KVCacheManager const& cache, PageCopy const* devicePairs, int32_t maxPairs,
     int32_t const* deviceNumPairs, cudaStream_t stream, PageOpTarget const& target = {},
     int32_t* deviceErrorCount = nullptr);
 
-//! Fills each listed page with the little-endian 4-byte `pattern` (0 clears it; 0x7E007E00 is a float16 NaN)
+//! Fills each listed page with the little-endian 4-byte `pattern`, counted from the start of each page (0 clears
+//! it; 0x7E007E00 is a float16 NaN),
 //! in every targeted layer and half, stream-ordered on `stream`. Throws OutOfRangeError for an id outside
 //! [0, numPages) and InvalidArgumentError for a page listed twice or a bad target, before launching anything.
 void resetPages(KVCacheManager const& cache, int32_t const* pages, int32_t numPages, cudaStream_t stream,

@@ -1,0 +1,55 @@
+#pragma once
+
+#include "model_config.h"
+#include "plan_options.h"
+
+#include "kvcache/kv_cache_config.h"
+#include "kvcache/kv_cache_layout.h"
+
+#include <cstdint>
+#include <iosfwd>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kvcache::plan
+{
+
+//! Exit status for a bad flag, config file or cache config.
+inline constexpr int kEXIT_BAD_INPUT = 2;
+
+//! A validated plan: the model, the config kvcache would be given, its layout and what fits the budget.
+struct Plan
+{
+    ModelDescription model = {};
+    rt::KVCacheConfig config = {};
+    rt::KVCacheLayout layout = {};
+    std::optional<int64_t> budgetBytes = {}; //!< --budget, when given
+    int64_t budgetPages = 0;                 //!< numPages that fit budgetBytes; 0 without a budget
+};
+
+//! Returns the model `options` describe: --config, --layer-heads, the uniform flags, or the built-in model.
+//! Throws ModelConfigError for a bad config.json.
+ModelDescription resolveModel(PlanOptions const& options);
+
+//! Returns the cache dtype: --dtype, else the model's torch_dtype (bfloat16, float16, float32), else float16.
+//! Throws ModelConfigError when the model names another dtype and --dtype is not given.
+rt::DataType resolveDataType(ModelDescription const& model, PlanOptions const& options);
+
+//! Builds the plan from the library's layout maths; throws rt::InvalidConfigError for a config kvcache rejects.
+Plan makePlan(ModelDescription model, PlanOptions const& options);
+
+//! Returns the plan as text for a terminal: title, layer table (grouped unless `perLayer`), totals and budget.
+std::string formatPlan(Plan const& plan, bool perLayer);
+
+//! Returns `bytes` with thousands separators, e.g. "8,589,934,592".
+std::string formatBytes(int64_t bytes);
+
+//! Returns `bytes` in the largest binary unit it reaches, with two decimals, e.g. "8.00 GiB".
+std::string formatSize(int64_t bytes);
+
+//! Runs the program on `args` (without the program name), writing the plan or help to `out` and errors to `err`.
+//! Returns 0, or kEXIT_BAD_INPUT for a bad flag, config file or cache config.
+int runPlanProgram(std::vector<std::string> const& args, std::ostream& out, std::ostream& err);
+
+} // namespace kvcache::plan

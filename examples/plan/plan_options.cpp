@@ -1,0 +1,365 @@
+#include "plan_options.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <charconv>
+#include <limits>
+#include <system_error>
+#include <utility>
+
+namespace kvcache::plan
+{
+namespace
+{
+
+constexpr std::array<rt::DataType, 7> kCACHE_TYPES = {rt::DataType::kFLOAT, rt::DataType::kHALF, rt::DataType::kBF16,
+    rt::DataType::kFP8_E4M3, rt::DataType::kFP8_E5M2, rt::DataType::kINT8, rt::DataType::kUINT8};
+
+// Six decimal places keep fraction * unit (at most 10^6 * 2^40) inside int64.
+constexpr size_t kMAX_FRACTION_DIGITS = 6;
+
+std::string_view trim(std::string_view text)
+{
+    while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front())) != 0)
+    {
+        text.remove_prefix(1);
+    }
+    while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back())) != 0)
+    {
+        text.remove_suffix(1);
+    }
+    return text;
+}
+
+std::string toLower(std::string_view text)
+{
+    std::string lower(text);
+    for (char& c : lower)
+    {
+        c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    }
+    return lower;
+}
+
+//! Parses all of `text` as a decimal integer; empty when it is not one or does not fit int64.
+std::optional<int64_t> parseInteger(std::string_view text)
+{
+    int64_t value = 0;
+    auto const [end, status] = std::from_chars(text.data(), text.data() + text.size(), value);
+    if (text.empty() || status != std::errc{} || end != text.data() + text.size())
+    {
+        return std::nullopt;
+    }
+    return value;
+}
+
+int32_t parseCount(std::string_view flag, std::string_view text, int32_t minimum)
+{
+    std::optional<int64_t> const value = parseInteger(text);
+    if (!value || *value < minimum || *value > std::numeric_limits<int32_t>::max())
+    {
+        throw UsageError(fmt::format("{} expects a whole number in [{}, {}], got \"{}\"", flag, minimum,
+            std::numeric_limits<int32_t>::max(), text));
+    }
+    return static_cast<int32_t>(*value);
+}
+
+std::optional<int64_t> unitBytes(std::string_view unit)
+{
+    std::string const lower = toLower(unit);
+    int64_t const kibi = 1024;
+    int64_t const kilo = 1000;
+    if (lower.empty() || lower == "b")
+    {
+        return 1;
+    }
+    std::array<std::string_view, 4> const prefixes = {"k", "m", "g", "t"};
+    int64_t binary = 1;
+    int64_t decimal = 1;
+    for (std::string_view const prefix : prefixes)
+    {
+        binary *= kibi;
+        decimal *= kilo;
+        if (lower.size() == 3 && lower.compare(0, 1, prefix) == 0 && lower.compare(1, 2, "ib") == 0)
+        {
+            return binary;
+        }
+        if (lower.size() == 2 && lower.compare(0, 1, prefix) == 0 && lower[1] == 'b')
+        {
+            return decimal;
+        }
+    }
+    return std::nullopt;
+}
+
+} // namespace
+
+int64_t parseByteSize(std::string_view flag, std::string_view text)
+{
+    auto const fail = [&](std::string_view why) -> UsageError {
+        return UsageError(
+            fmt::format("{} expects a size such as 40GiB, 512MiB, 1.5TiB or 80GB, got \"{}\" ({})", flag, text, why));
+    };
+    std::string_view const body = trim(text);
+    size_t const numberEnd = std::min(body.find_first_not_of("0123456789."), body.size());
+    std::string_view const number = body.substr(0, numberEnd);
+    std::string_view const unit = trim(body.substr(numberEnd));
+
+    size_t const point = number.find('.');
+    std::string_view const whole = number.substr(0, point);
+    std::string_view const fraction = point == std::string_view::npos ? std::string_view{} : number.substr(point + 1);
+    if (whole.empty())
+    {
+        throw fail("no number");
+    }
+    if (fraction.find('.') != std::string_view::npos || (point != std::string_view::npos && fraction.empty()))
+    {
+        throw fail("not a number");
+    }
+    if (fraction.size() > kMAX_FRACTION_DIGITS)
+    {
+        throw fail(fmt::format("at most {} decimal places", kMAX_FRACTION_DIGITS));
+    }
+    std::optional<int64_t> const multiplier = unitBytes(unit);
+    if (!multiplier)
+    {
+        throw fail(fmt::format("unknown unit \"{}\"; use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB", unit));
+    }
+    std::optional<int64_t> const wholeValue = parseInteger(whole);
+    int64_t bytes = 0;
+    if (!wholeValue || __builtin_mul_overflow(*wholeValue, *multiplier, &bytes))
+    {
+        throw fail("more bytes than int64 holds");
+    }
+    if (!fraction.empty())
+    {
+        int64_t scale = 1;
+        for (size_t i = 0; i < fraction.size(); ++i)
+        {
+            scale *= 10;
+        }
+        int64_t const fractionBytes = *parseInteger(fraction) * *multiplier / scale;
+        if (__builtin_add_overflow(bytes, fractionBytes, &bytes))
+        {
+            throw fail("more bytes than int64 holds");
+        }
+    }
+    return bytes;
+}
+
+std::vector<rt::KVLayerConfig> parseLayerHeads(std::string_view flag, std::string_view text)
+{
+    std::vector<rt::KVLayerConfig> layers;
+    std::string_view rest = text;
+    while (true)
+    {
+        size_t const comma = rest.find(',');
+        std::string_view const entry = trim(rest.substr(0, comma));
+        size_t const cross = entry.find_first_of("xX");
+        std::optional<int64_t> const heads =
+            cross == std::string_view::npos ? std::nullopt : parseInteger(trim(entry.substr(0, cross)));
+        std::optional<int64_t> const dim =
+            cross == std::string_view::npos ? std::nullopt : parseInteger(trim(entry.substr(cross + 1)));
+        int64_t const limit = std::numeric_limits<int32_t>::max();
+        if (!heads || !dim || *heads < 1 || *dim < 1 || *heads > limit || *dim > limit)
+        {
+            throw UsageError(fmt::format("{} expects comma-separated HxD entries with positive H and D, such as "
+                                         "8x128,8x128,2x64; entry {} is \"{}\" in \"{}\"",
+                flag, layers.size(), entry, text));
+        }
+        layers.push_back({static_cast<int32_t>(*heads), static_cast<int32_t>(*dim)});
+        if (comma == std::string_view::npos)
+        {
+            return layers;
+        }
+        rest.remove_prefix(comma + 1);
+    }
+}
+
+rt::DataType parseDataType(std::string_view flag, std::string_view text)
+{
+    std::string names;
+    for (rt::DataType const type : kCACHE_TYPES)
+    {
+        if (rt::dataTypeName(type) == text)
+        {
+            return type;
+        }
+        names += fmt::format("{}{}", names.empty() ? "" : "|", rt::dataTypeName(type));
+    }
+    throw UsageError(fmt::format("{} expects one of {}, got \"{}\"", flag, names, text));
+}
+
+PlanOptions parseArguments(std::vector<std::string> const& args)
+{
+    PlanOptions options;
+    for (size_t i = 0; i < args.size(); ++i)
+    {
+        std::string_view const arg = args[i];
+        if (arg == "-h")
+        {
+            options.help = true;
+            continue;
+        }
+        if (arg.size() < 3 || arg.compare(0, 2, "--") != 0)
+        {
+            throw UsageError(
+                fmt::format("unexpected argument \"{}\"; kvcache-plan takes only --flags (see --help)", arg));
+        }
+        size_t const equals = arg.find('=');
+        std::string_view const flag = arg.substr(0, equals);
+        std::optional<std::string_view> const attached =
+            equals == std::string_view::npos ? std::nullopt : std::optional{arg.substr(equals + 1)};
+        auto const value = [&]() -> std::string_view {
+            if (attached)
+            {
+                return *attached;
+            }
+            if (i + 1 >= args.size())
+            {
+                throw UsageError(fmt::format("{} needs a value (see --help)", flag));
+            }
+            return args[++i];
+        };
+        auto const noValue = [&]() {
+            if (attached)
+            {
+                throw UsageError(fmt::format("{} takes no value, got \"{}\"", flag, *attached));
+            }
+        };
+
+        if (flag == "--help")
+        {
+            noValue();
+            options.help = true;
+        }
+        else if (flag == "--per-layer")
+        {
+            noValue();
+            options.perLayer = true;
+        }
+        else if (flag == "--batch")
+        {
+            options.maxBatchSize = parseCount(flag, value(), 1);
+        }
+        else if (flag == "--seq-len")
+        {
+            options.maxSequenceLength = parseCount(flag, value(), 1);
+        }
+        else if (flag == "--dtype")
+        {
+            options.dataType = parseDataType(flag, value());
+        }
+        else if (flag == "--page-size")
+        {
+            options.tokensPerPage = parseCount(flag, value(), 1);
+        }
+        else if (flag == "--pages")
+        {
+            options.numPages = parseCount(flag, value(), 0);
+        }
+        else if (flag == "--budget")
+        {
+            options.budgetBytes = parseByteSize(flag, value());
+        }
+        else if (flag == "--layers")
+        {
+            options.numLayers = parseCount(flag, value(), 1);
+        }
+        else if (flag == "--kv-heads")
+        {
+            options.numKVHeads = parseCount(flag, value(), 1);
+        }
+        else if (flag == "--head-dim")
+        {
+            options.headDim = parseCount(flag, value(), 1);
+        }
+        else if (flag == "--layer-heads")
+        {
+            options.layerHeads = parseLayerHeads(flag, value());
+        }
+        else if (flag == "--config")
+        {
+            options.configPath = std::string(value());
+            if (options.configPath.empty())
+            {
+                throw UsageError("--config expects a path to a config.json, got \"\"");
+            }
+        }
+        else
+        {
+            throw UsageError(fmt::format("unknown flag \"{}\" (see --help)", flag));
+        }
+    }
+
+    if (!options.configPath.empty() && !options.layerHeads.empty())
+    {
+        throw UsageError("--config and --layer-heads both describe the model; give one of them");
+    }
+    if (!options.configPath.empty() || !options.layerHeads.empty())
+    {
+        std::string_view const source = options.configPath.empty() ? "--layer-heads" : "--config";
+        for (auto const& [flag, given] : {std::pair{"--layers", options.numLayers.has_value()},
+                 std::pair{"--kv-heads", options.numKVHeads.has_value()},
+                 std::pair{"--head-dim", options.headDim.has_value()}})
+        {
+            if (given)
+            {
+                throw UsageError(
+                    fmt::format("{} describes a uniform model and cannot be combined with {}", flag, source));
+            }
+        }
+    }
+    return options;
+}
+
+std::string usageText()
+{
+    return fmt::format(R"(usage: kvcache-plan [options]
+
+Prints the KV cache kvcache would allocate for a model: each layer's slot view and pool view shapes, bytes per
+layer and in total, and how many pages fit a memory budget. Uses only the layout maths; needs no GPU.
+
+model (default: a built-in Llama-3.1-8B-like model, 32 layers of 8 KV heads x 128, float16):
+  --config PATH        read a Hugging Face config.json (fields below)
+  --layer-heads LIST   one HxD entry per attention layer, e.g. 8x128,8x128,2x64
+  --layers N           uniform model: N attention layers (default 32)
+  --kv-heads H         uniform model: KV heads per layer (default 8)
+  --head-dim D         uniform model: head dimension (default 128)
+
+cache:
+  --batch N            maximum batch size (default {})
+  --seq-len N          maximum sequence length in tokens (default {})
+  --dtype NAME         float32|float16|bfloat16|fp8_e4m3|fp8_e5m2|int8|uint8
+                       (default: the config's torch_dtype or dtype, else float16)
+  --page-size N        tokens per page, a power of two up to {} (default {})
+  --pages N            pages per layer half; 0 means the minimum, batch x pages per sequence (default 0)
+  --budget SIZE        memory for the cache, e.g. 40GiB, 512MiB, 1.5TiB, 80GB or a byte count;
+                       units B, KiB, MiB, GiB, TiB (powers of 1024) and KB, MB, GB, TB (powers of 1000)
+
+output:
+  --per-layer          one table row per layer instead of one per run of identical layers
+  -h, --help           print this help
+
+Flags take their value as "--flag value" or "--flag=value".
+
+config.json: only these fields are read, from "text_config" when present, else from the top level:
+  num_hidden_layers       number of decoder layers (num_transformer_layers in OpenELM configs)
+  num_kv_heads            KV heads, one per layer (a list) or for all layers;
+                          else num_key_value_heads, else num_attention_heads
+  head_dim                else hidden_size / num_attention_heads
+  layer_types             per-layer kinds: attention, full_attention, sliding_attention and
+                          chunked_attention layers get a cache (sliding ones a full-length one);
+                          other kinds (linear_attention, mamba, recurrent, conv, ...) get none
+  attn_layer_period       with attn_layer_offset: layer i gets a cache when i % period == offset
+  torch_dtype or dtype    bfloat16, float16 or float32: the cache dtype unless --dtype is given
+
+Exit status: 0 on success; 2 for a bad flag, an unreadable or incomplete config.json, or an invalid cache config.
+)",
+        kDEFAULT_BATCH_SIZE, kDEFAULT_SEQUENCE_LENGTH, rt::kMAX_TOKENS_PER_PAGE, rt::kTOKENS_PER_PAGE);
+}
+
+} // namespace kvcache::plan
