@@ -211,12 +211,12 @@ PlanOptions parseArguments(std::vector<std::string> const& args)
         }
         size_t const equals = arg.find('=');
         std::string_view const flag = arg.substr(0, equals);
-        std::optional<std::string_view> const attached =
-            equals == std::string_view::npos ? std::nullopt : std::optional{arg.substr(equals + 1)};
+        bool const hasAttached = equals != std::string_view::npos;
+        std::string_view const attached = hasAttached ? arg.substr(equals + 1) : std::string_view{};
         auto const value = [&]() -> std::string_view {
-            if (attached)
+            if (hasAttached)
             {
-                return *attached;
+                return attached;
             }
             if (i + 1 >= args.size())
             {
@@ -225,9 +225,9 @@ PlanOptions parseArguments(std::vector<std::string> const& args)
             return args[++i];
         };
         auto const noValue = [&]() {
-            if (attached)
+            if (hasAttached)
             {
-                throw UsageError(fmt::format("{} takes no value, got \"{}\"", flag, *attached));
+                throw UsageError(fmt::format("{} takes no value, got \"{}\"", flag, attached));
             }
         };
 

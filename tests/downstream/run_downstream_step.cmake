@@ -1,0 +1,99 @@
+# One step of the consumer-project tests, run as
+#   cmake -DSTEP=<install|build_tree|install_tree> -DCONFIG=<build config> -DSETTINGS=<settings file> -P <this>
+#   install:      installs the kvcache build into a fresh prefix and checks the package is relocatable;
+#   build_tree:   configures, builds and runs the consumer with kvcache_DIR set to the build tree;
+#   install_tree: the same with CMAKE_PREFIX_PATH set to the installed prefix.
+cmake_minimum_required(VERSION 3.25...4.1)
+include(${SETTINGS})
+
+set(config_args)
+if(CONFIG)
+  set(config_args --config ${CONFIG})
+endif()
+
+if(STEP STREQUAL "install")
+  file(REMOVE_RECURSE ${KVCACHE_INSTALL_PREFIX})
+  execute_process(COMMAND ${CMAKE_COMMAND} --install ${KVCACHE_BINARY_DIR} --prefix ${KVCACHE_INSTALL_PREFIX}
+    ${config_args} COMMAND_ERROR_IS_FATAL ANY)
+  foreach(required IN ITEMS include/kvcache/kvcache.h include/kvcache/version.h
+      ${KVCACHE_INSTALL_CMAKE_DIR}/kvcacheConfig.cmake ${KVCACHE_INSTALL_CMAKE_DIR}/kvcacheConfigVersion.cmake
+      ${KVCACHE_INSTALL_CMAKE_DIR}/kvcacheTargets.cmake)
+    if(NOT EXISTS ${KVCACHE_INSTALL_PREFIX}/${required})
+      message(FATAL_ERROR "the install lacks ${required}")
+    endif()
+  endforeach()
+  # The installed package must work when moved: no file in it may name the source or build tree.
+  file(GLOB_RECURSE package_files ${KVCACHE_INSTALL_PREFIX}/${KVCACHE_INSTALL_CMAKE_DIR}/*.cmake)
+  foreach(package_file IN LISTS package_files)
+    file(READ ${package_file} text)
+    foreach(tree IN ITEMS ${KVCACHE_SOURCE_DIR} ${KVCACHE_BINARY_DIR})
+      string(FIND "${text}" "${tree}/" position)
+      if(NOT position EQUAL -1)
+        message(FATAL_ERROR "${package_file} names ${tree}")
+      endif()
+    endforeach()
+  endforeach()
+  return()
+endif()
+
+if(STEP STREQUAL "build_tree")
+  set(find_arg -Dkvcache_DIR=${KVCACHE_BINARY_DIR})
+  set(expected_kvcache_dir ${KVCACHE_BINARY_DIR})
+elseif(STEP STREQUAL "install_tree")
+  set(find_arg -DCMAKE_PREFIX_PATH=${KVCACHE_INSTALL_PREFIX})
+  set(expected_kvcache_dir ${KVCACHE_INSTALL_PREFIX}/${KVCACHE_INSTALL_CMAKE_DIR})
+else()
+  message(FATAL_ERROR "unknown STEP '${STEP}'")
+endif()
+
+set(generator_args -G ${KVCACHE_GENERATOR})
+if(KVCACHE_GENERATOR_PLATFORM)
+  list(APPEND generator_args -A ${KVCACHE_GENERATOR_PLATFORM})
+endif()
+if(KVCACHE_GENERATOR_TOOLSET)
+  list(APPEND generator_args -T ${KVCACHE_GENERATOR_TOOLSET})
+endif()
+if(KVCACHE_MAKE_PROGRAM)
+  list(APPEND generator_args -DCMAKE_MAKE_PROGRAM=${KVCACHE_MAKE_PROGRAM})
+endif()
+if(KVCACHE_CUDA_HOST_COMPILER)
+  list(APPEND generator_args -DCMAKE_CUDA_HOST_COMPILER=${KVCACHE_CUDA_HOST_COMPILER})
+endif()
+if(KVCACHE_FMT_DIR)
+  list(APPEND generator_args -Dfmt_DIR=${KVCACHE_FMT_DIR})
+endif()
+if(CONFIG)
+  list(APPEND generator_args -DCMAKE_BUILD_TYPE=${CONFIG})
+endif()
+
+set(binary_dir ${KVCACHE_DOWNSTREAM_WORK_DIR}/consumer_${STEP})
+file(REMOVE_RECURSE ${binary_dir})
+# The consumer may not enable CUDA, so CUDA settings it does not read are not worth a warning.
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${KVCACHE_CONSUMER_SOURCE_DIR} -B ${binary_dir} --no-warn-unused-cli
+    ${generator_args} ${find_arg} -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF
+    -DCMAKE_CXX_COMPILER=${KVCACHE_CXX_COMPILER} -DCMAKE_CUDA_COMPILER=${KVCACHE_CUDA_COMPILER}
+    "-DCMAKE_CUDA_ARCHITECTURES=${KVCACHE_CUDA_ARCHITECTURES}" -DCUDAToolkit_ROOT=${KVCACHE_CUDA_TOOLKIT_ROOT}
+  COMMAND_ERROR_IS_FATAL ANY)
+
+file(STRINGS ${binary_dir}/CMakeCache.txt found_line REGEX "^kvcache_DIR:")
+string(REGEX REPLACE "^[^=]*=" "" found_kvcache_dir "${found_line}")
+file(REAL_PATH "${found_kvcache_dir}" found_kvcache_dir)
+file(REAL_PATH ${expected_kvcache_dir} expected_kvcache_dir)
+if(NOT found_kvcache_dir STREQUAL expected_kvcache_dir)
+  message(FATAL_ERROR "the consumer found kvcache in '${found_kvcache_dir}', not in '${expected_kvcache_dir}'")
+endif()
+
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${binary_dir} ${config_args} COMMAND_ERROR_IS_FATAL ANY)
+
+set(app ${binary_dir}/app)
+if(NOT EXISTS ${app} AND CONFIG)
+  set(app ${binary_dir}/${CONFIG}/app)
+endif()
+execute_process(COMMAND ${app} OUTPUT_VARIABLE output ERROR_VARIABLE output RESULT_VARIABLE result)
+message("${output}")
+if(NOT result EQUAL 0)
+  message(FATAL_ERROR "the consumer failed (${result})")
+endif()
+if(NOT output MATCHES "kvcache ${KVCACHE_VERSION}\n")
+  message(FATAL_ERROR "the consumer did not print kvcache ${KVCACHE_VERSION}")
+endif()
