@@ -80,8 +80,12 @@ fi
 
 logged "${log_dir}/ctest.log" ctest --preset gpu
 ctest_status=$?
-ctest_failed=$(sed -nE 's/.* ([0-9]+) tests? failed out of ([0-9]+).*/\1/p' "${log_dir}/ctest.log" | tail -n 1)
-ctest_total=$(sed -nE 's/.* tests? failed out of ([0-9]+).*/\1/p' "${log_dir}/ctest.log" | tail -n 1)
+# CTest's closing line reads "N% tests passed, F tests failed out of T", or "100% tests passed out of T" in CMake 4.
+ctest_failed=$(sed -nE 's/.* ([0-9]+) tests? failed out of [0-9]+.*/\1/p' "${log_dir}/ctest.log" | tail -n 1)
+ctest_total=$(sed -nE 's/.*tests? (passed|failed) out of ([0-9]+).*/\2/p' "${log_dir}/ctest.log" | tail -n 1)
+if [[ -n ${ctest_total} && -z ${ctest_failed} ]]; then
+    ctest_failed=0
+fi
 not_run=$(count '^[[:space:]]*[0-9]+ - .*\((Skipped|Disabled|Not Run|Required Files Missing)\)' "${log_dir}/ctest.log")
 ctest_details="${ctest_failed:-?} failed, ${not_run} not run, of ${ctest_total:-?}"
 if ((ctest_status == 0 && not_run == 0)) && [[ -n ${ctest_total} ]]; then
