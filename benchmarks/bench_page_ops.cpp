@@ -41,10 +41,13 @@ constexpr rt::KVLayerConfig kUNIFORM_LAYER{8, 128};
 constexpr int32_t kPOOL_PAGES = 768;
 constexpr int32_t kWARMUP_CALLS = 3;
 constexpr int32_t kCEILING_CALLS = 31;
+constexpr int32_t kCEILING_BATCHES = 5;
 //! Used unless --benchmark_min_time is on the command line; keeps the whole run within about a minute.
 constexpr double kDEFAULT_MIN_TIME_SECONDS = 0.1;
 constexpr int64_t kENQUEUE_ITERATIONS = 2000;
 constexpr int64_t kENQUEUE_SYNC_EVERY = 32;
+//! Single-pair calls in one back-to-back batch: every call on its own pages (2 * 384 = kPOOL_PAGES).
+constexpr int32_t kBACK_TO_BACK_CALLS = kPOOL_PAGES / 2;
 //! cudaMemsetAsync writes a byte value; the reset kernel's 4-byte pattern matches it only for 0.
 constexpr uint32_t kRESET_PATTERN = 0;
 constexpr int kRESET_BYTE = 0;
@@ -57,6 +60,10 @@ enum class Operation
     kCOPY,
     kRESET,
     kENQUEUE,
+    //! Copies of pages laid out in runs: sources [0, n), destinations [n, 2n), as a freshly forked sequence has.
+    kCOPY_RUNS,
+    //! Single-pair copies launched back to back, each on pages no earlier call touched (nothing left in L2).
+    kBACK_TO_BACK,
 };
 
 //! How the bytes are moved.
@@ -130,6 +137,8 @@ char const* operationName(Operation operation)
     case Operation::kCOPY: return "copy";
     case Operation::kRESET: return "reset";
     case Operation::kENQUEUE: return "enqueue";
+    case Operation::kCOPY_RUNS: return "copy_runs";
+    case Operation::kBACK_TO_BACK: return "back_to_back";
     }
     return "unknown";
 }
@@ -293,8 +302,8 @@ public:
         return seconds;
     }
 
-    //! Returns the contiguous transfer of `bytes` that bounds `operation`, on scratch buffers.
-    std::function<void(cudaStream_t)> ceilingRun(Operation operation, int64_t bytes)
+    //! Returns scratch destination and source buffers of at least `bytes` each, growing them when needed.
+    std::pair<char*, char const*> scratch(int64_t bytes)
     {
         if (mScratchDst.bytes() < bytes)
         {
@@ -304,8 +313,46 @@ public:
             mScratchSrc = DeviceBuffer(bytes);
             mScratchDst = DeviceBuffer(bytes);
         }
-        void* const dst = mScratchDst.data();
-        void const* const src = mScratchSrc.data();
+        return {static_cast<char*>(mScratchDst.data()), static_cast<char const*>(mScratchSrc.data())};
+    }
+
+    //! Returns the median seconds per call of kBACK_TO_BACK_CALLS contiguous cudaMemcpyAsync calls of `bytes`, each
+    //! on its own slice of the scratch buffers, measured once.
+    double backToBackCeilingSeconds(int64_t bytes)
+    {
+        auto const key = std::make_pair(Operation::kBACK_TO_BACK, bytes);
+        auto const found = mCeilings.find(key);
+        if (found != mCeilings.end())
+        {
+            return found->second;
+        }
+        auto const [dst, src] = scratch(bytes * kBACK_TO_BACK_CALLS);
+        auto const run = [dst = dst, src = src, bytes](cudaStream_t stream)
+        {
+            for (int32_t i = 0; i < kBACK_TO_BACK_CALLS; ++i)
+            {
+                KVCACHE_CUDA_TRY(cudaMemcpyAsync(dst + int64_t{i} * bytes, src + int64_t{i} * bytes,
+                    static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, stream));
+            }
+        };
+        run(mStream);
+        std::vector<double> samples;
+        for (int32_t i = 0; i < kCEILING_BATCHES; ++i)
+        {
+            samples.push_back(timeOnce(run) / kBACK_TO_BACK_CALLS);
+        }
+        std::nth_element(samples.begin(), samples.begin() + kCEILING_BATCHES / 2, samples.end());
+        double const seconds = samples[kCEILING_BATCHES / 2];
+        mCeilings.emplace(key, seconds);
+        return seconds;
+    }
+
+    //! Returns the contiguous transfer of `bytes` that bounds `operation`, on scratch buffers.
+    std::function<void(cudaStream_t)> ceilingRun(Operation operation, int64_t bytes)
+    {
+        auto const [scratchDst, scratchSrc] = scratch(bytes);
+        void* const dst = scratchDst;
+        void const* const src = scratchSrc;
         auto const size = static_cast<size_t>(bytes);
         if (operation == Operation::kRESET)
         {
@@ -482,6 +529,70 @@ struct BatchArguments
     size_t attributeIndex = 0;
 };
 
+//! Measures kBACK_TO_BACK: batches of kBACK_TO_BACK_CALLS single-pair calls, each on pages of its own, launched
+//! directly (no graph) and timed with events around the batch. The ceiling is the same number of contiguous
+//! cudaMemcpyAsync calls of the same bytes, each on its own slice of the scratch buffers.
+void runBackToBack(benchmark::State& state, Case const& c, rt::KVCacheManager const& cache, int64_t bytesPerCall)
+{
+    Harness& harness = *gHarness;
+    cudaStream_t const stream = harness.stream();
+    std::vector<int32_t> const ids = scatteredPages(2 * kBACK_TO_BACK_CALLS, cache.numPages());
+    DeviceBuffer devicePairs;
+    std::vector<rt::PageCopy> pairs;
+    for (int32_t i = 0; i < kBACK_TO_BACK_CALLS; ++i)
+    {
+        pairs.push_back({ids[static_cast<size_t>(2 * i)], ids[static_cast<size_t>(2 * i + 1)]});
+    }
+    auto const* list = static_cast<rt::PageCopy const*>(nullptr);
+    if (c.method == Method::kKVCACHE_DEVICE)
+    {
+        devicePairs = upload(pairs, stream);
+        list = static_cast<rt::PageCopy const*>(devicePairs.data());
+    }
+    auto [scratchDst, scratchSrc] = harness.scratch(bytesPerCall * kBACK_TO_BACK_CALLS);
+    auto const size = static_cast<size_t>(bytesPerCall);
+    auto const call = [&](int32_t i)
+    {
+        switch (c.method)
+        {
+        case Method::kCEILING:
+            KVCACHE_CUDA_TRY(cudaMemcpyAsync(scratchDst + int64_t{i} * bytesPerCall,
+                scratchSrc + int64_t{i} * bytesPerCall, size, cudaMemcpyDeviceToDevice, stream));
+            break;
+        case Method::kKVCACHE_HOST: rt::copyPages(cache, &pairs[static_cast<size_t>(i)], 1, stream); break;
+        case Method::kKVCACHE_DEVICE: rt::copyPagesDevice(cache, list + i, 1, nullptr, stream); break;
+        default: throw std::runtime_error("back_to_back measures ceiling, kvcache_host and kvcache_device only");
+        }
+    };
+    auto const batchSeconds = [&]
+    {
+        return harness.timeOnce(
+            [&](cudaStream_t)
+            {
+                for (int32_t i = 0; i < kBACK_TO_BACK_CALLS; ++i)
+                {
+                    call(i);
+                }
+            });
+    };
+    batchSeconds();
+    double total = 0.0;
+    for (auto _ : state)
+    {
+        double const seconds = batchSeconds();
+        state.SetIterationTime(seconds / kBACK_TO_BACK_CALLS);
+        total += seconds;
+    }
+    double const secondsPerCall = total / static_cast<double>(state.iterations()) / kBACK_TO_BACK_CALLS;
+    double const ceiling = harness.backToBackCeilingSeconds(bytesPerCall);
+    state.counters["pages_per_call"] = 1;
+    state.counters["bytes_read"] = static_cast<double>(bytesPerCall);
+    state.counters["bytes_written"] = static_cast<double>(bytesPerCall);
+    state.counters["GBps_read_plus_write"] = 2.0 * static_cast<double>(bytesPerCall) / secondsPerCall * 1e-9;
+    state.counters["pct_of_ceiling"] = 100.0 * ceiling / secondsPerCall;
+    state.counters["us_per_call"] = secondsPerCall * 1e6;
+}
+
 //! Measures one case and reports its counters; throws on a CUDA error or a failed check.
 void runCase(benchmark::State& state, Case const& c)
 {
@@ -494,6 +605,13 @@ void runCase(benchmark::State& state, Case const& c)
     if (c.operation == Operation::kRESET)
     {
         resetPages = scatteredPages(c.pages, cache.numPages());
+    }
+    else if (c.operation == Operation::kCOPY_RUNS)
+    {
+        for (int32_t i = 0; i < c.pages; ++i)
+        {
+            pairs.push_back({i, c.pages + i});
+        }
     }
     else
     {
@@ -533,6 +651,12 @@ void runCase(benchmark::State& state, Case const& c)
         KVCACHE_CUDA_TRY(cudaStreamSynchronize(stream));
         state.counters["pages_per_call"] = c.pages;
         state.counters["us_per_call"] = total / static_cast<double>(state.iterations()) * 1e6;
+        return;
+    }
+
+    if (c.operation == Operation::kBACK_TO_BACK)
+    {
+        runBackToBack(state, c, cache, bytesWritten);
         return;
     }
 
@@ -685,6 +809,17 @@ void registerAll(bool setMinTime)
     for (int32_t pairs : {1, 64, 256})
     {
         registerCase({Operation::kENQUEUE, &uniformModel(), Method::kKVCACHE_HOST, pairs}, setMinTime);
+    }
+    for (int32_t pairs : {8, 256})
+    {
+        for (Method method : {Method::kCEILING, Method::kKVCACHE_HOST, Method::kKVCACHE_DEVICE})
+        {
+            registerCase({Operation::kCOPY_RUNS, &uniformModel(), method, pairs}, setMinTime);
+        }
+    }
+    for (Method method : {Method::kCEILING, Method::kKVCACHE_HOST, Method::kKVCACHE_DEVICE})
+    {
+        registerCase({Operation::kBACK_TO_BACK, &uniformModel(), method, 1}, setMinTime);
     }
     for (Model const* model : {&mixedModel(), &fp8Model()})
     {
