@@ -97,7 +97,7 @@ KVCacheManager::KVCacheManager(Config const& config, cudaStream_t stream)
         {
             KVLayerLayout const& layer = mLayout.layers[static_cast<size_t>(i)];
             table.push_back({static_cast<char*>(mBuffers[static_cast<size_t>(i)]), layer.halfElems * mLayout.elementBytes,
-                layer.pageBytes});
+                layer.pageBytes, 0});
         }
         void* tablePtr = nullptr;
         KVCACHE_CUDA_TRY(allocate(&tablePtr, static_cast<int64_t>(table.size() * sizeof(detail::LayerTableEntry)),

@@ -18,24 +18,30 @@ namespace
 {
 
 // One block moves one 32 KiB chunk of one page of one half of one layer, all its loads issued before its stores.
-// 1024 threads x 2 vectors measured 2% faster on an H200 than 256 x 8, 512 x 4 or a persistent grid (tune notes in
-// docs/benchmarks.md).
-constexpr int32_t kTHREADS = 1024;
-constexpr int32_t kVECTORS_PER_THREAD = 2;
+// Grids are exact: no block starts without a chunk to move, whatever the layers' page sizes.
 constexpr int64_t kVECTOR_BYTES = 16;
-constexpr int64_t kCHUNK_BYTES = kTHREADS * kVECTORS_PER_THREAD * kVECTOR_BYTES;
+constexpr int64_t kCHUNK_BYTES = 32 * 1024;
+// Measured on an H200: 1024 threads x 2 vectors moves large lists about 2% faster than 256 x 8; 256 x 8 finishes
+// small lists (a few thousand chunks or fewer) sooner, with more, smaller blocks to spread over the multiprocessors.
+constexpr int32_t kWIDE_THREADS = 1024;
+constexpr int32_t kNARROW_THREADS = 256;
+constexpr int64_t kMAX_NARROW_CHUNKS = 4096;
 constexpr int32_t kTABLE_ENTRIES_PER_UPLOAD = 64;
 // Short host lists travel in a small parameter block: a launch copies its whole parameter block.
 constexpr int32_t kSMALL_INLINE_LIST = 32;
 
-//! What every page kernel needs besides its list: which layers and halves, and the id range.
+//! What every page kernel needs besides its list: which layers and halves, and the id range. Block x moves chunk
+//! (x % rangeChunks) of half (x / rangeChunks % halfCount) of list entry x / (halfCount * rangeChunks), where
+//! chunks are counted across the targeted layers from the layer table's firstChunk.
 struct PageOpParams
 {
     LayerTableEntry const* table;
     int32_t firstLayer;
-    int32_t halfCount;  //!< 1 or 2
-    int32_t firstHalf;  //!< 0 for K, 1 for V
-    int32_t chunksPerPage;
+    int32_t endLayer;     //!< one past the last targeted layer
+    int32_t halfCount;    //!< 1 or 2
+    int32_t firstHalf;    //!< 0 for K, 1 for V
+    int64_t firstChunk;   //!< table[firstLayer].firstChunk
+    int32_t rangeChunks;  //!< chunks of one page across the targeted layers
     int32_t numPages;
     uint32_t pattern;
     int32_t* errorCount;
@@ -91,36 +97,36 @@ __device__ bool isValidPage(int32_t id, int32_t numPages)
     return id >= 0 && id < numPages;
 }
 
+template <int32_t THREADS>
 __device__ void copyChunk(char const* __restrict__ src, char* __restrict__ dst, int64_t bytes, bool vectorised)
 {
+    constexpr int32_t kVECTORS = static_cast<int32_t>(kCHUNK_BYTES / kVECTOR_BYTES / THREADS);
+    auto const* from = reinterpret_cast<int4 const*>(src);
+    auto* to = reinterpret_cast<int4*>(dst);
     if (vectorised && bytes == kCHUNK_BYTES)
     {
-        auto const* from = reinterpret_cast<int4 const*>(src);
-        auto* to = reinterpret_cast<int4*>(dst);
-        int4 staged[kVECTORS_PER_THREAD];
+        int4 staged[kVECTORS];
 #pragma unroll
-        for (int32_t k = 0; k < kVECTORS_PER_THREAD; ++k)
+        for (int32_t k = 0; k < kVECTORS; ++k)
         {
-            staged[k] = __ldcg(from + threadIdx.x + k * kTHREADS);
+            staged[k] = __ldcg(from + threadIdx.x + k * THREADS);
         }
 #pragma unroll
-        for (int32_t k = 0; k < kVECTORS_PER_THREAD; ++k)
+        for (int32_t k = 0; k < kVECTORS; ++k)
         {
-            __stcg(to + threadIdx.x + k * kTHREADS, staged[k]);
+            __stcg(to + threadIdx.x + k * THREADS, staged[k]);
         }
     }
     else if (vectorised)
     {
-        auto const* from = reinterpret_cast<int4 const*>(src);
-        auto* to = reinterpret_cast<int4*>(dst);
-        for (int64_t i = threadIdx.x; i < bytes / kVECTOR_BYTES; i += kTHREADS)
+        for (int64_t i = threadIdx.x; i < bytes / kVECTOR_BYTES; i += THREADS)
         {
             __stcg(to + i, __ldcg(from + i));
         }
     }
     else
     {
-        for (int64_t i = threadIdx.x; i < bytes; i += kTHREADS)
+        for (int64_t i = threadIdx.x; i < bytes; i += THREADS)
         {
             dst[i] = src[i];
         }
@@ -128,6 +134,7 @@ __device__ void copyChunk(char const* __restrict__ src, char* __restrict__ dst, 
 }
 
 //! Fills `bytes` bytes at `dst`, which sit `offset` bytes into a page, with the page-aligned 4-byte pattern.
+template <int32_t THREADS>
 __device__ void fillChunk(char* dst, int64_t offset, int64_t bytes, bool vectorised, uint32_t pattern)
 {
     if (vectorised)
@@ -135,42 +142,53 @@ __device__ void fillChunk(char* dst, int64_t offset, int64_t bytes, bool vectori
         auto const word = static_cast<int>(pattern);
         int4 const value = make_int4(word, word, word, word);
         auto* to = reinterpret_cast<int4*>(dst);
-        for (int64_t i = threadIdx.x; i < bytes / kVECTOR_BYTES; i += kTHREADS)
+        for (int64_t i = threadIdx.x; i < bytes / kVECTOR_BYTES; i += THREADS)
         {
             __stcg(to + i, value);
         }
     }
     else
     {
-        for (int64_t i = threadIdx.x; i < bytes; i += kTHREADS)
+        for (int64_t i = threadIdx.x; i < bytes; i += THREADS)
         {
             dst[i] = static_cast<char>(pattern >> (8 * ((offset + i) % 4)));
         }
     }
 }
 
-//! Grid: x = list position * chunksPerPage + chunk, y = targeted layer * halfCount + half.
-template <typename Op, typename List>
-__global__ void __launch_bounds__(kTHREADS) pageOpKernel(PageOpParams params, List list)
+template <int32_t THREADS, typename Op, typename List>
+__global__ void __launch_bounds__(THREADS) pageOpKernel(PageOpParams params, List list)
 {
-    auto const position = static_cast<int32_t>(blockIdx.x / static_cast<uint32_t>(params.chunksPerPage));
-    auto const chunk = static_cast<int32_t>(blockIdx.x % static_cast<uint32_t>(params.chunksPerPage));
+    int64_t const unitsPerEntry = int64_t{params.halfCount} * params.rangeChunks;
+    auto const position = static_cast<int32_t>(blockIdx.x / unitsPerEntry);
     if (position >= list.size())
     {
         return;
     }
-    LayerTableEntry const layer
-        = params.table[params.firstLayer + static_cast<int32_t>(blockIdx.y) / params.halfCount];
-    int32_t const half = params.firstHalf + static_cast<int32_t>(blockIdx.y) % params.halfCount;
-    int64_t const chunkStart = chunk * kCHUNK_BYTES;
-    if (chunkStart >= layer.pageBytes)
+    int64_t const unit = blockIdx.x % unitsPerEntry;
+    int32_t const half = params.firstHalf + static_cast<int32_t>(unit / params.rangeChunks);
+    int64_t const target = params.firstChunk + unit % params.rangeChunks;
+    // The targeted layer holding chunk `target`: the last whose firstChunk is not past it.
+    int32_t low = params.firstLayer;
+    int32_t high = params.endLayer - 1;
+    while (low < high)
     {
-        return;
+        int32_t const middle = (low + high + 1) / 2;
+        if (params.table[middle].firstChunk <= target)
+        {
+            low = middle;
+        }
+        else
+        {
+            high = middle - 1;
+        }
     }
+    LayerTableEntry const layer = params.table[low];
+    int64_t const chunkStart = (target - layer.firstChunk) * kCHUNK_BYTES;
     int64_t const bytes = min(kCHUNK_BYTES, layer.pageBytes - chunkStart);
     bool const vectorised = layer.pageBytes % kVECTOR_BYTES == 0;
     char* const halfBase = layer.kBase + half * layer.halfBytes + chunkStart;
-    bool const reportsErrors = chunk == 0 && blockIdx.y == 0 && threadIdx.x == 0 && params.errorCount != nullptr;
+    bool const reportsErrors = unit == 0 && threadIdx.x == 0 && params.errorCount != nullptr;
 
     auto const item = list[position];
     if constexpr (std::is_same_v<Op, CopyOp>)
@@ -187,7 +205,8 @@ __global__ void __launch_bounds__(kTHREADS) pageOpKernel(PageOpParams params, Li
             }
             return;
         }
-        copyChunk(halfBase + item.src * layer.pageBytes, halfBase + item.dst * layer.pageBytes, bytes, vectorised);
+        copyChunk<THREADS>(
+            halfBase + item.src * layer.pageBytes, halfBase + item.dst * layer.pageBytes, bytes, vectorised);
     }
     else
     {
@@ -203,7 +222,7 @@ __global__ void __launch_bounds__(kTHREADS) pageOpKernel(PageOpParams params, Li
             }
             return;
         }
-        fillChunk(halfBase + item * layer.pageBytes, chunkStart, bytes, vectorised, params.pattern);
+        fillChunk<THREADS>(halfBase + item * layer.pageBytes, chunkStart, bytes, vectorised, params.pattern);
     }
 }
 
@@ -215,12 +234,16 @@ __global__ void uploadLayerTableKernel(LayerTableEntry* dst, InlineList<LayerTab
     }
 }
 
-//! The launch shape of one call, worked out and checked on the host; grid x is list entries x chunksPerPage.
+//! The launch shape of one call, worked out and checked on the host.
 struct Launch
 {
     PageOpParams params;
-    uint32_t gridY;
 };
+
+int64_t chunksOf(int64_t pageBytes)
+{
+    return (pageBytes + kCHUNK_BYTES - 1) / kCHUNK_BYTES;
+}
 
 Launch planLaunch(char const* what, KVCacheManager const& cache, PageOpTarget const& target, int32_t listCapacity,
     uint32_t pattern, int32_t* errorCount)
@@ -247,19 +270,19 @@ Launch planLaunch(char const* what, KVCacheManager const& cache, PageOpTarget co
     int32_t const numLayers = target.numLayers == -1 ? available : target.numLayers;
     int32_t const halfCount = target.half == KVHalf::kBOTH ? 2 : 1;
 
-    int64_t maxPageBytes = 0;
-    for (int32_t i = target.firstLayer; i < target.firstLayer + numLayers; ++i)
+    int64_t firstChunk = 0;
+    int64_t rangeChunks = 0;
+    for (int32_t i = 0; i < target.firstLayer + numLayers; ++i)
     {
-        maxPageBytes = std::max(maxPageBytes, cache.getLayout().layers[static_cast<size_t>(i)].pageBytes);
+        int64_t const chunks = chunksOf(cache.getLayout().layers[static_cast<size_t>(i)].pageBytes);
+        (i < target.firstLayer ? firstChunk : rangeChunks) += chunks;
     }
-    int64_t const chunksPerPage = (maxPageBytes + kCHUNK_BYTES - 1) / kCHUNK_BYTES;
-    int64_t const gridX = int64_t{listCapacity} * chunksPerPage;
-    int64_t const gridY = int64_t{numLayers} * halfCount;
-    if (gridX > std::numeric_limits<int32_t>::max() || gridY > 65535)
+    int64_t const blocks = int64_t{listCapacity} * halfCount * rangeChunks;
+    if (blocks > std::numeric_limits<int32_t>::max())
     {
-        throw InvalidArgumentError(fmt::format("{}: {} list entries x {} chunks per page and {} layer halves exceed "
-                                               "one launch's grid ({} x 65535)",
-            what, listCapacity, chunksPerPage, gridY, std::numeric_limits<int32_t>::max()));
+        throw InvalidArgumentError(fmt::format("{}: {} list entries x {} halves x {} chunks per page exceed one "
+                                               "launch's {} blocks",
+            what, listCapacity, halfCount, rangeChunks, std::numeric_limits<int32_t>::max()));
     }
     int device = 0;
     KVCACHE_CUDA_TRY(cudaGetDevice(&device));
@@ -268,21 +291,30 @@ Launch planLaunch(char const* what, KVCacheManager const& cache, PageOpTarget co
         throw InvalidArgumentError(
             fmt::format("{}: the current device is {} but the cache lives on device {}", what, device, cache.device()));
     }
-    return Launch{PageOpParams{cache.layerTable(), target.firstLayer, halfCount, target.half == KVHalf::kV ? 1 : 0,
-                      static_cast<int32_t>(chunksPerPage), cache.numPages(), pattern, errorCount},
-        static_cast<uint32_t>(gridY)};
+    return Launch{PageOpParams{cache.layerTable(), target.firstLayer, target.firstLayer + numLayers, halfCount,
+        target.half == KVHalf::kV ? 1 : 0, firstChunk, static_cast<int32_t>(rangeChunks), cache.numPages(), pattern,
+        errorCount}};
 }
 
 //! Launches over `listSize` entries of `list` (the capacity, for device lists).
 template <typename Op, typename List>
 void launch(Launch const& shape, List const& list, int32_t listSize, cudaStream_t stream)
 {
-    if (listSize == 0 || shape.gridY == 0)
+    int64_t const blocks = int64_t{listSize} * shape.params.halfCount * shape.params.rangeChunks;
+    if (blocks == 0)
     {
         return;
     }
-    dim3 const grid(static_cast<uint32_t>(listSize) * static_cast<uint32_t>(shape.params.chunksPerPage), shape.gridY);
-    pageOpKernel<Op, List><<<grid, kTHREADS, 0, stream>>>(shape.params, list);
+    if (blocks <= kMAX_NARROW_CHUNKS)
+    {
+        pageOpKernel<kNARROW_THREADS, Op, List>
+            <<<static_cast<uint32_t>(blocks), kNARROW_THREADS, 0, stream>>>(shape.params, list);
+    }
+    else
+    {
+        pageOpKernel<kWIDE_THREADS, Op, List>
+            <<<static_cast<uint32_t>(blocks), kWIDE_THREADS, 0, stream>>>(shape.params, list);
+    }
     KVCACHE_CUDA_TRY(cudaGetLastError());
 }
 
@@ -393,11 +425,17 @@ void checkListArguments(char const* what, void const* list, int32_t count)
 
 void uploadLayerTable(LayerTableEntry* dst, LayerTableEntry const* entries, int32_t count, cudaStream_t stream)
 {
+    int64_t firstChunk = 0;
     for (int32_t first = 0; first < count; first += kTABLE_ENTRIES_PER_UPLOAD)
     {
         InlineList<LayerTableEntry, kTABLE_ENTRIES_PER_UPLOAD> part{};
         part.count = std::min(kTABLE_ENTRIES_PER_UPLOAD, count - first);
-        std::copy(entries + first, entries + first + part.count, part.items);
+        for (int32_t i = 0; i < part.count; ++i)
+        {
+            part.items[i] = entries[first + i];
+            part.items[i].firstChunk = firstChunk;
+            firstChunk += chunksOf(part.items[i].pageBytes);
+        }
         uploadLayerTableKernel<<<1, kTABLE_ENTRIES_PER_UPLOAD, 0, stream>>>(dst + first, part);
         KVCACHE_CUDA_TRY(cudaGetLastError());
     }
