@@ -31,9 +31,8 @@ int64_t checkedMul(int64_t a, int64_t b, std::string const& what)
     int64_t product = 0;
     if (__builtin_mul_overflow(a, b, &product))
     {
-        throw InvalidConfigError(
-            fmt::format("KVCacheConfig: {} = {} x {} overflows 64-bit sizes (limit {})", what, a, b,
-                std::numeric_limits<int64_t>::max()));
+        throw InvalidConfigError(fmt::format("KVCacheConfig: {} = {} x {} overflows 64-bit sizes (limit {})", what, a,
+            b, std::numeric_limits<int64_t>::max()));
     }
     return product;
 }
@@ -143,13 +142,12 @@ KVCacheLayout computeLayout(KVCacheConfig const& config)
         KVLayerLayout layer;
         layer.numKVHeads = layerConfig.numKVHeads;
         layer.headDim = layerConfig.headDim;
-        layer.pageElems = checkedMul(
-            checkedMul(pageSize, layerConfig.numKVHeads, where + "page elements"), layerConfig.headDim,
-            where + "page elements");
+        layer.pageElems = checkedMul(checkedMul(pageSize, layerConfig.numKVHeads, where + "page elements"),
+            layerConfig.headDim, where + "page elements");
         layer.pageBytes = checkedMul(layer.pageElems, layout.elementBytes, where + "page bytes");
         layer.halfElems = checkedMul(layout.numPages, layer.pageElems, where + "elements per half");
-        layer.layerBytes = checkedMul(checkedMul(2, layer.halfElems, where + "elements"), layout.elementBytes,
-            where + "bytes");
+        layer.layerBytes =
+            checkedMul(checkedMul(2, layer.halfElems, where + "elements"), layout.elementBytes, where + "bytes");
         layout.cacheBytes = checkedAdd(layout.cacheBytes, layer.layerBytes, "total cache bytes");
         layout.bytesPerPage = checkedAdd(layout.bytesPerPage, 2 * layer.pageBytes, "bytes per page");
         layout.layers.push_back(layer);

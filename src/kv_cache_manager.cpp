@@ -1,7 +1,8 @@
 #include "kvcache/kv_cache_manager.h"
 
-#include "kvcache/errors.h"
 #include "layer_table_upload.h"
+
+#include "kvcache/errors.h"
 
 #include <fmt/format.h>
 
@@ -96,12 +97,12 @@ KVCacheManager::KVCacheManager(Config const& config, cudaStream_t stream)
         for (int32_t i = 0; i < layerCount; ++i)
         {
             KVLayerLayout const& layer = mLayout.layers[static_cast<size_t>(i)];
-            table.push_back({static_cast<char*>(mBuffers[static_cast<size_t>(i)]), layer.halfElems * mLayout.elementBytes,
-                layer.pageBytes, 0});
+            table.push_back({static_cast<char*>(mBuffers[static_cast<size_t>(i)]),
+                layer.halfElems * mLayout.elementBytes, layer.pageBytes});
         }
         void* tablePtr = nullptr;
-        KVCACHE_CUDA_TRY(allocate(&tablePtr, static_cast<int64_t>(table.size() * sizeof(detail::LayerTableEntry)),
-            config.memPool, stream));
+        KVCACHE_CUDA_TRY(allocate(
+            &tablePtr, static_cast<int64_t>(table.size() * sizeof(detail::LayerTableEntry)), config.memPool, stream));
         mLayerTable = static_cast<detail::LayerTableEntry*>(tablePtr);
         detail::uploadLayerTable(mLayerTable, table.data(), layerCount, stream);
 
@@ -115,10 +116,10 @@ KVCacheManager::KVCacheManager(Config const& config, cudaStream_t stream)
         {
             KVLayerLayout const& layer = mLayout.layers[static_cast<size_t>(i)];
             void* base = mBuffers[static_cast<size_t>(i)];
-            mSlotViews.emplace_back(base, Coords{2, batch, cap, layer.numKVHeads, layer.headDim}, config.kvCacheType,
-                DeviceType::kGPU);
-            mPoolViews.emplace_back(base, Coords{2, pages, pageSize, layer.numKVHeads, layer.headDim}, config.kvCacheType,
-                DeviceType::kGPU);
+            mSlotViews.emplace_back(
+                base, Coords{2, batch, cap, layer.numKVHeads, layer.headDim}, config.kvCacheType, DeviceType::kGPU);
+            mPoolViews.emplace_back(base, Coords{2, pages, pageSize, layer.numKVHeads, layer.headDim},
+                config.kvCacheType, DeviceType::kGPU);
         }
     }
     catch (...)
@@ -246,9 +247,9 @@ KVCacheManager::KVLayerConfig const& KVCacheManager::getLayerConfig(int32_t laye
 bool KVCacheManager::isUniform() const noexcept
 {
     auto const& layers = mConfig.layerConfigs;
-    return std::all_of(layers.begin(), layers.end(), [&](KVLayerConfig const& layer) {
-        return layer.numKVHeads == layers.front().numKVHeads && layer.headDim == layers.front().headDim;
-    });
+    return std::all_of(layers.begin(), layers.end(),
+        [&](KVLayerConfig const& layer)
+        { return layer.numKVHeads == layers.front().numKVHeads && layer.headDim == layers.front().headDim; });
 }
 
 } // namespace kvcache::rt

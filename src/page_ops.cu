@@ -1,6 +1,8 @@
-#include "kvcache/errors.h"
 #include "kvcache/page_ops.h"
+
 #include "layer_table_upload.h"
+
+#include "kvcache/errors.h"
 
 #include <fmt/format.h>
 
@@ -18,30 +20,26 @@ namespace
 {
 
 // One block moves one 32 KiB chunk of one page of one half of one layer, all its loads issued before its stores.
-// Grids are exact: no block starts without a chunk to move, whatever the layers' page sizes.
 constexpr int64_t kVECTOR_BYTES = 16;
 constexpr int64_t kCHUNK_BYTES = 32 * 1024;
-// Measured on an H200: 1024 threads x 2 vectors moves large lists about 2% faster than 256 x 8; 256 x 8 finishes
-// small lists (a few thousand chunks or fewer) sooner, with more, smaller blocks to spread over the multiprocessors.
+// Measured on an H200 (docs/benchmarks.md): wide blocks (1024 threads x 2 vectors) copy large lists about 2% faster
+// than narrow ones (256 x 8); narrow blocks win on small lists, and wherever layers' page sizes differ, since the
+// grid then holds blocks with nothing to do and a wide one holds half a multiprocessor while it starts and exits.
 constexpr int32_t kWIDE_THREADS = 1024;
 constexpr int32_t kNARROW_THREADS = 256;
-constexpr int64_t kMAX_NARROW_CHUNKS = 4096;
+constexpr int64_t kMAX_NARROW_BLOCKS = 4096;
 constexpr int32_t kTABLE_ENTRIES_PER_UPLOAD = 64;
 // Short host lists travel in a small parameter block: a launch copies its whole parameter block.
 constexpr int32_t kSMALL_INLINE_LIST = 32;
 
-//! What every page kernel needs besides its list: which layers and halves, and the id range. Block x moves chunk
-//! (x % rangeChunks) of half (x / rangeChunks % halfCount) of list entry x / (halfCount * rangeChunks), where
-//! chunks are counted across the targeted layers from the layer table's firstChunk.
+//! What every page kernel needs besides its list: which layers and halves, and the id range.
 struct PageOpParams
 {
     LayerTableEntry const* table;
     int32_t firstLayer;
-    int32_t endLayer;     //!< one past the last targeted layer
-    int32_t halfCount;    //!< 1 or 2
-    int32_t firstHalf;    //!< 0 for K, 1 for V
-    int64_t firstChunk;   //!< table[firstLayer].firstChunk
-    int32_t rangeChunks;  //!< chunks of one page across the targeted layers
+    int32_t halfCount; //!< 1 or 2
+    int32_t firstHalf; //!< 0 for K, 1 for V
+    int32_t chunksPerPage;
     int32_t numPages;
     uint32_t pattern;
     int32_t* errorCount;
@@ -100,25 +98,27 @@ __device__ bool isValidPage(int32_t id, int32_t numPages)
 template <int32_t THREADS>
 __device__ void copyChunk(char const* __restrict__ src, char* __restrict__ dst, int64_t bytes, bool vectorised)
 {
-    constexpr int32_t kVECTORS = static_cast<int32_t>(kCHUNK_BYTES / kVECTOR_BYTES / THREADS);
-    auto const* from = reinterpret_cast<int4 const*>(src);
-    auto* to = reinterpret_cast<int4*>(dst);
+    constexpr int32_t kVECTORS_PER_THREAD = static_cast<int32_t>(kCHUNK_BYTES / kVECTOR_BYTES / THREADS);
     if (vectorised && bytes == kCHUNK_BYTES)
     {
-        int4 staged[kVECTORS];
+        auto const* from = reinterpret_cast<int4 const*>(src);
+        auto* to = reinterpret_cast<int4*>(dst);
+        int4 staged[kVECTORS_PER_THREAD];
 #pragma unroll
-        for (int32_t k = 0; k < kVECTORS; ++k)
+        for (int32_t k = 0; k < kVECTORS_PER_THREAD; ++k)
         {
             staged[k] = __ldcg(from + threadIdx.x + k * THREADS);
         }
 #pragma unroll
-        for (int32_t k = 0; k < kVECTORS; ++k)
+        for (int32_t k = 0; k < kVECTORS_PER_THREAD; ++k)
         {
             __stcg(to + threadIdx.x + k * THREADS, staged[k]);
         }
     }
     else if (vectorised)
     {
+        auto const* from = reinterpret_cast<int4 const*>(src);
+        auto* to = reinterpret_cast<int4*>(dst);
         for (int64_t i = threadIdx.x; i < bytes / kVECTOR_BYTES; i += THREADS)
         {
             __stcg(to + i, __ldcg(from + i));
@@ -156,39 +156,27 @@ __device__ void fillChunk(char* dst, int64_t offset, int64_t bytes, bool vectori
     }
 }
 
+//! Grid: x = list position * chunksPerPage + chunk, y = targeted layer * halfCount + half.
 template <int32_t THREADS, typename Op, typename List>
 __global__ void __launch_bounds__(THREADS) pageOpKernel(PageOpParams params, List list)
 {
-    int64_t const unitsPerEntry = int64_t{params.halfCount} * params.rangeChunks;
-    auto const position = static_cast<int32_t>(blockIdx.x / unitsPerEntry);
+    auto const position = static_cast<int32_t>(blockIdx.x / static_cast<uint32_t>(params.chunksPerPage));
+    auto const chunk = static_cast<int32_t>(blockIdx.x % static_cast<uint32_t>(params.chunksPerPage));
     if (position >= list.size())
     {
         return;
     }
-    int64_t const unit = blockIdx.x % unitsPerEntry;
-    int32_t const half = params.firstHalf + static_cast<int32_t>(unit / params.rangeChunks);
-    int64_t const target = params.firstChunk + unit % params.rangeChunks;
-    // The targeted layer holding chunk `target`: the last whose firstChunk is not past it.
-    int32_t low = params.firstLayer;
-    int32_t high = params.endLayer - 1;
-    while (low < high)
+    LayerTableEntry const layer = params.table[params.firstLayer + static_cast<int32_t>(blockIdx.y) / params.halfCount];
+    int32_t const half = params.firstHalf + static_cast<int32_t>(blockIdx.y) % params.halfCount;
+    int64_t const chunkStart = chunk * kCHUNK_BYTES;
+    if (chunkStart >= layer.pageBytes)
     {
-        int32_t const middle = (low + high + 1) / 2;
-        if (params.table[middle].firstChunk <= target)
-        {
-            low = middle;
-        }
-        else
-        {
-            high = middle - 1;
-        }
+        return;
     }
-    LayerTableEntry const layer = params.table[low];
-    int64_t const chunkStart = (target - layer.firstChunk) * kCHUNK_BYTES;
     int64_t const bytes = min(kCHUNK_BYTES, layer.pageBytes - chunkStart);
     bool const vectorised = layer.pageBytes % kVECTOR_BYTES == 0;
     char* const halfBase = layer.kBase + half * layer.halfBytes + chunkStart;
-    bool const reportsErrors = unit == 0 && threadIdx.x == 0 && params.errorCount != nullptr;
+    bool const reportsErrors = chunk == 0 && blockIdx.y == 0 && threadIdx.x == 0 && params.errorCount != nullptr;
 
     auto const item = list[position];
     if constexpr (std::is_same_v<Op, CopyOp>)
@@ -226,7 +214,8 @@ __global__ void __launch_bounds__(THREADS) pageOpKernel(PageOpParams params, Lis
     }
 }
 
-__global__ void uploadLayerTableKernel(LayerTableEntry* dst, InlineList<LayerTableEntry, kTABLE_ENTRIES_PER_UPLOAD> entries)
+__global__ void uploadLayerTableKernel(
+    LayerTableEntry* dst, InlineList<LayerTableEntry, kTABLE_ENTRIES_PER_UPLOAD> entries)
 {
     if (static_cast<int32_t>(threadIdx.x) < entries.count)
     {
@@ -234,16 +223,13 @@ __global__ void uploadLayerTableKernel(LayerTableEntry* dst, InlineList<LayerTab
     }
 }
 
-//! The launch shape of one call, worked out and checked on the host.
+//! The launch shape of one call, worked out and checked on the host; grid x is list entries x chunksPerPage.
 struct Launch
 {
     PageOpParams params;
+    uint32_t gridY;
+    bool samePageBytes; //!< every targeted layer has the same page size: no block of the grid is idle
 };
-
-int64_t chunksOf(int64_t pageBytes)
-{
-    return (pageBytes + kCHUNK_BYTES - 1) / kCHUNK_BYTES;
-}
 
 Launch planLaunch(char const* what, KVCacheManager const& cache, PageOpTarget const& target, int32_t listCapacity,
     uint32_t pattern, int32_t* errorCount)
@@ -270,19 +256,22 @@ Launch planLaunch(char const* what, KVCacheManager const& cache, PageOpTarget co
     int32_t const numLayers = target.numLayers == -1 ? available : target.numLayers;
     int32_t const halfCount = target.half == KVHalf::kBOTH ? 2 : 1;
 
-    int64_t firstChunk = 0;
-    int64_t rangeChunks = 0;
-    for (int32_t i = 0; i < target.firstLayer + numLayers; ++i)
+    int64_t maxPageBytes = 0;
+    bool samePageBytes = true;
+    for (int32_t i = target.firstLayer; i < target.firstLayer + numLayers; ++i)
     {
-        int64_t const chunks = chunksOf(cache.getLayout().layers[static_cast<size_t>(i)].pageBytes);
-        (i < target.firstLayer ? firstChunk : rangeChunks) += chunks;
+        int64_t const pageBytes = cache.getLayout().layers[static_cast<size_t>(i)].pageBytes;
+        samePageBytes = samePageBytes && (maxPageBytes == 0 || pageBytes == maxPageBytes);
+        maxPageBytes = std::max(maxPageBytes, pageBytes);
     }
-    int64_t const blocks = int64_t{listCapacity} * halfCount * rangeChunks;
-    if (blocks > std::numeric_limits<int32_t>::max())
+    int64_t const chunksPerPage = (maxPageBytes + kCHUNK_BYTES - 1) / kCHUNK_BYTES;
+    int64_t const gridX = int64_t{listCapacity} * chunksPerPage;
+    int64_t const gridY = int64_t{numLayers} * halfCount;
+    if (gridX > std::numeric_limits<int32_t>::max() || gridY > 65535)
     {
-        throw InvalidArgumentError(fmt::format("{}: {} list entries x {} halves x {} chunks per page exceed one "
-                                               "launch's {} blocks",
-            what, listCapacity, halfCount, rangeChunks, std::numeric_limits<int32_t>::max()));
+        throw InvalidArgumentError(fmt::format("{}: {} list entries x {} chunks per page and {} layer halves exceed "
+                                               "one launch's grid ({} x 65535)",
+            what, listCapacity, chunksPerPage, gridY, std::numeric_limits<int32_t>::max()));
     }
     int device = 0;
     KVCACHE_CUDA_TRY(cudaGetDevice(&device));
@@ -291,29 +280,27 @@ Launch planLaunch(char const* what, KVCacheManager const& cache, PageOpTarget co
         throw InvalidArgumentError(
             fmt::format("{}: the current device is {} but the cache lives on device {}", what, device, cache.device()));
     }
-    return Launch{PageOpParams{cache.layerTable(), target.firstLayer, target.firstLayer + numLayers, halfCount,
-        target.half == KVHalf::kV ? 1 : 0, firstChunk, static_cast<int32_t>(rangeChunks), cache.numPages(), pattern,
-        errorCount}};
+    return Launch{PageOpParams{cache.layerTable(), target.firstLayer, halfCount, target.half == KVHalf::kV ? 1 : 0,
+                      static_cast<int32_t>(chunksPerPage), cache.numPages(), pattern, errorCount},
+        static_cast<uint32_t>(gridY), samePageBytes};
 }
 
 //! Launches over `listSize` entries of `list` (the capacity, for device lists).
 template <typename Op, typename List>
 void launch(Launch const& shape, List const& list, int32_t listSize, cudaStream_t stream)
 {
-    int64_t const blocks = int64_t{listSize} * shape.params.halfCount * shape.params.rangeChunks;
-    if (blocks == 0)
+    if (listSize == 0 || shape.gridY == 0)
     {
         return;
     }
-    if (blocks <= kMAX_NARROW_CHUNKS)
+    dim3 const grid(static_cast<uint32_t>(listSize) * static_cast<uint32_t>(shape.params.chunksPerPage), shape.gridY);
+    if (shape.samePageBytes && int64_t{grid.x} * grid.y > kMAX_NARROW_BLOCKS)
     {
-        pageOpKernel<kNARROW_THREADS, Op, List>
-            <<<static_cast<uint32_t>(blocks), kNARROW_THREADS, 0, stream>>>(shape.params, list);
+        pageOpKernel<kWIDE_THREADS, Op, List><<<grid, kWIDE_THREADS, 0, stream>>>(shape.params, list);
     }
     else
     {
-        pageOpKernel<kWIDE_THREADS, Op, List>
-            <<<static_cast<uint32_t>(blocks), kWIDE_THREADS, 0, stream>>>(shape.params, list);
+        pageOpKernel<kNARROW_THREADS, Op, List><<<grid, kNARROW_THREADS, 0, stream>>>(shape.params, list);
     }
     KVCACHE_CUDA_TRY(cudaGetLastError());
 }
@@ -425,17 +412,11 @@ void checkListArguments(char const* what, void const* list, int32_t count)
 
 void uploadLayerTable(LayerTableEntry* dst, LayerTableEntry const* entries, int32_t count, cudaStream_t stream)
 {
-    int64_t firstChunk = 0;
     for (int32_t first = 0; first < count; first += kTABLE_ENTRIES_PER_UPLOAD)
     {
         InlineList<LayerTableEntry, kTABLE_ENTRIES_PER_UPLOAD> part{};
         part.count = std::min(kTABLE_ENTRIES_PER_UPLOAD, count - first);
-        for (int32_t i = 0; i < part.count; ++i)
-        {
-            part.items[i] = entries[first + i];
-            part.items[i].firstChunk = firstChunk;
-            firstChunk += chunksOf(part.items[i].pageBytes);
-        }
+        std::copy(entries + first, entries + first + part.count, part.items);
         uploadLayerTableKernel<<<1, kTABLE_ENTRIES_PER_UPLOAD, 0, stream>>>(dst + first, part);
         KVCACHE_CUDA_TRY(cudaGetLastError());
     }
@@ -443,8 +424,8 @@ void uploadLayerTable(LayerTableEntry* dst, LayerTableEntry const* entries, int3
 
 } // namespace detail
 
-void copyPages(
-    KVCacheManager const& cache, PageCopy const* pairs, int32_t numPairs, cudaStream_t stream, PageOpTarget const& target)
+void copyPages(KVCacheManager const& cache, PageCopy const* pairs, int32_t numPairs, cudaStream_t stream,
+    PageOpTarget const& target)
 {
     constexpr char const* kWHAT = "copyPages";
     detail::checkListArguments(kWHAT, pairs, numPairs);
@@ -454,9 +435,10 @@ void copyPages(
         detail::checkId(kWHAT, "pairs.dst", i, pairs[i].dst, cache.numPages());
     }
     detail::checkDisjoint(
-        kWHAT, numPairs, [pairs](int32_t i) { return pairs[i].dst; }, numPairs, [pairs](int32_t i) { return pairs[i].src; });
-    detail::Launch const shape
-        = detail::planLaunch(kWHAT, cache, target, std::min(numPairs, kMAX_INLINE_PAGE_OPS), 0, nullptr);
+        kWHAT, numPairs, [pairs](int32_t i) { return pairs[i].dst; }, numPairs,
+        [pairs](int32_t i) { return pairs[i].src; });
+    detail::Launch const shape =
+        detail::planLaunch(kWHAT, cache, target, std::min(numPairs, kMAX_INLINE_PAGE_OPS), 0, nullptr);
     detail::launchHostList<detail::CopyOp>(shape, pairs, numPairs, stream);
 }
 
@@ -491,8 +473,8 @@ void resetPages(KVCacheManager const& cache, int32_t const* pages, int32_t numPa
     }
     detail::checkDisjoint(
         kWHAT, numPages, [pages](int32_t i) { return pages[i]; }, 0, [](int32_t) { return kUNUSED_PAGE_ENTRY; });
-    detail::Launch const shape
-        = detail::planLaunch(kWHAT, cache, target, std::min(numPages, kMAX_INLINE_PAGE_OPS), pattern, nullptr);
+    detail::Launch const shape =
+        detail::planLaunch(kWHAT, cache, target, std::min(numPages, kMAX_INLINE_PAGE_OPS), pattern, nullptr);
     detail::launchHostList<detail::ResetOp>(shape, pages, numPages, stream);
 }
 

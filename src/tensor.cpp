@@ -89,8 +89,8 @@ Tensor::Tensor(void* data, Coords const& shape, Coords const& stride, DataType t
     checkExtents(shape);
     if (stride.getNumDims() != shape.getNumDims())
     {
-        throw InvalidArgumentError(fmt::format(
-            "Tensor: stride has {} dimensions but shape has {}", stride.getNumDims(), shape.getNumDims()));
+        throw InvalidArgumentError(
+            fmt::format("Tensor: stride has {} dimensions but shape has {}", stride.getNumDims(), shape.getNumDims()));
     }
 }
 
@@ -127,8 +127,9 @@ void Tensor::checkElementSize(int64_t size) const
 {
     if (size != dataTypeSize(mDataType))
     {
-        throw InvalidArgumentError(fmt::format("Tensor::dataPointer: sizeof(T) is {} but the element type {} has {} bytes",
-            size, dataTypeName(mDataType), dataTypeSize(mDataType)));
+        throw InvalidArgumentError(
+            fmt::format("Tensor::dataPointer: sizeof(T) is {} but the element type {} has {} bytes", size,
+                dataTypeName(mDataType), dataTypeSize(mDataType)));
     }
 }
 

@@ -25,8 +25,8 @@ inline std::string gpuUnavailableReason()
     if (status != cudaSuccess)
     {
         cudaGetLastError();
-        return std::string("cudaGetDeviceCount returned ") + cudaGetErrorName(status) + " (" + cudaGetErrorString(status)
-            + ")";
+        return std::string("cudaGetDeviceCount returned ") + cudaGetErrorName(status) + " ("
+            + cudaGetErrorString(status) + ")";
     }
     if (count == 0)
     {
@@ -67,5 +67,5 @@ class TypedGpuTest : public GpuTest
     do                                                                                                                 \
     {                                                                                                                  \
         cudaError_t const kvcacheTestStatus_ = (call);                                                                 \
-        ASSERT_EQ(kvcacheTestStatus_, cudaSuccess) << #call << ": " << cudaGetErrorName(kvcacheTestStatus_);          \
+        ASSERT_EQ(kvcacheTestStatus_, cudaSuccess) << #call << ": " << cudaGetErrorName(kvcacheTestStatus_);           \
     } while (0)
