@@ -365,15 +365,21 @@ void checkDisjoint(char const* what, int32_t writtenCount, WrittenAt writtenAt, 
     std::fill(table, table + slots, kUNUSED_PAGE_ENTRY);
     auto const slotOf = [slotBits](int32_t id) { return (static_cast<uint32_t>(id) * 2654435761U) >> (32 - slotBits); };
     size_t const mask = slots - 1;
-
-    for (int32_t i = 0; i < writtenCount; ++i)
+    // The slot holding `id`, or the empty slot where it would go.
+    auto const probe = [&](int32_t id)
     {
-        int32_t const id = writtenAt(i);
         size_t slot = slotOf(id);
         while (table[slot] != kUNUSED_PAGE_ENTRY && table[slot] != id)
         {
             slot = (slot + 1) & mask;
         }
+        return slot;
+    };
+
+    for (int32_t i = 0; i < writtenCount; ++i)
+    {
+        int32_t const id = writtenAt(i);
+        size_t const slot = probe(id);
         if (table[slot] == id)
         {
             throw InvalidArgumentError(fmt::format("{}: page {} is a destination more than once", what, id));
@@ -383,12 +389,7 @@ void checkDisjoint(char const* what, int32_t writtenCount, WrittenAt writtenAt, 
     for (int32_t i = 0; i < readCount; ++i)
     {
         int32_t const id = readAt(i);
-        size_t slot = slotOf(id);
-        while (table[slot] != kUNUSED_PAGE_ENTRY && table[slot] != id)
-        {
-            slot = (slot + 1) & mask;
-        }
-        if (table[slot] == id)
+        if (table[probe(id)] == id)
         {
             throw InvalidArgumentError(
                 fmt::format("{}: page {} is both a source and a destination in one call", what, id));

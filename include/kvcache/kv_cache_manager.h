@@ -24,7 +24,8 @@ public:
 
     //! An empty manager: no layers, nothing allocated.
     KVCacheManager() noexcept = default;
-    //! Validates `config`, then allocates each layer with cudaMallocAsync on `stream` (never reallocated).
+    //! Validates `config`, then allocates each layer with cudaMallocAsync on `stream` (never reallocated); `stream`
+    //! must outlive the manager, which frees its memory on it.
     //! Throws InvalidConfigError for a bad config (before allocating anything), OutOfMemoryError when a layer
     //! cannot be allocated (after freeing the layers already allocated) and CudaError for other CUDA failures.
     KVCacheManager(Config const& config, cudaStream_t stream);
