@@ -60,7 +60,8 @@ enum class Operation
     kCOPY,
     kRESET,
     kENQUEUE,
-    //! Copies of pages laid out in runs: sources [0, n), destinations [n, 2n), as a freshly forked sequence has.
+    //! Copies of pages laid out in runs: sources [0, n), destinations [n, 2n), as a freshly forked sequence has. With a
+    //! run length, the pool is cut into runs of that many adjacent pages, taken in a pseudo-random order.
     kCOPY_RUNS,
     //! Single-pair copies launched back to back, each on pages no earlier call touched (nothing left in L2).
     kBACK_TO_BACK,
@@ -91,6 +92,8 @@ struct Case
     Model const* model;
     Method method;
     int32_t pages;
+    //! kCOPY_RUNS only: pages in one run, 0 for a single run of all pages.
+    int32_t runLength = 0;
 };
 
 //! One contiguous page-sized transfer of one layer and half; `src` is null for resets.
@@ -158,7 +161,10 @@ char const* methodName(Method method)
 
 std::string caseName(Case const& c)
 {
-    return std::string(operationName(c.operation)) + "/" + c.model->name + "/" + methodName(c.method) + "/"
+    std::string const operation = c.runLength > 0
+        ? std::string(operationName(c.operation)) + "_of_" + std::to_string(c.runLength)
+        : std::string(operationName(c.operation));
+    return operation + "/" + c.model->name + "/" + methodName(c.method) + "/"
         + std::to_string(c.pages);
 }
 
@@ -397,6 +403,28 @@ std::vector<int32_t> scatteredPages(int32_t count, int32_t numPages)
     return ids;
 }
 
+//! Returns `count` pairs whose sources, and whose destinations, are runs of `runLength` adjacent pages: the pool is cut
+//! into runs, taken in a fixed pseudo-random order, sources from the first runs and destinations from the next.
+std::vector<rt::PageCopy> pairsInRuns(int32_t count, int32_t runLength, int32_t numPages)
+{
+    int32_t const runsPerSide = (count + runLength - 1) / runLength;
+    if (2 * runsPerSide * runLength > numPages)
+    {
+        throw std::runtime_error("the pool is too small for " + std::to_string(count) + " pairs in runs of "
+            + std::to_string(runLength));
+    }
+    std::vector<int32_t> const runs = scatteredPages(2 * runsPerSide, numPages / runLength);
+    std::vector<rt::PageCopy> pairs;
+    for (int32_t i = 0; i < count; ++i)
+    {
+        int32_t const run = i / runLength;
+        int32_t const offset = i % runLength;
+        pairs.push_back({runs[static_cast<size_t>(run)] * runLength + offset,
+            runs[static_cast<size_t>(runsPerSide + run)] * runLength + offset});
+    }
+    return pairs;
+}
+
 //! Returns the first byte of page `page` of `layer`'s K (half 0) or V (half 1) pool.
 char* pagePointer(rt::KVCacheManager const& cache, int32_t layer, int32_t half, int32_t page)
 {
@@ -606,6 +634,10 @@ void runCase(benchmark::State& state, Case const& c)
     {
         resetPages = scatteredPages(c.pages, cache.numPages());
     }
+    else if (c.operation == Operation::kCOPY_RUNS && c.runLength > 0)
+    {
+        pairs = pairsInRuns(c.pages, c.runLength, cache.numPages());
+    }
     else if (c.operation == Operation::kCOPY_RUNS)
     {
         for (int32_t i = 0; i < c.pages; ++i)
@@ -752,6 +784,10 @@ void runCase(benchmark::State& state, Case const& c)
     }
     double const secondsPerCall = total / static_cast<double>(state.iterations());
     state.counters["pages_per_call"] = c.pages;
+    if (c.runLength > 0)
+    {
+        state.counters["run_pages"] = c.runLength;
+    }
     state.counters["bytes_read"] = static_cast<double>(bytesRead);
     state.counters["bytes_written"] = static_cast<double>(bytesWritten);
     state.counters["GBps_read_plus_write"] = static_cast<double>(bytesRead + bytesWritten) / secondsPerCall * 1e-9;
@@ -815,6 +851,14 @@ void registerAll(bool setMinTime)
         for (Method method : {Method::kCEILING, Method::kKVCACHE_HOST, Method::kKVCACHE_DEVICE})
         {
             registerCase({Operation::kCOPY_RUNS, &uniformModel(), method, pairs}, setMinTime);
+        }
+    }
+    // How the same 256-pair copy depends on where the pages lie: between scattered pages (copy) and one run.
+    for (int32_t runLength : {2, 4, 8, 32})
+    {
+        for (Method method : {Method::kCEILING, Method::kKVCACHE_HOST})
+        {
+            registerCase({Operation::kCOPY_RUNS, &uniformModel(), method, 256, runLength}, setMinTime);
         }
     }
     for (Method method : {Method::kCEILING, Method::kKVCACHE_HOST, Method::kKVCACHE_DEVICE})

@@ -97,8 +97,7 @@ KVCacheManager::KVCacheManager(Config const& config, cudaStream_t stream)
         for (int32_t i = 0; i < layerCount; ++i)
         {
             KVLayerLayout const& layer = mLayout.layers[static_cast<size_t>(i)];
-            table.push_back({static_cast<char*>(mBuffers[static_cast<size_t>(i)]),
-                layer.halfElems * mLayout.elementBytes, layer.pageBytes});
+            table.push_back({static_cast<char*>(mBuffers[static_cast<size_t>(i)]), layer.pageBytes});
         }
         void* tablePtr = nullptr;
         KVCACHE_CUDA_TRY(allocate(

@@ -19,15 +19,28 @@ namespace detail
 namespace
 {
 
-// One block moves one 32 KiB chunk of one page of one half of one layer, all its loads issued before its stores.
+// One block moves one chunk of one page of one half of one layer, all its loads issued before its stores.
 constexpr int64_t kVECTOR_BYTES = 16;
-constexpr int64_t kCHUNK_BYTES = 32 * 1024;
-// Measured on an H200 (docs/benchmarks.md): wide blocks (1024 threads x 2 vectors) copy large lists about 2% faster
-// than narrow ones (256 x 8); narrow blocks win on small lists, and wherever layers' page sizes differ, since the
-// grid then holds blocks with nothing to do and a wide one holds half a multiprocessor while it starts and exits.
-constexpr int32_t kWIDE_THREADS = 1024;
-constexpr int32_t kNARROW_THREADS = 256;
-constexpr int64_t kMAX_NARROW_BLOCKS = 4096;
+
+//! A block of THREADS threads, each moving VECTORS 16-byte vectors of one chunk.
+template <int32_t THREADS, int32_t VECTORS>
+struct BlockShape
+{
+    static constexpr int32_t kTHREADS = THREADS;
+    static constexpr int32_t kVECTORS = VECTORS;
+    static constexpr int64_t kCHUNK_BYTES = int64_t{THREADS} * VECTORS * kVECTOR_BYTES;
+};
+// Measured on an H200 (docs/benchmarks.md): wide blocks (1024 threads x 2 vectors, 32 KiB chunks) copy long lists
+// fastest; short lists finish sooner in narrow blocks (128 x 8, 16 KiB chunks), which start and exit cheaply and
+// spread a few pages over every multiprocessor. Narrow blocks also serve layers of mixed page sizes, where the grid
+// holds idle blocks and a wide one would hold half a multiprocessor while it starts and exits.
+using WideShape = BlockShape<1024, 2>;
+using NarrowShape = BlockShape<256, 8>;
+//! Lists whose wide grid has at most this many blocks run in narrow blocks.
+constexpr int64_t kMAX_WIDE_BLOCKS_FOR_NARROW = 4096;
+//! CUDA's limit on a grid's y and z dimensions.
+constexpr int64_t kMAX_GRID_YZ = 65535;
+static_assert(kMAX_DEVICE_PAGE_OPS_PER_LAUNCH == kMAX_GRID_YZ);
 constexpr int32_t kTABLE_ENTRIES_PER_UPLOAD = 64;
 // Short host lists travel in a small parameter block: a launch copies its whole parameter block.
 constexpr int32_t kSMALL_INLINE_LIST = 32;
@@ -37,10 +50,10 @@ struct PageOpParams
 {
     LayerTableEntry const* table;
     int32_t firstLayer;
-    int32_t halfCount; //!< 1 or 2
+    int32_t halfBits;  //!< 1 when both halves are targeted (grid z = layer slot * 2 + half), else 0
     int32_t firstHalf; //!< 0 for K, 1 for V
-    int32_t chunksPerPage;
     int32_t numPages;
+    int32_t firstPosition; //!< list position of grid row y = 0: a grid has at most kMAX_GRID_YZ rows
     uint32_t pattern;
     int32_t* errorCount;
 };
@@ -59,6 +72,8 @@ struct ResetOp
 template <typename Item, int32_t N>
 struct InlineList
 {
+    static_assert(N <= kMAX_GRID_YZ);
+
     Item items[N];
     int32_t count;
 
@@ -72,6 +87,23 @@ struct InlineList
     }
 };
 
+//! Reads a 4-byte word. `.nc` is safe: nothing writes lists or the layer table while a page kernel runs.
+__device__ __forceinline__ int32_t loadWord(int32_t const* word)
+{
+    int32_t value;
+    asm("ld.global.nc.b32 %0, [%1];" : "=r"(value) : "l"(word));
+    return value;
+}
+
+//! Reads one layer table entry with one 16-byte load.
+__device__ __forceinline__ LayerTableEntry loadLayer(LayerTableEntry const* entry)
+{
+    static_assert(sizeof(LayerTableEntry) == 16 && alignof(LayerTableEntry) == 16);
+    uint64_t base, pageBytes;
+    asm("ld.global.nc.v2.b64 {%0, %1}, [%2];" : "=l"(base), "=l"(pageBytes) : "l"(entry));
+    return LayerTableEntry{reinterpret_cast<char*>(base), static_cast<int64_t>(pageBytes)};
+}
+
 //! A list in device memory whose length a graph replay may change through `count`.
 template <typename Item>
 struct DeviceList
@@ -82,11 +114,19 @@ struct DeviceList
 
     __device__ int32_t size() const
     {
-        return count == nullptr ? capacity : min(max(*count, 0), capacity);
+        return count == nullptr ? capacity : min(max(loadWord(count), 0), capacity);
     }
+    //! `i` must be below capacity (the grid guarantees it), so the read stays inside the caller's list.
     __device__ Item operator[](int32_t i) const
     {
-        return items[i];
+        if constexpr (std::is_same_v<Item, PageCopy>)
+        {
+            return PageCopy{loadWord(&items[i].src), loadWord(&items[i].dst)};
+        }
+        else
+        {
+            return loadWord(&items[i]);
+        }
     }
 };
 
@@ -95,22 +135,22 @@ __device__ bool isValidPage(int32_t id, int32_t numPages)
     return id >= 0 && id < numPages;
 }
 
-template <int32_t THREADS>
+template <typename Shape>
 __device__ void copyChunk(char const* __restrict__ src, char* __restrict__ dst, int64_t bytes, bool vectorised)
 {
-    constexpr int32_t kVECTORS_PER_THREAD = static_cast<int32_t>(kCHUNK_BYTES / kVECTOR_BYTES / THREADS);
-    if (vectorised && bytes == kCHUNK_BYTES)
+    constexpr int32_t THREADS = Shape::kTHREADS;
+    if (vectorised && bytes == Shape::kCHUNK_BYTES)
     {
         auto const* from = reinterpret_cast<int4 const*>(src);
         auto* to = reinterpret_cast<int4*>(dst);
-        int4 staged[kVECTORS_PER_THREAD];
+        int4 staged[Shape::kVECTORS];
 #pragma unroll
-        for (int32_t k = 0; k < kVECTORS_PER_THREAD; ++k)
+        for (int32_t k = 0; k < Shape::kVECTORS; ++k)
         {
             staged[k] = __ldcg(from + threadIdx.x + k * THREADS);
         }
 #pragma unroll
-        for (int32_t k = 0; k < kVECTORS_PER_THREAD; ++k)
+        for (int32_t k = 0; k < Shape::kVECTORS; ++k)
         {
             __stcg(to + threadIdx.x + k * THREADS, staged[k]);
         }
@@ -134,9 +174,10 @@ __device__ void copyChunk(char const* __restrict__ src, char* __restrict__ dst, 
 }
 
 //! Fills `bytes` bytes at `dst`, which sit `offset` bytes into a page, with the page-aligned 4-byte pattern.
-template <int32_t THREADS>
+template <typename Shape>
 __device__ void fillChunk(char* dst, int64_t offset, int64_t bytes, bool vectorised, uint32_t pattern)
 {
+    constexpr int32_t THREADS = Shape::kTHREADS;
     if (vectorised)
     {
         auto const word = static_cast<int>(pattern);
@@ -156,61 +197,61 @@ __device__ void fillChunk(char* dst, int64_t offset, int64_t bytes, bool vectori
     }
 }
 
-//! Grid: x = list position * chunksPerPage + chunk, y = targeted layer * halfCount + half.
-template <int32_t THREADS, typename Op, typename List>
-__global__ void __launch_bounds__(THREADS) pageOpKernel(PageOpParams params, List list)
+//! Grid: x = chunk of a page, y = list position - firstPosition, z = targeted layer * (1 + halfBits) + half. Blocks
+//! run in that order, so the chunks of a few pages of one layer half are in flight together. No index needs a
+//! division: two of them cost 0.3 us of a 12 us single-pair copy.
+template <typename Shape, typename Op, typename List>
+__global__ void __launch_bounds__(Shape::kTHREADS) pageOpKernel(PageOpParams params, List list)
 {
-    auto const position = static_cast<int32_t>(blockIdx.x / static_cast<uint32_t>(params.chunksPerPage));
-    auto const chunk = static_cast<int32_t>(blockIdx.x % static_cast<uint32_t>(params.chunksPerPage));
-    if (position >= list.size())
-    {
-        return;
-    }
-    LayerTableEntry const layer = params.table[params.firstLayer + static_cast<int32_t>(blockIdx.y) / params.halfCount];
-    int32_t const half = params.firstHalf + static_cast<int32_t>(blockIdx.y) % params.halfCount;
-    int64_t const chunkStart = chunk * kCHUNK_BYTES;
-    if (chunkStart >= layer.pageBytes)
-    {
-        return;
-    }
-    int64_t const bytes = min(kCHUNK_BYTES, layer.pageBytes - chunkStart);
-    bool const vectorised = layer.pageBytes % kVECTOR_BYTES == 0;
-    char* const halfBase = layer.kBase + half * layer.halfBytes + chunkStart;
-    bool const reportsErrors = chunk == 0 && blockIdx.y == 0 && threadIdx.x == 0 && params.errorCount != nullptr;
-
+    auto const chunk = static_cast<int32_t>(blockIdx.x);
+    int32_t const layerSlot = static_cast<int32_t>(blockIdx.z >> params.halfBits);
+    int32_t const half = params.firstHalf + static_cast<int32_t>(blockIdx.z & params.halfBits);
+    int64_t const chunkStart = chunk * Shape::kCHUNK_BYTES;
+    // Every value a block depends on is loaded before one combined branch, so the loads travel together. Checked one
+    // by one behind early exits, the compiler fetched them one after another: three dependent round trips ahead of
+    // the first page load, 0.7 us of a 12 us single-pair copy on an H200. Reading an entry before comparing its
+    // position with the list's length stays inside the list: the grid keeps positions below its capacity.
+    LayerTableEntry const layer = loadLayer(params.table + params.firstLayer + layerSlot);
+    int32_t const position = params.firstPosition + static_cast<int32_t>(blockIdx.y);
     auto const item = list[position];
+    bool const listed = position < list.size();
+    bool unused = false;
+    bool valid = false;
+    int32_t readPage = 0;
+    int32_t writePage = 0;
     if constexpr (std::is_same_v<Op, CopyOp>)
     {
-        if (item.src == kUNUSED_PAGE_ENTRY || item.dst == kUNUSED_PAGE_ENTRY)
-        {
-            return;
-        }
-        if (!isValidPage(item.src, params.numPages) || !isValidPage(item.dst, params.numPages))
-        {
-            if (reportsErrors)
-            {
-                atomicAdd(params.errorCount, 1);
-            }
-            return;
-        }
-        copyChunk<THREADS>(
-            halfBase + item.src * layer.pageBytes, halfBase + item.dst * layer.pageBytes, bytes, vectorised);
+        unused = (item.src == kUNUSED_PAGE_ENTRY) | (item.dst == kUNUSED_PAGE_ENTRY);
+        valid = isValidPage(item.src, params.numPages) & isValidPage(item.dst, params.numPages);
+        readPage = item.src;
+        writePage = item.dst;
     }
     else
     {
-        if (item == kUNUSED_PAGE_ENTRY)
+        unused = item == kUNUSED_PAGE_ENTRY;
+        valid = isValidPage(item, params.numPages);
+        writePage = item;
+    }
+    if (!(listed & !unused & valid & (chunkStart < layer.pageBytes)))
+    {
+        bool const reportsErrors = chunk == 0 && blockIdx.z == 0 && threadIdx.x == 0 && params.errorCount != nullptr;
+        if (listed && !unused && !valid && reportsErrors)
         {
-            return;
+            atomicAdd(params.errorCount, 1);
         }
-        if (!isValidPage(item, params.numPages))
-        {
-            if (reportsErrors)
-            {
-                atomicAdd(params.errorCount, 1);
-            }
-            return;
-        }
-        fillChunk<THREADS>(halfBase + item * layer.pageBytes, chunkStart, bytes, vectorised, params.pattern);
+        return;
+    }
+    int64_t const bytes = min(Shape::kCHUNK_BYTES, layer.pageBytes - chunkStart);
+    bool const vectorised = layer.pageBytes % kVECTOR_BYTES == 0;
+    char* const halfBase = layer.kBase + int64_t{half} * params.numPages * layer.pageBytes + chunkStart;
+    if constexpr (std::is_same_v<Op, CopyOp>)
+    {
+        copyChunk<Shape>(
+            halfBase + readPage * layer.pageBytes, halfBase + writePage * layer.pageBytes, bytes, vectorised);
+    }
+    else
+    {
+        fillChunk<Shape>(halfBase + writePage * layer.pageBytes, chunkStart, bytes, vectorised, params.pattern);
     }
 }
 
@@ -223,16 +264,23 @@ __global__ void uploadLayerTableKernel(
     }
 }
 
-//! The launch shape of one call, worked out and checked on the host; grid x is list entries x chunksPerPage.
+//! The launch of one call, worked out and checked on the host.
 struct Launch
 {
     PageOpParams params;
-    uint32_t gridY;
+    int64_t maxPageBytes; //!< the largest page of the targeted layers
+    uint32_t gridZ;       //!< targeted layer halves
     bool samePageBytes; //!< every targeted layer has the same page size: no block of the grid is idle
 };
 
-Launch planLaunch(char const* what, KVCacheManager const& cache, PageOpTarget const& target, int32_t listCapacity,
-    uint32_t pattern, int32_t* errorCount)
+template <typename Shape>
+int64_t chunksPerPage(int64_t pageBytes)
+{
+    return (pageBytes + Shape::kCHUNK_BYTES - 1) / Shape::kCHUNK_BYTES;
+}
+
+Launch planLaunch(
+    char const* what, KVCacheManager const& cache, PageOpTarget const& target, uint32_t pattern, int32_t* errorCount)
 {
     int32_t const layerCount = cache.numLayers();
     if (target.firstLayer < 0 || (target.firstLayer >= layerCount && layerCount > 0)
@@ -254,7 +302,7 @@ Launch planLaunch(char const* what, KVCacheManager const& cache, PageOpTarget co
             "{}: PageOpTarget.half is {}; it must be kBOTH, kK or kV", what, static_cast<int32_t>(target.half)));
     }
     int32_t const numLayers = target.numLayers == -1 ? available : target.numLayers;
-    int32_t const halfCount = target.half == KVHalf::kBOTH ? 2 : 1;
+    int32_t const halfBits = target.half == KVHalf::kBOTH ? 1 : 0;
 
     int64_t maxPageBytes = 0;
     bool samePageBytes = true;
@@ -264,14 +312,11 @@ Launch planLaunch(char const* what, KVCacheManager const& cache, PageOpTarget co
         samePageBytes = samePageBytes && (maxPageBytes == 0 || pageBytes == maxPageBytes);
         maxPageBytes = std::max(maxPageBytes, pageBytes);
     }
-    int64_t const chunksPerPage = (maxPageBytes + kCHUNK_BYTES - 1) / kCHUNK_BYTES;
-    int64_t const gridX = int64_t{listCapacity} * chunksPerPage;
-    int64_t const gridY = int64_t{numLayers} * halfCount;
-    if (gridX > std::numeric_limits<int32_t>::max() || gridY > 65535)
+    int64_t const gridZ = int64_t{numLayers} << halfBits;
+    if (gridZ > kMAX_GRID_YZ)
     {
-        throw InvalidArgumentError(fmt::format("{}: {} list entries x {} chunks per page and {} layer halves exceed "
-                                               "one launch's grid ({} x 65535)",
-            what, listCapacity, chunksPerPage, gridY, std::numeric_limits<int32_t>::max()));
+        throw InvalidArgumentError(fmt::format(
+            "{}: {} layer halves exceed one launch's grid ({})", what, gridZ, kMAX_GRID_YZ));
     }
     int device = 0;
     KVCACHE_CUDA_TRY(cudaGetDevice(&device));
@@ -280,54 +325,68 @@ Launch planLaunch(char const* what, KVCacheManager const& cache, PageOpTarget co
         throw InvalidArgumentError(
             fmt::format("{}: the current device is {} but the cache lives on device {}", what, device, cache.device()));
     }
-    return Launch{PageOpParams{cache.layerTable(), target.firstLayer, halfCount, target.half == KVHalf::kV ? 1 : 0,
-                      static_cast<int32_t>(chunksPerPage), cache.numPages(), pattern, errorCount},
-        static_cast<uint32_t>(gridY), samePageBytes};
+    return Launch{PageOpParams{cache.layerTable(), target.firstLayer, halfBits, target.half == KVHalf::kV ? 1 : 0,
+                      cache.numPages(), 0, pattern, errorCount},
+        maxPageBytes, static_cast<uint32_t>(gridZ), samePageBytes};
+}
+
+//! Launches over `listSize` entries of `list` (the capacity, for device lists): one launch per kMAX_GRID_YZ entries.
+template <typename Shape, typename Op, typename List>
+void launchShaped(Launch const& plan, List const& list, int32_t listSize, cudaStream_t stream)
+{
+    PageOpParams params = plan.params;
+    auto const chunks = static_cast<uint32_t>(chunksPerPage<Shape>(plan.maxPageBytes));
+    for (int64_t first = 0; first < listSize; first += kMAX_GRID_YZ)
+    {
+        params.firstPosition = static_cast<int32_t>(first);
+        dim3 const grid(chunks, static_cast<uint32_t>(std::min(kMAX_GRID_YZ, listSize - first)), plan.gridZ);
+        pageOpKernel<Shape, Op, List><<<grid, Shape::kTHREADS, 0, stream>>>(params, list);
+        KVCACHE_CUDA_TRY(cudaGetLastError());
+    }
 }
 
 //! Launches over `listSize` entries of `list` (the capacity, for device lists).
 template <typename Op, typename List>
-void launch(Launch const& shape, List const& list, int32_t listSize, cudaStream_t stream)
+void launch(Launch const& plan, List const& list, int32_t listSize, cudaStream_t stream)
 {
-    if (listSize == 0 || shape.gridY == 0)
+    if (listSize == 0 || plan.gridZ == 0)
     {
         return;
     }
-    dim3 const grid(static_cast<uint32_t>(listSize) * static_cast<uint32_t>(shape.params.chunksPerPage), shape.gridY);
-    if (shape.samePageBytes && int64_t{grid.x} * grid.y > kMAX_NARROW_BLOCKS)
+    int64_t const wideBlocks = int64_t{listSize} * chunksPerPage<WideShape>(plan.maxPageBytes) * plan.gridZ;
+    if (plan.samePageBytes && wideBlocks > kMAX_WIDE_BLOCKS_FOR_NARROW)
     {
-        pageOpKernel<kWIDE_THREADS, Op, List><<<grid, kWIDE_THREADS, 0, stream>>>(shape.params, list);
+        launchShaped<WideShape, Op>(plan, list, listSize, stream);
     }
     else
     {
-        pageOpKernel<kNARROW_THREADS, Op, List><<<grid, kNARROW_THREADS, 0, stream>>>(shape.params, list);
+        launchShaped<NarrowShape, Op>(plan, list, listSize, stream);
     }
-    KVCACHE_CUDA_TRY(cudaGetLastError());
 }
 
 template <typename Op, int32_t N, typename Item>
-void launchInline(Launch const& shape, Item const* items, int32_t count, cudaStream_t stream)
+void launchInline(Launch const& plan, Item const* items, int32_t count, cudaStream_t stream)
 {
     InlineList<Item, N> list;
     list.count = count;
     std::copy(items, items + count, list.items);
-    launch<Op>(shape, list, count, stream);
+    launch<Op>(plan, list, count, stream);
 }
 
 //! Launches a validated host list as kernel parameters, kMAX_INLINE_PAGE_OPS entries a launch.
 template <typename Op, typename Item>
-void launchHostList(Launch const& shape, Item const* items, int32_t count, cudaStream_t stream)
+void launchHostList(Launch const& plan, Item const* items, int32_t count, cudaStream_t stream)
 {
     for (int32_t first = 0; first < count; first += kMAX_INLINE_PAGE_OPS)
     {
         int32_t const part = std::min(kMAX_INLINE_PAGE_OPS, count - first);
         if (part <= kSMALL_INLINE_LIST)
         {
-            launchInline<Op, kSMALL_INLINE_LIST>(shape, items + first, part, stream);
+            launchInline<Op, kSMALL_INLINE_LIST>(plan, items + first, part, stream);
         }
         else
         {
-            launchInline<Op, kMAX_INLINE_PAGE_OPS>(shape, items + first, part, stream);
+            launchInline<Op, kMAX_INLINE_PAGE_OPS>(plan, items + first, part, stream);
         }
     }
 }
@@ -438,9 +497,9 @@ void copyPages(KVCacheManager const& cache, PageCopy const* pairs, int32_t numPa
     detail::checkDisjoint(
         kWHAT, numPairs, [pairs](int32_t i) { return pairs[i].dst; }, numPairs,
         [pairs](int32_t i) { return pairs[i].src; });
-    detail::Launch const shape =
-        detail::planLaunch(kWHAT, cache, target, std::min(numPairs, kMAX_INLINE_PAGE_OPS), 0, nullptr);
-    detail::launchHostList<detail::CopyOp>(shape, pairs, numPairs, stream);
+    detail::Launch const plan =
+        detail::planLaunch(kWHAT, cache, target, 0, nullptr);
+    detail::launchHostList<detail::CopyOp>(plan, pairs, numPairs, stream);
 }
 
 void copyPages(
@@ -458,9 +517,9 @@ void copyPagesDevice(KVCacheManager const& cache, PageCopy const* devicePairs, i
 {
     constexpr char const* kWHAT = "copyPagesDevice";
     detail::checkListArguments(kWHAT, devicePairs, maxPairs);
-    detail::Launch const shape = detail::planLaunch(kWHAT, cache, target, maxPairs, 0, deviceErrorCount);
+    detail::Launch const plan = detail::planLaunch(kWHAT, cache, target, 0, deviceErrorCount);
     detail::launch<detail::CopyOp>(
-        shape, detail::DeviceList<PageCopy>{devicePairs, deviceNumPairs, maxPairs}, maxPairs, stream);
+        plan, detail::DeviceList<PageCopy>{devicePairs, deviceNumPairs, maxPairs}, maxPairs, stream);
 }
 
 void resetPages(KVCacheManager const& cache, int32_t const* pages, int32_t numPages, cudaStream_t stream,
@@ -474,9 +533,9 @@ void resetPages(KVCacheManager const& cache, int32_t const* pages, int32_t numPa
     }
     detail::checkDisjoint(
         kWHAT, numPages, [pages](int32_t i) { return pages[i]; }, 0, [](int32_t) { return kUNUSED_PAGE_ENTRY; });
-    detail::Launch const shape =
-        detail::planLaunch(kWHAT, cache, target, std::min(numPages, kMAX_INLINE_PAGE_OPS), pattern, nullptr);
-    detail::launchHostList<detail::ResetOp>(shape, pages, numPages, stream);
+    detail::Launch const plan =
+        detail::planLaunch(kWHAT, cache, target, pattern, nullptr);
+    detail::launchHostList<detail::ResetOp>(plan, pages, numPages, stream);
 }
 
 void resetPages(KVCacheManager const& cache, std::vector<int32_t> const& pages, cudaStream_t stream, uint32_t pattern,
@@ -495,9 +554,9 @@ void resetPagesDevice(KVCacheManager const& cache, int32_t const* devicePages, i
 {
     constexpr char const* kWHAT = "resetPagesDevice";
     detail::checkListArguments(kWHAT, devicePages, maxPages);
-    detail::Launch const shape = detail::planLaunch(kWHAT, cache, target, maxPages, pattern, deviceErrorCount);
+    detail::Launch const plan = detail::planLaunch(kWHAT, cache, target, pattern, deviceErrorCount);
     detail::launch<detail::ResetOp>(
-        shape, detail::DeviceList<int32_t>{devicePages, deviceNumPages, maxPages}, maxPages, stream);
+        plan, detail::DeviceList<int32_t>{devicePages, deviceNumPages, maxPages}, maxPages, stream);
 }
 
 } // namespace kvcache::rt

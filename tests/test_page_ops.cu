@@ -1158,6 +1158,50 @@ TEST_F(PageOpsTest, ThousandsOfDeviceEntriesOnALargePool)
     ASSERT_TRUE(cut.matchesReference());
 }
 
+TEST_F(PageOpsTest, DeviceListsLongerThanOneGridAreCoveredWholeWithTheirCount)
+{
+    CacheUnderTest cut(smallConfig(), 21);
+    constexpr int32_t kLIMIT = rt::kMAX_DEVICE_PAGE_OPS_PER_LAUNCH;
+    constexpr int32_t kCAPACITY = kLIMIT + 300;
+    // Real pairs on both sides of every launch boundary; a bad pair and a reset page past the first launch.
+    std::vector<int32_t> const positions{0, kLIMIT - 1, kLIMIT, kLIMIT + 150, kCAPACITY - 1};
+    std::vector<rt::PageCopy> const real = cut.randomPairs(static_cast<int32_t>(positions.size()));
+    std::vector<rt::PageCopy> list(kCAPACITY, rt::PageCopy{rt::kUNUSED_PAGE_ENTRY, rt::kUNUSED_PAGE_ENTRY});
+    for (size_t i = 0; i < positions.size(); ++i)
+    {
+        list[static_cast<size_t>(positions[i])] = real[i];
+    }
+    constexpr int32_t kBAD_POSITION = kLIMIT + 100;
+    list[kBAD_POSITION] = rt::PageCopy{cut.numPages(), 0};
+    DeviceArray<rt::PageCopy> deviceList(list, cut.stream());
+    DeviceArray<int32_t> deviceCount(1);
+    DeviceArray<int32_t> errors(std::vector<int32_t>{0}, cut.stream());
+    auto const firstEntries = [&](int32_t count)
+    { return std::vector<rt::PageCopy>(list.begin(), list.begin() + count); };
+
+    for (int32_t const count : {kCAPACITY, kLIMIT + 120, kLIMIT})
+    {
+        SCOPED_TRACE("device count " + std::to_string(count));
+        cut.refill();
+        deviceCount.upload({count}, cut.stream());
+        errors.upload({0}, cut.stream());
+        rt::copyPagesDevice(
+            cut.cache(), deviceList.get(), kCAPACITY, deviceCount.get(), cut.stream(), {}, errors.get());
+        cut.reference().copy(firstEntries(count));
+        ASSERT_TRUE(cut.matchesReference());
+        EXPECT_EQ(errors.download(cut.stream())[0], count > kBAD_POSITION ? 1 : 0);
+    }
+
+    std::vector<int32_t> pages(kCAPACITY, rt::kUNUSED_PAGE_ENTRY);
+    pages[kLIMIT - 1] = real[0].dst;
+    pages[kCAPACITY - 1] = real[1].dst;
+    DeviceArray<int32_t> devicePages(pages, cut.stream());
+    cut.refill();
+    rt::resetPagesDevice(cut.cache(), devicePages.get(), kCAPACITY, nullptr, cut.stream(), 0x5EEDF00DU);
+    cut.reference().reset({real[0].dst, real[1].dst}, 0x5EEDF00DU);
+    ASSERT_TRUE(cut.matchesReference());
+}
+
 TEST_F(PageOpsTest, OperationsQueueBehindEarlierWorkWithoutWaitingForIt)
 {
     CacheUnderTest cut(smallConfig(), 21);

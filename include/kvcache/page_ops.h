@@ -50,7 +50,8 @@ void copyPages(KVCacheManager const& cache, PageCopy const* pairs, int32_t numPa
 void copyPages(KVCacheManager const& cache, std::vector<PageCopy> const& pairs, cudaStream_t stream,
     PageOpTarget const& target = {});
 
-//! Copies pages listed in device memory, in one launch on `stream`. The kernel reads
+//! Copies pages listed in device memory, in one launch on `stream` (one per kMAX_DEVICE_PAGE_OPS_PER_LAUNCH entries of
+//! maxPairs). `devicePairs` must hold maxPairs entries. The kernel reads
 //! `*deviceNumPairs` pairs (all `maxPairs` when it is nullptr; the count is clamped to maxPairs), so a graph that
 //! captured this call replays with whatever the lists hold then. Pairs with a kUNUSED_PAGE_ENTRY id are skipped;
 //! any other id outside [0, numPages) is never dereferenced and, when `deviceErrorCount` is given, adds one to it
@@ -79,5 +80,7 @@ void resetPagesDevice(KVCacheManager const& cache, int32_t const* devicePages, i
 
 //! Host-listed pages one launch carries as kernel parameters; longer lists take several launches.
 inline constexpr int32_t kMAX_INLINE_PAGE_OPS = 256;
+//! Device-list entries one launch covers (CUDA's grid limit); longer lists take several launches.
+inline constexpr int32_t kMAX_DEVICE_PAGE_OPS_PER_LAUNCH = 65535;
 
 } // namespace kvcache::rt
