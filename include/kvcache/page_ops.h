@@ -40,6 +40,8 @@ struct PageOpTarget
 
 //! Copies each pair's source page onto its destination page in every targeted layer and half, in one kernel
 //! launch per kMAX_INLINE_PAGE_OPS pairs, stream-ordered on `stream`; never synchronises or allocates.
+//! A copy that writes more than 32 MiB reads its sources at L2 priority evict_last and gives each line normal priority
+//! back once copied, so it leaves no persisting lines in the L2 (docs/benchmarks.md says why it helps).
 //! The list travels as kernel parameters, so the call may be captured in a CUDA graph.
 //! Throws (before launching anything) OutOfRangeError for an id outside [0, numPages) and InvalidArgumentError for
 //! a destination listed twice, a page that is both a source and a destination, a bad target, a negative numPairs or
