@@ -167,8 +167,7 @@ std::string caseName(Case const& c)
     std::string const operation = c.runLength > 0
         ? std::string(operationName(c.operation)) + "_of_" + std::to_string(c.runLength)
         : std::string(operationName(c.operation));
-    return operation + "/" + c.model->name + "/" + methodName(c.method) + "/"
-        + std::to_string(c.pages);
+    return operation + "/" + c.model->name + "/" + methodName(c.method) + "/" + std::to_string(c.pages);
 }
 
 //! Owns a cudaMalloc allocation.
@@ -413,8 +412,8 @@ std::vector<rt::PageCopy> pairsInRuns(int32_t count, int32_t runLength, int32_t 
     int32_t const runsPerSide = (count + runLength - 1) / runLength;
     if (2 * runsPerSide * runLength > numPages)
     {
-        throw std::runtime_error("the pool is too small for " + std::to_string(count) + " pairs in runs of "
-            + std::to_string(runLength));
+        throw std::runtime_error(
+            "the pool is too small for " + std::to_string(count) + " pairs in runs of " + std::to_string(runLength));
     }
     std::vector<int32_t> const runs = scatteredPages(2 * runsPerSide, numPages / runLength);
     std::vector<rt::PageCopy> pairs;
@@ -437,8 +436,8 @@ char* pagePointer(rt::KVCacheManager const& cache, int32_t layer, int32_t half, 
 }
 
 //! Returns every page-sized transfer of the list, in list order, then layer, then half (K before V).
-std::vector<Segment> segmentsOf(rt::KVCacheManager const& cache, std::vector<rt::PageCopy> const& pairs,
-    std::vector<int32_t> const& resetPages)
+std::vector<Segment> segmentsOf(
+    rt::KVCacheManager const& cache, std::vector<rt::PageCopy> const& pairs, std::vector<int32_t> const& resetPages)
 {
     std::vector<Segment> segments;
     bool const isCopy = !pairs.empty();
@@ -526,14 +525,13 @@ void checkMethod(cudaStream_t stream, std::vector<Segment> const& segments, int6
     {
         Segment const& segment = segments[checked[i]];
         actual.assign(static_cast<size_t>(segment.bytes), 0);
-        KVCACHE_CUDA_TRY(
-            cudaMemcpyAsync(actual.data(), segment.dst, actual.size(), cudaMemcpyDeviceToHost, stream));
+        KVCACHE_CUDA_TRY(cudaMemcpyAsync(actual.data(), segment.dst, actual.size(), cudaMemcpyDeviceToHost, stream));
         KVCACHE_CUDA_TRY(cudaStreamSynchronize(stream));
         if (actual != expected[i])
         {
             auto const index = static_cast<int64_t>(checked[i]);
-            throw std::runtime_error("check failed: list entry " + std::to_string(index / segmentsPerEntry)
-                + ", layer " + std::to_string(index % segmentsPerEntry / 2) + (index % 2 == 0 ? ", K" : ", V")
+            throw std::runtime_error("check failed: list entry " + std::to_string(index / segmentsPerEntry) + ", layer "
+                + std::to_string(index % segmentsPerEntry / 2) + (index % 2 == 0 ? ", K" : ", V")
                 + " holds the wrong bytes");
         }
     }
@@ -544,8 +542,8 @@ template <typename T>
 DeviceBuffer upload(std::vector<T> const& items, cudaStream_t stream)
 {
     DeviceBuffer buffer(static_cast<int64_t>(items.size() * sizeof(T)));
-    KVCACHE_CUDA_TRY(cudaMemcpyAsync(buffer.data(), items.data(), items.size() * sizeof(T), cudaMemcpyHostToDevice,
-        stream));
+    KVCACHE_CUDA_TRY(
+        cudaMemcpyAsync(buffer.data(), items.data(), items.size() * sizeof(T), cudaMemcpyHostToDevice, stream));
     KVCACHE_CUDA_TRY(cudaStreamSynchronize(stream));
     return buffer;
 }

@@ -141,8 +141,8 @@ __device__ __forceinline__ int4 loadKeepingInL2(int4 const* from, uint64_t polic
 {
     int4 v;
     asm("ld.global.cg.L2::cache_hint.v4.s32 {%0, %1, %2, %3}, [%4], %5;"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(from), "l"(policy));
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(from), "l"(policy));
     return v;
 }
 
@@ -330,10 +330,10 @@ __global__ void uploadLayerTableKernel(
 struct Launch
 {
     PageOpParams params;
-    int64_t maxPageBytes;   //!< the largest page of the targeted layers
-    int64_t bytesPerEntry;  //!< bytes one list entry writes: its page in every targeted layer and half
-    uint32_t gridZ;       //!< targeted layer halves
-    bool samePageBytes; //!< every targeted layer has the same page size: no block of the grid is idle
+    int64_t maxPageBytes;  //!< the largest page of the targeted layers
+    int64_t bytesPerEntry; //!< bytes one list entry writes: its page in every targeted layer and half
+    uint32_t gridZ;        //!< targeted layer halves
+    bool samePageBytes;    //!< every targeted layer has the same page size: no block of the grid is idle
 };
 
 template <typename Shape>
@@ -380,8 +380,8 @@ Launch planLaunch(
     int64_t const gridZ = int64_t{numLayers} << halfBits;
     if (gridZ > kMAX_GRID_YZ)
     {
-        throw InvalidArgumentError(fmt::format(
-            "{}: {} layer halves exceed one launch's grid ({})", what, gridZ, kMAX_GRID_YZ));
+        throw InvalidArgumentError(
+            fmt::format("{}: {} layer halves exceed one launch's grid ({})", what, gridZ, kMAX_GRID_YZ));
     }
     int device = 0;
     KVCACHE_CUDA_TRY(cudaGetDevice(&device));
@@ -563,8 +563,7 @@ void copyPages(KVCacheManager const& cache, PageCopy const* pairs, int32_t numPa
     detail::checkDisjoint(
         kWHAT, numPairs, [pairs](int32_t i) { return pairs[i].dst; }, numPairs,
         [pairs](int32_t i) { return pairs[i].src; });
-    detail::Launch const plan =
-        detail::planLaunch(kWHAT, cache, target, 0, nullptr);
+    detail::Launch const plan = detail::planLaunch(kWHAT, cache, target, 0, nullptr);
     detail::launchHostList<detail::CopyOp>(plan, pairs, numPairs, stream);
 }
 
@@ -599,8 +598,7 @@ void resetPages(KVCacheManager const& cache, int32_t const* pages, int32_t numPa
     }
     detail::checkDisjoint(
         kWHAT, numPages, [pages](int32_t i) { return pages[i]; }, 0, [](int32_t) { return kUNUSED_PAGE_ENTRY; });
-    detail::Launch const plan =
-        detail::planLaunch(kWHAT, cache, target, pattern, nullptr);
+    detail::Launch const plan = detail::planLaunch(kWHAT, cache, target, pattern, nullptr);
     detail::launchHostList<detail::ResetOp>(plan, pages, numPages, stream);
 }
 
