@@ -72,11 +72,11 @@ KVCacheLayout computeLayout(KVCacheConfig const& config)
         throw InvalidConfigError(
             fmt::format("KVCacheConfig.maxSequenceLength is {}; it must be > 0", config.maxSequenceLength));
     }
-    int32_t const pageSize = config.tokensPerPage;
-    if (pageSize < 1 || pageSize > kMAX_TOKENS_PER_PAGE || (pageSize & (pageSize - 1)) != 0)
+    int32_t const tokensPerPage = config.tokensPerPage;
+    if (tokensPerPage < 1 || tokensPerPage > kMAX_TOKENS_PER_PAGE || (tokensPerPage & (tokensPerPage - 1)) != 0)
     {
         throw InvalidConfigError(fmt::format(
-            "KVCacheConfig.tokensPerPage is {}; it must be a power of two in [1, {}]", pageSize, kMAX_TOKENS_PER_PAGE));
+            "KVCacheConfig.tokensPerPage is {}; it must be a power of two in [1, {}]", tokensPerPage, kMAX_TOKENS_PER_PAGE));
     }
     if (config.layerConfigs.size() != static_cast<size_t>(config.numAttentionLayers))
     {
@@ -99,13 +99,13 @@ KVCacheLayout computeLayout(KVCacheConfig const& config)
         }
     }
 
-    int64_t const pagesPerSlot = (int64_t{config.maxSequenceLength} + pageSize - 1) / pageSize;
-    int64_t const capPadded = pagesPerSlot * pageSize;
+    int64_t const pagesPerSlot = (int64_t{config.maxSequenceLength} + tokensPerPage - 1) / tokensPerPage;
+    int64_t const capPadded = pagesPerSlot * tokensPerPage;
     if (capPadded > std::numeric_limits<int32_t>::max())
     {
         throw InvalidConfigError(fmt::format("KVCacheConfig.maxSequenceLength is {}; rounded up to whole pages of {} "
                                              "tokens it is {}, over the int32 limit {}",
-            config.maxSequenceLength, pageSize, capPadded, std::numeric_limits<int32_t>::max()));
+            config.maxSequenceLength, tokensPerPage, capPadded, std::numeric_limits<int32_t>::max()));
     }
     int64_t const minPages = int64_t{config.maxBatchSize} * pagesPerSlot;
     if (minPages > kMAX_NUM_PAGES)
@@ -128,7 +128,9 @@ KVCacheLayout computeLayout(KVCacheConfig const& config)
     }
 
     KVCacheLayout layout;
-    layout.tokensPerPage = pageSize;
+    layout.maxBatchSize = config.maxBatchSize;
+    layout.dataType = config.kvCacheType;
+    layout.tokensPerPage = tokensPerPage;
     layout.capPadded = static_cast<int32_t>(capPadded);
     layout.pagesPerSlot = static_cast<int32_t>(pagesPerSlot);
     layout.minPages = static_cast<int32_t>(minPages);
@@ -142,7 +144,7 @@ KVCacheLayout computeLayout(KVCacheConfig const& config)
         KVLayerLayout layer;
         layer.numKVHeads = layerConfig.numKVHeads;
         layer.headDim = layerConfig.headDim;
-        layer.pageElems = checkedMul(checkedMul(pageSize, layerConfig.numKVHeads, where + "page elements"),
+        layer.pageElems = checkedMul(checkedMul(tokensPerPage, layerConfig.numKVHeads, where + "page elements"),
             layerConfig.headDim, where + "page elements");
         layer.pageBytes = checkedMul(layer.pageElems, layout.elementBytes, where + "page bytes");
         layer.halfElems = checkedMul(layout.numPages, layer.pageElems, where + "elements per half");

@@ -22,6 +22,8 @@ struct KVLayerLayout
 //! The layout maths of a validated config: what every view, kernel and accounting figure derives from.
 struct KVCacheLayout
 {
+    int32_t maxBatchSize = {};
+    DataType dataType = DataType::kHALF;
     int32_t tokensPerPage = {};
     int32_t capPadded = {};    //!< maxSequenceLength rounded up to whole pages
     int32_t pagesPerSlot = {}; //!< capPadded / tokensPerPage

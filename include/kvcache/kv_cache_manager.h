@@ -1,8 +1,9 @@
 #pragma once
 
-#include "kvcache/detail/layer_table.h"
+#include "kvcache/device_allocation.h"
 #include "kvcache/kv_cache_config.h"
 #include "kvcache/kv_cache_layout.h"
+#include "kvcache/layer_ref.h"
 #include "kvcache/tensor.h"
 
 #include <cuda_runtime_api.h>
@@ -13,6 +14,10 @@
 
 namespace kvcache::rt
 {
+namespace detail
+{
+struct ManagerInternals;
+} // namespace detail
 
 //! Owns one device buffer per attention layer and hands out zero-copy views of it: the slot view
 //! [2, maxBatchSize, capPadded, H, D] and the pool view [2, numPages, tokensPerPage, H, D].
@@ -30,14 +35,15 @@ public:
     //! cannot be allocated (after freeing the layers already allocated) and CudaError for other CUDA failures.
     KVCacheManager(Config const& config, cudaStream_t stream);
     //! Returns all memory with cudaFreeAsync on the constructor's stream and device; never throws.
-    ~KVCacheManager() noexcept;
+    ~KVCacheManager() noexcept = default;
 
     KVCacheManager(KVCacheManager const&) = delete;
     KVCacheManager& operator=(KVCacheManager const&) = delete;
-    //! Takes `other`'s memory; `other` is left empty.
-    KVCacheManager(KVCacheManager&& other) noexcept;
-    //! Frees this manager's memory (stream-ordered), then takes `other`'s; `other` is left empty.
-    KVCacheManager& operator=(KVCacheManager&& other) noexcept;
+    //! Takes `other`'s memory; `other` is left with no layers.
+    KVCacheManager(KVCacheManager&& other) noexcept = default;
+    //! Frees this manager's memory (stream-ordered), then takes `other`'s; `other` is left with no layers (a
+    //! self-move gives the memory up).
+    KVCacheManager& operator=(KVCacheManager&& other) noexcept = default;
 
     //! Validates `config` without a GPU; returns its layout or throws InvalidConfigError.
     static KVCacheLayout validate(Config const& config)
@@ -77,6 +83,8 @@ public:
     void* kPoolPtr(int32_t layerIdx) const noexcept;
     //! Returns the start of layer `layerIdx`'s V pool; aborts on a bad index.
     void* vPoolPtr(int32_t layerIdx) const noexcept;
+    //! Returns layer `layerIdx`'s pools as a kernel addresses them (pass it by value); aborts on a bad index.
+    LayerRef layerRef(int32_t layerIdx) const noexcept;
     //! Returns layer `layerIdx`'s head shape; aborts on a bad index.
     KVLayerConfig const& getLayerConfig(int32_t layerIdx) const noexcept;
     //! Returns the number of attention layers.
@@ -91,11 +99,14 @@ public:
     {
         return mConfig;
     }
-    //! Returns the layout maths (sizes per layer and in total).
-    KVCacheLayout const& getLayout() const noexcept
+    //! Returns the layout maths (sizes per layer and in total): the one source of every shape the manager reports.
+    KVCacheLayout const& layout() const noexcept
     {
         return mLayout;
     }
+    //! Returns the device bytes the manager holds: layout().cacheBytes plus the table of 16 bytes a layer that the
+    //! page kernels read.
+    int64_t allocatedBytes() const noexcept;
     //! Returns the stream the memory was allocated on and will be freed on.
     cudaStream_t stream() const noexcept
     {
@@ -106,24 +117,21 @@ public:
     {
         return mDevice;
     }
-    //! Returns the device-resident per-layer table the page kernels read (nullptr with no layers).
-    detail::LayerTableEntry const* layerTable() const noexcept
-    {
-        return mLayerTable;
-    }
 
 private:
+    friend struct detail::ManagerInternals;
+
     void checkIndex(int32_t layerIdx, char const* what) const noexcept;
-    void release() noexcept;
 
     Config mConfig{};
     KVCacheLayout mLayout{};
     cudaStream_t mStream{nullptr};
     int32_t mDevice{0};
-    std::vector<void*> mBuffers{};
+    std::vector<DeviceAllocation> mBuffers{};
     std::vector<Tensor> mSlotViews{};
     std::vector<Tensor> mPoolViews{};
-    detail::LayerTableEntry* mLayerTable{nullptr};
+    //! One entry a layer, read by the page kernels (see src/layer_table.h).
+    DeviceAllocation mLayerTable{};
 };
 
 } // namespace kvcache::rt

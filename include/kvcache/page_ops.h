@@ -44,31 +44,31 @@ struct PageOpTarget
 //! back once copied, so it leaves no persisting lines in the L2 (docs/benchmarks.md says why it helps).
 //! The list travels as kernel parameters, so the call may be captured in a CUDA graph.
 //! Throws (before launching anything) OutOfRangeError for an id outside [0, numPages) and InvalidArgumentError for
-//! a destination listed twice, a page that is both a source and a destination, a bad target, a negative numPairs or
-//! a null list with a positive numPairs. Zero pairs is a no-op.
-void copyPages(KVCacheManager const& cache, PageCopy const* pairs, int32_t numPairs, cudaStream_t stream,
+//! a destination listed twice, a page that is both a source and a destination, a bad target, a negative count or
+//! a null list with a positive count. Zero pairs is a no-op.
+void copyPages(KVCacheManager const& cache, PageCopy const* pairs, int32_t count, cudaStream_t stream,
     PageOpTarget const& target = {});
 //! As above, for a std::vector of pairs.
 void copyPages(KVCacheManager const& cache, std::vector<PageCopy> const& pairs, cudaStream_t stream,
     PageOpTarget const& target = {});
 
 //! Copies pages listed in device memory, in one launch on `stream` (one per kMAX_DEVICE_PAGE_OPS_PER_LAUNCH entries of
-//! maxPairs). `devicePairs` must hold maxPairs entries. The kernel reads
-//! `*deviceNumPairs` pairs (all `maxPairs` when it is nullptr; the count is clamped to maxPairs), so a graph that
+//! capacity). `devicePairs` must hold `capacity` entries. The kernel reads
+//! `*deviceCount` pairs (all `capacity` when it is nullptr; the count is clamped to capacity), so a graph that
 //! captured this call replays with whatever the lists hold then. Pairs with a kUNUSED_PAGE_ENTRY id are skipped;
 //! any other id outside [0, numPages) is never dereferenced and, when `deviceErrorCount` is given, adds one to it
 //! (once per bad pair, whatever the number of targeted layers and halves). A negative device count counts as 0.
 //! Overlapping sources and destinations are the caller's to avoid (the result is then unspecified). Throws, before
-//! launching, for a bad target, a negative maxPairs or a null list with a positive maxPairs.
-void copyPagesDevice(KVCacheManager const& cache, PageCopy const* devicePairs, int32_t maxPairs,
-    int32_t const* deviceNumPairs, cudaStream_t stream, PageOpTarget const& target = {},
+//! launching, for a bad target, a negative capacity or a null list with a positive capacity.
+void copyPagesDevice(KVCacheManager const& cache, PageCopy const* devicePairs, int32_t capacity,
+    int32_t const* deviceCount, cudaStream_t stream, PageOpTarget const& target = {},
     int32_t* deviceErrorCount = nullptr);
 
 //! Fills each listed page with the little-endian 4-byte `pattern`, counted from the start of each page (0 clears
 //! it; 0x7E007E00 is a float16 NaN),
 //! in every targeted layer and half, stream-ordered on `stream`. Throws OutOfRangeError for an id outside
 //! [0, numPages) and InvalidArgumentError for a page listed twice or a bad target, before launching anything.
-void resetPages(KVCacheManager const& cache, int32_t const* pages, int32_t numPages, cudaStream_t stream,
+void resetPages(KVCacheManager const& cache, int32_t const* pages, int32_t count, cudaStream_t stream,
     uint32_t pattern = 0, PageOpTarget const& target = {});
 //! As above, for a std::vector of page ids.
 void resetPages(KVCacheManager const& cache, std::vector<int32_t> const& pages, cudaStream_t stream,
@@ -76,8 +76,8 @@ void resetPages(KVCacheManager const& cache, std::vector<int32_t> const& pages, 
 
 //! Resets pages listed in device memory, with the same count, skipping and error-counting rules as
 //! copyPagesDevice.
-void resetPagesDevice(KVCacheManager const& cache, int32_t const* devicePages, int32_t maxPages,
-    int32_t const* deviceNumPages, cudaStream_t stream, uint32_t pattern = 0, PageOpTarget const& target = {},
+void resetPagesDevice(KVCacheManager const& cache, int32_t const* devicePages, int32_t capacity,
+    int32_t const* deviceCount, cudaStream_t stream, uint32_t pattern = 0, PageOpTarget const& target = {},
     int32_t* deviceErrorCount = nullptr);
 
 //! Host-listed pages one launch carries as kernel parameters; longer lists take several launches.
