@@ -31,8 +31,8 @@ DeviceAllocation::DeviceAllocation(int64_t bytes, cudaStream_t stream, cudaMemPo
     KVCACHE_CUDA_TRY(cudaGetDevice(&device));
     char const* const call = pool != nullptr ? "cudaMallocFromPoolAsync" : "cudaMallocAsync";
     auto const size = static_cast<size_t>(bytes);
-    cudaError_t const status
-        = pool != nullptr ? cudaMallocFromPoolAsync(&mData, size, pool, stream) : cudaMallocAsync(&mData, size, stream);
+    cudaError_t const status =
+        pool != nullptr ? cudaMallocFromPoolAsync(&mData, size, pool, stream) : cudaMallocAsync(&mData, size, stream);
     if (status == cudaErrorMemoryAllocation)
     {
         cudaGetLastError();

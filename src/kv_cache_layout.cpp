@@ -75,8 +75,8 @@ KVCacheLayout computeLayout(KVCacheConfig const& config)
     int32_t const tokensPerPage = config.tokensPerPage;
     if (tokensPerPage < 1 || tokensPerPage > kMAX_TOKENS_PER_PAGE || (tokensPerPage & (tokensPerPage - 1)) != 0)
     {
-        throw InvalidConfigError(fmt::format(
-            "KVCacheConfig.tokensPerPage is {}; it must be a power of two in [1, {}]", tokensPerPage, kMAX_TOKENS_PER_PAGE));
+        throw InvalidConfigError(fmt::format("KVCacheConfig.tokensPerPage is {}; it must be a power of two in [1, {}]",
+            tokensPerPage, kMAX_TOKENS_PER_PAGE));
     }
     if (config.layerConfigs.size() != static_cast<size_t>(config.numAttentionLayers))
     {

@@ -59,8 +59,8 @@ KVCacheManager::KVCacheManager(Config const& config, cudaStream_t stream)
         void* base = mBuffers[static_cast<size_t>(i)].data();
         mSlotViews.emplace_back(
             base, Coords{2, batch, cap, layer.numKVHeads, layer.headDim}, mLayout.dataType, DeviceType::kGPU);
-        mPoolViews.emplace_back(base, Coords{2, pages, tokensPerPage, layer.numKVHeads, layer.headDim},
-            mLayout.dataType, DeviceType::kGPU);
+        mPoolViews.emplace_back(
+            base, Coords{2, pages, tokensPerPage, layer.numKVHeads, layer.headDim}, mLayout.dataType, DeviceType::kGPU);
     }
 }
 

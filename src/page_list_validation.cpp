@@ -112,7 +112,8 @@ void validateResetList(char const* what, int32_t const* pages, int32_t count, in
     {
         checkId(what, "pages", i, pages[i], numPages);
     }
-    checkDisjoint(what, count, [pages](int32_t i) { return pages[i]; }, 0, [](int32_t) { return 0; });
+    checkDisjoint(
+        what, count, [pages](int32_t i) { return pages[i]; }, 0, [](int32_t) { return 0; });
 }
 
 void validateDeviceListArguments(char const* what, void const* list, int32_t capacity)

@@ -73,8 +73,8 @@ PageOpPlan planPageOp(
 
 bool usesWideBlocks(PageOpPlan const& plan, int32_t listSize)
 {
-    int64_t const wideBlocks
-        = int64_t{listSize} * chunksPerPage(plan.maxPageBytes, WideShape::kCHUNK_BYTES) * plan.gridZ;
+    int64_t const wideBlocks =
+        int64_t{listSize} * chunksPerPage(plan.maxPageBytes, WideShape::kCHUNK_BYTES) * plan.gridZ;
     return plan.samePageBytes && wideBlocks > kMAX_WIDE_BLOCKS_FOR_NARROW;
 }
 

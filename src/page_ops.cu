@@ -128,8 +128,8 @@ void copyPagesDevice(KVCacheManager const& cache, PageCopy const* devicePairs, i
         plan, detail::DeviceList<PageCopy>{devicePairs, deviceCount, capacity}, capacity, stream);
 }
 
-void resetPages(KVCacheManager const& cache, int32_t const* pages, int32_t count, cudaStream_t stream,
-    uint32_t pattern, PageOpTarget const& target)
+void resetPages(KVCacheManager const& cache, int32_t const* pages, int32_t count, cudaStream_t stream, uint32_t pattern,
+    PageOpTarget const& target)
 {
     constexpr char const* kWHAT = "resetPages";
     detail::validateResetList(kWHAT, pages, count, cache.numPages());

@@ -47,8 +47,8 @@ using AllKVCacheDataTypes = ::testing::Types<DataTypeTag<rt::DataType::kFLOAT>, 
     DataTypeTag<rt::DataType::kINT8>, DataTypeTag<rt::DataType::kUINT8>>;
 
 //! One type of each element size.
-using OneKVCacheDataTypePerSize = ::testing::Types<DataTypeTag<rt::DataType::kFLOAT>,
-    DataTypeTag<rt::DataType::kBF16>, DataTypeTag<rt::DataType::kFP8_E4M3>>;
+using OneKVCacheDataTypePerSize = ::testing::Types<DataTypeTag<rt::DataType::kFLOAT>, DataTypeTag<rt::DataType::kBF16>,
+    DataTypeTag<rt::DataType::kFP8_E4M3>>;
 
 //! Names typed-test instances after their data type ("float16", "fp8_e4m3", ...).
 struct DataTypeNames

@@ -32,8 +32,8 @@ template <typename ExpectedError, typename Call>
         {
             if (text.find(word) == std::string::npos)
             {
-                return ::testing::AssertionFailure() << "the message \"" << text << "\" does not name \"" << word
-                                                     << "\"";
+                return ::testing::AssertionFailure()
+                    << "the message \"" << text << "\" does not name \"" << word << "\"";
             }
         }
         return ::testing::AssertionSuccess();

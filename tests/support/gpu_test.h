@@ -2,12 +2,12 @@
 
 // GoogleTest fixtures for GPU tests: skip with the reason where no GPU is usable, fail under KVCACHE_REQUIRE_GPU=1.
 
-#include "support/gpu_availability.h"
-
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <string>
+
+#include "support/gpu_availability.h"
 
 namespace kvcache::test
 {
