@@ -23,17 +23,9 @@ void PrintTo(Coords const& coords, std::ostream* os)
     }
     *os << ']';
 }
-} // namespace kvcache::rt
 
 namespace
 {
-
-using kvcache::rt::Coords;
-using kvcache::rt::DataType;
-using kvcache::rt::DeviceType;
-using kvcache::rt::InvalidArgumentError;
-using kvcache::rt::OutOfRangeError;
-using kvcache::rt::Tensor;
 
 //! Row-major strides worked out here, independently of the library: the last dimension is dense and each
 //! dimension steps over the whole of the dimensions after it.
@@ -162,7 +154,7 @@ TEST(Tensor, ContiguousConstructorComputesRowMajorStrides)
         Coords const expected = rowMajorStrides(shape);
         EXPECT_EQ(t.getShape(), shape);
         EXPECT_EQ(t.getStride(), expected) << "rank " << shape.getNumDims();
-        EXPECT_EQ(kvcache::rt::contiguousStrides(shape), expected) << "rank " << shape.getNumDims();
+        EXPECT_EQ(contiguousStrides(shape), expected) << "rank " << shape.getNumDims();
         EXPECT_TRUE(t.isContiguous());
     }
 }
@@ -170,8 +162,8 @@ TEST(Tensor, ContiguousConstructorComputesRowMajorStrides)
 TEST(Tensor, ContiguousStridesByHand)
 {
     // [2, 3, 4, 5]: the last dim is dense, then 5, 4*5, 3*4*5.
-    EXPECT_EQ(kvcache::rt::contiguousStrides(Coords{2, 3, 4, 5}), (Coords{60, 20, 5, 1}));
-    EXPECT_EQ(kvcache::rt::contiguousStrides(Coords{9}), (Coords{1}));
+    EXPECT_EQ(contiguousStrides(Coords{2, 3, 4, 5}), (Coords{60, 20, 5, 1}));
+    EXPECT_EQ(contiguousStrides(Coords{9}), (Coords{1}));
 }
 
 TEST(Tensor, ExplicitStridesAreKept)
@@ -334,29 +326,30 @@ TEST(DataType, SizesNamesAndKVCacheSupport)
     for (auto const& facts : kDATA_TYPE_FACTS)
     {
         SCOPED_TRACE(std::string(facts.name));
-        EXPECT_EQ(kvcache::rt::dataTypeSize(facts.type), facts.size);
-        EXPECT_EQ(kvcache::rt::dataTypeName(facts.type), facts.name);
-        EXPECT_EQ(kvcache::rt::isKVCacheDataType(facts.type), facts.kvCache);
+        EXPECT_EQ(dataTypeSize(facts.type), facts.size);
+        EXPECT_EQ(dataTypeName(facts.type), facts.name);
+        EXPECT_EQ(isKVCacheDataType(facts.type), facts.kvCache);
     }
 }
 
 TEST(DataType, ValueOutsideTheEnumeration)
 {
     auto const bogus = static_cast<DataType>(99);
-    EXPECT_EQ(kvcache::rt::dataTypeSize(bogus), 0);
-    EXPECT_EQ(kvcache::rt::dataTypeName(bogus), "unknown");
-    EXPECT_FALSE(kvcache::rt::isKVCacheDataType(bogus));
+    EXPECT_EQ(dataTypeSize(bogus), 0);
+    EXPECT_EQ(dataTypeName(bogus), "unknown");
+    EXPECT_FALSE(isKVCacheDataType(bogus));
     auto const negative = static_cast<DataType>(-1);
-    EXPECT_EQ(kvcache::rt::dataTypeSize(negative), 0);
-    EXPECT_FALSE(kvcache::rt::isKVCacheDataType(negative));
+    EXPECT_EQ(dataTypeSize(negative), 0);
+    EXPECT_FALSE(isKVCacheDataType(negative));
 }
 
 TEST(DataType, UsableAtCompileTime)
 {
-    static_assert(kvcache::rt::dataTypeSize(DataType::kHALF) == 2);
-    static_assert(kvcache::rt::isKVCacheDataType(DataType::kFP8_E5M2));
-    static_assert(!kvcache::rt::isKVCacheDataType(DataType::kINT32));
-    EXPECT_EQ(kvcache::rt::dataTypeName(DataType::kUINT8), "uint8");
+    static_assert(dataTypeSize(DataType::kHALF) == 2);
+    static_assert(isKVCacheDataType(DataType::kFP8_E5M2));
+    static_assert(!isKVCacheDataType(DataType::kINT32));
+    EXPECT_EQ(dataTypeName(DataType::kUINT8), "uint8");
 }
 
 } // namespace
+} // namespace kvcache::rt

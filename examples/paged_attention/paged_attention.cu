@@ -1,6 +1,6 @@
-// kvcache paged attention: a single-query (decode) attention kernel that reads K and V through the pool view and a
-// page table of shuffled pages, checked against the same attention computed from the slot view of an identity-mapped
-// copy of the cache, and against a float64 CPU reference. It shows that the pool view is exactly the
+// kvcache paged attention: a single-query (decode) attention kernel that reads K and V through a layer's LayerRef and
+// a page table of shuffled pages, checked against the same attention computed from the slot view of an identity-mapped
+// copy of the cache, and against a float64 CPU reference. It shows that LayerRef and the pool view are exactly the
 // [numPages, tokensPerPage, H, D] K and V pools that paged attention kernels take.
 //
 // Run: kvcache-paged-attention   (exits 77 without a GPU, or 1 when KVCACHE_REQUIRE_GPU=1 is set)
@@ -73,36 +73,50 @@ struct DecodeArgs
     float scale;            //!< 1 / sqrt(headDim)
 };
 
-//! K and V read through the pool view [2, numPages, tokensPerPage, H, D] and a page table [batch, maxPagesPerSeq].
+//! K and V of one layer read through its LayerRef and a page table [batch, maxPagesPerSeq].
 struct PagedKV
 {
-    __half const* k;    //!< pool view element (0, 0, 0, 0, 0): the K pool
-    __half const* v;    //!< pool view element (1, 0, 0, 0, 0): the V pool
-    int64_t pageStride; //!< pool view strides, in elements
-    int64_t tokenStride;
-    int64_t headStride;
-    int32_t tokensPerPage;
+    rt::LayerRef layer;
     int32_t const* pageTable; //!< page of token t of sequence b: pageTable[b * maxPagesPerSeq + t / tokensPerPage]
     int32_t maxPagesPerSeq;
 
-    //! Returns where head `kvHead` of token `token` of sequence `seq` starts, in elements from k (and from v).
-    __device__ int64_t offset(int32_t seq, int32_t token, int32_t kvHead) const
+    //! Returns the headDim K values of head `kvHead` of token `token` of sequence `seq`.
+    __device__ __half const* k(int32_t seq, int32_t token, int32_t kvHead) const
     {
-        int64_t const page = pageTable[seq * maxPagesPerSeq + token / tokensPerPage];
-        return page * pageStride + (token % tokensPerPage) * tokenStride + kvHead * headStride;
+        return layer.k<__half const>(page(seq, token), token % layer.tokensPerPage, kvHead);
+    }
+    //! Returns the headDim V values of head `kvHead` of token `token` of sequence `seq`.
+    __device__ __half const* v(int32_t seq, int32_t token, int32_t kvHead) const
+    {
+        return layer.v<__half const>(page(seq, token), token % layer.tokensPerPage, kvHead);
+    }
+    //! Returns the page that holds token `token` of sequence `seq`.
+    __device__ int32_t page(int32_t seq, int32_t token) const
+    {
+        return pageTable[seq * maxPagesPerSeq + token / layer.tokensPerPage];
     }
 };
 
 //! K and V read through the slot view [2, maxBatchSize, capPadded, H, D] of an identity-mapped cache.
 struct DenseKV
 {
-    __half const* k;    //!< slot view element (0, 0, 0, 0, 0)
-    __half const* v;    //!< slot view element (1, 0, 0, 0, 0)
-    int64_t slotStride; //!< slot view strides, in elements
+    __half const* kBase; //!< slot view element (0, 0, 0, 0, 0)
+    __half const* vBase; //!< slot view element (1, 0, 0, 0, 0)
+    int64_t slotStride;  //!< slot view strides, in elements
     int64_t tokenStride;
     int64_t headStride;
 
-    //! Returns where head `kvHead` of token `token` of sequence `seq` starts, in elements from k (and from v).
+    //! Returns the headDim K values of head `kvHead` of token `token` of sequence `seq`.
+    __device__ __half const* k(int32_t seq, int32_t token, int32_t kvHead) const
+    {
+        return kBase + offset(seq, token, kvHead);
+    }
+    //! Returns the headDim V values of head `kvHead` of token `token` of sequence `seq`.
+    __device__ __half const* v(int32_t seq, int32_t token, int32_t kvHead) const
+    {
+        return vBase + offset(seq, token, kvHead);
+    }
+    //! Returns where head `kvHead` of token `token` of sequence `seq` starts, in elements from kBase (and vBase).
     __device__ int64_t offset(int32_t seq, int32_t token, int32_t kvHead) const
     {
         return seq * slotStride + token * tokenStride + kvHead * headStride;
@@ -151,7 +165,7 @@ __device__ float blockReduce(float value, Op op)
 }
 
 //! out = softmax(q . K^T * scale) . V for query head blockIdx.x of sequence blockIdx.y, in fp32. `Cache` says where
-//! a token's K and V rows are; everything else is shared by the paged and the dense kernel.
+//! a token's K and V rows are (k() and v()); everything else is shared by the paged and the dense kernel.
 template <typename Cache>
 __device__ void decodeAttention(Cache const& cache, DecodeArgs const& args)
 {
@@ -168,7 +182,7 @@ __device__ void decodeAttention(Cache const& cache, DecodeArgs const& args)
     float localMax = -INFINITY;
     for (int32_t t = static_cast<int32_t>(threadIdx.x); t < length; t += stride)
     {
-        __half const* k = cache.k + cache.offset(seq, t, kvHead);
+        __half const* k = cache.k(seq, t, kvHead);
         float dot = 0.0F;
         for (int32_t d = 0; d < args.headDim; ++d)
         {
@@ -194,16 +208,18 @@ __device__ void decodeAttention(Cache const& cache, DecodeArgs const& args)
         float acc = 0.0F;
         for (int32_t t = 0; t < length; ++t)
         {
-            acc += weights[t] * __half2float(cache.v[cache.offset(seq, t, kvHead) + d]);
+            acc += weights[t] * __half2float(cache.v(seq, t, kvHead)[d]);
         }
         args.out[row + d] = acc / sum;
     }
 }
 
-//! Decode attention reading K and V through the pool view and the page table: what a paged runtime binds.
-__global__ void pagedDecodeAttentionKernel(PagedKV cache, DecodeArgs args)
+//! Decode attention reading K and V through a layer's LayerRef (passed by value) and the page table: what a paged
+//! runtime binds.
+__global__ void pagedDecodeAttentionKernel(
+    rt::LayerRef layer, int32_t const* pageTable, int32_t maxPagesPerSeq, DecodeArgs args)
 {
-    decodeAttention(cache, args);
+    decodeAttention(PagedKV{layer, pageTable, maxPagesPerSeq}, args);
 }
 
 //! The same attention reading K and V through the slot view of an identity-mapped cache.
@@ -327,7 +343,7 @@ int runPagedAttention()
     Stream stream;
     rt::KVCacheManager paged(config, stream.get());
     rt::KVCacheManager dense(denseConfig, stream.get());
-    rt::KVCacheLayout const& layout = paged.getLayout();
+    rt::KVCacheLayout const& layout = paged.layout();
     int32_t const batch = config.maxBatchSize;
     int32_t const tokensPerPage = layout.tokensPerPage;
     int32_t const maxPagesPerSeq = layout.pagesPerSlot;
@@ -395,60 +411,69 @@ int runPagedAttention()
             q = queryValue(rng);
         }
 
-        // The paged cache, laid out by hand from the documented pool layout: token t of sequence b goes to page
-        // pageTable[b][t / P], position t % P; element (kv, page, p, h, d) is at kv * halfElems + ((page * P + p) * H
-        // + h) * D + d.
-        int64_t const halfElems = layout.layers[layer].halfElems;
-        std::vector<__half> pool(static_cast<size_t>(2 * halfElems), poison());
+        // The paged cache: token t of sequence b goes to page pageTable[b][t / P], position t % P, where the layer's
+        // LayerRef says (its offsets work on the host too). Every position no sequence owns keeps the poison.
+        rt::LayerRef const ref = paged.layerRef(layer);
+        size_t const poolElems = static_cast<size_t>(int64_t{ref.numPages} * ref.pageStride); // one of K or V
+        std::vector<__half> kPool(poolElems, poison());
+        std::vector<__half> vPool(poolElems, poison());
         for (int32_t b = 0; b < batch; ++b)
         {
             for (int32_t t = 0; t < seqLens[b]; ++t)
             {
-                int64_t const page = pageTable[b * maxPagesPerSeq + t / tokensPerPage];
-                int64_t const to = (page * tokensPerPage + t % tokensPerPage) * rowElems;
+                int32_t const page = pageTable[b * maxPagesPerSeq + t / tokensPerPage];
+                int64_t const to = ref.offset(page, t % tokensPerPage, 0);
                 int64_t const from = (b * capPadded + t) * rowElems;
-                std::copy_n(&keys[from], rowElems, &pool[to]);
-                std::copy_n(&values[from], rowElems, &pool[halfElems + to]);
+                std::copy_n(&keys[from], rowElems, &kPool[to]);
+                std::copy_n(&values[from], rowElems, &vPool[to]);
             }
         }
-        // The identity-mapped cache is the slot layout [2, batch, capPadded, H, D]: keys, then values.
+        KVCACHE_CUDA_TRY(
+            cudaMemcpyAsync(ref.kPool, kPool.data(), poolElems * sizeof(__half), cudaMemcpyHostToDevice, stream.get()));
+        KVCACHE_CUDA_TRY(
+            cudaMemcpyAsync(ref.vPool, vPool.data(), poolElems * sizeof(__half), cudaMemcpyHostToDevice, stream.get()));
+
+        // The identity-mapped cache is the slot view [2, batch, capPadded, H, D]: keys, then values.
+        rt::Tensor const& slotView = dense.getCombinedKVCache(layer);
+        rt::Coords const& slotStride = slotView.getStride();
         std::vector<__half> slots(keys);
         slots.insert(slots.end(), values.begin(), values.end());
+        if (slotView.volume() != static_cast<int64_t>(slots.size())
+            || slotStride[0] != static_cast<int64_t>(keys.size()))
+        {
+            throw std::runtime_error("the slot view is not [2, batch, capPadded, H, D]");
+        }
+        KVCACHE_CUDA_TRY(cudaMemcpyAsync(slotView.dataPointer<__half>(), slots.data(), slots.size() * sizeof(__half),
+            cudaMemcpyHostToDevice, stream.get()));
 
-        KVCACHE_CUDA_TRY(cudaMemcpyAsync(
-            paged.kPoolPtr(layer), pool.data(), pool.size() * sizeof(__half), cudaMemcpyHostToDevice, stream.get()));
-        KVCACHE_CUDA_TRY(cudaMemcpyAsync(
-            dense.kPoolPtr(layer), slots.data(), slots.size() * sizeof(__half), cudaMemcpyHostToDevice, stream.get()));
+        // Engines that take a tensor bind the pool view: it must be the memory the LayerRef describes.
+        rt::Tensor const& poolView = paged.getCombinedKVCachePoolView(layer);
+        rt::Coords const& poolStride = poolView.getStride();
+        if (poolView.dataPointer<__half>() != ref.kPool || poolView.dataPointer<__half>() + poolStride[0] != ref.vPool
+            || poolStride[1] != ref.pageStride || poolStride[2] != ref.tokenStride || poolStride[3] != ref.headStride)
+        {
+            std::fprintf(stderr, "layer %d: the pool view and the LayerRef disagree\n", layer);
+            pass = false;
+        }
+        // Both kernels read a head's D values as one contiguous row.
+        if (poolStride[4] != 1 || slotStride[4] != 1)
+        {
+            throw std::runtime_error("the kernels expect headDim to be the contiguous dimension");
+        }
+        __half const* slotBase = slotView.dataPointer<__half>();
+        DenseKV const denseKV{slotBase, slotBase + slotStride[0], slotStride[1], slotStride[2], slotStride[3]};
+
         DeviceArray<float> deviceQueries(queries.size());
         deviceQueries.upload(queries, stream.get());
         DeviceArray<float> pagedOut(queries.size());
         DeviceArray<float> denseOut(queries.size());
 
-        // Bind the kernels to the views. Both read a head's D values as one contiguous row.
-        rt::Tensor const& poolView = paged.getCombinedKVCachePoolView(layer);
-        rt::Tensor const& slotView = dense.getCombinedKVCache(layer);
-        rt::Coords const& poolStride = poolView.getStride();
-        rt::Coords const& slotStride = slotView.getStride();
-        if (poolStride[4] != 1 || slotStride[4] != 1)
-        {
-            throw std::runtime_error("the kernels expect headDim to be the contiguous dimension");
-        }
-        __half const* poolBase = poolView.dataPointer<__half>();
-        __half const* slotBase = slotView.dataPointer<__half>();
-        if (poolBase + poolStride[0] != paged.vPoolPtr(layer))
-        {
-            std::fprintf(stderr, "layer %d: the pool view's V half does not start at vPoolPtr\n", layer);
-            pass = false;
-        }
-        PagedKV const pagedKV{poolBase, poolBase + poolStride[0], poolStride[1], poolStride[2], poolStride[3],
-            tokensPerPage, devicePageTable.get(), maxPagesPerSeq};
-        DenseKV const denseKV{slotBase, slotBase + slotStride[0], slotStride[1], slotStride[2], slotStride[3]};
-
         DecodeArgs args{deviceQueries.get(), pagedOut.get(), deviceSeqLens.get(), numHeads,
             static_cast<int32_t>(headDim), 1.0F / std::sqrt(static_cast<float>(headDim))};
         dim3 const grid(static_cast<unsigned>(numHeads), static_cast<unsigned>(batch));
         size_t const sharedBytes = static_cast<size_t>(capPadded) * sizeof(float);
-        pagedDecodeAttentionKernel<<<grid, kTHREADS, sharedBytes, stream.get()>>>(pagedKV, args);
+        pagedDecodeAttentionKernel<<<grid, kTHREADS, sharedBytes, stream.get()>>>(
+            ref, devicePageTable.get(), maxPagesPerSeq, args);
         KVCACHE_CUDA_TRY(cudaGetLastError());
         args.out = denseOut.get();
         denseDecodeAttentionKernel<<<grid, kTHREADS, sharedBytes, stream.get()>>>(denseKV, args);

@@ -58,7 +58,9 @@ public:
     explicit DeviceArray(size_t count)
         : mCount(count)
     {
-        KVCACHE_CUDA_TRY(cudaMalloc(&mData, std::max<size_t>(count, 1) * sizeof(T)));
+        void* data = nullptr;
+        KVCACHE_CUDA_TRY(cudaMalloc(&data, std::max<size_t>(count, 1) * sizeof(T)));
+        mData = static_cast<T*>(data);
     }
     //! Holds `values`, copied in on `stream` (and waited for).
     DeviceArray(std::vector<T> const& values, cudaStream_t stream)

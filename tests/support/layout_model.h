@@ -5,6 +5,7 @@
 
 #include "kvcache/data_type.h"
 #include "kvcache/kv_cache_config.h"
+#include "kvcache/layer_ref.h"
 
 #include <cstdint>
 #include <stdexcept>
@@ -64,6 +65,24 @@ struct LayoutModel
         ModelLayer const& m = layers.at(static_cast<size_t>(layer));
         int64_t const element = kv * m.halfElems + page * m.pageElems + token * m.tokenElems + head * m.headDim + dim;
         return element * elementBytes;
+    }
+    //! Returns the LayerRef of `layer` for a buffer at `base`, filled from the model: what KVCacheManager::layerRef
+    //! should return when the layer's buffer starts there.
+    rt::LayerRef layerRef(int32_t layer, void* base) const
+    {
+        ModelLayer const& m = layers.at(static_cast<size_t>(layer));
+        rt::LayerRef ref;
+        ref.kPool = base;
+        ref.vPool = static_cast<char*>(base) + m.halfBytes;
+        ref.pageStride = m.pageElems;
+        ref.tokenStride = m.tokenElems;
+        ref.headStride = m.headDim;
+        ref.elementBytes = static_cast<int32_t>(elementBytes);
+        ref.numPages = static_cast<int32_t>(numPages);
+        ref.tokensPerPage = static_cast<int32_t>(tokensPerPage);
+        ref.numKVHeads = static_cast<int32_t>(m.numKVHeads);
+        ref.headDim = static_cast<int32_t>(m.headDim);
+        return ref;
     }
     //! Returns the page that holds position `position` of slot `slot` in the slot view.
     int64_t slotPage(int64_t slot, int64_t position) const

@@ -1,0 +1,434 @@
+#pragma once
+
+// What the page-op tests check the kernels against: a host model of every layer's bytes that applies copies and resets
+// as the documentation says they act, a manager whose device buffers hold the same random bytes as its model, and the
+// configs and targets the tests share. Byte for byte: every test compares every byte of every layer.
+
+#include "kvcache/data_type.h"
+#include "kvcache/kv_cache_config.h"
+#include "kvcache/kv_cache_manager.h"
+#include "kvcache/page_ops.h"
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <iomanip>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "support/config_builder.h"
+#include "support/cuda_raii.h"
+#include "support/layout_model.h"
+
+namespace kvcache::test
+{
+
+//! Returns byte `index` of a page filled with the little-endian 4-byte `pattern`, counted from the page's start.
+inline uint8_t patternByte(uint32_t pattern, int64_t index)
+{
+    return static_cast<uint8_t>(pattern >> (8 * (index % 4)));
+}
+
+//! Host model of every layer's buffer: the K pool, then the V pool, each numPages pages of P * H * D elements, sized
+//! by the tests' own layout model.
+class ReferenceCache
+{
+public:
+    explicit ReferenceCache(rt::KVCacheConfig const& config)
+        : mModel(modelLayout(config))
+    {
+        for (ModelLayer const& layer : mModel.layers)
+        {
+            mBytes.emplace_back(static_cast<size_t>(layer.layerBytes));
+        }
+    }
+
+    //! Returns the number of layers.
+    int32_t numLayers() const noexcept
+    {
+        return static_cast<int32_t>(mBytes.size());
+    }
+    //! Returns the pages per half and layer.
+    int32_t numPages() const noexcept
+    {
+        return static_cast<int32_t>(mModel.numPages);
+    }
+    //! Returns tokensPerPage * H * D * element size of `layer`.
+    int64_t pageBytes(int32_t layer) const
+    {
+        return mModel.layers.at(static_cast<size_t>(layer)).pageBytes;
+    }
+    //! Returns the bytes of one half (K or V) of `layer`.
+    int64_t halfBytes(int32_t layer) const
+    {
+        return mModel.layers.at(static_cast<size_t>(layer)).halfBytes;
+    }
+    //! Returns the bytes of the whole buffer of `layer`.
+    int64_t layerBytes(int32_t layer) const
+    {
+        return mModel.layers.at(static_cast<size_t>(layer)).layerBytes;
+    }
+    //! Returns the modelled buffer of `layer`.
+    std::vector<uint8_t>& bytes(int32_t layer)
+    {
+        return mBytes.at(static_cast<size_t>(layer));
+    }
+    //! Returns the first byte of page `id` of half `kv` (0 is K, 1 is V) of `layer`.
+    uint8_t* page(int32_t layer, int32_t kv, int32_t id)
+    {
+        return bytes(layer).data() + kv * halfBytes(layer) + id * pageBytes(layer);
+    }
+
+    //! Fills every buffer with pseudo-random non-zero bytes; the first byte of each page of a layer is distinct (for
+    //! up to 255 pages of K and V together), so no copy can go unseen because source and destination were equal.
+    void fillRandom(std::mt19937_64& rng)
+    {
+        for (std::vector<uint8_t>& layer : mBytes)
+        {
+            // Eight bytes from each draw: the large-page tests model over 80 MB.
+            uint64_t bits = 0;
+            for (size_t i = 0; i < layer.size(); ++i)
+            {
+                bits = i % 8 == 0 ? rng() : bits >> 8;
+                layer[i] = static_cast<uint8_t>(1 + (bits & 0xFFU) % 255);
+            }
+        }
+        uint64_t const salt = rng();
+        for (int32_t layer = 0; layer < numLayers(); ++layer)
+        {
+            for (int32_t kv = 0; kv < 2; ++kv)
+            {
+                for (int32_t id = 0; id < numPages(); ++id)
+                {
+                    uint64_t const index = static_cast<uint64_t>(kv) * static_cast<uint64_t>(numPages()) + id;
+                    page(layer, kv, id)[0] = static_cast<uint8_t>(1 + (salt + index * 37) % 255);
+                }
+            }
+        }
+    }
+
+    //! Applies `pairs` to the targeted layers and halves, skipping any pair with an id outside [0, numPages).
+    void copy(std::vector<rt::PageCopy> const& pairs, rt::PageOpTarget const& target = {})
+    {
+        forEachTargetedHalf(target,
+            [&](int32_t layer, int32_t kv)
+            {
+                for (rt::PageCopy const& pair : pairs)
+                {
+                    if (isPage(pair.src) && isPage(pair.dst))
+                    {
+                        std::memcpy(page(layer, kv, pair.dst), page(layer, kv, pair.src),
+                            static_cast<size_t>(pageBytes(layer)));
+                    }
+                }
+            });
+    }
+
+    //! Fills `pages` with `pattern` in the targeted layers and halves, skipping ids outside [0, numPages).
+    void reset(std::vector<int32_t> const& pages, uint32_t pattern, rt::PageOpTarget const& target = {})
+    {
+        forEachTargetedHalf(target,
+            [&](int32_t layer, int32_t kv)
+            {
+                for (int32_t const id : pages)
+                {
+                    if (isPage(id))
+                    {
+                        uint8_t* const first = page(layer, kv, id);
+                        for (int64_t i = 0; i < pageBytes(layer); ++i)
+                        {
+                            first[i] = patternByte(pattern, i);
+                        }
+                    }
+                }
+            });
+    }
+
+private:
+    bool isPage(int32_t id) const noexcept
+    {
+        return id >= 0 && id < numPages();
+    }
+
+    template <typename Visit>
+    void forEachTargetedHalf(rt::PageOpTarget const& target, Visit&& visit)
+    {
+        int32_t const count = target.numLayers < 0 ? numLayers() - target.firstLayer : target.numLayers;
+        for (int32_t layer = target.firstLayer; layer < target.firstLayer + count; ++layer)
+        {
+            if (target.half != rt::KVHalf::kV)
+            {
+                visit(layer, 0);
+            }
+            if (target.half != rt::KVHalf::kK)
+            {
+                visit(layer, 1);
+            }
+        }
+    }
+
+    LayoutModel mModel;
+    std::vector<std::vector<uint8_t>> mBytes;
+};
+
+//! A manager on its own stream, its buffers filled with random bytes, and the host model of those buffers.
+class CacheUnderTest
+{
+public:
+    //! Builds the manager and fills it; throws std::runtime_error when the manager's pools are not where the model
+    //! puts them (every later comparison would then be meaningless).
+    CacheUnderTest(rt::KVCacheConfig const& config, uint64_t seed)
+        : mCache(config, mStream.get())
+        , mReference(config)
+        , mRng(seed)
+    {
+        for (int32_t layer = 0; layer < mReference.numLayers(); ++layer)
+        {
+            auto const* kPool = static_cast<char const*>(mCache.kPoolPtr(layer));
+            auto const* vPool = static_cast<char const*>(mCache.vPoolPtr(layer));
+            if (vPool - kPool != mReference.halfBytes(layer)
+                || mCache.getCombinedKVCachePoolView(layer).sizeBytes() != mReference.layerBytes(layer))
+            {
+                throw std::runtime_error("layer " + std::to_string(layer) + " is not laid out as the reference models");
+            }
+        }
+        refill();
+    }
+
+    //! Returns the manager.
+    rt::KVCacheManager const& cache() const noexcept
+    {
+        return mCache;
+    }
+    //! Returns the stream the manager was built on.
+    cudaStream_t stream() const noexcept
+    {
+        return mStream.get();
+    }
+    //! Returns the host model.
+    ReferenceCache& reference() noexcept
+    {
+        return mReference;
+    }
+    //! Returns the pages per half and layer.
+    int32_t numPages() const noexcept
+    {
+        return mReference.numPages();
+    }
+
+    //! Gives every buffer (device and model) new random contents.
+    void refill()
+    {
+        mReference.fillRandom(mRng);
+        for (int32_t layer = 0; layer < mReference.numLayers(); ++layer)
+        {
+            uploadBytes(mCache.kPoolPtr(layer), mReference.bytes(layer), stream());
+        }
+    }
+
+    //! Compares every byte of every layer, after the work queued on the manager's stream, with the model.
+    ::testing::AssertionResult matchesReference()
+    {
+        for (int32_t layer = 0; layer < mReference.numLayers(); ++layer)
+        {
+            std::vector<uint8_t> const actual =
+                downloadBytes(mCache.kPoolPtr(layer), mReference.layerBytes(layer), stream());
+            std::vector<uint8_t> const& expected = mReference.bytes(layer);
+            if (actual != expected)
+            {
+                return describeMismatch(layer, expected, actual);
+            }
+        }
+        return ::testing::AssertionSuccess();
+    }
+
+    //! Returns `count` pairs with distinct destinations and sources drawn (repeats allowed) from the other pages.
+    std::vector<rt::PageCopy> randomPairs(int32_t count)
+    {
+        std::vector<int32_t> const ids = shuffledPages();
+        std::uniform_int_distribution<size_t> pickSource(static_cast<size_t>(count), ids.size() - 1);
+        std::vector<rt::PageCopy> pairs(static_cast<size_t>(count));
+        for (size_t i = 0; i < pairs.size(); ++i)
+        {
+            pairs[i] = rt::PageCopy{ids[pickSource(mRng)], ids[i]};
+        }
+        return pairs;
+    }
+
+    //! Returns `count` distinct page ids in random order.
+    std::vector<int32_t> randomPages(int32_t count)
+    {
+        std::vector<int32_t> ids = shuffledPages();
+        ids.resize(static_cast<size_t>(count));
+        return ids;
+    }
+
+private:
+    std::vector<int32_t> shuffledPages()
+    {
+        std::vector<int32_t> ids(static_cast<size_t>(numPages()));
+        std::iota(ids.begin(), ids.end(), 0);
+        std::shuffle(ids.begin(), ids.end(), mRng);
+        return ids;
+    }
+
+    ::testing::AssertionResult describeMismatch(
+        int32_t layer, std::vector<uint8_t> const& expected, std::vector<uint8_t> const& actual)
+    {
+        int64_t mismatches = 0;
+        int64_t first = -1;
+        for (size_t i = 0; i < expected.size(); ++i)
+        {
+            if (expected[i] != actual[i])
+            {
+                first = first < 0 ? static_cast<int64_t>(i) : first;
+                ++mismatches;
+            }
+        }
+        int64_t const half = first / mReference.halfBytes(layer);
+        int64_t const inHalf = first % mReference.halfBytes(layer);
+        std::ostringstream bytes;
+        bytes << std::hex << std::setfill('0') << "expected 0x" << std::setw(2)
+              << int{expected[static_cast<size_t>(first)]} << ", found 0x" << std::setw(2)
+              << int{actual[static_cast<size_t>(first)]};
+        return ::testing::AssertionFailure()
+            << "layer " << layer << ": " << mismatches << " byte(s) differ from the reference; the first is "
+            << (half == 0 ? "K" : "V") << " page " << inHalf / mReference.pageBytes(layer) << " byte "
+            << inHalf % mReference.pageBytes(layer) << " (pageBytes " << mReference.pageBytes(layer)
+            << "): " << bytes.str();
+    }
+
+    CudaStream mStream;
+    rt::KVCacheManager mCache;
+    ReferenceCache mReference;
+    std::mt19937_64 mRng;
+};
+
+//! Starts a config of two slots of two pages each (four minimum pages), `numPages` in all: the rest are retained
+//! pages. float16 unless the caller sets another type.
+inline ConfigBuilder pagePoolConfig(std::vector<rt::KVLayerConfig> layers, int32_t tokensPerPage, int32_t numPages)
+{
+    ConfigBuilder builder(std::move(layers));
+    builder.maxBatchSize(2).maxSequenceLength(tokensPerPage + 1).tokensPerPage(tokensPerPage).numPages(numPages);
+    return builder;
+}
+
+//! Layers of different head counts and widths, so every layer has its own page size.
+inline std::vector<rt::KVLayerConfig> heterogeneousLayers()
+{
+    return {{2, 64}, {1, 128}, {3, 40}};
+}
+
+//! Runs `check(cut)` on a cache of heterogeneousLayers() holding `type` in 40 pages of 16, 64 and then 128 tokens,
+//! seeded with `seed` plus the tokens per page; stops at the first fatal failure.
+template <typename Check>
+void forEachPageSize(rt::DataType type, uint64_t seed, Check&& check)
+{
+    for (int32_t const tokensPerPage : {16, 64, 128})
+    {
+        SCOPED_TRACE("tokensPerPage " + std::to_string(tokensPerPage));
+        CacheUnderTest cut(pagePoolConfig(heterogeneousLayers(), tokensPerPage, 40).dataType(type),
+            seed + static_cast<uint64_t>(tokensPerPage));
+        check(cut);
+        if (::testing::Test::HasFatalFailure())
+        {
+            return;
+        }
+    }
+}
+
+//! Three float16 layers of different shapes and page sizes (1024, 1280 and 768 bytes), 64 pages.
+inline rt::KVCacheConfig smallConfig()
+{
+    return pagePoolConfig({{2, 16}, {1, 40}, {3, 8}}, 16, 64);
+}
+
+//! Two small float16 layers (pages of 256 and 768 bytes) with enough pages for lists of over 1500 entries.
+inline rt::KVCacheConfig longListConfig()
+{
+    return pagePoolConfig({{1, 8}, {2, 12}}, 16, 3200);
+}
+
+//! Four float16 layers of 33,344-byte pages (32 tokens x 1 head x 521 dims): one whole 32 KiB chunk of 16-byte
+//! vectors and a 576-byte tail, a multiple of 16 bytes but not of the 128-byte L2 line, so every other page starts in
+//! the middle of a line. 320 pages: lists of 126 entries or more write over 32 MiB (the L2 hint's threshold) and, as
+//! the pages are all alike, device lists of over 256 entries run in wide blocks.
+inline rt::KVCacheConfig largePageConfig()
+{
+    return pagePoolConfig({{1, 521}, {1, 521}, {1, 521}, {1, 521}}, 32, 320);
+}
+
+//! Returns page ids outside [0, numPages): just below and above the range, far above it and the int32 extremes.
+inline std::vector<int32_t> pageIdsOutside(int32_t numPages)
+{
+    return {-1, -5, numPages, 1 << 30, std::numeric_limits<int32_t>::max(), std::numeric_limits<int32_t>::min()};
+}
+
+//! Returns a readable description of `target` for traces.
+inline std::string describe(rt::PageOpTarget const& target)
+{
+    char const* half = target.half == rt::KVHalf::kK ? "K" : target.half == rt::KVHalf::kV ? "V" : "both";
+    return "layers from " + std::to_string(target.firstLayer) + ", count " + std::to_string(target.numLayers)
+        + ", half " + half;
+}
+
+//! Targets of smallConfig()'s three layers: all of them, one layer, the last layers, one half, up to the last layer.
+inline std::vector<rt::PageOpTarget> targetsOfThreeLayers()
+{
+    return {
+        {0, -1, rt::KVHalf::kBOTH},
+        {1, 1, rt::KVHalf::kBOTH},
+        {1, -1, rt::KVHalf::kK},
+        {0, 2, rt::KVHalf::kV},
+        {2, 1, rt::KVHalf::kK},
+        {0, 3, rt::KVHalf::kV},
+        {2, -1, rt::KVHalf::kBOTH},
+    };
+}
+
+//! A target that three layers cannot take, with what the rejection's message must name.
+struct BadTarget
+{
+    rt::PageOpTarget target;
+    std::string field; //!< the field and its value, e.g. "PageOpTarget.firstLayer is -1"
+    std::string limit;
+
+    //! Returns what the message of operation `what` ("copyPages", ...) must name: the operation with the field, and
+    //! the limit.
+    std::vector<std::string> named(std::string const& what) const
+    {
+        return {what + ": " + field, limit};
+    }
+};
+
+//! Returns targets outside three layers: the first layer, the layer count, or the half out of range.
+inline std::vector<BadTarget> badTargetsOfThreeLayers()
+{
+    return {
+        {{-1, -1, rt::KVHalf::kBOTH}, "PageOpTarget.firstLayer is -1", "[0, 3)"},
+        {{3, -1, rt::KVHalf::kBOTH}, "PageOpTarget.firstLayer is 3", "[0, 3)"},
+        {{3, 1, rt::KVHalf::kBOTH}, "PageOpTarget.firstLayer is 3", "[0, 3)"},
+        {{0, 4, rt::KVHalf::kBOTH}, "PageOpTarget.numLayers is 4", "[0, 3]"},
+        {{2, 2, rt::KVHalf::kBOTH}, "PageOpTarget.numLayers is 2", "[0, 1]"},
+        {{0, -2, rt::KVHalf::kBOTH}, "PageOpTarget.numLayers is -2", "[0, 3]"},
+        {{0, -1, static_cast<rt::KVHalf>(3)}, "PageOpTarget.half is 3", "kBOTH, kK or kV"},
+    };
+}
+
+//! Returns the first `count` entries of `list`.
+template <typename Item>
+std::vector<Item> firstEntries(std::vector<Item> const& list, int32_t count)
+{
+    return std::vector<Item>(list.begin(), list.begin() + std::min<size_t>(static_cast<size_t>(count), list.size()));
+}
+
+} // namespace kvcache::test
