@@ -26,36 +26,21 @@ public:
         mConfig.maxBatchSize = 1;
         mConfig.maxSequenceLength = 128;
     }
-    ConfigBuilder& maxBatchSize(int32_t value)
-    {
-        mConfig.maxBatchSize = value;
-        return *this;
+// One setter a field: `name(value)` sets `field` and returns the builder, so calls chain.
+#define KVCACHE_TEST_CONFIG_SETTER(name, field, Type)                                                                  \
+    ConfigBuilder& name(Type value)                                                                                    \
+    {                                                                                                                  \
+        mConfig.field = value;                                                                                         \
+        return *this;                                                                                                  \
     }
-    ConfigBuilder& maxSequenceLength(int32_t value)
-    {
-        mConfig.maxSequenceLength = value;
-        return *this;
-    }
-    ConfigBuilder& tokensPerPage(int32_t value)
-    {
-        mConfig.tokensPerPage = value;
-        return *this;
-    }
-    ConfigBuilder& dataType(rt::DataType value)
-    {
-        mConfig.kvCacheType = value;
-        return *this;
-    }
-    ConfigBuilder& numPages(int32_t value)
-    {
-        mConfig.numPages = value;
-        return *this;
-    }
-    ConfigBuilder& memPool(cudaMemPool_t value)
-    {
-        mConfig.memPool = value;
-        return *this;
-    }
+    KVCACHE_TEST_CONFIG_SETTER(maxBatchSize, maxBatchSize, int32_t)
+    KVCACHE_TEST_CONFIG_SETTER(maxSequenceLength, maxSequenceLength, int32_t)
+    KVCACHE_TEST_CONFIG_SETTER(tokensPerPage, tokensPerPage, int32_t)
+    KVCACHE_TEST_CONFIG_SETTER(dataType, kvCacheType, rt::DataType)
+    KVCACHE_TEST_CONFIG_SETTER(numPages, numPages, int32_t)
+    KVCACHE_TEST_CONFIG_SETTER(memPool, memPool, cudaMemPool_t)
+#undef KVCACHE_TEST_CONFIG_SETTER
+
     //! Returns the config.
     rt::KVCacheConfig build() const
     {

@@ -18,35 +18,45 @@
 namespace kvcache::test
 {
 
+//! Base of the owners of one CUDA handle below: holds it and is not copyable.
+template <typename Handle>
+class CudaHandle
+{
+public:
+    CudaHandle(CudaHandle const&) = delete;
+    CudaHandle& operator=(CudaHandle const&) = delete;
+
+    //! Returns the handle.
+    Handle get() const noexcept
+    {
+        return mHandle;
+    }
+
+protected:
+    CudaHandle() = default;
+    ~CudaHandle() = default;
+
+    Handle mHandle{nullptr};
+};
+
 //! A stream of its own (non-blocking by default), synchronised and destroyed at scope exit.
-class CudaStream
+class CudaStream : public CudaHandle<cudaStream_t>
 {
 public:
     explicit CudaStream(unsigned int flags = cudaStreamNonBlocking)
     {
-        KVCACHE_CUDA_TRY(cudaStreamCreateWithFlags(&mStream, flags));
+        KVCACHE_CUDA_TRY(cudaStreamCreateWithFlags(&mHandle, flags));
     }
     ~CudaStream()
     {
-        KVCACHE_CUDA_LOG(cudaStreamSynchronize(mStream));
-        KVCACHE_CUDA_LOG(cudaStreamDestroy(mStream));
-    }
-    CudaStream(CudaStream const&) = delete;
-    CudaStream& operator=(CudaStream const&) = delete;
-
-    //! Returns the stream.
-    cudaStream_t get() const noexcept
-    {
-        return mStream;
+        KVCACHE_CUDA_LOG(cudaStreamSynchronize(mHandle));
+        KVCACHE_CUDA_LOG(cudaStreamDestroy(mHandle));
     }
     //! Waits for the work queued on the stream; throws CudaError when it failed.
     void synchronize() const
     {
-        KVCACHE_CUDA_TRY(cudaStreamSynchronize(mStream));
+        KVCACHE_CUDA_TRY(cudaStreamSynchronize(mHandle));
     }
-
-private:
-    cudaStream_t mStream{nullptr};
 };
 
 //! Device memory (cudaMalloc) for exactly `count` values of T, so that a kernel reading past the end shows under
@@ -133,7 +143,7 @@ inline void uploadBytes(void* device, std::vector<uint8_t> const& host, cudaStre
 }
 
 //! A memory pool of its own on the current device, so that its used-memory counters see only one test's memory.
-class DedicatedPool
+class DedicatedPool : public CudaHandle<cudaMemPool_t>
 {
 public:
     DedicatedPool()
@@ -145,19 +155,11 @@ public:
         props.handleTypes = cudaMemHandleTypeNone;
         props.location.type = cudaMemLocationTypeDevice;
         props.location.id = device;
-        KVCACHE_CUDA_TRY(cudaMemPoolCreate(&mPool, &props));
+        KVCACHE_CUDA_TRY(cudaMemPoolCreate(&mHandle, &props));
     }
     ~DedicatedPool()
     {
-        KVCACHE_CUDA_LOG(cudaMemPoolDestroy(mPool));
-    }
-    DedicatedPool(DedicatedPool const&) = delete;
-    DedicatedPool& operator=(DedicatedPool const&) = delete;
-
-    //! Returns the pool.
-    cudaMemPool_t get() const noexcept
-    {
-        return mPool;
+        KVCACHE_CUDA_LOG(cudaMemPoolDestroy(mHandle));
     }
     //! Returns the bytes allocated from the pool now (call after the allocating stream is synchronised).
     uint64_t usedBytes() const
@@ -174,11 +176,9 @@ private:
     uint64_t attribute(cudaMemPoolAttr which) const
     {
         uint64_t value = 0;
-        KVCACHE_CUDA_TRY(cudaMemPoolGetAttribute(mPool, which, &value));
+        KVCACHE_CUDA_TRY(cudaMemPoolGetAttribute(mHandle, which, &value));
         return value;
     }
-
-    cudaMemPool_t mPool{nullptr};
 };
 
 //! Owns a graph instantiated from what a callable queued on a capturing stream.
