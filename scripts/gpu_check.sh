@@ -3,7 +3,8 @@
 # does not run fails the check), then runs each test executable labelled gpu under compute-sanitizer memcheck (with
 # leak checking) and each labelled kernel under racecheck, death tests excluded (they fork).
 # Logs go to $OUT when it is set, else to build/gpu/logs. Prints a summary table last; exits non-zero on any failure.
-# KVCACHE_SANITIZER_TIMEOUT (seconds, default 150) bounds each sanitizer run.
+# KVCACHE_SANITIZER_TIMEOUT (seconds, default 150) bounds each sanitizer run; KVCACHE_SANITIZER_JOBS (default 4)
+# sanitizer runs go at once (each is bound by the host-side instrumentation more than by the GPU).
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
@@ -12,6 +13,7 @@ log_dir=${OUT:-${build_dir}/logs}
 mkdir -p "${log_dir}"
 log_dir=$(cd "${log_dir}" && pwd)
 sanitizer_timeout=${KVCACHE_SANITIZER_TIMEOUT:-150}
+sanitizer_jobs=${KVCACHE_SANITIZER_JOBS:-4}
 export KVCACHE_REQUIRE_GPU=1
 
 cuda_home=${CUDA_HOME:-/usr/local/cuda}
@@ -115,7 +117,8 @@ last_number()
     sed -nE "$1" "$2" | tail -n 1
 }
 
-# sanitize <tool> <executable> [sanitizer options...]: runs the executable's tests, death tests aside, under the tool.
+# sanitize <tool> <executable> [sanitizer options...]: runs the executable's tests, death tests aside, under the tool,
+# and writes its summary row to result_<tool>_<name>.txt (it runs in the background: record() is the parent's).
 # Passes when the tool and the tests exit 0, the tool's summary reports nothing and at least one test passed.
 sanitize()
 {
@@ -147,15 +150,15 @@ sanitize()
     failures=${failures:-0}
     skipped=${skipped:-0}
     detail="${detail}; tests: ${passed:-0} passed, ${failures} failed, ${skipped} skipped"
+    local result=pass
     if ((status == 124 || status == 137)); then
-        record "${tool} ${name}" timeout "over ${sanitizer_timeout} s; ${detail}"
-        tail -n 20 "${log}"
-    elif ((status == 0 && failures == 0 && skipped == 0 && ${passed:-0} > 0)) && [[ ${findings} == 0 ]]; then
-        record "${tool} ${name}" pass "${detail}"
-    else
-        record "${tool} ${name}" fail "exit ${status}; ${detail}"
-        grep -E '^=========|^\[  (FAILED|SKIPPED) \]' "${log}" | head -n 40
+        result=timeout
+        detail="over ${sanitizer_timeout} s; ${detail}"
+    elif ! ((status == 0 && failures == 0 && skipped == 0 && ${passed:-0} > 0)) || [[ ${findings} != 0 ]]; then
+        result=fail
+        detail="exit ${status}; ${detail}"
     fi
+    printf '%s\t%s\t%s\n' "${tool} ${name}" "${result}" "${detail}" >"${log_dir}/result_${tool}_${name}.txt"
 }
 
 if [[ ! -x ${sanitizer} ]]; then
@@ -163,6 +166,7 @@ if [[ ! -x ${sanitizer} ]]; then
     summary
 fi
 
+rm -f "${log_dir}"/result_*.txt
 for label_tool in gpu:memcheck kernel:racecheck; do
     label=${label_tool%%:*}
     tool=${label_tool#*:}
@@ -172,12 +176,25 @@ for label_tool in gpu:memcheck kernel:racecheck; do
         continue
     fi
     while IFS= read -r executable; do
+        while (($(jobs -rp | wc -l) >= sanitizer_jobs)); do
+            wait -n
+        done
         if [[ ${tool} == memcheck ]]; then
-            sanitize memcheck "${executable}" --leak-check full
+            sanitize memcheck "${executable}" --leak-check full &
         else
-            sanitize racecheck "${executable}"
+            sanitize racecheck "${executable}" &
         fi
     done <"${list}"
+done
+wait
+for row in "${log_dir}"/result_*.txt; do
+    [[ -e ${row} ]] || continue
+    IFS=$'\t' read -r step result detail <"${row}"
+    record "${step}" "${result}" "${detail}"
+    if [[ ${result} != pass ]]; then
+        log="${log_dir}/${step// /_}.log"
+        grep -E '^=========|^\[  (FAILED|SKIPPED) \]' "${log}" | head -n 40
+    fi
 done
 
 summary
