@@ -2,7 +2,7 @@
 // and the independent layout model, and a kernel that takes it by value and writes every element through its accessors,
 // read back through the pool view's bytes at the offsets the model gives.
 
-#include "view_round_trip.cuh"
+#include "support/view_round_trip.cuh"
 
 #include "kvcache/kv_cache_manager.h"
 #include "kvcache/layer_ref.h"

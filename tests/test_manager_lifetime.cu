@@ -1,7 +1,7 @@
 // GPU tests of KVCacheManager's lifetime: device memory accounting, out-of-memory cleanup, zero layers, bad layer
 // indices, moves and several managers on several streams.
 
-#include "view_round_trip.cuh"
+#include "support/view_round_trip.cuh"
 
 #include "kvcache/errors.h"
 #include "kvcache/kv_cache_manager.h"

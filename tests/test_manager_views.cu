@@ -1,7 +1,7 @@
 // GPU tests of KVCacheManager's views: shapes, strides and pointers, retained pages, data written through one view
 // and read through the others, and paged writes through a page table.
 
-#include "view_round_trip.cuh"
+#include "support/view_round_trip.cuh"
 
 #include "kvcache/errors.h"
 #include "kvcache/kv_cache_manager.h"

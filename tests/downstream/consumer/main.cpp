@@ -57,6 +57,14 @@ int main()
     expectEqual("bytesPerPage", layout.bytesPerPage, 294912);
     expectEqual("cacheBytes", layout.cacheBytes, 5898240);
 
+    // LayerRef's address maths works in host code compiled without nvcc: element (page 3, token 5, head 1) of layer 0
+    // is (3 * 64 + 5) * 8 * 128 + 1 * 128 = 201856 elements into either pool.
+    kvcache::rt::LayerRef ref;
+    ref.pageStride = 64 * 8 * 128;
+    ref.tokenStride = 8 * 128;
+    ref.headStride = 128;
+    expectEqual("LayerRef::offset", ref.offset(3, 5, 1), 201856);
+
     // The library's exception types must reach the consumer as themselves.
     KVCacheManager::Config broken = config;
     broken.maxBatchSize = 0;
