@@ -25,9 +25,9 @@ __device__ __forceinline__ int32_t loadWord(int32_t const* word)
 __device__ __forceinline__ LayerTableEntry loadLayer(LayerTableEntry const* entry)
 {
     static_assert(sizeof(LayerTableEntry) == 16 && alignof(LayerTableEntry) == 16);
-    uint64_t base, pageBytes;
-    asm("ld.global.nc.v2.b64 {%0, %1}, [%2];" : "=l"(base), "=l"(pageBytes) : "l"(entry));
-    return LayerTableEntry{reinterpret_cast<char*>(base), static_cast<int64_t>(pageBytes)};
+    uint64_t base, pageBytesAndV;
+    asm("ld.global.nc.v2.b64 {%0, %1}, [%2];" : "=l"(base), "=l"(pageBytesAndV) : "l"(entry));
+    return LayerTableEntry{reinterpret_cast<char*>(base), static_cast<int64_t>(pageBytesAndV)};
 }
 
 //! Returns a policy that gives the lines a load brings in L2 eviction priority evict_last.

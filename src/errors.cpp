@@ -32,9 +32,9 @@ cudaError_t logCudaError(cudaError_t status, char const* call, char const* file,
     return status;
 }
 
-void failIndex(char const* what, long long index, long long count) noexcept
+void failIndex(char const* what, char const* noun, long long index, long long count) noexcept
 {
-    std::fprintf(stderr, "kvcache: %s: layer index %lld is out of range [0, %lld)\n", what, index, count);
+    std::fprintf(stderr, "kvcache: %s: %s index %lld is out of range [0, %lld)\n", what, noun, index, count);
     std::abort();
 }
 

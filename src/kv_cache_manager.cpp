@@ -48,8 +48,6 @@ KVCacheManager::KVCacheManager(Config const& config, cudaStream_t stream)
     mLayerTable = detail::makeLayerTable(mBuffers, mLayout, stream, config.memPool);
 
     auto const batch = int64_t{mLayout.maxBatchSize};
-    auto const cap = int64_t{mLayout.capPadded};
-    auto const pages = int64_t{mLayout.numPages};
     auto const tokensPerPage = int64_t{mLayout.tokensPerPage};
     mSlotViews.reserve(static_cast<size_t>(layerCount));
     mPoolViews.reserve(static_cast<size_t>(layerCount));
@@ -57,10 +55,11 @@ KVCacheManager::KVCacheManager(Config const& config, cudaStream_t stream)
     {
         KVLayerLayout const& layer = mLayout.layers[static_cast<size_t>(i)];
         void* base = mBuffers[static_cast<size_t>(i)].data();
-        mSlotViews.emplace_back(
-            base, Coords{2, batch, cap, layer.numKVHeads, layer.headDim}, mLayout.dataType, DeviceType::kGPU);
-        mPoolViews.emplace_back(
-            base, Coords{2, pages, tokensPerPage, layer.numKVHeads, layer.headDim}, mLayout.dataType, DeviceType::kGPU);
+        mSlotViews.emplace_back(base, Coords{layer.numHalves, batch, layer.capacity, layer.numKVHeads, layer.headDim},
+            mLayout.dataType, DeviceType::kGPU);
+        mPoolViews.emplace_back(base,
+            Coords{layer.numHalves, layer.numPages, tokensPerPage, layer.numKVHeads, layer.headDim}, mLayout.dataType,
+            DeviceType::kGPU);
     }
 }
 
@@ -68,7 +67,7 @@ void KVCacheManager::checkIndex(int32_t layerIdx, char const* what) const noexce
 {
     if (layerIdx < 0 || layerIdx >= numLayers())
     {
-        detail::failIndex(what, layerIdx, numLayers());
+        detail::failIndex(what, "layer", layerIdx, numLayers());
     }
 }
 
@@ -79,13 +78,16 @@ Tensor& KVCacheManager::getCombinedKVCache(int32_t layerIdx)
         throw OutOfRangeError(fmt::format(
             "KVCacheManager::getCombinedKVCache: layer index {} is out of range [0, {})", layerIdx, numLayers()));
     }
-    if (mLayout.numPages != mLayout.minPages)
+    KVLayerLayout const& layer = mLayout.layers[static_cast<size_t>(layerIdx)];
+    KVPageGroupLayout const& group = mLayout.groups[static_cast<size_t>(layer.group)];
+    if (group.numPages != group.minPages)
     {
         throw InvalidConfigError(fmt::format(
-            "KVCacheManager::getCombinedKVCache: numPages is {} but the slot view [2, maxBatchSize, capPadded, H, D] "
-            "is only valid at the minimum {} pages (its V half would start inside the K pool); use "
-            "getCombinedKVCachePoolView, getSeparateKVCache or kPoolPtr/vPoolPtr, which are valid for any numPages",
-            mLayout.numPages, mLayout.minPages));
+            "KVCacheManager::getCombinedKVCache: layer {} is in page group {}, whose numPages is {}, but the slot view "
+            "[2, maxBatchSize, capacity, H, D] is only valid at the group's minimum {} pages (its V half would start "
+            "inside the K pool); use getCombinedKVCachePoolView, getSeparateKVCache or kPoolPtr/vPoolPtr, which are "
+            "valid for any numPages",
+            layerIdx, layer.group, group.numPages, group.minPages));
     }
     return mSlotViews[static_cast<size_t>(layerIdx)];
 }
@@ -100,9 +102,13 @@ std::pair<Tensor, Tensor> KVCacheManager::getSeparateKVCache(int32_t layerIdx) c
 {
     checkIndex(layerIdx, "KVCacheManager::getSeparateKVCache");
     KVLayerLayout const& layer = mLayout.layers[static_cast<size_t>(layerIdx)];
-    Coords const shape{mLayout.maxBatchSize, mLayout.capPadded, layer.numKVHeads, layer.headDim};
-    return {Tensor(kPoolPtr(layerIdx), shape, mLayout.dataType, DeviceType::kGPU),
-        Tensor(vPoolPtr(layerIdx), shape, mLayout.dataType, DeviceType::kGPU)};
+    Coords const shape{mLayout.maxBatchSize, layer.capacity, layer.numKVHeads, layer.headDim};
+    Tensor k(kPoolPtr(layerIdx), shape, mLayout.dataType, DeviceType::kGPU);
+    if (layer.numHalves == 1)
+    {
+        return {k, Tensor()};
+    }
+    return {k, Tensor(vPoolPtr(layerIdx), shape, mLayout.dataType, DeviceType::kGPU)};
 }
 
 void* KVCacheManager::kPoolPtr(int32_t layerIdx) const noexcept
@@ -115,6 +121,10 @@ void* KVCacheManager::vPoolPtr(int32_t layerIdx) const noexcept
 {
     checkIndex(layerIdx, "KVCacheManager::vPoolPtr");
     KVLayerLayout const& layer = mLayout.layers[static_cast<size_t>(layerIdx)];
+    if (layer.numHalves == 1)
+    {
+        return nullptr;
+    }
     return static_cast<char*>(mBuffers[static_cast<size_t>(layerIdx)].data()) + layer.halfElems * mLayout.elementBytes;
 }
 
@@ -129,7 +139,7 @@ LayerRef KVCacheManager::layerRef(int32_t layerIdx) const noexcept
     ref.tokenStride = int64_t{layer.numKVHeads} * layer.headDim;
     ref.headStride = layer.headDim;
     ref.elementBytes = static_cast<int32_t>(mLayout.elementBytes);
-    ref.numPages = mLayout.numPages;
+    ref.numPages = layer.numPages;
     ref.tokensPerPage = mLayout.tokensPerPage;
     ref.numKVHeads = layer.numKVHeads;
     ref.headDim = layer.headDim;
@@ -140,6 +150,21 @@ KVCacheManager::KVLayerConfig const& KVCacheManager::getLayerConfig(int32_t laye
 {
     checkIndex(layerIdx, "KVCacheManager::getLayerConfig");
     return mConfig.layerConfigs[static_cast<size_t>(layerIdx)];
+}
+
+KVPageGroupLayout const& KVCacheManager::group(int32_t groupIdx) const noexcept
+{
+    if (groupIdx < 0 || groupIdx >= numGroups())
+    {
+        detail::failIndex("KVCacheManager::group", "page group", groupIdx, numGroups());
+    }
+    return mLayout.groups[static_cast<size_t>(groupIdx)];
+}
+
+int32_t KVCacheManager::groupOf(int32_t layerIdx) const noexcept
+{
+    checkIndex(layerIdx, "KVCacheManager::groupOf");
+    return mLayout.layers[static_cast<size_t>(layerIdx)].group;
 }
 
 bool KVCacheManager::isUniform() const noexcept

@@ -38,15 +38,22 @@ DeviceAllocation makeLayerTable(
     }
     DeviceAllocation table(int64_t{count} * static_cast<int64_t>(sizeof(LayerTableEntry)), stream, pool);
     auto* const dst = static_cast<LayerTableEntry*>(table.data());
+    std::vector<LayerTableEntry> entries;
+    entries.reserve(buffers.size());
+    for (KVPageGroupLayout const& group : layout.groups)
+    {
+        for (int32_t const index : group.layers)
+        {
+            KVLayerLayout const& layer = layout.layers[static_cast<size_t>(index)];
+            entries.push_back(makeLayerTableEntry(
+                static_cast<char*>(buffers[static_cast<size_t>(index)].data()), layer.pageBytes, layer.numHalves == 2));
+        }
+    }
     for (int32_t first = 0; first < count; first += kENTRIES_PER_UPLOAD)
     {
         UploadBatch batch{};
         batch.count = std::min(kENTRIES_PER_UPLOAD, count - first);
-        for (int32_t i = 0; i < batch.count; ++i)
-        {
-            auto const layer = static_cast<size_t>(first + i);
-            batch.entries[i] = {static_cast<char*>(buffers[layer].data()), layout.layers[layer].pageBytes};
-        }
+        std::copy(entries.begin() + first, entries.begin() + first + batch.count, batch.entries);
         uploadLayerTableKernel<<<1, kENTRIES_PER_UPLOAD, 0, stream>>>(dst + first, batch);
         KVCACHE_CUDA_TRY(cudaGetLastError());
     }

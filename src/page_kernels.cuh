@@ -219,7 +219,9 @@ __global__ void __launch_bounds__(Shape::kTHREADS) pageOpKernel(PageOpParams par
         valid = isValidPage(item, params.numPages);
         writePage = item;
     }
-    if (!(listed & !unused & valid & (chunkStart < layer.pageBytes)))
+    int64_t const pageBytes = layer.pageBytesAndV >> 1;
+    bool const halfExists = (half == 0) | ((layer.pageBytesAndV & 1) != 0);
+    if (!(listed & !unused & valid & halfExists & (chunkStart < pageBytes)))
     {
         bool const reportsErrors = chunk == 0 && blockIdx.z == 0 && threadIdx.x == 0 && params.errorCount != nullptr;
         if (listed && !unused && !valid && reportsErrors)
@@ -228,18 +230,18 @@ __global__ void __launch_bounds__(Shape::kTHREADS) pageOpKernel(PageOpParams par
         }
         return;
     }
-    int64_t const bytes = min(Shape::kCHUNK_BYTES, layer.pageBytes - chunkStart);
+    int64_t const bytes = min(Shape::kCHUNK_BYTES, pageBytes - chunkStart);
     // Pools start 256-byte aligned, so every page and chunk is 16-byte aligned when pages are whole vectors.
-    bool const vectorised = layer.pageBytes % kVECTOR_BYTES == 0;
-    char* const halfBase = layer.kBase + int64_t{half} * params.numPages * layer.pageBytes + chunkStart;
+    bool const vectorised = pageBytes % kVECTOR_BYTES == 0;
+    char* const halfBase = layer.kBase + int64_t{half} * params.numPages * pageBytes + chunkStart;
     if constexpr (std::is_same_v<Op, CopyOp>)
     {
-        copyChunk<Shape>(halfBase + readPage * layer.pageBytes, halfBase + writePage * layer.pageBytes, bytes,
-            vectorised, params.keepSourcesInL2);
+        copyChunk<Shape>(halfBase + readPage * pageBytes, halfBase + writePage * pageBytes, bytes, vectorised,
+            params.keepSourcesInL2);
     }
     else
     {
-        fillChunk<Shape>(halfBase + writePage * layer.pageBytes, chunkStart, bytes, vectorised, params.pattern);
+        fillChunk<Shape>(halfBase + writePage * pageBytes, chunkStart, bytes, vectorised, params.pattern);
     }
 }
 

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <vector>
 
 namespace kvcache::rt::detail
 {
@@ -21,12 +22,29 @@ constexpr int64_t kMIN_BYTES_TO_KEEP_SOURCES = int64_t{32} << 20;
 PageOpPlan planPageOp(
     char const* what, KVCacheManager const& cache, PageOpTarget const& target, uint32_t pattern, int32_t* errorCount)
 {
-    int32_t const layerCount = cache.numLayers();
+    int32_t const groupCount = cache.numGroups();
+    if (target.group < -1 || target.group >= std::max(groupCount, 1))
+    {
+        throw InvalidArgumentError(fmt::format("{}: PageOpTarget.group is {}; it must be -1 (the only group) or in "
+                                               "[0, {})",
+            what, target.group, groupCount));
+    }
+    if (target.group == -1 && groupCount > 1)
+    {
+        throw InvalidArgumentError(fmt::format("{}: PageOpTarget.group is -1 but the cache has {} page groups; a page "
+                                               "id means nothing across groups, so name one in [0, {})",
+            what, groupCount, groupCount));
+    }
+    int32_t const groupIndex = std::max(target.group, 0);
+    std::vector<int32_t> const noLayers;
+    std::vector<int32_t> const& groupLayers = groupCount == 0 ? noLayers : cache.group(groupIndex).layers;
+    auto const layerCount = static_cast<int32_t>(groupLayers.size());
     if (target.firstLayer < 0 || (target.firstLayer >= layerCount && layerCount > 0)
         || (layerCount == 0 && target.firstLayer != 0))
     {
-        throw InvalidArgumentError(fmt::format(
-            "{}: PageOpTarget.firstLayer is {}; it must be in [0, {})", what, target.firstLayer, layerCount));
+        throw InvalidArgumentError(fmt::format("{}: PageOpTarget.firstLayer is {}; it must be in [0, {}) (layers of "
+                                               "page group {})",
+            what, target.firstLayer, layerCount, groupIndex));
     }
     int32_t const available = layerCount - target.firstLayer;
     if (target.numLayers < -1 || target.numLayers > available)
@@ -48,10 +66,15 @@ PageOpPlan planPageOp(
     bool samePageBytes = true;
     for (int32_t i = target.firstLayer; i < target.firstLayer + numLayers; ++i)
     {
-        int64_t const pageBytes = cache.layout().layers[static_cast<size_t>(i)].pageBytes;
-        bytesPerEntry += pageBytes << halfBits;
-        samePageBytes = samePageBytes && (maxPageBytes == 0 || pageBytes == maxPageBytes);
-        maxPageBytes = std::max(maxPageBytes, pageBytes);
+        KVLayerLayout const& layer = cache.layout().layers[static_cast<size_t>(groupLayers[static_cast<size_t>(i)])];
+        int32_t const halves = target.half == KVHalf::kBOTH ? layer.numHalves
+            : target.half == KVHalf::kK                     ? 1
+                                                            : layer.numHalves - 1;
+        bytesPerEntry += layer.pageBytes * halves;
+        // A latent layer's missing V half leaves idle blocks too.
+        samePageBytes =
+            samePageBytes && (maxPageBytes == 0 || layer.pageBytes == maxPageBytes) && halves == (1 << halfBits);
+        maxPageBytes = std::max(maxPageBytes, layer.pageBytes);
     }
     int64_t const gridZ = int64_t{numLayers} << halfBits;
     if (gridZ > kMAX_GRID_YZ)
@@ -66,8 +89,9 @@ PageOpPlan planPageOp(
         throw InvalidArgumentError(
             fmt::format("{}: the current device is {} but the cache lives on device {}", what, device, cache.device()));
     }
-    return PageOpPlan{ManagerInternals::layerTable(cache), target.firstLayer, halfBits,
-        target.half == KVHalf::kV ? 1 : 0, cache.numPages(), pattern, errorCount, maxPageBytes, bytesPerEntry,
+    int32_t const numPages = groupCount == 0 ? cache.numPages() : cache.group(groupIndex).numPages;
+    return PageOpPlan{ManagerInternals::layerTable(cache, groupIndex), target.firstLayer, halfBits,
+        target.half == KVHalf::kV ? 1 : 0, numPages, pattern, errorCount, maxPageBytes, bytesPerEntry,
         static_cast<uint32_t>(gridZ), samePageBytes};
 }
 

@@ -30,24 +30,24 @@ using NarrowShape = BlockShape<256, 8>;
 //! CUDA's limit on a grid's y and z dimensions, which bounds the list positions of one launch.
 constexpr int64_t kMAX_GRID_YZ = kMAX_DEVICE_PAGE_OPS_PER_LAUNCH;
 
-//! One call's targeted layers and halves, checked against the cache on the host.
+//! One call's targeted group, layers and halves, checked against the cache on the host.
 struct PageOpPlan
 {
-    LayerTableEntry const* table;
+    LayerTableEntry const* table; //!< the group's first entry
     int32_t firstLayer;
     int32_t halfBits;  //!< 1 when both halves are targeted (grid z = layer slot * 2 + half), else 0
     int32_t firstHalf; //!< 0 for K, 1 for V
-    int32_t numPages;  //!< the id range: [0, numPages)
+    int32_t numPages;  //!< the id range: [0, numPages), the group's
     uint32_t pattern;  //!< resets: the 4-byte fill pattern
     int32_t* errorCount;
     int64_t maxPageBytes;  //!< the largest page of the targeted layers
-    int64_t bytesPerEntry; //!< bytes one list entry writes: its page in every targeted layer and half
+    int64_t bytesPerEntry; //!< bytes one list entry writes: its page in every targeted layer and existing half
     uint32_t gridZ;        //!< targeted layer halves
     bool samePageBytes;    //!< every targeted layer has the same page size: no block of the grid is idle
 };
 
 //! Checks `target` against `cache` and the current device against the cache's; throws InvalidArgumentError naming
-//! `what` and the field.
+//! `what` and the field. The plan's numPages is the range list ids must be checked against.
 PageOpPlan planPageOp(
     char const* what, KVCacheManager const& cache, PageOpTarget const& target, uint32_t pattern, int32_t* errorCount);
 

@@ -107,8 +107,8 @@ void copyPages(
     KVCacheManager const& cache, PageCopy const* pairs, int32_t count, cudaStream_t stream, PageOpTarget const& target)
 {
     constexpr char const* kWHAT = "copyPages";
-    detail::validateCopyList(kWHAT, pairs, count, cache.numPages());
     detail::PageOpPlan const plan = detail::planPageOp(kWHAT, cache, target, 0, nullptr);
+    detail::validateCopyList(kWHAT, pairs, count, plan.numPages);
     detail::launchHostList<detail::CopyOp>(plan, pairs, count, stream);
 }
 
@@ -132,8 +132,8 @@ void resetPages(KVCacheManager const& cache, int32_t const* pages, int32_t count
     PageOpTarget const& target)
 {
     constexpr char const* kWHAT = "resetPages";
-    detail::validateResetList(kWHAT, pages, count, cache.numPages());
     detail::PageOpPlan const plan = detail::planPageOp(kWHAT, cache, target, pattern, nullptr);
+    detail::validateResetList(kWHAT, pages, count, plan.numPages);
     detail::launchHostList<detail::ResetOp>(plan, pages, count, stream);
 }
 

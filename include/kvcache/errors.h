@@ -68,8 +68,8 @@ namespace detail
 [[noreturn]] void throwCudaError(cudaError_t status, char const* call, char const* file, int line);
 //! Prints a failed call to stderr without throwing, for destructors; returns `status`.
 cudaError_t logCudaError(cudaError_t status, char const* call, char const* file, int line) noexcept;
-//! Prints that `index` is outside [0, count) for `what` and aborts; for noexcept accessors.
-[[noreturn]] void failIndex(char const* what, long long index, long long count) noexcept;
+//! Prints that `noun` index `index` is outside [0, count) for `what` and aborts; for noexcept accessors.
+[[noreturn]] void failIndex(char const* what, char const* noun, long long index, long long count) noexcept;
 } // namespace detail
 
 } // namespace kvcache::rt

@@ -51,29 +51,44 @@ public:
         return computeLayout(config);
     }
 
-    //! Returns the slot view [2, maxBatchSize, capPadded, H, D] of `layerIdx`. Throws std::out_of_range for a bad
-    //! index and InvalidConfigError when numPages() exceeds the minimum (the view's V half would be wrong).
+    //! Returns the slot view [2, maxBatchSize, capacity, H, D] of `layerIdx` ([1, ...] for a latent layer; capacity
+    //! is capPadded for full attention and the ring's length for a sliding window: token s at s % capacity). Throws
+    //! std::out_of_range for a bad index and InvalidConfigError when the layer's group has more pages than its
+    //! minimum (the view's V half would be wrong).
     Tensor& getCombinedKVCache(int32_t layerIdx);
-    //! Returns the pool view [2, numPages, tokensPerPage, H, D] of `layerIdx`; aborts on a bad index.
+    //! Returns the pool view [2, numPages, tokensPerPage, H, D] of `layerIdx` ([1, ...] for a latent layer; numPages is
+    //! the layer's group's); aborts on a bad index.
     Tensor& getCombinedKVCachePoolView(int32_t layerIdx) noexcept;
-    //! Returns K and V, each [maxBatchSize, capPadded, H, D] at kPoolPtr / vPoolPtr; aborts on a bad index.
+    //! Returns K and V, each [maxBatchSize, capacity, H, D] at kPoolPtr / vPoolPtr (V empty for a latent layer);
+    //! aborts on a bad index.
     std::pair<Tensor, Tensor> getSeparateKVCache(int32_t layerIdx) const noexcept;
 
-    //! Returns capPadded: maxSequenceLength rounded up to whole pages.
+    //! Returns the largest layer capacity: maxSequenceLength rounded up to whole pages when any layer has full
+    //! attention, else the longest sliding-window ring.
     int32_t maxCapPadded() const noexcept
     {
         return mLayout.capPadded;
     }
-    //! Returns the pages per half and layer.
+    //! Returns the pages per half of group 0's layers (of every layer when there is one group).
     int32_t numPages() const noexcept
     {
         return mLayout.numPages;
     }
-    //! Returns maxBatchSize * capPadded / tokensPerPage, the pages the slot view covers.
+    //! Returns group 0's minimum pages, maxBatchSize * pagesPerSequence: the pages its slot views cover.
     int32_t minPages() const noexcept
     {
         return mLayout.minPages;
     }
+    //! Returns the number of page groups (0 with no layers).
+    int32_t numGroups() const noexcept
+    {
+        return static_cast<int32_t>(mLayout.groups.size());
+    }
+    //! Returns page group `groupIdx`: its layers, pagesPerSequence, numPages and bytes per page id; aborts on a bad
+    //! index.
+    KVPageGroupLayout const& group(int32_t groupIdx) const noexcept;
+    //! Returns the page group of layer `layerIdx`; aborts on a bad index.
+    int32_t groupOf(int32_t layerIdx) const noexcept;
     //! Returns the tokens per page.
     int32_t tokensPerPage() const noexcept
     {
@@ -81,7 +96,7 @@ public:
     }
     //! Returns the start of layer `layerIdx`'s K pool; aborts on a bad index.
     void* kPoolPtr(int32_t layerIdx) const noexcept;
-    //! Returns the start of layer `layerIdx`'s V pool; aborts on a bad index.
+    //! Returns the start of layer `layerIdx`'s V pool (nullptr for a latent layer); aborts on a bad index.
     void* vPoolPtr(int32_t layerIdx) const noexcept;
     //! Returns layer `layerIdx`'s pools as a kernel addresses them (pass it by value); aborts on a bad index.
     LayerRef layerRef(int32_t layerIdx) const noexcept;
@@ -92,7 +107,8 @@ public:
     {
         return static_cast<int32_t>(mBuffers.size());
     }
-    //! Returns true when every layer has the same numKVHeads and headDim (also for zero layers).
+    //! Returns true when every layer has the same numKVHeads and headDim (also for zero layers); kinds and windows may
+    //! differ.
     bool isUniform() const noexcept;
     //! Returns the config the manager was built from.
     Config const& getConfig() const noexcept
@@ -130,7 +146,7 @@ private:
     std::vector<DeviceAllocation> mBuffers{};
     std::vector<Tensor> mSlotViews{};
     std::vector<Tensor> mPoolViews{};
-    //! One entry a layer, read by the page kernels (see src/layer_table.h).
+    //! One entry a layer, group by group, read by the page kernels (see src/layer_table.h).
     DeviceAllocation mLayerTable{};
 };
 

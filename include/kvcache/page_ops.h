@@ -13,7 +13,7 @@ namespace kvcache::rt
 //! A page id that device-resident lists may hold as padding; the kernels skip it.
 inline constexpr int32_t kUNUSED_PAGE_ENTRY = -1;
 
-//! Copy page `src` onto page `dst` (same id space: [0, numPages) of every layer's K and V pools).
+//! Copy page `src` onto page `dst` (same id space: [0, numPages) of the targeted group's pools).
 struct PageCopy
 {
     int32_t src;
@@ -28,14 +28,19 @@ enum class KVHalf : int32_t
     kV = 2,
 };
 
-//! The layers and halves a page operation touches: layers [firstLayer, firstLayer + numLayers). numLayers 0 makes
-//! the call a no-op; a firstLayer or numLayers outside the manager's layers throws InvalidArgumentError.
+//! The page group, layers and halves a page operation touches. Page ids index the group's pools; layers are
+//! positions in the group's layer list (KVCacheManager::group(g).layers): [firstLayer, firstLayer + numLayers), which
+//! for a one-group cache are the layer indices themselves. numLayers 0 makes the call a no-op. A group, firstLayer or
+//! numLayers outside the cache's throws InvalidArgumentError, and so does group -1 on a cache of several groups (a page
+//! id means nothing across groups). Latent layers have no V half: kV skips them, kBOTH touches their one half.
 struct PageOpTarget
 {
     int32_t firstLayer = 0;
-    //! -1 means every layer from firstLayer on.
+    //! -1 means every layer of the group from firstLayer on.
     int32_t numLayers = -1;
     KVHalf half = KVHalf::kBOTH;
+    //! The page group; -1 means the only one.
+    int32_t group = -1;
 };
 
 //! Copies each pair's source page onto its destination page in every targeted layer and half, in one kernel
