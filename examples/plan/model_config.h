@@ -18,24 +18,58 @@ public:
     using std::runtime_error::runtime_error;
 };
 
+//! How one cache layer attends, as the model's config describes it.
+enum class AttentionKind : int32_t
+{
+    //! Every earlier token of the sequence.
+    kFULL = 0,
+    //! The last sliding_window tokens (the token itself included).
+    kSLIDING = 1,
+    //! The earlier tokens of its own chunk of attention_chunk_size tokens (Llama-4). A token at position p of a chunk
+    //! of size K sees the tokens from the chunk's start to p: never more than K tokens, all among the last K, so a
+    //! window of K keeps every token a chunk can see and the window's page count is an upper bound. The layer is
+    //! planned with slidingWindow = K.
+    kCHUNKED = 2,
+};
+
+//! Returns "full", "sliding" or "chunked".
+char const* attentionKindName(AttentionKind kind);
+
 //! The attention layers of a model, as the KV cache sees them.
 struct ModelDescription
 {
     std::string name = {};                      //!< what the plan's title calls the model
     int32_t numModelLayers = {};                //!< decoder layers, with or without attention
     std::vector<int32_t> attentionLayers = {};  //!< model layer index of each cache layer, ascending
-    std::vector<rt::KVLayerConfig> layers = {}; //!< head shape of each cache layer
-    std::string dataTypeName = {};              //!< the config's torch_dtype or dtype; empty when absent
+    std::vector<rt::KVLayerConfig> layers = {}; //!< shape, kind (K and V, or one latent) and window of each cache layer
+    std::vector<AttentionKind> attentionKinds = {}; //!< how each cache layer attends (a chunked one is planned as a
+                                                    //!< window of its chunk size)
+    std::vector<std::string> notes = {};            //!< how the config was read: the rules applied, one line each
+    std::string dataTypeName = {};                  //!< the config's torch_dtype or dtype; empty when absent
 };
 
 //! Returns the built-in default: a Llama-3.1-8B-like model, 32 layers of 8 KV heads x 128, float16.
 ModelDescription builtinModel();
 
-//! Returns a model whose layers are all attention layers with the given head shapes, titled `name`.
+//! Returns a model whose layers are all attention layers with the given layer configs, titled `name`; a layer with a
+//! slidingWindow is a sliding one.
 ModelDescription modelFromLayers(std::string name, std::vector<rt::KVLayerConfig> layers);
 
 //! Reads the attention layers from the text of a Hugging Face config.json; `source` names it in messages.
-//! Throws ModelConfigError for malformed JSON or a missing or bad field, naming `source` and the field.
+//!
+//! Which layers keep a cache and how they attend: layer_types when present (full_attention and attention are full,
+//! sliding_attention slides over sliding_window, chunked_attention is chunked by attention_chunk_size; linear_attention,
+//! mamba, mamba2, conv and recurrent keep no KV cache); else attn_layer_period and attn_layer_offset pick the attention
+//! layers, and among them: sliding_window_pattern N (Gemma-3, Cohere2: every Nth layer is full, the others slide; the
+//! Gemma-3 and Cohere2 defaults 6 and 4 when a config of that model_type leaves it out), Gemma-2 (model_type gemma2:
+//! even layers slide), attention_chunk_size with no_rope_layers (Llama-4: 1 = chunked, 0 = full; empty means every 4th
+//! layer is full), use_sliding_window (false: no layer slides; true: layers from max_window_layers on slide), else
+//! sliding_window alone (every layer slides), else full attention. Multi-head latent attention (kv_lora_rank and
+//! qk_rope_head_dim) caches one latent of kv_lora_rank + qk_rope_head_dim values a token, K only.
+//!
+//! Throws ModelConfigError for malformed JSON, a missing or bad field, or a config it cannot read correctly (a layer
+//! kind it does not know, one of the two MLA sizes without the other, a sliding layer without sliding_window, ...),
+//! naming `source` and the field: never a silent full-size guess.
 ModelDescription parseHuggingFaceConfig(std::string_view text, std::string const& source);
 
 //! Reads the file at `path` and parses it with parseHuggingFaceConfig; throws ModelConfigError when it cannot be read.

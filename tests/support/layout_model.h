@@ -7,8 +7,10 @@
 #include "kvcache/kv_cache_config.h"
 #include "kvcache/layer_ref.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 namespace kvcache::test
@@ -43,7 +45,40 @@ struct ModelLayer
     int64_t halfElems = 0;
     int64_t halfBytes = 0;
     int64_t layerBytes = 0;
+    int64_t numHalves = 2;     //!< 1 for a latent layer
+    int64_t slidingWindow = 0; //!< 0 for full attention
+    int64_t group = 0;
+    int64_t pagesPerSequence = 0;
+    int64_t capacity = 0; //!< tokens of one slot: pagesPerSequence * tokensPerPage
+    int64_t numPages = 0; //!< the group's
 };
+
+//! One page group of the model: the layers of one window (0: full attention).
+struct ModelGroup
+{
+    int64_t slidingWindow = 0;
+    int64_t pagesPerSequence = 0;
+    int64_t minPages = 0;
+    int64_t numPages = 0;
+    std::vector<int32_t> layers;
+    int64_t bytesPerPage = 0;
+};
+
+//! Returns the most pages one sequence of up to `maxSequenceLength` tokens ever needs resident at once in a layer of
+//! window `window` (0: full attention) when up to `stepTokens` tokens arrive in a step, found by trying every step
+//! start: a step from token a reads back to a - (window - 1) and writes up to a + stepTokens - 1.
+inline int64_t residentPagesBySimulation(
+    int64_t window, int64_t stepTokens, int64_t maxSequenceLength, int64_t tokensPerPage)
+{
+    int64_t most = 0;
+    for (int64_t a = 0; a < maxSequenceLength; ++a)
+    {
+        int64_t const first = window == 0 ? 0 : std::max<int64_t>(0, a - (window - 1));
+        int64_t const last = std::min(maxSequenceLength - 1, a + stepTokens - 1);
+        most = std::max(most, last / tokensPerPage - first / tokensPerPage + 1);
+    }
+    return most;
+}
 
 //! The model of a whole cache.
 struct LayoutModel
@@ -57,7 +92,8 @@ struct LayoutModel
     int64_t elementBytes = 0;
     std::vector<ModelLayer> layers;
     int64_t cacheBytes = 0;
-    int64_t bytesPerPage = 0; //!< K and V of one page id across all layers
+    int64_t bytesPerPage = 0; //!< every half of one page id across all layers
+    std::vector<ModelGroup> groups;
 
     //! Returns the byte offset of pool element (kv, page, token, head, dim) from the start of `layer`'s buffer.
     int64_t poolByteOffset(int32_t layer, int64_t kv, int64_t page, int64_t token, int64_t head, int64_t dim) const
@@ -73,55 +109,103 @@ struct LayoutModel
         ModelLayer const& m = layers.at(static_cast<size_t>(layer));
         rt::LayerRef ref;
         ref.kPool = base;
-        ref.vPool = static_cast<char*>(base) + m.halfBytes;
+        ref.vPool = m.numHalves == 2 ? static_cast<char*>(base) + m.halfBytes : nullptr;
         ref.pageStride = m.pageElems;
         ref.tokenStride = m.tokenElems;
         ref.headStride = m.headDim;
         ref.elementBytes = static_cast<int32_t>(elementBytes);
-        ref.numPages = static_cast<int32_t>(numPages);
+        ref.numPages = static_cast<int32_t>(m.numPages);
         ref.tokensPerPage = static_cast<int32_t>(tokensPerPage);
         ref.numKVHeads = static_cast<int32_t>(m.numKVHeads);
         ref.headDim = static_cast<int32_t>(m.headDim);
         return ref;
     }
-    //! Returns the page that holds position `position` of slot `slot` in the slot view.
+    //! Returns the page that holds position `position` of slot `slot` in the slot view of a group-0 layer.
     int64_t slotPage(int64_t slot, int64_t position) const
     {
         return slot * pagesPerSlot + position / tokensPerPage;
     }
+    //! Returns the page and in-page token that hold token `token` of slot `slot` in `layer`'s slot view: a ring of
+    //! capacity tokens for a windowed layer.
+    std::pair<int64_t, int64_t> slotPosition(int32_t layer, int64_t slot, int64_t token) const
+    {
+        ModelLayer const& m = layers.at(static_cast<size_t>(layer));
+        int64_t const ring = token % m.capacity;
+        return {slot * m.pagesPerSequence + ring / tokensPerPage, ring % tokensPerPage};
+    }
 };
 
-//! Models `config` (which must hold a KV cache type).
+//! Models `config` (which must hold a KV cache type and, with several windows, per-group page counts or none).
 inline LayoutModel modelLayout(rt::KVCacheConfig const& config)
 {
     LayoutModel model;
     model.maxBatchSize = config.maxBatchSize;
     model.tokensPerPage = config.tokensPerPage;
-    // Add pages to a slot until they hold the longest sequence.
-    while (model.pagesPerSlot * model.tokensPerPage < config.maxSequenceLength)
-    {
-        ++model.pagesPerSlot;
-    }
-    model.capPadded = model.pagesPerSlot * model.tokensPerPage;
-    for (int32_t slot = 0; slot < config.maxBatchSize; ++slot)
-    {
-        model.minPages += model.pagesPerSlot;
-    }
-    model.numPages = config.numPages == 0 ? model.minPages : config.numPages;
     model.elementBytes = elementBytesByHand(config.kvCacheType);
+    // Add pages to a slot until they hold the longest sequence.
+    int64_t fullPages = 0;
+    while (fullPages * model.tokensPerPage < config.maxSequenceLength)
+    {
+        ++fullPages;
+    }
+    int64_t const stepTokens = config.maxTokensPerStep == 0 ? config.maxSequenceLength : config.maxTokensPerStep;
+    // Group 0 holds full attention (window 0), then one group per window, smallest first.
+    std::vector<int64_t> windows;
     for (rt::KVLayerConfig const& layer : config.layerConfigs)
     {
+        if (std::find(windows.begin(), windows.end(), layer.slidingWindow) == windows.end())
+        {
+            windows.push_back(layer.slidingWindow);
+        }
+    }
+    std::sort(windows.begin(), windows.end());
+    for (size_t g = 0; g < windows.size(); ++g)
+    {
+        ModelGroup group;
+        group.slidingWindow = windows[g];
+        group.pagesPerSequence = fullPages;
+        if (windows[g] > 0)
+        {
+            int64_t const span = windows[g] - 1 + stepTokens;
+            group.pagesPerSequence = std::min(fullPages, (span + model.tokensPerPage - 1) / model.tokensPerPage + 1);
+        }
+        for (int32_t slot = 0; slot < config.maxBatchSize; ++slot)
+        {
+            group.minPages += group.pagesPerSequence;
+        }
+        int64_t const asked = config.numPagesPerGroup.empty() ? config.numPages : config.numPagesPerGroup[g];
+        group.numPages = asked == 0 ? group.minPages : asked;
+        model.groups.push_back(group);
+    }
+    model.pagesPerSlot = model.groups.empty() ? fullPages : model.groups[0].pagesPerSequence;
+    model.minPages = model.groups.empty() ? config.maxBatchSize * fullPages : model.groups[0].minPages;
+    model.numPages =
+        model.groups.empty() ? (config.numPages == 0 ? model.minPages : config.numPages) : model.groups[0].numPages;
+    model.capPadded = model.groups.empty() ? fullPages * model.tokensPerPage : 0;
+    for (size_t i = 0; i < config.layerConfigs.size(); ++i)
+    {
+        rt::KVLayerConfig const& layer = config.layerConfigs[i];
         ModelLayer m;
         m.numKVHeads = layer.numKVHeads;
         m.headDim = layer.headDim;
+        m.numHalves = layer.kind == rt::KVLayerKind::kLATENT ? 1 : 2;
+        m.slidingWindow = layer.slidingWindow;
+        m.group = std::find(windows.begin(), windows.end(), layer.slidingWindow) - windows.begin();
+        ModelGroup& group = model.groups[static_cast<size_t>(m.group)];
+        m.pagesPerSequence = group.pagesPerSequence;
+        m.capacity = m.pagesPerSequence * model.tokensPerPage;
+        m.numPages = group.numPages;
         m.tokenElems = m.numKVHeads * m.headDim;
         m.pageElems = model.tokensPerPage * m.tokenElems;
         m.pageBytes = m.pageElems * model.elementBytes;
-        m.halfElems = model.numPages * m.pageElems;
+        m.halfElems = m.numPages * m.pageElems;
         m.halfBytes = m.halfElems * model.elementBytes;
-        m.layerBytes = 2 * m.halfBytes;
+        m.layerBytes = m.numHalves * m.halfBytes;
+        model.capPadded = std::max(model.capPadded, m.capacity);
         model.cacheBytes += m.layerBytes;
-        model.bytesPerPage += 2 * m.pageBytes;
+        model.bytesPerPage += m.numHalves * m.pageBytes;
+        group.bytesPerPage += m.numHalves * m.pageBytes;
+        group.layers.push_back(static_cast<int32_t>(i));
         model.layers.push_back(m);
     }
     return model;
