@@ -5,6 +5,7 @@
 #include "page_ops_harness.h"
 
 #include "kvcache/errors.h"
+#include "kvcache/kv_cache_layout.h"
 #include "kvcache/kv_cache_manager.h"
 #include "kvcache/layer_ref.h"
 #include "kvcache/page_ops.h"
@@ -44,12 +45,13 @@ constexpr int32_t kBACK_TO_BACK_CALLS = kPOOL_PAGES / 2;
 constexpr int64_t kBACK_TO_BACK_BATCHES = 30;
 constexpr uint64_t kPAGE_SEED = 20240611;
 
-//! A model's attention layers and cache element type.
+//! A model's attention layers and cache element type, and the page group its cases target (-1: the only one).
 struct Model
 {
     char const* name;
     rt::DataType type;
     std::vector<rt::KVLayerConfig> layers;
+    int32_t group = -1;
 };
 
 Model const& uniformModel()
@@ -81,16 +83,61 @@ Model const& mixedModel()
     return model;
 }
 
-//! Returns the cache of `model`: one sequence of one page, so nearly the whole pool is free for the lists.
+//! A gpt-oss-like hybrid model: 24 layers of 8 KV heads of 64, bfloat16, alternating a 128-token sliding window with
+//! full attention, so two page groups of 12 layers; `group` picks the one its cases copy.
+Model groupedModel(char const* name, int32_t group)
+{
+    Model model{name, rt::DataType::kBF16, {}, group};
+    for (int32_t i = 0; i < 24; ++i)
+    {
+        model.layers.push_back({8, 64, i % 2 == 0 ? 128 : 0, rt::KVLayerKind::kKV});
+    }
+    return model;
+}
+
+Model const& groupedFullModel()
+{
+    static Model const model = groupedModel("bf16_grouped_full", 0);
+    return model;
+}
+
+Model const& groupedWindowModel()
+{
+    static Model const model = groupedModel("bf16_grouped_window", 1);
+    return model;
+}
+
+//! Returns the cache of `model`: one sequence of one page, so nearly the whole pool of every group is free for the
+//! lists.
 rt::KVCacheManager const& cacheOf(Harness& harness, Model const& model)
 {
-    return harness.cache(model.name,
-        test::ConfigBuilder(model.layers)
-            .maxBatchSize(1)
-            .maxSequenceLength(rt::kTOKENS_PER_PAGE)
-            .dataType(model.type)
-            .numPages(kPOOL_PAGES)
-            .build());
+    rt::KVCacheConfig config = test::ConfigBuilder(model.layers)
+                                   .maxBatchSize(1)
+                                   .maxSequenceLength(rt::kTOKENS_PER_PAGE)
+                                   .dataType(model.type)
+                                   .build();
+    int32_t const groups = static_cast<int32_t>(rt::computeLayout(config).groups.size());
+    if (groups > 1)
+    {
+        config.numPagesPerGroup.assign(static_cast<size_t>(groups), kPOOL_PAGES);
+    }
+    else
+    {
+        config.numPages = kPOOL_PAGES;
+    }
+    return harness.cache(model.name, config);
+}
+
+//! Returns the targeted group's index in `cache` (group -1 is the only one).
+int32_t groupOf(Model const& model)
+{
+    return std::max(model.group, 0);
+}
+
+//! Returns the pages per half of the group `model`'s cases target.
+int32_t poolPagesOf(rt::KVCacheManager const& cache, Model const& model)
+{
+    return cache.group(groupOf(model)).numPages;
 }
 
 //! Returns `count` distinct page ids in [0, numPages), in a fixed pseudo-random order.
@@ -150,10 +197,11 @@ std::vector<rt::PageCopy> pairsInRuns(int32_t count, int32_t runLength, int32_t 
     return pairs;
 }
 
-//! Returns every page-sized transfer of a copy list (`pairs`) or a reset list (`resetPages`), in list order, then
-//! layer, then half (K before V): the per-page baselines move exactly these, and the check reads them back.
-std::vector<Segment> segmentsOf(
-    rt::KVCacheManager const& cache, std::vector<rt::PageCopy> const& pairs, std::vector<int32_t> const& resetPages)
+//! Returns every page-sized transfer of a copy list (`pairs`) or a reset list (`resetPages`) in the layers of `group`,
+//! in list order, then layer, then half (K before V): the per-page baselines move exactly these, and the check reads
+//! them back.
+std::vector<Segment> segmentsOf(rt::KVCacheManager const& cache, int32_t group, std::vector<rt::PageCopy> const& pairs,
+    std::vector<int32_t> const& resetPages)
 {
     std::vector<Segment> segments;
     bool const isCopy = !pairs.empty();
@@ -161,14 +209,18 @@ std::vector<Segment> segmentsOf(
     for (size_t i = 0; i < count; ++i)
     {
         int32_t const dst = isCopy ? pairs[i].dst : resetPages[i];
-        for (int32_t layer = 0; layer < cache.numLayers(); ++layer)
+        for (int32_t const layer : cache.group(group).layers)
         {
             rt::LayerRef const ref = cache.layerRef(layer);
             int64_t const bytes = ref.pageStride * ref.elementBytes;
             char* const kSrc = isCopy ? static_cast<char*>(ref.kAddress(pairs[i].src, 0, 0)) : nullptr;
-            char* const vSrc = isCopy ? static_cast<char*>(ref.vAddress(pairs[i].src, 0, 0)) : nullptr;
+            char* const vSrc =
+                isCopy && ref.vPool != nullptr ? static_cast<char*>(ref.vAddress(pairs[i].src, 0, 0)) : nullptr;
             segments.push_back({static_cast<char*>(ref.kAddress(dst, 0, 0)), kSrc, bytes});
-            segments.push_back({static_cast<char*>(ref.vAddress(dst, 0, 0)), vSrc, bytes});
+            if (ref.vPool != nullptr)
+            {
+                segments.push_back({static_cast<char*>(ref.vAddress(dst, 0, 0)), vSrc, bytes});
+            }
         }
     }
     return segments;
@@ -178,6 +230,7 @@ std::vector<Segment> segmentsOf(
 struct Workload
 {
     rt::KVCacheManager const& cache;
+    rt::PageOpTarget target; //!< every layer of the model's group, both halves
     Transfer transfer;
     std::vector<rt::PageCopy> pairs; //!< a copy's list
     std::vector<int32_t> pages;      //!< a reset's list
@@ -185,16 +238,18 @@ struct Workload
     int64_t bytesWritten;
 };
 
-Workload makeWorkload(
-    rt::KVCacheManager const& cache, Transfer transfer, std::vector<rt::PageCopy> pairs, std::vector<int32_t> pages)
+Workload makeWorkload(rt::KVCacheManager const& cache, Model const& model, Transfer transfer,
+    std::vector<rt::PageCopy> pairs, std::vector<int32_t> pages)
 {
-    std::vector<Segment> segments = segmentsOf(cache, pairs, pages);
+    std::vector<Segment> segments = segmentsOf(cache, groupOf(model), pairs, pages);
     int64_t bytesWritten = 0;
     for (Segment const& segment : segments)
     {
         bytesWritten += segment.bytes;
     }
-    return Workload{cache, transfer, std::move(pairs), std::move(pages), std::move(segments), bytesWritten};
+    rt::PageOpTarget target;
+    target.group = model.group;
+    return Workload{cache, target, transfer, std::move(pairs), std::move(pages), std::move(segments), bytesWritten};
 }
 
 // One function per method of a copy or reset case: each returns the call the harness times. The call may refer to
@@ -258,13 +313,14 @@ Run kvcacheHostList(Workload const& work, Harness& /*harness*/)
 {
     if (work.transfer == Transfer::kFILL)
     {
-        return [&work](cudaStream_t stream) {
-            rt::resetPages(
-                work.cache, work.pages.data(), static_cast<int32_t>(work.pages.size()), stream, kRESET_PATTERN);
+        return [&work](cudaStream_t stream)
+        {
+            rt::resetPages(work.cache, work.pages.data(), static_cast<int32_t>(work.pages.size()), stream,
+                kRESET_PATTERN, work.target);
         };
     }
     return [&work](cudaStream_t stream)
-    { rt::copyPages(work.cache, work.pairs.data(), static_cast<int32_t>(work.pairs.size()), stream); };
+    { rt::copyPages(work.cache, work.pairs.data(), static_cast<int32_t>(work.pairs.size()), stream, work.target); };
 }
 
 Run kvcacheDeviceList(Workload const& work, Harness& harness)
@@ -273,14 +329,15 @@ Run kvcacheDeviceList(Workload const& work, Harness& harness)
     if (work.transfer == Transfer::kFILL)
     {
         auto const list = std::make_shared<test::DeviceArray<int32_t>>(work.pages, harness.stream());
-        return [&cache = work.cache, list](cudaStream_t stream) {
-            rt::resetPagesDevice(
-                cache, list->get(), static_cast<int32_t>(list->size()), nullptr, stream, kRESET_PATTERN);
+        return [&work, list](cudaStream_t stream)
+        {
+            rt::resetPagesDevice(work.cache, list->get(), static_cast<int32_t>(list->size()), nullptr, stream,
+                kRESET_PATTERN, work.target);
         };
     }
     auto const list = std::make_shared<test::DeviceArray<rt::PageCopy>>(work.pairs, harness.stream());
-    return [&cache = work.cache, list](cudaStream_t stream)
-    { rt::copyPagesDevice(cache, list->get(), static_cast<int32_t>(list->size()), nullptr, stream); };
+    return [&work, list](cudaStream_t stream)
+    { rt::copyPagesDevice(work.cache, list->get(), static_cast<int32_t>(list->size()), nullptr, stream, work.target); };
 }
 
 //! A method of copy and reset cases: its name in the case name and the function that makes its call.
@@ -336,19 +393,21 @@ std::string caseName(std::string const& operation, Model const& model, char cons
 
 Workload workloadOf(TransferCase const& c, rt::KVCacheManager const& cache)
 {
+    Model const& model = *c.model;
+    int32_t const numPages = poolPagesOf(cache, model);
     if (c.operation == Operation::kRESET)
     {
-        return makeWorkload(cache, Transfer::kFILL, {}, scatteredPages(c.pages, cache.numPages()));
+        return makeWorkload(cache, model, Transfer::kFILL, {}, scatteredPages(c.pages, numPages));
     }
     if (c.operation == Operation::kCOPY)
     {
-        return makeWorkload(cache, Transfer::kCOPY, scatteredPairs(c.pages, cache.numPages()), {});
+        return makeWorkload(cache, model, Transfer::kCOPY, scatteredPairs(c.pages, numPages), {});
     }
     if (c.runLength > 0)
     {
-        return makeWorkload(cache, Transfer::kCOPY, pairsInRuns(c.pages, c.runLength, cache.numPages()), {});
+        return makeWorkload(cache, model, Transfer::kCOPY, pairsInRuns(c.pages, c.runLength, numPages), {});
     }
-    return makeWorkload(cache, Transfer::kCOPY, pairsInOneRun(c.pages), {});
+    return makeWorkload(cache, model, Transfer::kCOPY, pairsInOneRun(c.pages), {});
 }
 
 //! Checks the method once, then times it against the ceiling of the same bytes.
@@ -359,7 +418,8 @@ void measureTransfer(benchmark::State& state, Harness& harness, TransferCase con
     Run const run = c.method.make(work, harness);
     if (c.method.checked && harness.firstVisit(name))
     {
-        checkMethod(harness.stream(), work.segments, 2 * static_cast<int64_t>(cache.numLayers()), run);
+        int64_t const segmentsPerEntry = static_cast<int64_t>(work.segments.size()) / std::max(c.pages, 1);
+        checkMethod(harness.stream(), work.segments, segmentsPerEntry, run);
     }
     double const ceiling = harness.ceilingSeconds(familyOf(c.operation), work.transfer, work.bytesWritten);
     double const secondsPerCall = harness.timeIterations(state, run);
@@ -519,7 +579,7 @@ void registerAll()
     {
         registerBackToBack(uniformModel(), method);
     }
-    for (Model const* model : {&mixedModel(), &fp8Model()})
+    for (Model const* model : {&mixedModel(), &fp8Model(), &groupedFullModel(), &groupedWindowModel()})
     {
         for (int32_t pairs : {8, 256})
         {
