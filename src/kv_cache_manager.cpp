@@ -106,7 +106,10 @@ std::pair<Tensor, Tensor> KVCacheManager::getSeparateKVCache(int32_t layerIdx) c
     Tensor k(kPoolPtr(layerIdx), shape, mLayout.dataType, DeviceType::kGPU);
     if (layer.numHalves == 1)
     {
-        return {k, Tensor()};
+        // No V: an empty view (null, no elements) of the same rank, so volume() and sizeBytes() read 0.
+        return {k,
+            Tensor(nullptr, Coords{0, layer.capacity, layer.numKVHeads, layer.headDim}, mLayout.dataType,
+                DeviceType::kGPU)};
     }
     return {k, Tensor(vPoolPtr(layerIdx), shape, mLayout.dataType, DeviceType::kGPU)};
 }

@@ -58,14 +58,15 @@ ModelDescription modelFromLayers(std::string name, std::vector<rt::KVLayerConfig
 //! Reads the attention layers from the text of a Hugging Face config.json; `source` names it in messages.
 //!
 //! Which layers keep a cache and how they attend: layer_types when present (full_attention and attention are full,
-//! sliding_attention slides over sliding_window, chunked_attention is chunked by attention_chunk_size; linear_attention,
-//! mamba, mamba2, conv and recurrent keep no KV cache); else attn_layer_period and attn_layer_offset pick the attention
-//! layers, and among them: sliding_window_pattern N (Gemma-3, Cohere2: every Nth layer is full, the others slide; the
-//! Gemma-3 and Cohere2 defaults 6 and 4 when a config of that model_type leaves it out), Gemma-2 (model_type gemma2:
-//! even layers slide), attention_chunk_size with no_rope_layers (Llama-4: 1 = chunked, 0 = full; empty means every 4th
-//! layer is full), use_sliding_window (false: no layer slides; true: layers from max_window_layers on slide), else
-//! sliding_window alone (every layer slides), else full attention. Multi-head latent attention (kv_lora_rank and
-//! qk_rope_head_dim) caches one latent of kv_lora_rank + qk_rope_head_dim values a token, K only.
+//! sliding_attention slides over sliding_window, chunked_attention is chunked by attention_chunk_size;
+//! linear_attention, mamba, mamba2, conv and recurrent keep no KV cache); else attn_layer_period and attn_layer_offset
+//! pick the attention layers, and the first rule that applies says how they attend: sliding_window_pattern N (Gemma-3,
+//! Cohere2: every Nth layer is full, the others slide; the Gemma-3 and Cohere2 defaults 6 and 4 when a config of that
+//! model_type leaves it out), Gemma-2 (model_type gemma2: even layers slide), attention_chunk_size with no_rope_layers
+//! (Llama-4: 1 = chunked, 0 = full; empty means every 4th layer is full), use_sliding_window true (layers from
+//! max_window_layers on slide), sliding_window alone (every layer slides), else full attention. use_sliding_window
+//! false makes every layer full. Multi-head latent attention (kv_lora_rank and qk_rope_head_dim) caches one latent of
+//! kv_lora_rank + qk_rope_head_dim values a token, K only.
 //!
 //! Throws ModelConfigError for malformed JSON, a missing or bad field, or a config it cannot read correctly (a layer
 //! kind it does not know, one of the two MLA sizes without the other, a sliding layer without sliding_window, ...),

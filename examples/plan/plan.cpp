@@ -3,6 +3,7 @@
 #include "kvcache/errors.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <array>
@@ -16,7 +17,7 @@ namespace
 {
 
 //! Returns ascending indices as text: "0-31", "3, 7, ..., 47" for an evenly spaced run, else runs like "0-3, 8".
-std::string formatIndices(std::vector<int32_t> const& indices)
+std::string formatRuns(std::vector<int32_t> const& indices)
 {
     if (indices.size() >= 4)
     {
@@ -44,6 +45,34 @@ std::string formatIndices(std::vector<int32_t> const& indices)
         first = last + 1;
     }
     return text;
+}
+
+//! Returns ascending indices as text, as formatRuns does, or as "0-61 except 5, 11, ..., 59" when that is shorter.
+std::string formatIndices(std::vector<int32_t> const& indices)
+{
+    std::string const runs = formatRuns(indices);
+    if (indices.size() < 4)
+    {
+        return runs;
+    }
+    std::vector<int32_t> missing;
+    for (int32_t i = indices.front(), next = 0; i <= indices.back(); ++i)
+    {
+        if (indices[static_cast<size_t>(next)] == i)
+        {
+            ++next;
+        }
+        else
+        {
+            missing.push_back(i);
+        }
+    }
+    if (missing.empty())
+    {
+        return runs;
+    }
+    std::string const complement = fmt::format("{}-{} except {}", indices.front(), indices.back(), formatRuns(missing));
+    return complement.size() < runs.size() ? complement : runs;
 }
 
 std::string formatShape(std::array<int64_t, 5> const& dims)
@@ -115,64 +144,222 @@ private:
     std::vector<std::vector<std::string>> mRows;
 };
 
+//! Returns `text` broken into lines of at most `width` characters at spaces, the first after `first` and the others
+//! after `indent`, each ending in a newline.
+std::string wrapText(std::string_view text, std::string_view first, std::string_view indent, size_t width)
+{
+    std::string out(first);
+    size_t lineLength = first.size();
+    bool lineEmpty = true;
+    while (!text.empty())
+    {
+        size_t const space = text.find(' ');
+        std::string_view const word = text.substr(0, space);
+        text = space == std::string_view::npos ? std::string_view{} : text.substr(space + 1);
+        if (!lineEmpty && lineLength + 1 + word.size() > width)
+        {
+            out += "\n";
+            out += indent;
+            lineLength = indent.size();
+            lineEmpty = true;
+        }
+        if (!lineEmpty)
+        {
+            out += ' ';
+            ++lineLength;
+        }
+        out += word;
+        lineLength += word.size();
+        lineEmpty = false;
+    }
+    return out + "\n";
+}
+
+//! Returns part / whole as a percentage with one decimal, e.g. "35.9%".
+std::string formatPercent(int64_t part, int64_t whole)
+{
+    return whole == 0 ? std::string("0.0%")
+                      : fmt::format("{:.1f}%", 100.0 * static_cast<double>(part) / static_cast<double>(whole));
+}
+
+bool hasWindows(rt::KVCacheConfig const& config)
+{
+    return std::any_of(config.layerConfigs.begin(), config.layerConfigs.end(),
+        [](rt::KVLayerConfig const& layer) { return layer.slidingWindow > 0; });
+}
+
+bool hasLatentLayers(rt::KVCacheConfig const& config)
+{
+    return std::any_of(config.layerConfigs.begin(), config.layerConfigs.end(),
+        [](rt::KVLayerConfig const& layer) { return layer.kind == rt::KVLayerKind::kLATENT; });
+}
+
+//! How cache layer `i` attends, for a table cell: "full", "sliding 128", "chunked 8192".
+std::string attentionCell(Plan const& plan, size_t i)
+{
+    AttentionKind const kind = plan.model.attentionKinds[i];
+    int32_t const window = plan.config.layerConfigs[i].slidingWindow;
+    return window == 0 ? std::string(attentionKindName(kind)) : fmt::format("{} {}", attentionKindName(kind), window);
+}
+
+//! The head shape of cache layer `i`, for a table cell: "8 x 128", or "1 x 576 latent".
+std::string shapeCell(rt::KVLayerLayout const& layer)
+{
+    return fmt::format(
+        "{} x {}{}", layer.numKVHeads, layer.headDim, layer.kind == rt::KVLayerKind::kLATENT ? " latent" : "");
+}
+
+//! One line: how many cache layers attend how, e.g. "12 full, 12 sliding (window 128)".
+std::string attentionSummary(Plan const& plan)
+{
+    std::vector<std::pair<std::string, int32_t>> counts;
+    for (size_t i = 0; i < plan.config.layerConfigs.size(); ++i)
+    {
+        AttentionKind const kind = plan.model.attentionKinds[i];
+        int32_t const window = plan.config.layerConfigs[i].slidingWindow;
+        std::string const label = kind == AttentionKind::kFULL ? "full"
+            : kind == AttentionKind::kSLIDING                  ? fmt::format("sliding (window {})", window)
+                                                               : fmt::format("chunked (chunks of {})", window);
+        auto const it =
+            std::find_if(counts.begin(), counts.end(), [&](auto const& count) { return count.first == label; });
+        if (it == counts.end())
+        {
+            counts.emplace_back(label, 1);
+        }
+        else
+        {
+            ++it->second;
+        }
+    }
+    std::string text;
+    for (auto const& [label, count] : counts)
+    {
+        text += fmt::format("{}{} {}", text.empty() ? "" : ", ", count, label);
+    }
+    int64_t const numLatent = std::count_if(plan.config.layerConfigs.begin(), plan.config.layerConfigs.end(),
+        [](rt::KVLayerConfig const& layer) { return layer.kind == rt::KVLayerKind::kLATENT; });
+    if (numLatent > 0)
+    {
+        text += numLatent == static_cast<int64_t>(plan.config.layerConfigs.size())
+            ? "; all latent (one vector per token, K only)"
+            : fmt::format("; {} latent (one vector per token, K only)", numLatent);
+    }
+    return text;
+}
+
+//! The table of page groups, for a plan with more than one.
+std::string formatGroupTable(Plan const& plan)
+{
+    rt::KVCacheLayout const& layout = plan.layout;
+    TextTable table({"group", "attention", "layers", "pages/seq", "capacity", "pages", "bytes per page", "bytes"},
+        {false, false, false, true, true, true, true, true});
+    for (size_t g = 0; g < layout.groups.size(); ++g)
+    {
+        rt::KVPageGroupLayout const& group = layout.groups[g];
+        bool const allChunked = !group.layers.empty()
+            && std::all_of(group.layers.begin(), group.layers.end(),
+                [&](int32_t layer)
+                { return plan.model.attentionKinds[static_cast<size_t>(layer)] == AttentionKind::kCHUNKED; });
+        std::string const attention = group.slidingWindow == 0 ? "full"
+            : allChunked                                       ? fmt::format("chunks of {}", group.slidingWindow)
+                                                               : fmt::format("window {}", group.slidingWindow);
+        table.addRow({fmt::format("{}", g), attention, group.layers.empty() ? "none" : formatIndices(group.layers),
+            formatBytes(group.pagesPerSequence), formatBytes(group.capacity), formatBytes(group.numPages),
+            formatBytes(group.bytesPerPage),
+            fmt::format("{} ({})", formatBytes(group.cacheBytes), formatSize(group.cacheBytes))});
+    }
+    return table.render("    ");
+}
+
 std::string formatLayerTable(Plan const& plan, bool perLayer)
 {
+    rt::KVCacheLayout const& layout = plan.layout;
     bool const hybrid = plan.model.numModelLayers != static_cast<int32_t>(plan.model.layers.size());
+    bool const windows = hasWindows(plan.config);
+    bool const groups = layout.groups.size() > 1;
     std::vector<std::string> header = {perLayer ? "layer" : "layers"};
     std::vector<bool> rightAligned = {false};
+    auto const addColumn = [&](std::string name, bool right)
+    {
+        header.push_back(std::move(name));
+        rightAligned.push_back(right);
+    };
     if (hybrid)
     {
-        header.emplace_back(perLayer ? "model layer" : "model layers");
-        rightAligned.push_back(false);
+        addColumn(perLayer ? "model layer" : "model layers", false);
     }
-    for (char const* column : {"H x D", "slot view", "pool view"})
+    if (windows)
     {
-        header.emplace_back(column);
-        rightAligned.push_back(false);
+        addColumn("attention", false);
     }
-    header.emplace_back(perLayer ? "bytes" : "bytes per layer");
-    rightAligned.push_back(true);
+    addColumn("H x D", false);
+    if (groups)
+    {
+        addColumn("group", true);
+    }
+    addColumn("slot view", false);
+    addColumn("pool view", false);
+    addColumn(perLayer ? "bytes" : "bytes per layer", true);
     if (!perLayer)
     {
-        header.emplace_back("bytes");
-        rightAligned.push_back(true);
+        addColumn("bytes", true);
     }
     TextTable table(std::move(header), std::move(rightAligned));
 
-    rt::KVCacheLayout const& layout = plan.layout;
+    // Rows: sets of identical layers (shape, kind, attention, group), in order of their first layer.
     size_t const numLayers = layout.layers.size();
-    for (size_t first = 0; first < numLayers;)
+    auto const sameRow = [&](size_t a, size_t b)
     {
-        rt::KVLayerLayout const& layer = layout.layers[first];
-        size_t last = first;
-        while (!perLayer && last + 1 < numLayers && layout.layers[last + 1].numKVHeads == layer.numKVHeads
-            && layout.layers[last + 1].headDim == layer.headDim)
+        rt::KVLayerLayout const& x = layout.layers[a];
+        rt::KVLayerLayout const& y = layout.layers[b];
+        return x.numKVHeads == y.numKVHeads && x.headDim == y.headDim && x.kind == y.kind
+            && x.slidingWindow == y.slidingWindow && x.group == y.group && x.capacity == y.capacity
+            && x.numPages == y.numPages && plan.model.attentionKinds[a] == plan.model.attentionKinds[b];
+    };
+    std::vector<bool> placed(numLayers, false);
+    for (size_t first = 0; first < numLayers; ++first)
+    {
+        if (placed[first])
         {
-            ++last;
+            continue;
         }
         std::vector<int32_t> cacheLayers;
         std::vector<int32_t> modelLayers;
-        for (size_t i = first; i <= last; ++i)
+        for (size_t i = first; i < numLayers && (i == first || !perLayer); ++i)
         {
-            cacheLayers.push_back(static_cast<int32_t>(i));
-            modelLayers.push_back(plan.model.attentionLayers[i]);
+            if (!placed[i] && sameRow(first, i))
+            {
+                placed[i] = true;
+                cacheLayers.push_back(static_cast<int32_t>(i));
+                modelLayers.push_back(plan.model.attentionLayers[i]);
+            }
         }
+        rt::KVLayerLayout const& layer = layout.layers[first];
         std::vector<std::string> row = {formatIndices(cacheLayers)};
         if (hybrid)
         {
             row.push_back(formatIndices(modelLayers));
         }
-        row.push_back(fmt::format("{} x {}", layer.numKVHeads, layer.headDim));
-        row.push_back(formatShape({2, plan.config.maxBatchSize, layout.capPadded, layer.numKVHeads, layer.headDim}));
-        row.push_back(formatShape({2, layout.numPages, layout.tokensPerPage, layer.numKVHeads, layer.headDim}));
+        if (windows)
+        {
+            row.push_back(attentionCell(plan, first));
+        }
+        row.push_back(shapeCell(layer));
+        if (groups)
+        {
+            row.push_back(fmt::format("{}", layer.group));
+        }
+        row.push_back(
+            formatShape({layer.numHalves, plan.config.maxBatchSize, layer.capacity, layer.numKVHeads, layer.headDim}));
+        row.push_back(
+            formatShape({layer.numHalves, layer.numPages, layout.tokensPerPage, layer.numKVHeads, layer.headDim}));
         row.push_back(formatBytes(layer.layerBytes));
         if (!perLayer)
         {
-            int64_t const rowBytes = static_cast<int64_t>(last - first + 1) * layer.layerBytes;
+            int64_t const rowBytes = static_cast<int64_t>(cacheLayers.size()) * layer.layerBytes;
             row.push_back(fmt::format("{} ({})", formatBytes(rowBytes), formatSize(rowBytes)));
         }
         table.addRow(std::move(row));
-        first = last + 1;
     }
     return table.render("  ");
 }
@@ -185,19 +372,38 @@ std::string formatBudget(Plan const& plan)
         return "  budget    none given (--budget 40GiB shows the pages that fit)\n";
     }
     int64_t const budget = *plan.budgetBytes;
-    int64_t const sequences = plan.budgetPages / layout.pagesPerSlot;
     std::string text = fmt::format("  budget    {} bytes ({})\n", formatBytes(budget), formatSize(budget));
-    text += fmt::format("  fits      {} pages per layer half = {} full-length sequences", formatBytes(plan.budgetPages),
-        formatBytes(sequences));
-    if (plan.budgetPages >= layout.minPages)
+    if (plan.budgetSplit)
     {
-        text += fmt::format(" ({:.2f}x the minimum {})\n",
-            static_cast<double>(plan.budgetPages) / static_cast<double>(layout.minPages), formatBytes(layout.minPages));
+        rt::BudgetSplit const& split = *plan.budgetSplit;
+        std::string pages;
+        for (size_t g = 0; g < split.numPagesPerGroup.size(); ++g)
+        {
+            pages += fmt::format("{}group {} {} pages", g == 0 ? "" : ", ", g, formatBytes(split.numPagesPerGroup[g]));
+        }
+        std::string line = fmt::format("{} full-length sequences in every group: {} per layer half; {} bytes ({})",
+            formatBytes(split.sequences), pages, formatBytes(split.bytes), formatSize(split.bytes));
+        line += split.sequences >= plan.config.maxBatchSize ? fmt::format(", {:.2f}x batch {}",
+                    static_cast<double>(split.sequences) / plan.config.maxBatchSize, plan.config.maxBatchSize)
+                                                            : fmt::format("; below batch {}", plan.config.maxBatchSize);
+        text += wrapText(line, "  fits      ", "            ", 118);
     }
     else
     {
-        text += fmt::format(
-            "; below the minimum {} pages for batch {}\n", formatBytes(layout.minPages), plan.config.maxBatchSize);
+        int64_t const sequences = plan.budgetPages / layout.pagesPerSlot;
+        text += fmt::format("  fits      {} pages per layer half = {} full-length sequences",
+            formatBytes(plan.budgetPages), formatBytes(sequences));
+        if (plan.budgetPages >= layout.minPages)
+        {
+            text += fmt::format(" ({:.2f}x the minimum {})\n",
+                static_cast<double>(plan.budgetPages) / static_cast<double>(layout.minPages),
+                formatBytes(layout.minPages));
+        }
+        else
+        {
+            text += fmt::format(
+                "; below the minimum {} pages for batch {}\n", formatBytes(layout.minPages), plan.config.maxBatchSize);
+        }
     }
     if (layout.cacheBytes > budget)
     {
@@ -205,6 +411,58 @@ std::string formatBudget(Plan const& plan)
             formatBytes(layout.cacheBytes - budget), formatSize(layout.cacheBytes - budget));
     }
     return text;
+}
+
+//! The "step" line(s): what --step-tokens means for this plan.
+std::string formatStep(Plan const& plan)
+{
+    int32_t const step = plan.config.maxTokensPerStep;
+    if (!hasWindows(plan.config))
+    {
+        return step == 0 ? std::string{}
+                         : fmt::format("  step      up to {} tokens per sequence per step (--step-tokens); no layer "
+                                       "has a window, so it changes nothing\n",
+                             formatBytes(step));
+    }
+    if (step != 0)
+    {
+        return fmt::format("  step      up to {} tokens per sequence per step (--step-tokens): a windowed layer keeps "
+                           "window - 1 + {} tokens\n",
+            formatBytes(step), formatBytes(step));
+    }
+    std::string line = "whole prompts in one step (--step-tokens 0): windowed layers keep full-length caches;";
+    if (plan.stepSuggestion)
+    {
+        StepSuggestion const& suggestion = *plan.stepSuggestion;
+        int64_t const saving = suggestion.currentBytes - suggestion.cacheBytes;
+        line += saving > 0
+            ? fmt::format(" --step-tokens {} would plan {} bytes ({}) for the minimum cache, saving {} bytes ({}, {})",
+                suggestion.stepTokens, formatBytes(suggestion.cacheBytes), formatSize(suggestion.cacheBytes),
+                formatBytes(saving), formatSize(saving), formatPercent(saving, suggestion.currentBytes))
+            : fmt::format(" --step-tokens {} would save nothing here: every window still reaches the whole sequence",
+                suggestion.stepTokens);
+    }
+    return wrapText(line, "  step      ", "            ", 118);
+}
+
+//! The "saving" line: what the windows save against full-length caches, when --step-tokens bounds them.
+std::string formatSaving(Plan const& plan)
+{
+    if (!hasWindows(plan.config) || plan.config.maxTokensPerStep == 0)
+    {
+        return {};
+    }
+    int64_t const saving = plan.fullLengthBytes - plan.layout.cacheBytes;
+    if (saving <= 0)
+    {
+        return wrapText(fmt::format("none: at this --seq-len and --step-tokens every window still reaches the whole "
+                                    "sequence ({} bytes either way)",
+                            formatBytes(plan.fullLengthBytes)),
+            "  saving    ", "            ", 118);
+    }
+    return fmt::format("  saving    {} bytes ({}, {}) against full-length caches, {} bytes ({})\n", formatBytes(saving),
+        formatSize(saving), formatPercent(saving, plan.fullLengthBytes), formatBytes(plan.fullLengthBytes),
+        formatSize(plan.fullLengthBytes));
 }
 
 } // namespace
@@ -290,17 +548,64 @@ rt::DataType resolveDataType(ModelDescription const& model, PlanOptions const& o
 
 Plan makePlan(ModelDescription model, PlanOptions const& options)
 {
+    if (options.maxTokensPerStep > options.maxSequenceLength)
+    {
+        throw UsageError(fmt::format("--step-tokens {} is more than --seq-len {}; a step appends at most a whole "
+                                     "sequence",
+            options.maxTokensPerStep, options.maxSequenceLength));
+    }
     Plan plan;
     plan.config.numAttentionLayers = static_cast<int32_t>(model.layers.size());
     plan.config.maxBatchSize = options.maxBatchSize;
     plan.config.maxSequenceLength = options.maxSequenceLength;
     plan.config.layerConfigs = model.layers;
     plan.config.kvCacheType = resolveDataType(model, options);
-    plan.config.numPages = options.numPages;
     plan.config.tokensPerPage = options.tokensPerPage;
-    plan.layout = rt::computeLayout(plan.config);
+    plan.config.maxTokensPerStep = options.maxTokensPerStep;
+    plan.config.numPages = 0;
+    rt::KVCacheLayout const minimal = rt::computeLayout(plan.config);
+    if (options.numPages != 0 && minimal.groups.size() > 1)
+    {
+        std::string windows;
+        for (rt::KVPageGroupLayout const& group : minimal.groups)
+        {
+            windows += windows.empty() ? "" : ", ";
+            windows += group.slidingWindow == 0 ? std::string("full") : fmt::format("{}", group.slidingWindow);
+        }
+        throw UsageError(fmt::format("--pages {} sets one page count, but this model has {} page groups (windows: {}); "
+                                     "each group's minimum follows from --batch, --seq-len and --step-tokens, and "
+                                     "--budget splits memory across the groups",
+            options.numPages, minimal.groups.size(), windows));
+    }
+    plan.config.numPages = options.numPages;
+    plan.layout = options.numPages == 0 ? minimal : rt::computeLayout(plan.config);
+
+    // Full length: the same layers with a whole sequence a step; --pages stays unless below that minimum.
+    rt::KVCacheConfig fullLength = plan.config;
+    fullLength.maxTokensPerStep = 0;
+    fullLength.numPages = 0;
+    rt::KVCacheLayout fullLayout = rt::computeLayout(fullLength);
+    if (options.numPages > fullLayout.numPages)
+    {
+        fullLength.numPages = options.numPages;
+        fullLayout = rt::computeLayout(fullLength);
+    }
+    plan.fullLengthBytes = fullLayout.cacheBytes;
+    if (options.maxTokensPerStep == 0 && hasWindows(plan.config))
+    {
+        rt::KVCacheConfig stepped = plan.config;
+        stepped.numPages = 0;
+        stepped.maxTokensPerStep = std::min(kSUGGESTED_STEP_TOKENS, options.maxSequenceLength);
+        plan.stepSuggestion =
+            StepSuggestion{stepped.maxTokensPerStep, rt::computeLayout(stepped).cacheBytes, minimal.cacheBytes};
+    }
+
     plan.budgetBytes = options.budgetBytes;
-    if (plan.budgetBytes)
+    if (plan.budgetBytes && plan.layout.groups.size() > 1)
+    {
+        plan.budgetSplit = rt::splitBudget(plan.config, *plan.budgetBytes);
+    }
+    else if (plan.budgetBytes)
     {
         plan.budgetPages = rt::maxPagesForBudget(plan.config, *plan.budgetBytes);
     }
@@ -313,36 +618,150 @@ std::string formatPlan(Plan const& plan, bool perLayer)
     rt::KVCacheLayout const& layout = plan.layout;
     ModelDescription const& model = plan.model;
     int32_t const numCacheLayers = static_cast<int32_t>(layout.layers.size());
+    bool const latent = hasLatentLayers(plan.config);
     std::string text = fmt::format("kvcache plan: {}\n\n", model.name);
 
     text += fmt::format("  layers    {} attention layers", numCacheLayers);
     text += numCacheLayers == model.numModelLayers
         ? "\n"
         : fmt::format(" of {}: model layers {}\n", model.numModelLayers, formatIndices(model.attentionLayers));
+    if (hasWindows(plan.config) || latent)
+    {
+        text += fmt::format("  attention {}\n", attentionSummary(plan));
+    }
+    for (size_t i = 0; i < model.notes.size(); ++i)
+    {
+        text += wrapText(model.notes[i], i == 0 ? "  read      " : "            ", "              ", 118);
+    }
     text += fmt::format("  cache     {} ({} byte{}), batch {}, sequences up to {} tokens, {} tokens per page\n",
         rt::dataTypeName(plan.config.kvCacheType), layout.elementBytes, layout.elementBytes == 1 ? "" : "s",
         plan.config.maxBatchSize, formatBytes(plan.config.maxSequenceLength), layout.tokensPerPage);
-    text += "  views     slot [2, batch, capPadded, H, D] and pool [2, pages, tokensPerPage, H, D] per layer\n";
-    text += fmt::format("  pages     {} per sequence (capPadded {}); {} per layer half", layout.pagesPerSlot,
-        formatBytes(layout.capPadded), formatBytes(layout.numPages));
-    if (layout.numPages == layout.minPages)
+    text += formatStep(plan);
+    if (layout.groups.size() > 1)
     {
-        text += fmt::format(" = the minimum, {} x {}\n", plan.config.maxBatchSize, layout.pagesPerSlot);
+        text += "  views     slot [2, batch, capacity, H, D] and pool [2, pages, tokensPerPage, H, D] per layer\n";
     }
     else
     {
-        text += fmt::format(", above the minimum {}: the slot view is unavailable\n"
-                            "            (getCombinedKVCache throws; use the pool view or getSeparateKVCache)\n",
-            formatBytes(layout.minPages));
+        text += "  views     slot [2, batch, capPadded, H, D] and pool [2, pages, tokensPerPage, H, D] per layer\n";
+    }
+    if (latent)
+    {
+        text += "            (1 instead of 2 for a latent layer: K only)\n";
+    }
+    if (layout.groups.size() > 1)
+    {
+        text +=
+            wrapText(fmt::format("{} page groups, each with its own page ids; a windowed group keeps min(ceil(S/P), "
+                                 "ceil((W-1+C)/P)+1) pages a sequence, C = {}",
+                         layout.groups.size(), formatBytes(layout.maxTokensPerStep)),
+                "  groups    ", "            ", 118)
+            + "\n";
+        text += formatGroupTable(plan);
+    }
+    else
+    {
+        text += fmt::format("  pages     {} per sequence (capPadded {}); {} per layer half", layout.pagesPerSlot,
+            formatBytes(layout.capPadded), formatBytes(layout.numPages));
+        if (layout.numPages == layout.minPages)
+        {
+            text += fmt::format(" = the minimum, {} x {}\n", plan.config.maxBatchSize, layout.pagesPerSlot);
+        }
+        else
+        {
+            text += fmt::format(", above the minimum {}: the slot view is unavailable\n"
+                                "            (getCombinedKVCache throws; use the pool view or getSeparateKVCache)\n",
+                formatBytes(layout.minPages));
+        }
     }
 
     text += "\n" + formatLayerTable(plan, perLayer) + "\n";
     text += fmt::format("  total     {} bytes ({}) in {} layer buffers\n", formatBytes(layout.cacheBytes),
         formatSize(layout.cacheBytes), numCacheLayers);
-    text += fmt::format("  per page  {} bytes ({}): K and V of one page id in every layer\n",
-        formatBytes(layout.bytesPerPage), formatSize(layout.bytesPerPage));
+    text += formatSaving(plan);
+    if (layout.groups.size() > 1)
+    {
+        int64_t perSequence = 0;
+        for (rt::KVPageGroupLayout const& group : layout.groups)
+        {
+            perSequence += int64_t{group.pagesPerSequence} * group.bytesPerPage;
+        }
+        text += fmt::format("  per seq   {} bytes ({}): the pages of one full-length sequence in every group\n",
+            formatBytes(perSequence), formatSize(perSequence));
+    }
+    else
+    {
+        bool const allLatent = std::all_of(plan.config.layerConfigs.begin(), plan.config.layerConfigs.end(),
+            [](rt::KVLayerConfig const& layer) { return layer.kind == rt::KVLayerKind::kLATENT; });
+        text += fmt::format("  per page  {} bytes ({}): {} of one page id in every layer{}\n",
+            formatBytes(layout.bytesPerPage), formatSize(layout.bytesPerPage), allLatent ? "K" : "K and V",
+            allLatent    ? " (latent layers have no V)"
+                : latent ? " (K only for latent layers)"
+                         : "");
+    }
     text += formatBudget(plan);
     return text;
+}
+
+std::string formatPlanJson(Plan const& plan)
+{
+    using Json = nlohmann::ordered_json;
+    rt::KVCacheLayout const& layout = plan.layout;
+    Json json;
+    json["tokensPerPage"] = layout.tokensPerPage;
+    json["maxBatchSize"] = plan.config.maxBatchSize;
+    json["maxSequenceLength"] = plan.config.maxSequenceLength;
+    json["maxTokensPerStep"] = layout.maxTokensPerStep;
+    json["dtype"] = rt::dataTypeName(plan.config.kvCacheType);
+    json["totalBytes"] = layout.cacheBytes;
+    json["groups"] = Json::array();
+    for (size_t g = 0; g < layout.groups.size(); ++g)
+    {
+        rt::KVPageGroupLayout const& group = layout.groups[g];
+        Json entry;
+        entry["index"] = g;
+        entry["slidingWindow"] = group.slidingWindow;
+        entry["pagesPerSequence"] = group.pagesPerSequence;
+        entry["numPages"] = group.numPages;
+        entry["layers"] = group.layers;
+        json["groups"].push_back(std::move(entry));
+    }
+    json["layers"] = Json::array();
+    for (size_t i = 0; i < layout.layers.size(); ++i)
+    {
+        rt::KVLayerLayout const& layer = layout.layers[i];
+        Json entry;
+        entry["index"] = i;
+        entry["kind"] = layer.kind == rt::KVLayerKind::kLATENT ? "latent" : "kv";
+        entry["numKVHeads"] = layer.numKVHeads;
+        entry["headDim"] = layer.headDim;
+        entry["slidingWindow"] = layer.slidingWindow;
+        entry["group"] = layer.group;
+        entry["capacity"] = layer.capacity;
+        entry["numPages"] = layer.numPages;
+        entry["bytes"] = layer.layerBytes;
+        json["layers"].push_back(std::move(entry));
+    }
+    if (plan.budgetBytes)
+    {
+        Json budget;
+        budget["bytes"] = *plan.budgetBytes;
+        if (plan.budgetSplit)
+        {
+            budget["sequences"] = plan.budgetSplit->sequences;
+            budget["numPagesPerGroup"] = plan.budgetSplit->numPagesPerGroup;
+            budget["cacheBytes"] = plan.budgetSplit->bytes;
+        }
+        else
+        {
+            int64_t const pages = plan.budgetPages;
+            budget["sequences"] = layout.pagesPerSlot == 0 ? 0 : pages / layout.pagesPerSlot;
+            budget["numPagesPerGroup"] = std::vector<int64_t>{pages};
+            budget["cacheBytes"] = pages * layout.bytesPerPage;
+        }
+        json["budget"] = std::move(budget);
+    }
+    return json.dump() + "\n";
 }
 
 int runPlanProgram(std::vector<std::string> const& args, std::ostream& out, std::ostream& err)
@@ -355,7 +774,8 @@ int runPlanProgram(std::vector<std::string> const& args, std::ostream& out, std:
             out << usageText();
             return 0;
         }
-        out << formatPlan(makePlan(resolveModel(options), options), options.perLayer);
+        Plan const plan = makePlan(resolveModel(options), options);
+        out << (options.json ? formatPlanJson(plan) : formatPlan(plan, options.perLayer));
         return 0;
     }
     catch (UsageError const& error)

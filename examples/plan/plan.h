@@ -18,14 +18,28 @@ namespace kvcache::plan
 //! Exit status for a bad flag, config file or cache config.
 inline constexpr int kEXIT_BAD_INPUT = 2;
 
+//! What a plan with full-length windowed caches (--step-tokens 0) would take with a bounded step.
+struct StepSuggestion
+{
+    int32_t stepTokens = {};   //!< kSUGGESTED_STEP_TOKENS, or the sequence length when that is shorter
+    int64_t cacheBytes = {};   //!< the minimum cache with that step
+    int64_t currentBytes = {}; //!< the minimum cache with --step-tokens 0
+};
+
 //! A validated plan: the model, the config kvcache would be given, its layout and what fits the budget.
 struct Plan
 {
     ModelDescription model = {};
     rt::KVCacheConfig config = {};
     rt::KVCacheLayout layout = {};
-    std::optional<int64_t> budgetBytes = {}; //!< --budget, when given
-    int64_t budgetPages = 0;                 //!< numPages that fit budgetBytes; 0 without a budget
+    //! The same plan with full-length caches in every layer (maxTokensPerStep 0, and --pages unless that is below its
+    //! minimum): what the windows save against.
+    int64_t fullLengthBytes = 0;
+    //! Set when --step-tokens is 0 and some layer has a window: what --step-tokens kSUGGESTED_STEP_TOKENS would plan.
+    std::optional<StepSuggestion> stepSuggestion = {};
+    std::optional<int64_t> budgetBytes = {};         //!< --budget, when given
+    int64_t budgetPages = 0;                         //!< one page group: numPages that fit budgetBytes; else 0
+    std::optional<rt::BudgetSplit> budgetSplit = {}; //!< several page groups: rt::splitBudget of budgetBytes
 };
 
 //! Returns the model `options` describe: --config, --layer-heads, the uniform flags, or the built-in model.
@@ -36,11 +50,16 @@ ModelDescription resolveModel(PlanOptions const& options);
 //! Throws ModelConfigError when the model names another dtype and --dtype is not given.
 rt::DataType resolveDataType(ModelDescription const& model, PlanOptions const& options);
 
-//! Builds the plan from the library's layout maths; throws rt::InvalidConfigError for a config kvcache rejects.
+//! Builds the plan from the library's layout maths; throws rt::InvalidConfigError for a config kvcache rejects and
+//! UsageError for --pages with several page groups or --step-tokens above --seq-len.
 Plan makePlan(ModelDescription model, PlanOptions const& options);
 
-//! Returns the plan as text for a terminal: title, layer table (grouped unless `perLayer`), totals and budget.
+//! Returns the plan as text for a terminal: title, how the config was read, page groups, layer table (identical layers
+//! share a row unless `perLayer`), totals, the saving of the windows and the budget.
 std::string formatPlan(Plan const& plan, bool perLayer);
+
+//! Returns the plan as one JSON object on one line (see --help for its fields), with a final newline.
+std::string formatPlanJson(Plan const& plan);
 
 //! Returns `bytes` with thousands separators, e.g. "8,589,934,592".
 std::string formatBytes(int64_t bytes);

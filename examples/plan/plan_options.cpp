@@ -99,7 +99,8 @@ std::optional<int64_t> unitBytes(std::string_view unit)
 
 int64_t parseByteSize(std::string_view flag, std::string_view text)
 {
-    auto const fail = [&](std::string_view why) -> UsageError {
+    auto const fail = [&](std::string_view why) -> UsageError
+    {
         return UsageError(
             fmt::format("{} expects a size such as 40GiB, 512MiB, 1.5TiB or 80GB, got \"{}\" ({})", flag, text, why));
     };
@@ -213,7 +214,8 @@ PlanOptions parseArguments(std::vector<std::string> const& args)
         std::string_view const flag = arg.substr(0, equals);
         bool const hasAttached = equals != std::string_view::npos;
         std::string_view const attached = hasAttached ? arg.substr(equals + 1) : std::string_view{};
-        auto const value = [&]() -> std::string_view {
+        auto const value = [&]() -> std::string_view
+        {
             if (hasAttached)
             {
                 return attached;
@@ -224,7 +226,8 @@ PlanOptions parseArguments(std::vector<std::string> const& args)
             }
             return args[++i];
         };
-        auto const noValue = [&]() {
+        auto const noValue = [&]()
+        {
             if (hasAttached)
             {
                 throw UsageError(fmt::format("{} takes no value, got \"{}\"", flag, attached));
@@ -240,6 +243,11 @@ PlanOptions parseArguments(std::vector<std::string> const& args)
         {
             noValue();
             options.perLayer = true;
+        }
+        else if (flag == "--json")
+        {
+            noValue();
+            options.json = true;
         }
         else if (flag == "--batch")
         {
@@ -260,6 +268,10 @@ PlanOptions parseArguments(std::vector<std::string> const& args)
         else if (flag == "--pages")
         {
             options.numPages = parseCount(flag, value(), 0);
+        }
+        else if (flag == "--step-tokens")
+        {
+            options.maxTokensPerStep = parseCount(flag, value(), 0);
         }
         else if (flag == "--budget")
         {
@@ -321,11 +333,12 @@ std::string usageText()
     return fmt::format(R"(usage: kvcache-plan [options]
 
 Prints the KV cache kvcache would allocate for a model: each layer's slot view and pool view shapes, bytes per
-layer and in total, and how many pages fit a memory budget. Uses only the layout maths; needs no GPU.
+layer and in total, its page groups (sliding-window layers keep only the pages their window reaches), and what fits
+a memory budget. Uses only the layout maths; needs no GPU.
 
 model (default: a built-in Llama-3.1-8B-like model, 32 layers of 8 KV heads x 128, float16):
   --config PATH        read a Hugging Face config.json (fields below)
-  --layer-heads LIST   one HxD entry per attention layer, e.g. 8x128,8x128,2x64
+  --layer-heads LIST   one HxD entry per attention layer, e.g. 8x128,8x128,2x64 (full attention)
   --layers N           uniform model: N attention layers (default 32)
   --kv-heads H         uniform model: KV heads per layer (default 8)
   --head-dim D         uniform model: head dimension (default 128)
@@ -333,15 +346,28 @@ model (default: a built-in Llama-3.1-8B-like model, 32 layers of 8 KV heads x 12
 cache:
   --batch N            maximum batch size (default {})
   --seq-len N          maximum sequence length in tokens (default {})
+  --step-tokens N      the most tokens a sequence appends in one step (a prefill chunk); it bounds what a
+                       sliding-window layer keeps: min(ceil(S/P), ceil((W-1+N)/P)+1) pages a sequence.
+                       0 (default) means a whole prompt at once, so windowed layers keep full-length caches;
+                       the plan then says what --step-tokens {} would save
   --dtype NAME         float32|float16|bfloat16|fp8_e4m3|fp8_e5m2|int8|uint8
                        (default: the config's torch_dtype or dtype, else float16)
   --page-size N        tokens per page, a power of two up to {} (default {})
-  --pages N            pages per layer half; 0 means the minimum, batch x pages per sequence (default 0)
+  --pages N            pages per layer half; 0 means the minimum, batch x pages per sequence (default 0);
+                       only for a model with one page group (no sliding windows, or all the same window)
   --budget SIZE        memory for the cache, e.g. 40GiB, 512MiB, 1.5TiB, 80GB or a byte count;
-                       units B, KiB, MiB, GiB, TiB (powers of 1024) and KB, MB, GB, TB (powers of 1000)
+                       units B, KiB, MiB, GiB, TiB (powers of 1024) and KB, MB, GB, TB (powers of 1000).
+                       With several page groups the budget is split so that every group holds the same
+                       number of full-length sequences; the plan shows that number and each group's pages
 
 output:
-  --per-layer          one table row per layer instead of one per run of identical layers
+  --per-layer          one table row per layer instead of one per set of identical layers
+  --json               print the plan as one JSON object: tokensPerPage, maxBatchSize, maxSequenceLength,
+                       maxTokensPerStep (the effective one: --seq-len when --step-tokens is 0), dtype,
+                       totalBytes, groups [{{index, slidingWindow, pagesPerSequence, numPages, layers}}],
+                       layers [{{index, kind (kv or latent), numKVHeads, headDim, slidingWindow, group,
+                       capacity, numPages, bytes}}], and budget {{bytes, sequences, numPagesPerGroup,
+                       cacheBytes}} when --budget is given
   -h, --help           print this help
 
 Flags take their value as "--flag value" or "--flag=value".
@@ -351,15 +377,34 @@ config.json: only these fields are read, from "text_config" when present, else f
   num_kv_heads            KV heads, one per layer (a list) or for all layers;
                           else num_key_value_heads, else num_attention_heads
   head_dim                else hidden_size / num_attention_heads
-  layer_types             per-layer kinds: attention, full_attention, sliding_attention and
-                          chunked_attention layers get a cache (sliding ones a full-length one);
-                          other kinds (linear_attention, mamba, recurrent, conv, ...) get none
+  kv_lora_rank and        multi-head latent attention (DeepSeek-V2/V3, Kimi-K2): one latent of
+    qk_rope_head_dim      kv_lora_rank + qk_rope_head_dim values per token and layer, K only (no V);
+                          one without the other is an error
+  layer_types             one kind per layer: full_attention and attention (full cache),
+                          sliding_attention (window sliding_window), chunked_attention (chunks of
+                          attention_chunk_size, planned as a window of that size: an upper bound);
+                          linear_attention, mamba, mamba2, conv and recurrent keep no KV cache;
+                          any other kind is an error
   attn_layer_period       with attn_layer_offset: layer i gets a cache when i % period == offset
+  without layer_types, how the attention layers attend, first rule that applies:
+  sliding_window_pattern  N: every Nth layer (N-1, 2N-1, ...) is full, the others slide (Gemma-3,
+                          Cohere2; also _sliding_window_pattern; the defaults 6 and 4 when a gemma3
+                          or cohere2 config leaves it out)
+  model_type gemma2       Gemma-2: even layers slide, odd layers are full
+  attention_chunk_size    Llama-4: no_rope_layers 1 = chunked, 0 = full; empty: every 4th layer full
+  use_sliding_window      true: layers from max_window_layers on slide, the ones before are full
+  sliding_window          alone: every layer slides (Mistral-7B-v0.1); null or absent: full attention
+  and in every case:
+  use_sliding_window      false: no layer slides, whatever sliding_window and layer_types say (Qwen2)
   torch_dtype or dtype    bfloat16, float16 or float32: the cache dtype unless --dtype is given
+  hybrid_override_pattern, layers_block_type, block_types or attn_type_list without layer_types is an
+  error: the planner does not read them.
 
-Exit status: 0 on success; 2 for a bad flag, an unreadable or incomplete config.json, or an invalid cache config.
+Exit status: 0 on success; 2 for a bad flag, a config.json that cannot be read, lacks a field or describes
+layers the planner cannot size (the message names the field), or an invalid cache config.
 )",
-        kDEFAULT_BATCH_SIZE, kDEFAULT_SEQUENCE_LENGTH, rt::kMAX_TOKENS_PER_PAGE, rt::kTOKENS_PER_PAGE);
+        kDEFAULT_BATCH_SIZE, kDEFAULT_SEQUENCE_LENGTH, kSUGGESTED_STEP_TOKENS, rt::kMAX_TOKENS_PER_PAGE,
+        rt::kTOKENS_PER_PAGE);
 }
 
 } // namespace kvcache::plan

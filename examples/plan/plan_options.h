@@ -24,6 +24,8 @@ public:
 inline constexpr int32_t kDEFAULT_BATCH_SIZE = 8;
 //! Default maximum sequence length of a plan, in tokens.
 inline constexpr int32_t kDEFAULT_SEQUENCE_LENGTH = 8192;
+//! The --step-tokens a plan with full-length windowed caches (--step-tokens 0) shows the saving of.
+inline constexpr int32_t kSUGGESTED_STEP_TOKENS = 2048;
 
 //! What the command line asks for; unset optionals fall back to the model's or the built-in defaults.
 struct PlanOptions
@@ -33,6 +35,7 @@ struct PlanOptions
     std::optional<rt::DataType> dataType = {};            //!< --dtype; unset means the config's dtype, else float16
     int32_t tokensPerPage = rt::kTOKENS_PER_PAGE;         //!< --page-size
     int32_t numPages = 0;                                 //!< --pages; 0 means the minimum
+    int32_t maxTokensPerStep = 0;                         //!< --step-tokens; 0 means a whole sequence in one step
     std::optional<int64_t> budgetBytes = {};              //!< --budget
     std::optional<int32_t> numLayers = {};                //!< --layers (uniform model)
     std::optional<int32_t> numKVHeads = {};               //!< --kv-heads (uniform model)
@@ -40,6 +43,7 @@ struct PlanOptions
     std::vector<rt::KVLayerConfig> layerHeads = {};       //!< --layer-heads; empty when not given
     std::string configPath = {};                          //!< --config; empty when not given
     bool perLayer = false;                                //!< --per-layer
+    bool json = false;                                    //!< --json
     bool help = false;                                    //!< --help
 };
 

@@ -59,8 +59,8 @@ public:
     //! Returns the pool view [2, numPages, tokensPerPage, H, D] of `layerIdx` ([1, ...] for a latent layer; numPages is
     //! the layer's group's); aborts on a bad index.
     Tensor& getCombinedKVCachePoolView(int32_t layerIdx) noexcept;
-    //! Returns K and V, each [maxBatchSize, capacity, H, D] at kPoolPtr / vPoolPtr (V empty for a latent layer);
-    //! aborts on a bad index.
+    //! Returns K and V, each [maxBatchSize, capacity, H, D] at kPoolPtr / vPoolPtr (for a latent layer V is empty:
+    //! null, [0, capacity, H, D]); aborts on a bad index.
     std::pair<Tensor, Tensor> getSeparateKVCache(int32_t layerIdx) const noexcept;
 
     //! Returns the largest layer capacity: maxSequenceLength rounded up to whole pages when any layer has full

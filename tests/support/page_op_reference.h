@@ -38,8 +38,9 @@ inline uint8_t patternByte(uint32_t pattern, int64_t index)
     return static_cast<uint8_t>(pattern >> (8 * (index % 4)));
 }
 
-//! Host model of every layer's buffer: the K pool, then the V pool, each numPages pages of P * H * D elements, sized
-//! by the tests' own layout model.
+//! Host model of every layer's buffer: the K pool, then (unless the layer is latent) the V pool, each of its group's
+//! numPages pages of P * H * D elements, sized by the tests' own layout model. Operations act on one page group, as
+//! PageOpTarget names it: layers are positions in the group's list, ids index the group's pages.
 class ReferenceCache
 {
 public:
@@ -57,10 +58,25 @@ public:
     {
         return static_cast<int32_t>(mBytes.size());
     }
-    //! Returns the pages per half and layer.
+    //! Returns the pages per half of group 0's layers (of every layer when there is one group).
     int32_t numPages() const noexcept
     {
         return static_cast<int32_t>(mModel.numPages);
+    }
+    //! Returns the pages per half of the layers of page group `group`.
+    int32_t numPages(int32_t group) const
+    {
+        return static_cast<int32_t>(mModel.groups.at(static_cast<size_t>(group)).numPages);
+    }
+    //! Returns the halves of `layer`: 2, or 1 for a latent layer.
+    int32_t numHalves(int32_t layer) const
+    {
+        return static_cast<int32_t>(mModel.layers.at(static_cast<size_t>(layer)).numHalves);
+    }
+    //! Returns the layout model the reference is sized by.
+    LayoutModel const& model() const noexcept
+    {
+        return mModel;
     }
     //! Returns tokensPerPage * H * D * element size of `layer`.
     int64_t pageBytes(int32_t layer) const
@@ -82,14 +98,15 @@ public:
     {
         return mBytes.at(static_cast<size_t>(layer));
     }
-    //! Returns the first byte of page `id` of half `kv` (0 is K, 1 is V) of `layer`.
+    //! Returns the first byte of page `id` of half `kv` (0 is K, 1 is V) of `layer`; the caller keeps kv below
+    //! numHalves(layer) and id below the layer's pages.
     uint8_t* page(int32_t layer, int32_t kv, int32_t id)
     {
         return bytes(layer).data() + kv * halfBytes(layer) + id * pageBytes(layer);
     }
 
     //! Fills every buffer with pseudo-random non-zero bytes; the first byte of each page of a layer is distinct (for
-    //! up to 255 pages of K and V together), so no copy can go unseen because source and destination were equal.
+    //! up to 255 pages of its halves together), so no copy can go unseen because source and destination were equal.
     void fillRandom(std::mt19937_64& rng)
     {
         for (std::vector<uint8_t>& layer : mBytes)
@@ -105,18 +122,20 @@ public:
         uint64_t const salt = rng();
         for (int32_t layer = 0; layer < numLayers(); ++layer)
         {
-            for (int32_t kv = 0; kv < 2; ++kv)
+            int32_t const layerPages = pagesOf(layer);
+            for (int32_t kv = 0; kv < numHalves(layer); ++kv)
             {
-                for (int32_t id = 0; id < numPages(); ++id)
+                for (int32_t id = 0; id < layerPages; ++id)
                 {
-                    uint64_t const index = static_cast<uint64_t>(kv) * static_cast<uint64_t>(numPages()) + id;
+                    uint64_t const index = static_cast<uint64_t>(kv) * static_cast<uint64_t>(layerPages) + id;
                     page(layer, kv, id)[0] = static_cast<uint8_t>(1 + (salt + index * 37) % 255);
                 }
             }
         }
     }
 
-    //! Applies `pairs` to the targeted layers and halves, skipping any pair with an id outside [0, numPages).
+    //! Applies `pairs` to the targeted group's layers and halves (group -1: group 0), skipping any pair with an id
+    //! outside the group's [0, numPages).
     void copy(std::vector<rt::PageCopy> const& pairs, rt::PageOpTarget const& target = {})
     {
         forEachTargetedHalf(target,
@@ -124,7 +143,7 @@ public:
             {
                 for (rt::PageCopy const& pair : pairs)
                 {
-                    if (isPage(pair.src) && isPage(pair.dst))
+                    if (isPage(layer, pair.src) && isPage(layer, pair.dst))
                     {
                         std::memcpy(page(layer, kv, pair.dst), page(layer, kv, pair.src),
                             static_cast<size_t>(pageBytes(layer)));
@@ -133,7 +152,8 @@ public:
             });
     }
 
-    //! Fills `pages` with `pattern` in the targeted layers and halves, skipping ids outside [0, numPages).
+    //! Fills `pages` with `pattern` in the targeted group's layers and halves, skipping ids outside the group's
+    //! [0, numPages).
     void reset(std::vector<int32_t> const& pages, uint32_t pattern, rt::PageOpTarget const& target = {})
     {
         forEachTargetedHalf(target,
@@ -141,7 +161,7 @@ public:
             {
                 for (int32_t const id : pages)
                 {
-                    if (isPage(id))
+                    if (isPage(layer, id))
                     {
                         uint8_t* const first = page(layer, kv, id);
                         for (int64_t i = 0; i < pageBytes(layer); ++i)
@@ -154,22 +174,35 @@ public:
     }
 
 private:
-    bool isPage(int32_t id) const noexcept
+    int32_t pagesOf(int32_t layer) const
     {
-        return id >= 0 && id < numPages();
+        return static_cast<int32_t>(mModel.layers.at(static_cast<size_t>(layer)).numPages);
+    }
+    bool isPage(int32_t layer, int32_t id) const
+    {
+        return id >= 0 && id < pagesOf(layer);
     }
 
+    //! Visits (layer, half) for every targeted layer of the targeted group; a latent layer has no V half, so kV skips
+    //! it and kBOTH visits its K half alone.
     template <typename Visit>
     void forEachTargetedHalf(rt::PageOpTarget const& target, Visit&& visit)
     {
-        int32_t const count = target.numLayers < 0 ? numLayers() - target.firstLayer : target.numLayers;
-        for (int32_t layer = target.firstLayer; layer < target.firstLayer + count; ++layer)
+        if (mModel.groups.empty())
         {
+            return;
+        }
+        std::vector<int32_t> const& layers = mModel.groups.at(static_cast<size_t>(std::max(target.group, 0))).layers;
+        auto const groupSize = static_cast<int32_t>(layers.size());
+        int32_t const count = target.numLayers < 0 ? groupSize - target.firstLayer : target.numLayers;
+        for (int32_t position = target.firstLayer; position < target.firstLayer + count; ++position)
+        {
+            int32_t const layer = layers.at(static_cast<size_t>(position));
             if (target.half != rt::KVHalf::kV)
             {
                 visit(layer, 0);
             }
-            if (target.half != rt::KVHalf::kK)
+            if (target.half != rt::KVHalf::kK && numHalves(layer) == 2)
             {
                 visit(layer, 1);
             }
@@ -185,7 +218,7 @@ class CacheUnderTest
 {
 public:
     //! Builds the manager and fills it; throws std::runtime_error when the manager's pools are not where the model
-    //! puts them (every later comparison would then be meaningless).
+    //! puts them (every later comparison would then be meaningless): V one half after K, or none for a latent layer.
     CacheUnderTest(rt::KVCacheConfig const& config, uint64_t seed)
         : mCache(config, mStream.get())
         , mReference(config)
@@ -195,8 +228,9 @@ public:
         {
             auto const* kPool = static_cast<char const*>(mCache.kPoolPtr(layer));
             auto const* vPool = static_cast<char const*>(mCache.vPoolPtr(layer));
-            if (vPool - kPool != mReference.halfBytes(layer)
-                || mCache.getCombinedKVCachePoolView(layer).sizeBytes() != mReference.layerBytes(layer))
+            bool const vWhereModelled =
+                mReference.numHalves(layer) == 2 ? vPool - kPool == mReference.halfBytes(layer) : vPool == nullptr;
+            if (!vWhereModelled || mCache.getCombinedKVCachePoolView(layer).sizeBytes() != mReference.layerBytes(layer))
             {
                 throw std::runtime_error("layer " + std::to_string(layer) + " is not laid out as the reference models");
             }
@@ -219,10 +253,15 @@ public:
     {
         return mReference;
     }
-    //! Returns the pages per half and layer.
+    //! Returns the pages per half of group 0's layers (of every layer when there is one group).
     int32_t numPages() const noexcept
     {
         return mReference.numPages();
+    }
+    //! Returns the pages per half of the layers of page group `group`.
+    int32_t numPages(int32_t group) const
+    {
+        return mReference.numPages(group);
     }
 
     //! Gives every buffer (device and model) new random contents.
@@ -251,10 +290,11 @@ public:
         return ::testing::AssertionSuccess();
     }
 
-    //! Returns `count` pairs with distinct destinations and sources drawn (repeats allowed) from the other pages.
-    std::vector<rt::PageCopy> randomPairs(int32_t count)
+    //! Returns `count` pairs of page group `group`'s ids with distinct destinations and sources drawn (repeats
+    //! allowed) from the other pages.
+    std::vector<rt::PageCopy> randomPairs(int32_t count, int32_t group = 0)
     {
-        std::vector<int32_t> const ids = shuffledPages();
+        std::vector<int32_t> const ids = shuffledPages(group);
         std::uniform_int_distribution<size_t> pickSource(static_cast<size_t>(count), ids.size() - 1);
         std::vector<rt::PageCopy> pairs(static_cast<size_t>(count));
         for (size_t i = 0; i < pairs.size(); ++i)
@@ -264,18 +304,18 @@ public:
         return pairs;
     }
 
-    //! Returns `count` distinct page ids in random order.
-    std::vector<int32_t> randomPages(int32_t count)
+    //! Returns `count` distinct page ids of page group `group` in random order.
+    std::vector<int32_t> randomPages(int32_t count, int32_t group = 0)
     {
-        std::vector<int32_t> ids = shuffledPages();
+        std::vector<int32_t> ids = shuffledPages(group);
         ids.resize(static_cast<size_t>(count));
         return ids;
     }
 
 private:
-    std::vector<int32_t> shuffledPages()
+    std::vector<int32_t> shuffledPages(int32_t group)
     {
-        std::vector<int32_t> ids(static_cast<size_t>(numPages()));
+        std::vector<int32_t> ids(static_cast<size_t>(numPages(group)));
         std::iota(ids.begin(), ids.end(), 0);
         std::shuffle(ids.begin(), ids.end(), mRng);
         return ids;
@@ -377,8 +417,8 @@ inline std::vector<int32_t> pageIdsOutside(int32_t numPages)
 inline std::string describe(rt::PageOpTarget const& target)
 {
     char const* half = target.half == rt::KVHalf::kK ? "K" : target.half == rt::KVHalf::kV ? "V" : "both";
-    return "layers from " + std::to_string(target.firstLayer) + ", count " + std::to_string(target.numLayers)
-        + ", half " + half;
+    return "group " + std::to_string(target.group) + ", layers from " + std::to_string(target.firstLayer) + ", count "
+        + std::to_string(target.numLayers) + ", half " + half;
 }
 
 //! Targets of smallConfig()'s three layers: all of them, one layer, the last layers, one half, up to the last layer.
