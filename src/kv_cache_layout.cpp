@@ -264,16 +264,27 @@ KVCacheLayout computeLayout(KVCacheConfig const& config)
     return layout;
 }
 
-int64_t maxPagesForBudget(KVCacheConfig const& config, int64_t budgetBytes)
+namespace
+{
+
+//! Checks a budget and returns the layout of `config` at its minimum pages, whatever page counts it asks for.
+KVCacheLayout layoutForBudget(char const* what, KVCacheConfig const& config, int64_t budgetBytes)
 {
     if (budgetBytes < 0)
     {
-        throw InvalidArgumentError(fmt::format("maxPagesForBudget: budgetBytes is {}; it must be >= 0", budgetBytes));
+        throw InvalidArgumentError(fmt::format("{}: budgetBytes is {}; it must be >= 0", what, budgetBytes));
     }
     KVCacheConfig minimal = config;
     minimal.numPages = 0;
     minimal.numPagesPerGroup.clear();
-    KVCacheLayout const layout = computeLayout(minimal);
+    return computeLayout(minimal);
+}
+
+} // namespace
+
+int64_t maxPagesForBudget(KVCacheConfig const& config, int64_t budgetBytes)
+{
+    KVCacheLayout const layout = layoutForBudget("maxPagesForBudget", config, budgetBytes);
     if (layout.groups.size() > 1)
     {
         throw InvalidConfigError(fmt::format("maxPagesForBudget: the config has {} page groups, which need a page "
@@ -289,14 +300,7 @@ int64_t maxPagesForBudget(KVCacheConfig const& config, int64_t budgetBytes)
 
 BudgetSplit splitBudget(KVCacheConfig const& config, int64_t budgetBytes)
 {
-    if (budgetBytes < 0)
-    {
-        throw InvalidArgumentError(fmt::format("splitBudget: budgetBytes is {}; it must be >= 0", budgetBytes));
-    }
-    KVCacheConfig minimal = config;
-    minimal.numPages = 0;
-    minimal.numPagesPerGroup.clear();
-    KVCacheLayout const layout = computeLayout(minimal);
+    KVCacheLayout const layout = layoutForBudget("splitBudget", config, budgetBytes);
     // One full-length sequence takes pagesPerSequence pages of every group.
     int64_t bytesPerSequence = 0;
     int64_t sequences = std::numeric_limits<int64_t>::max();

@@ -56,11 +56,11 @@ struct ModelLayer
 //! One page group of the model: the layers of one window (0: full attention).
 struct ModelGroup
 {
+    std::vector<int32_t> layers;
     int64_t slidingWindow = 0;
     int64_t pagesPerSequence = 0;
     int64_t minPages = 0;
     int64_t numPages = 0;
-    std::vector<int32_t> layers;
     int64_t bytesPerPage = 0;
 };
 
