@@ -39,6 +39,8 @@ public:
     KVCACHE_TEST_CONFIG_SETTER(dataType, kvCacheType, rt::DataType)
     KVCACHE_TEST_CONFIG_SETTER(numPages, numPages, int32_t)
     KVCACHE_TEST_CONFIG_SETTER(memPool, memPool, cudaMemPool_t)
+    KVCACHE_TEST_CONFIG_SETTER(maxTokensPerStep, maxTokensPerStep, int32_t)
+    KVCACHE_TEST_CONFIG_SETTER(numPagesPerGroup, numPagesPerGroup, std::vector<int32_t>)
 #undef KVCACHE_TEST_CONFIG_SETTER
 
     //! Returns the config.
