@@ -15,6 +15,7 @@
 
 #include "support/config_builder.h"
 #include "support/error_matchers.h"
+#include "support/layout_expectations.h"
 #include "support/layout_model.h"
 
 namespace kvcache::rt
@@ -39,51 +40,9 @@ KVLayerConfig latent(int32_t dim, int32_t window = 0)
 //! Every field of `layout` against the model of `config`.
 void expectMatchesModel(KVCacheConfig const& config, KVCacheLayout const& layout)
 {
-    test::LayoutModel const model = modelLayout(config);
-    EXPECT_EQ(layout.capPadded, model.capPadded);
-    EXPECT_EQ(layout.pagesPerSlot, model.pagesPerSlot);
-    EXPECT_EQ(layout.minPages, model.minPages);
-    EXPECT_EQ(layout.numPages, model.numPages);
-    EXPECT_EQ(layout.cacheBytes, model.cacheBytes);
-    EXPECT_EQ(layout.bytesPerPage, model.bytesPerPage);
     EXPECT_EQ(
         layout.maxTokensPerStep, config.maxTokensPerStep == 0 ? config.maxSequenceLength : config.maxTokensPerStep);
-    ASSERT_EQ(layout.groups.size(), model.groups.size());
-    for (size_t g = 0; g < model.groups.size(); ++g)
-    {
-        SCOPED_TRACE("group " + std::to_string(g));
-        KVPageGroupLayout const& group = layout.groups[g];
-        test::ModelGroup const& expected = model.groups[g];
-        EXPECT_EQ(group.slidingWindow, expected.slidingWindow);
-        EXPECT_EQ(group.pagesPerSequence, expected.pagesPerSequence);
-        EXPECT_EQ(group.capacity, expected.pagesPerSequence * config.tokensPerPage);
-        EXPECT_EQ(group.minPages, expected.minPages);
-        EXPECT_EQ(group.numPages, expected.numPages);
-        EXPECT_EQ(group.layers, expected.layers);
-        EXPECT_EQ(group.bytesPerPage, expected.bytesPerPage);
-        int64_t groupBytes = 0;
-        for (int32_t const layer : expected.layers)
-        {
-            groupBytes += model.layers[static_cast<size_t>(layer)].layerBytes;
-        }
-        EXPECT_EQ(group.cacheBytes, groupBytes);
-    }
-    ASSERT_EQ(layout.layers.size(), model.layers.size());
-    for (size_t i = 0; i < model.layers.size(); ++i)
-    {
-        SCOPED_TRACE("layer " + std::to_string(i));
-        KVLayerLayout const& layer = layout.layers[i];
-        test::ModelLayer const& expected = model.layers[i];
-        EXPECT_EQ(layer.group, expected.group);
-        EXPECT_EQ(layer.numHalves, expected.numHalves);
-        EXPECT_EQ(layer.capacity, expected.capacity);
-        EXPECT_EQ(layer.numPages, expected.numPages);
-        EXPECT_EQ(layer.slidingWindow, expected.slidingWindow);
-        EXPECT_EQ(layer.pageElems, expected.pageElems);
-        EXPECT_EQ(layer.pageBytes, expected.pageBytes);
-        EXPECT_EQ(layer.halfElems, expected.halfElems);
-        EXPECT_EQ(layer.layerBytes, expected.layerBytes);
-    }
+    test::expectLayoutMatchesModel(layout, modelLayout(config));
 }
 
 TEST(WindowPages, FormulaBoundsTheSimulatedResidentPagesByAtMostOnePage)

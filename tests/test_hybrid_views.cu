@@ -27,6 +27,7 @@
 #include "support/data_types.h"
 #include "support/error_matchers.h"
 #include "support/gpu_test.h"
+#include "support/layout_expectations.h"
 #include "support/layout_model.h"
 #include "support/view_round_trip.cuh"
 
@@ -117,19 +118,15 @@ void expectExactBuffers(rt::KVCacheManager const& manager, LayoutModel const& mo
 }
 
 //! Checks `layer`'s layout entry, pool view, separate views, pool pointers and LayerRef against the model.
-void expectLayerMatchesModel(rt::KVCacheManager& manager, LayoutModel const& model, int32_t layer, rt::DataType type)
+void expectManagerLayerMatchesModel(
+    rt::KVCacheManager& manager, LayoutModel const& model, int32_t layer, rt::DataType type)
 {
     SCOPED_TRACE(whereIs(model, layer));
     ModelLayer const& ml = model.layers[static_cast<size_t>(layer)];
     rt::KVLayerLayout const& actual = manager.layout().layers[static_cast<size_t>(layer)];
     rt::KVLayerConfig const& asked = kLAYERS[static_cast<size_t>(layer)];
     EXPECT_EQ(actual.kind, asked.kind);
-    EXPECT_EQ(actual.slidingWindow, ml.slidingWindow);
-    EXPECT_EQ(actual.group, ml.group);
-    EXPECT_EQ(actual.numHalves, ml.numHalves);
-    EXPECT_EQ(actual.capacity, ml.capacity);
-    EXPECT_EQ(actual.numPages, ml.numPages);
-    EXPECT_EQ(actual.pageBytes, ml.pageBytes);
+    expectLayerMatchesModel(actual, model, static_cast<size_t>(layer));
     EXPECT_EQ(manager.groupOf(layer), ml.group);
     EXPECT_EQ(manager.getLayerConfig(layer).kind, asked.kind);
     EXPECT_EQ(manager.getLayerConfig(layer).slidingWindow, asked.slidingWindow);
@@ -188,25 +185,12 @@ TYPED_TEST(HybridViewsTest, GroupsViewsAndLayerRefsMatchTheModel)
     {
         SCOPED_TRACE("group " + std::to_string(g));
         rt::KVPageGroupLayout const& group = manager.group(g);
-        ModelGroup const& mg = model.groups[static_cast<size_t>(g)];
-        EXPECT_EQ(group.slidingWindow, mg.slidingWindow);
-        EXPECT_EQ(group.pagesPerSequence, mg.pagesPerSequence);
-        EXPECT_EQ(group.capacity, mg.pagesPerSequence * model.tokensPerPage);
-        EXPECT_EQ(group.minPages, mg.minPages);
-        EXPECT_EQ(group.numPages, mg.numPages);
+        expectGroupMatchesModel(group, model, static_cast<size_t>(g));
         EXPECT_EQ(group.numPages, kRETAINED_PAGES[static_cast<size_t>(g)]);
-        EXPECT_EQ(group.layers, mg.layers);
-        EXPECT_EQ(group.bytesPerPage, mg.bytesPerPage);
-        int64_t groupBytes = 0;
-        for (int32_t const layer : mg.layers)
-        {
-            groupBytes += model.layers[static_cast<size_t>(layer)].layerBytes;
-        }
-        EXPECT_EQ(group.cacheBytes, groupBytes);
     }
     for (int32_t layer = 0; layer < manager.numLayers(); ++layer)
     {
-        expectLayerMatchesModel(manager, model, layer, TypeParam::value);
+        expectManagerLayerMatchesModel(manager, model, layer, TypeParam::value);
         // Every group keeps pages beyond its minimum, so no layer has a slot view.
         ModelLayer const& ml = model.layers[static_cast<size_t>(layer)];
         EXPECT_TRUE(throwsNaming<rt::InvalidConfigError>([&] { static_cast<void>(manager.getCombinedKVCache(layer)); },
@@ -231,7 +215,7 @@ TYPED_TEST(HybridViewsTest, SlotViewServesOnlyGroupsAtTheirMinimum)
     for (int32_t layer = 0; layer < manager.numLayers(); ++layer)
     {
         SCOPED_TRACE(whereIs(model, layer));
-        expectLayerMatchesModel(manager, model, layer, TypeParam::value);
+        expectManagerLayerMatchesModel(manager, model, layer, TypeParam::value);
         ModelLayer const& ml = model.layers[static_cast<size_t>(layer)];
         if (ml.group == 2)
         {
