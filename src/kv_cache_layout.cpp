@@ -152,6 +152,12 @@ KVCacheLayout computeLayout(KVCacheConfig const& config)
                                              "(layers of different sliding windows): use numPagesPerGroup",
             config.numPages, windows.size()));
     }
+    if (config.layerConfigs.empty() && !config.numPagesPerGroup.empty())
+    {
+        throw InvalidConfigError(fmt::format("KVCacheConfig.numPagesPerGroup has {} entries; it must be empty for a "
+                                             "config of no layers, which has no page groups",
+            config.numPagesPerGroup.size()));
+    }
     if (!config.numPagesPerGroup.empty() && config.numPagesPerGroup.size() != windows.size())
     {
         throw InvalidConfigError(fmt::format("KVCacheConfig.numPagesPerGroup has {} entries; it must be empty or have "

@@ -8,6 +8,7 @@
 #include "kvcache/kv_cache_layout.h"
 #include "kvcache/kv_cache_manager.h"
 #include "kvcache/layer_ref.h"
+#include "kvcache/page_allocator.h"
 #include "kvcache/page_ops.h"
 #include "kvcache/tensor.h"
 #include "kvcache/version.h"
