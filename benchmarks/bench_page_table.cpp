@@ -2,9 +2,14 @@
 // a page. Cases, each named <case>/<maxBatchSize>x<maxPagesPerSequence> and all at the full batch:
 //  - build: PageTableBuffers::build() alone, the previous upload finished (the stream is synchronised outside the
 //    timed part, as a runtime's previous step has long finished): validation, the event check, the staging writes and
-//    the cudaMemcpyAsync enqueue. Target: 10 us a call.
+//    the cudaMemcpyAsync enqueue.
 //  - build_back_to_back: build() called again at once, so any host wait for the previous upload counts too.
-//  - write_block_table, write_csr: the dense and the CSR staging writes alone, on ordinary host memory.
+//  - write_tables: both tables written (detail::writePageTables) into pinned staging (cudaHostAlloc), as build() writes
+//    them. Target: 10 us a call.
+//  - write_tables_pageable: the same writes into ordinary (pageable) host memory.
+//  - build_steps: build()'s steps made one by one, as build() makes them, each timed alone (counters validate_us,
+//    capture_check_us, event_query_us, write_us, copy_enqueue_us, event_record_us; the case's time is their sum), so
+//    that build's time can be split between them.
 // Host wall time (steady clock) around the timed calls. Counters: ns_per_op and us_per_call. Exits 77 without a GPU,
 // 1 under KVCACHE_REQUIRE_GPU=1. See docs/benchmarks.md.
 
@@ -20,6 +25,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -101,33 +107,155 @@ void buildTables(benchmark::State& state, Workload const& work)
     reportCalls(state, total);
 }
 
-//! write_block_table/BxM and write_csr/BxM: one of the two staging writes alone, over the tables of the same batch
-//! (every row rewritten, none shrinking).
-template <bool kDENSE>
-void writeOnly(benchmark::State& state, Workload const& work)
+//! Pinned host memory for `count` int32 values (cudaHostAlloc, as PageTableBuffers allocates its staging).
+class PinnedInts
 {
-    std::vector<int32_t> region(static_cast<size_t>(work.shape.elements()));
-    rt::detail::writeEmptyPageTables(work.shape, region.data());
-    rt::detail::buildPageTables(work.shape, work.sequences.data(), work.shape.maxBatchSize, region.data());
+public:
+    explicit PinnedInts(int64_t count)
+    {
+        void* data = nullptr;
+        KVCACHE_CUDA_TRY(cudaHostAlloc(&data, static_cast<size_t>(count) * sizeof(int32_t), cudaHostAllocDefault));
+        mData.reset(static_cast<int32_t*>(data));
+    }
+    //! Returns the first value.
+    int32_t* get() const noexcept
+    {
+        return mData.get();
+    }
+
+private:
+    struct Free
+    {
+        void operator()(int32_t* data) const noexcept
+        {
+            KVCACHE_CUDA_LOG(cudaFreeHost(data));
+        }
+    };
+    std::unique_ptr<int32_t, Free> mData;
+};
+
+//! An event without timing, as PageTableBuffers records after each upload.
+class UploadEvent
+{
+public:
+    UploadEvent()
+    {
+        KVCACHE_CUDA_TRY(cudaEventCreateWithFlags(&mEvent, cudaEventDisableTiming));
+    }
+    ~UploadEvent()
+    {
+        KVCACHE_CUDA_LOG(cudaEventDestroy(mEvent));
+    }
+    UploadEvent(UploadEvent const&) = delete;
+    UploadEvent& operator=(UploadEvent const&) = delete;
+    //! Returns the event.
+    cudaEvent_t get() const noexcept
+    {
+        return mEvent;
+    }
+
+private:
+    cudaEvent_t mEvent{nullptr};
+};
+
+//! write_tables/BxM (kPINNED) and write_tables_pageable/BxM: both staging writes, over the tables of the same batch
+//! (every row rewritten, none shrinking).
+template <bool kPINNED>
+void writeTables(benchmark::State& state, Workload const& work)
+{
+    std::vector<int32_t> pageable;
+    std::unique_ptr<PinnedInts> pinned;
+    int32_t* region = nullptr;
+    if constexpr (kPINNED)
+    {
+        pinned = std::make_unique<PinnedInts>(work.shape.elements());
+        region = pinned->get();
+    }
+    else
+    {
+        pageable.resize(static_cast<size_t>(work.shape.elements()));
+        region = pageable.data();
+    }
+    rt::detail::writeEmptyPageTables(work.shape, region);
+    rt::detail::buildPageTables(work.shape, work.sequences.data(), work.shape.maxBatchSize, region);
     double total = 0.0;
     for (auto _ : state)
     {
         Clock::time_point const start = Clock::now();
-        if constexpr (kDENSE)
-        {
-            rt::detail::writeBlockTable(work.shape, work.sequences.data(), work.shape.maxBatchSize, region.data());
-        }
-        else
-        {
-            benchmark::DoNotOptimize(
-                rt::detail::writeCsr(work.shape, work.sequences.data(), work.shape.maxBatchSize, region.data()));
-        }
+        benchmark::DoNotOptimize(
+            rt::detail::writePageTables(work.shape, work.sequences.data(), work.shape.maxBatchSize, region));
         benchmark::ClobberMemory();
         double const seconds = secondsSince(start);
         state.SetIterationTime(seconds);
         total += seconds;
     }
     reportCalls(state, total);
+}
+
+//! build_steps/BxM: the steps of PageTableBuffers::build() in its order, on staging, device memory and an event of the
+//! same kinds, each step timed alone; the stream is synchronised first (untimed), as for build/BxM.
+void buildSteps(benchmark::State& state, Workload const& work)
+{
+    enum Step
+    {
+        kVALIDATE,
+        kCAPTURE_CHECK,
+        kEVENT_QUERY,
+        kWRITE,
+        kCOPY_ENQUEUE,
+        kEVENT_RECORD,
+        kSTEPS
+    };
+    constexpr char const* kCOUNTERS[kSTEPS] = {
+        "validate_us", "capture_check_us", "event_query_us", "write_us", "copy_enqueue_us", "event_record_us"};
+    test::CudaStream stream;
+    PinnedInts staging(work.shape.elements());
+    test::DeviceArray<int32_t> device(static_cast<size_t>(work.shape.elements()));
+    UploadEvent uploaded;
+    rt::detail::writeEmptyPageTables(work.shape, staging.get());
+    int32_t const count = work.shape.maxBatchSize;
+    double seconds[kSTEPS] = {};
+    double total = 0.0;
+    for (auto _ : state)
+    {
+        stream.synchronize();
+        Clock::time_point start = Clock::now();
+        // Each step's time runs from the previous step's end, so the clock reads are counted once.
+        auto const lap = [&](Step step)
+        {
+            Clock::time_point const now = Clock::now();
+            seconds[step] += std::chrono::duration<double>(now - start).count();
+            start = now;
+        };
+        Clock::time_point const first = start;
+        rt::detail::validateSequences(work.shape, work.sequences.data(), count);
+        lap(kVALIDATE);
+        cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+        KVCACHE_CUDA_TRY(cudaStreamIsCapturing(stream.get(), &capture));
+        lap(kCAPTURE_CHECK);
+        cudaError_t const status = cudaEventQuery(uploaded.get());
+        if (status != cudaSuccess)
+        {
+            KVCACHE_CUDA_TRY(cudaEventSynchronize(uploaded.get()));
+        }
+        lap(kEVENT_QUERY);
+        int64_t const elements = rt::detail::writePageTables(work.shape, work.sequences.data(), count, staging.get());
+        lap(kWRITE);
+        KVCACHE_CUDA_TRY(cudaMemcpyAsync(device.get(), staging.get(), static_cast<size_t>(elements) * sizeof(int32_t),
+            cudaMemcpyHostToDevice, stream.get()));
+        lap(kCOPY_ENQUEUE);
+        KVCACHE_CUDA_TRY(cudaEventRecord(uploaded.get(), stream.get()));
+        lap(kEVENT_RECORD);
+        double const iteration = std::chrono::duration<double>(start - first).count();
+        state.SetIterationTime(iteration);
+        total += iteration;
+    }
+    stream.synchronize();
+    reportCalls(state, total);
+    for (int32_t step = 0; step < kSTEPS; ++step)
+    {
+        state.counters[kCOUNTERS[step]] = seconds[step] * 1e6 / static_cast<double>(state.iterations());
+    }
 }
 
 //! Cases that stopped with an error; any makes the process exit 1.
@@ -158,9 +286,9 @@ void registerCase(char const* name, void (*body)(benchmark::State&, Workload con
 
 void registerAll()
 {
-    for (auto const& [name, body] :
-        {std::pair{"build", &buildTables<false>}, std::pair{"build_back_to_back", &buildTables<true>},
-            std::pair{"write_block_table", &writeOnly<true>}, std::pair{"write_csr", &writeOnly<false>}})
+    for (auto const& [name, body] : {std::pair{"build", &buildTables<false>},
+             std::pair{"build_back_to_back", &buildTables<true>}, std::pair{"write_tables", &writeTables<true>},
+             std::pair{"write_tables_pageable", &writeTables<false>}, std::pair{"build_steps", &buildSteps}})
     {
         registerCase(name, body, 256, 64);
     }

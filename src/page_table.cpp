@@ -97,62 +97,52 @@ void writeEmptyPageTables(PageTableShape const& shape, int32_t* region) noexcept
     std::fill(table, table + shape.entries(), kUNUSED_PAGE_ENTRY);
 }
 
-void writeBlockTable(
+int64_t writePageTables(
     PageTableShape const& shape, SequencePages const* sequences, int32_t count, int32_t* region) noexcept
-{
-    int32_t const* const indptr = region + shape.indptrOffset();
-    int32_t* const table = region + shape.blockTableOffset();
-    int64_t const width = shape.maxPagesPerSequence;
-    for (int64_t b = 0; b < shape.maxBatchSize; ++b)
-    {
-        // Row b holds `held` pages, then padding: writing the new pages and padding over the rest of the old ones
-        // leaves the row whole.
-        int64_t const held = int64_t{indptr[b + 1]} - indptr[b];
-        int64_t const pages = b < count ? sequences[b].numPages : 0;
-        int32_t* const row = table + b * width;
-        if (pages > 0)
-        {
-            std::memcpy(row, sequences[b].pages, static_cast<size_t>(pages) * sizeof(int32_t));
-        }
-        if (held > pages)
-        {
-            std::fill(row + pages, row + held, kUNUSED_PAGE_ENTRY);
-        }
-    }
-}
-
-int64_t writeCsr(PageTableShape const& shape, SequencePages const* sequences, int32_t count, int32_t* region) noexcept
 {
     int32_t* const indptr = region + shape.indptrOffset();
     int32_t* const lastPageLen = region + shape.lastPageLenOffset();
+    int32_t* const table = region + shape.blockTableOffset();
     int32_t* const indices = region + shape.indicesOffset();
+    int64_t const width = shape.maxPagesPerSequence;
     int64_t const tokensPerPage = shape.tokensPerPage;
+    // One pass reads each page list once, for both tables. The previous indptr says how many pages each row held; the
+    // pass overwrites indptr[b + 1] only after reading it, carrying the previous indptr[b] in `heldFrom`.
+    int64_t const heldInAll = indptr[shape.maxBatchSize];
+    int64_t heldFrom = 0;
     int64_t used = 0;
-    indptr[0] = 0;
     for (int64_t b = 0; b < count; ++b)
     {
         SequencePages const& sequence = sequences[b];
         int64_t const pages = sequence.numPages;
-        if (pages > 0)
-        {
-            std::memcpy(indices + used, sequence.pages, static_cast<size_t>(pages) * sizeof(int32_t));
-        }
+        int64_t const heldTo = indptr[b + 1];
+        int32_t* const row = table + b * width;
+        // copy_n and fill take empty ranges (and a null list with no pages) without a branch here.
+        std::copy_n(sequence.pages, pages, row);
+        // From the list, not the row just written: indices sit a multiple of 4 KiB after the block table at the
+        // usual sizes, and reading the row while storing there stalls on 4K aliasing.
+        std::copy_n(sequence.pages, pages, indices + used);
+        // Padding over the rest of the old pages leaves the row whole without rewriting its unused tail.
+        std::fill(row + pages, row + std::max(heldTo - heldFrom, pages), kUNUSED_PAGE_ENTRY);
+        heldFrom = heldTo;
         used += pages;
         // At most maxBatchSize * maxPagesPerSequence, which makePageTableShape keeps within int32.
         indptr[b + 1] = static_cast<int32_t>(used);
-        lastPageLen[b] = pages == 0 ? 0 : static_cast<int32_t>(sequence.numTokens - (pages - 1) * tokensPerPage);
+        // numTokens is 0 with no pages, so the tokens past the full pages are 0 too.
+        lastPageLen[b] = static_cast<int32_t>(sequence.numTokens - std::max<int64_t>(pages - 1, 0) * tokensPerPage);
+    }
+    // Rows from `count` on are empty now; only those that held pages before need padding, and they end where the
+    // previous pages in use do.
+    for (int64_t b = count; b < shape.maxBatchSize && heldFrom < heldInAll; ++b)
+    {
+        int64_t const heldTo = indptr[b + 1];
+        int32_t* const row = table + b * width;
+        std::fill(row, row + (heldTo - heldFrom), kUNUSED_PAGE_ENTRY);
+        heldFrom = heldTo;
     }
     std::fill(indptr + count + 1, indptr + shape.maxBatchSize + 1, static_cast<int32_t>(used));
     std::fill(lastPageLen + count, lastPageLen + shape.maxBatchSize, 0);
-    return used;
-}
-
-int64_t writePageTables(
-    PageTableShape const& shape, SequencePages const* sequences, int32_t count, int32_t* region) noexcept
-{
-    // The block table first: it reads the previous indptr, which writeCsr replaces.
-    writeBlockTable(shape, sequences, count, region);
-    return shape.indicesOffset() + writeCsr(shape, sequences, count, region);
+    return shape.indicesOffset() + used;
 }
 
 int64_t buildPageTables(PageTableShape const& shape, SequencePages const* sequences, int32_t count, int32_t* region)

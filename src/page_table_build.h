@@ -69,16 +69,10 @@ void validateSequences(PageTableShape const& shape, SequencePages const* sequenc
 //! Writes the tables of count 0 over the whole `region` (shape.elements() entries), padding included.
 void writeEmptyPageTables(PageTableShape const& shape, int32_t* region) noexcept;
 
-//! Writes the block table of `count` validated sequences into `region`, which holds tables of `shape` (its indptr,
-//! not yet rewritten, says how many pages each row holds: only those and the new pages are written).
-void writeBlockTable(
-    PageTableShape const& shape, SequencePages const* sequences, int32_t count, int32_t* region) noexcept;
-
-//! Writes indptr, lastPageLen and indices of `count` validated sequences into `region`; returns indptr[count].
-int64_t writeCsr(PageTableShape const& shape, SequencePages const* sequences, int32_t count, int32_t* region) noexcept;
-
-//! Writes the tables of `count` validated sequences into `region`, which holds tables of `shape`: the block table, then
-//! the CSR arrays; returns the elements one upload must copy from the region's start (indicesOffset() + indptr[count]).
+//! Writes the tables of `count` validated sequences into `region`, which holds tables of `shape` (its indptr, not yet
+//! rewritten, says how many pages each block table row holds: only those and the new pages are written), in one pass
+//! over the sequences; returns the elements one upload must copy from the region's start (indicesOffset() +
+//! indptr[count]).
 int64_t writePageTables(
     PageTableShape const& shape, SequencePages const* sequences, int32_t count, int32_t* region) noexcept;
 

@@ -1,11 +1,15 @@
 // kvcache paged attention: a single-query (decode) attention kernel that reads K and V through a layer's LayerRef and
-// a page table of shuffled pages, checked against the same attention computed from the slot view of an identity-mapped
-// copy of the cache, and against a float64 CPU reference. It shows that LayerRef and the pool view are exactly the
-// [numPages, tokensPerPage, H, D] K and V pools that paged attention kernels take.
+// the device block table that rt::PageTableBuffers builds from a PageManager's pages, checked against the same
+// attention computed from the slot view of an identity-mapped copy of the cache, and against a float64 CPU reference.
+// The batch is made as a runtime makes it: earlier requests come and go, prompts prefill in chunks, one sample forks
+// and shares its parent's pages. It shows that LayerRef and the pool view are exactly the [numPages, tokensPerPage, H,
+// D] K and V pools that paged attention kernels take, and that a PageManager's page table addresses them.
 //
 // Run: kvcache-paged-attention   (exits 77 without a GPU, or 1 when KVCACHE_REQUIRE_GPU=1 is set)
 
 #include <kvcache/kvcache.h>
+#include <kvcache/page_manager.h>
+#include <kvcache/page_table.h>
 
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
@@ -17,7 +21,6 @@
 #include <cstdlib>
 #include <exception>
 #include <limits>
-#include <numeric>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -41,6 +44,17 @@ constexpr double kPAGED_VS_DENSE_TOLERANCE = 1e-6;
 constexpr double kRELATIVE_TOLERANCE = 1e-3;
 //! float16 NaN: fills every cache position no sequence owns, so a kernel that reads one produces NaN and fails.
 constexpr uint16_t kPOISON_BITS = 0x7E00;
+//! Prompt tokens a sequence appends per step (chunked prefill).
+constexpr int32_t kPREFILL_CHUNK = 16;
+//! Earlier requests that filled the pool before the batch and finished, and their lengths: 5 x 12 pages of 16 tokens
+//! hold 60 of the 64 pages.
+constexpr int32_t kWARM_UP_SEQUENCES = 5;
+constexpr int32_t kWARM_UP_TOKENS = 192;
+//! The batch row forked from row 0, and the tokens they share: 8 whole pages, so no page is written by both.
+constexpr int32_t kFORKED = 3;
+constexpr int32_t kFORK_TOKENS = 128;
+//! Token ids are drawn from [0, kVOCABULARY); with prefix caching off they only feed the manager's bookkeeping.
+constexpr int32_t kVOCABULARY = 32000;
 
 //! Returns why no GPU can be used, or an empty string when one can.
 std::string gpuUnavailableReason()
@@ -332,9 +346,9 @@ int runPagedAttention()
     config.layerConfigs = {{2, 64}, {4, 128}};
     config.kvCacheType = rt::DataType::kHALF;
     config.tokensPerPage = 16;
+    config.maxTokensPerStep = kPREFILL_CHUNK;
     int32_t const retainedPages = 12;
     config.numPages = rt::KVCacheManager::validate(config).minPages + retainedPages;
-    std::vector<int32_t> const seqLens = {200, 1, 77, 130};
 
     // The identity-mapped copy: the minimum number of pages, so the slot view is valid.
     rt::KVCacheManager::Config denseConfig = config;
@@ -346,39 +360,103 @@ int runPagedAttention()
     rt::KVCacheLayout const& layout = paged.layout();
     int32_t const batch = config.maxBatchSize;
     int32_t const tokensPerPage = layout.tokensPerPage;
-    int32_t const maxPagesPerSeq = layout.pagesPerSlot;
     int64_t const capPadded = layout.capPadded;
 
-    // The page table [batch, maxPagesPerSeq]: shuffled page ids from the whole pool, the retained region included;
-    // kUNUSED_PAGE_ENTRY where a sequence needs no page.
+    // The page lifecycle runs in a PageManager of the same config. Prefix caching is off, so a freed page goes back
+    // to the free list (most recently freed first) and the ids below depend only on the order of the calls.
+    rt::PageManagerOptions managerOptions;
+    managerOptions.enablePrefixCaching = false;
+    managerOptions.maxSequences = kWARM_UP_SEQUENCES;
+    rt::PageManager manager(config, managerOptions);
     std::mt19937 rng(2024);
-    std::vector<int32_t> freePages(static_cast<size_t>(layout.numPages));
-    std::iota(freePages.begin(), freePages.end(), 0);
-    std::shuffle(freePages.begin(), freePages.end(), rng);
-    // Hand out the last retained page first, so the retained region is in use whatever the shuffle gave.
-    std::iter_swap(freePages.begin(), std::find(freePages.begin(), freePages.end(), layout.numPages - 1));
-    std::vector<int32_t> pageTable(static_cast<size_t>(batch) * maxPagesPerSeq, rt::kUNUSED_PAGE_ENTRY);
-    size_t nextFree = 0;
+    std::uniform_int_distribution<int32_t> tokenId(0, kVOCABULARY - 1);
+    auto prefill = [&](std::vector<rt::SequenceId> const& sequences, std::vector<int32_t> const& lengths)
+    {
+        // Chunked prefill in lockstep, as a runtime batches prompts: each step appends up to kPREFILL_CHUNK tokens to
+        // every sequence not yet at its length, so the sequences' pages interleave.
+        std::vector<int32_t> tokens(kPREFILL_CHUNK);
+        for (bool appended = true; appended;)
+        {
+            std::vector<rt::SequenceAppend> appends;
+            for (size_t i = 0; i < sequences.size(); ++i)
+            {
+                int32_t const count = std::min(kPREFILL_CHUNK, lengths[i] - manager.length(sequences[i]));
+                if (count > 0)
+                {
+                    rt::SequenceAppend append;
+                    append.sequence = sequences[i];
+                    append.tokens = tokens.data();
+                    append.count = count;
+                    appends.push_back(append);
+                }
+            }
+            for (int32_t& token : tokens)
+            {
+                token = tokenId(rng);
+            }
+            manager.step(appends.data(), static_cast<int32_t>(appends.size()));
+            // Every write lands on a page no other sequence holds (forks below happen at page boundaries), so no
+            // copy-on-write copy is queued; a runtime would run them with rt::copyPages before its kernels.
+            if (!manager.copies(0).empty())
+            {
+                throw std::logic_error("a step queued copies although no sequence writes to a shared page");
+            }
+            appended = !appends.empty();
+        }
+    };
+
+    // Earlier requests filled most of the pool, the retained pages included, and finished: their pages are free again
+    // in an order that scatters the ids the sequences below get.
+    std::vector<rt::SequenceId> earlier;
+    for (int32_t i = 0; i < kWARM_UP_SEQUENCES; ++i)
+    {
+        earlier.push_back(manager.create());
+    }
+    prefill(earlier, std::vector<int32_t>(earlier.size(), kWARM_UP_TOKENS));
+    for (rt::SequenceId const sequence : earlier)
+    {
+        manager.free(sequence);
+    }
+
+    // The batch: sequences 0-2 prefill their prompts; sequence 3 is a sample forked from sequence 0 after its first
+    // kFORK_TOKENS tokens (a page boundary), sharing those pages, and then goes its own way.
+    std::vector<int32_t> const seqLens = {200, 1, 77, 178};
+    std::vector<rt::SequenceId> sequences = {manager.create(), manager.create(), manager.create()};
+    prefill({sequences[0]}, {kFORK_TOKENS});
+    sequences.push_back(manager.fork(sequences[0]));
+    prefill(sequences, seqLens);
+
+    // The page table kernels read, built from the manager's pages: the block table [batch, maxPagesPerSequence].
+    std::vector<rt::SequencePages> rows;
+    for (rt::SequenceId const sequence : sequences)
+    {
+        rows.push_back(manager.pages(sequence, 0));
+    }
+    int32_t const maxPagesPerSeq = layout.pagesPerSlot;
+    rt::PageTableBuffers tables(batch, maxPagesPerSeq, tokensPerPage, stream.get());
+    tables.build(rows.data(), static_cast<int32_t>(rows.size()), stream.get());
+
+    rt::PageGroupCounts const counts = manager.counts(0);
     int32_t retainedInUse = 0;
-    std::printf("paged cache: %d pages of %d tokens (%d minimum + %d retained); page table:\n", paged.numPages(),
-        tokensPerPage, paged.minPages(), paged.numPages() - paged.minPages());
+    std::printf("paged cache: %d pages of %d tokens (%d minimum + %d retained); page table from the PageManager:\n",
+        paged.numPages(), tokensPerPage, paged.minPages(), paged.numPages() - paged.minPages());
     for (int32_t b = 0; b < batch; ++b)
     {
-        std::printf("  sequence %d, %3d tokens:", b, seqLens[b]);
-        for (int32_t i = 0; i < (seqLens[b] + tokensPerPage - 1) / tokensPerPage; ++i)
+        std::printf("  sequence %d, %3d tokens%s:", b, seqLens[b], b == kFORKED ? " (forked from 0 at 128)" : "");
+        for (int32_t i = 0; i < rows[b].numPages; ++i)
         {
-            int32_t const page = freePages[nextFree++];
-            pageTable[b * maxPagesPerSeq + i] = page;
-            retainedInUse += page >= paged.minPages() ? 1 : 0;
+            int32_t const page = rows[b].pages[i];
+            bool const shared = b == kFORKED && i < kFORK_TOKENS / tokensPerPage;
+            retainedInUse += page >= paged.minPages() && !shared ? 1 : 0;
             std::printf(" %d", page);
         }
         std::printf("\n");
     }
-    std::printf("  %zu pages in use, %d of them retained (id >= %d)\n", nextFree, retainedInUse, paged.minPages());
+    std::printf("  %d pages in use, %d of them shared, %d retained (id >= %d)\n", counts.used, counts.shared,
+        retainedInUse, paged.minPages());
+    manager.checkInvariants();
 
-    DeviceArray<int32_t> devicePageTable(pageTable.size());
     DeviceArray<int32_t> deviceSeqLens(seqLens.size());
-    devicePageTable.upload(pageTable, stream.get());
     deviceSeqLens.upload(seqLens, stream.get());
 
     bool pass = true;
@@ -390,7 +468,8 @@ int runPagedAttention()
         int64_t const rowElems = numKVHeads * headDim; // one token's K (or V)
 
         // Each sequence's tokens in order: keys[((b * capPadded + t) * H + h) * D + d], random in [-1, 1) for
-        // t < seqLens[b], poison after. K and V are drawn independently.
+        // t < seqLens[b], poison after. K and V are drawn independently. The fork's first kFORK_TOKENS tokens are its
+        // parent's.
         std::uniform_real_distribution<float> uniform(-1.0F, 1.0F);
         size_t const tokenElems = static_cast<size_t>(batch * capPadded * rowElems);
         std::vector<__half> keys(tokenElems, poison());
@@ -403,6 +482,8 @@ int runPagedAttention()
                 values[b * capPadded * rowElems + i] = __float2half_rn(uniform(rng));
             }
         }
+        std::copy_n(keys.begin(), kFORK_TOKENS * rowElems, keys.begin() + kFORKED * capPadded * rowElems);
+        std::copy_n(values.begin(), kFORK_TOKENS * rowElems, values.begin() + kFORKED * capPadded * rowElems);
         // Queries larger than the keys make the softmax peaked, so the weights differ visibly from token to token.
         std::uniform_real_distribution<float> queryValue(-4.0F, 4.0F);
         std::vector<float> queries(static_cast<size_t>(batch * numHeads * headDim));
@@ -411,17 +492,18 @@ int runPagedAttention()
             q = queryValue(rng);
         }
 
-        // The paged cache: token t of sequence b goes to page pageTable[b][t / P], position t % P, where the layer's
-        // LayerRef says (its offsets work on the host too). Every position no sequence owns keeps the poison.
+        // The paged cache: token t of sequence b goes to page rows[b].pages[t / P], position t % P, where the layer's
+        // LayerRef says (its offsets work on the host too). Every position no sequence owns keeps the poison. The
+        // fork's shared tokens are written once, by its parent: the fork reads them only through the shared pages.
         rt::LayerRef const ref = paged.layerRef(layer);
         size_t const poolElems = static_cast<size_t>(int64_t{ref.numPages} * ref.pageStride); // one of K or V
         std::vector<__half> kPool(poolElems, poison());
         std::vector<__half> vPool(poolElems, poison());
         for (int32_t b = 0; b < batch; ++b)
         {
-            for (int32_t t = 0; t < seqLens[b]; ++t)
+            for (int32_t t = b == kFORKED ? kFORK_TOKENS : 0; t < seqLens[b]; ++t)
             {
-                int32_t const page = pageTable[b * maxPagesPerSeq + t / tokensPerPage];
+                int32_t const page = rows[b].pages[t / tokensPerPage];
                 int64_t const to = ref.offset(page, t % tokensPerPage, 0);
                 int64_t const from = (b * capPadded + t) * rowElems;
                 std::copy_n(&keys[from], rowElems, &kPool[to]);
@@ -473,7 +555,7 @@ int runPagedAttention()
         dim3 const grid(static_cast<unsigned>(numHeads), static_cast<unsigned>(batch));
         size_t const sharedBytes = static_cast<size_t>(capPadded) * sizeof(float);
         pagedDecodeAttentionKernel<<<grid, kTHREADS, sharedBytes, stream.get()>>>(
-            ref, devicePageTable.get(), maxPagesPerSeq, args);
+            ref, tables.deviceBlockTable(), tables.maxPagesPerSequence(), args);
         KVCACHE_CUDA_TRY(cudaGetLastError());
         args.out = denseOut.get();
         denseDecodeAttentionKernel<<<grid, kTHREADS, sharedBytes, stream.get()>>>(denseKV, args);

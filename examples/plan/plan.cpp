@@ -465,6 +465,53 @@ std::string formatSaving(Plan const& plan)
         formatSize(plan.fullLengthBytes));
 }
 
+//! The "tp" lines of a --tp plan: how each layer is shared across the GPUs; every figure after them is per GPU.
+std::string formatTensorParallel(Plan const& plan)
+{
+    if (!plan.shard)
+    {
+        return {};
+    }
+    rt::TensorParallelShard const& shard = *plan.shard;
+    // Layers that share a row: the same model heads, kind and share.
+    std::vector<std::pair<std::string, std::vector<int32_t>>> rows;
+    for (size_t i = 0; i < shard.layers.size(); ++i)
+    {
+        rt::TensorParallelLayerShard const& layer = shard.layers[i];
+        rt::KVLayerConfig const& modelLayer = plan.model.layers[i];
+        std::string label;
+        if (modelLayer.kind == rt::KVLayerKind::kLATENT)
+        {
+            label = "latent: the whole vector on every GPU (one per token, shared by all heads)";
+        }
+        else if (!layer.replicated)
+        {
+            label = fmt::format("{} of {} KV heads a GPU", layer.numHeads, modelLayer.numKVHeads);
+        }
+        else
+        {
+            label = fmt::format("{} KV head{} replicated: one a GPU, each on {} GPUs", modelLayer.numKVHeads,
+                modelLayer.numKVHeads == 1 ? "" : "s", layer.replicas);
+        }
+        auto const it = std::find_if(rows.begin(), rows.end(), [&](auto const& row) { return row.first == label; });
+        if (it == rows.end())
+        {
+            rows.emplace_back(label, std::vector<int32_t>{static_cast<int32_t>(i)});
+        }
+        else
+        {
+            it->second.push_back(static_cast<int32_t>(i));
+        }
+    }
+    std::string text = fmt::format("  tp        {} GPUs (--tp); every figure below is one GPU's shard\n", shard.tp);
+    for (auto const& [label, layers] : rows)
+    {
+        text +=
+            wrapText(fmt::format("layers {}: {}", formatIndices(layers), label), "            ", "              ", 118);
+    }
+    return text;
+}
+
 } // namespace
 
 std::string formatBytes(int64_t bytes)
@@ -563,6 +610,12 @@ Plan makePlan(ModelDescription model, PlanOptions const& options)
     plan.config.tokensPerPage = options.tokensPerPage;
     plan.config.maxTokensPerStep = options.maxTokensPerStep;
     plan.config.numPages = 0;
+    if (options.tp)
+    {
+        // Every rank holds the same number of heads a layer, so GPU 0's shard sizes every GPU.
+        plan.shard = rt::tensorParallelShard(plan.config, *options.tp, 0);
+        plan.config = plan.shard->config;
+    }
     rt::KVCacheLayout const minimal = rt::computeLayout(plan.config);
     if (options.numPages != 0 && minimal.groups.size() > 1)
     {
@@ -637,6 +690,7 @@ std::string formatPlan(Plan const& plan, bool perLayer)
         rt::dataTypeName(plan.config.kvCacheType), layout.elementBytes, layout.elementBytes == 1 ? "" : "s",
         plan.config.maxBatchSize, formatBytes(plan.config.maxSequenceLength), layout.tokensPerPage);
     text += formatStep(plan);
+    text += formatTensorParallel(plan);
     if (layout.groups.size() > 1)
     {
         text += "  views     slot [2, batch, capacity, H, D] and pool [2, pages, tokensPerPage, H, D] per layer\n";
@@ -700,6 +754,12 @@ std::string formatPlan(Plan const& plan, bool perLayer)
                          : "");
     }
     text += formatBudget(plan);
+    if (plan.shard)
+    {
+        int64_t const allBytes = layout.cacheBytes * plan.shard->tp;
+        text += fmt::format("  all GPUs  {} bytes ({}) in {} shards of {} bytes\n", formatBytes(allBytes),
+            formatSize(allBytes), plan.shard->tp, formatBytes(layout.cacheBytes));
+    }
     return text;
 }
 
@@ -741,6 +801,25 @@ std::string formatPlanJson(Plan const& plan)
         entry["numPages"] = layer.numPages;
         entry["bytes"] = layer.layerBytes;
         json["layers"].push_back(std::move(entry));
+    }
+    if (plan.shard)
+    {
+        Json tp;
+        tp["size"] = plan.shard->tp;
+        tp["rank"] = plan.shard->rank;
+        tp["totalBytesAllRanks"] = layout.cacheBytes * plan.shard->tp;
+        tp["layers"] = Json::array();
+        for (size_t i = 0; i < plan.shard->layers.size(); ++i)
+        {
+            rt::TensorParallelLayerShard const& layer = plan.shard->layers[i];
+            Json entry;
+            entry["index"] = i;
+            entry["firstHead"] = layer.firstHead;
+            entry["numKVHeads"] = layer.numHeads;
+            entry["replicas"] = layer.replicas;
+            tp["layers"].push_back(std::move(entry));
+        }
+        json["tp"] = std::move(tp);
     }
     if (plan.budgetBytes)
     {

@@ -5,6 +5,7 @@
 
 #include "kvcache/kv_cache_config.h"
 #include "kvcache/kv_cache_layout.h"
+#include "kvcache/tensor_parallel.h"
 
 #include <cstdint>
 #include <iosfwd>
@@ -40,6 +41,8 @@ struct Plan
     std::optional<int64_t> budgetBytes = {};         //!< --budget, when given
     int64_t budgetPages = 0;                         //!< one page group: numPages that fit budgetBytes; else 0
     std::optional<rt::BudgetSplit> budgetSplit = {}; //!< several page groups: rt::splitBudget of budgetBytes
+    //! Set by --tp: GPU 0's shard, whose config `config` is (model.layers keeps the whole model's heads).
+    std::optional<rt::TensorParallelShard> shard = {};
 };
 
 //! Returns the model `options` describe: --config, --layer-heads, the uniform flags, or the built-in model.
@@ -50,7 +53,8 @@ ModelDescription resolveModel(PlanOptions const& options);
 //! Throws ModelConfigError when the model names another dtype and --dtype is not given.
 rt::DataType resolveDataType(ModelDescription const& model, PlanOptions const& options);
 
-//! Builds the plan from the library's layout maths; throws rt::InvalidConfigError for a config kvcache rejects and
+//! Builds the plan from the library's layout maths, of GPU 0's shard when --tp is given; throws
+//! rt::InvalidConfigError for a config kvcache rejects, rt::InvalidArgumentError for heads --tp cannot split, and
 //! UsageError for --pages with several page groups or --step-tokens above --seq-len.
 Plan makePlan(ModelDescription model, PlanOptions const& options);
 

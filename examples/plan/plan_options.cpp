@@ -277,6 +277,10 @@ PlanOptions parseArguments(std::vector<std::string> const& args)
         {
             options.budgetBytes = parseByteSize(flag, value());
         }
+        else if (flag == "--tp")
+        {
+            options.tp = parseCount(flag, value(), 1);
+        }
         else if (flag == "--layers")
         {
             options.numLayers = parseCount(flag, value(), 1);
@@ -359,6 +363,11 @@ cache:
                        units B, KiB, MiB, GiB, TiB (powers of 1024) and KB, MB, GB, TB (powers of 1000).
                        With several page groups the budget is split so that every group holds the same
                        number of full-length sequences; the plan shows that number and each group's pages
+  --tp N               tensor parallelism over N GPUs: plan one GPU's shard. A layer's KV heads are split
+                       evenly (H divisible by N), or replicated when there are fewer than N (N divisible
+                       by H: each head on N/H GPUs); latent layers are whole on every GPU. Every figure,
+                       --pages and --budget included, is then per GPU; the plan adds the heads each GPU
+                       holds and all GPUs' bytes together
 
 output:
   --per-layer          one table row per layer instead of one per set of identical layers
@@ -367,7 +376,9 @@ output:
                        totalBytes, groups [{{index, slidingWindow, pagesPerSequence, numPages, layers}}],
                        layers [{{index, kind (kv or latent), numKVHeads, headDim, slidingWindow, group,
                        capacity, numPages, bytes}}], and budget {{bytes, sequences, numPagesPerGroup,
-                       cacheBytes}} when --budget is given
+                       cacheBytes}} when --budget is given; with --tp, the plan of GPU 0's shard plus
+                       tp {{size, rank, totalBytesAllRanks, layers [{{index, firstHead, numKVHeads,
+                       replicas}}]}}: the heads GPU 0 holds, each also held by replicas - 1 other GPUs
   -h, --help           print this help
 
 Flags take their value as "--flag value" or "--flag=value".

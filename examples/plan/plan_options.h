@@ -37,6 +37,7 @@ struct PlanOptions
     int32_t numPages = 0;                                 //!< --pages; 0 means the minimum
     int32_t maxTokensPerStep = 0;                         //!< --step-tokens; 0 means a whole sequence in one step
     std::optional<int64_t> budgetBytes = {};              //!< --budget
+    std::optional<int32_t> tp = {};                       //!< --tp: plan one GPU's shard of that many; unset: no split
     std::optional<int32_t> numLayers = {};                //!< --layers (uniform model)
     std::optional<int32_t> numKVHeads = {};               //!< --kv-heads (uniform model)
     std::optional<int32_t> headDim = {};                  //!< --head-dim (uniform model)

@@ -1,0 +1,833 @@
+#pragma once
+
+// The tests' own model of the PageManager contract (kvcache/page_manager.h), written from the header's text without
+// the library's code: reference counts in vectors, the free pages on a stack, the cached pages in a vector in release
+// order, each group's cache a std::map from hash to page, lists searched linearly. Hashes come from the same
+// rt::PageHasher (same algorithm and seed); extra keys are fed to it in the model's own byte encoding, so a model
+// hash equals the manager's only for pages without extra keys, and tests compare the rest through a one-to-one map.
+
+#include "kvcache/kv_cache_config.h"
+#include "kvcache/page_hash.h"
+#include "kvcache/page_manager.h"
+#include "kvcache/page_ops.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kvcache::test
+{
+
+//! What the model predicts a call does.
+enum class ModelOutcome : int32_t
+{
+    kOK = 0,
+    kINVALID_ARGUMENT = 1, //!< rt::InvalidArgumentError, nothing changed
+    kOUT_OF_RANGE = 2,     //!< rt::OutOfRangeError, nothing changed
+    kOUT_OF_MEMORY = 3,    //!< rt::OutOfMemoryError, nothing changed
+};
+
+//! One call of the eviction callback.
+struct ModelEviction
+{
+    int32_t group = 0;
+    int32_t page = 0;
+    rt::PageHash hash = {};
+};
+
+//! The reference model of one PageManager.
+class PageManagerModel
+{
+public:
+    //! Per-group inputs the model takes from the config: the window and the pool size.
+    struct GroupShape
+    {
+        int32_t slidingWindow = 0;
+        int32_t numPages = 0;
+    };
+
+    //! Pages of one group, by state, as the model keeps them.
+    struct Group
+    {
+        int32_t slidingWindow = 0;
+        int32_t numPages = 0;
+        std::vector<int32_t> refCount;
+        std::vector<uint8_t> registered;
+        std::vector<rt::PageHash> hash;
+        //! Free pages; back() is the most recently freed, taken first.
+        std::vector<int32_t> freeStack;
+        //! Cached pages; front() is the least recently released, taken (evicted) first.
+        std::vector<int32_t> lru;
+        std::map<std::pair<uint64_t, uint64_t>, int32_t> cache;
+        std::vector<rt::PageCopy> copies;
+    };
+
+    //! One live sequence.
+    struct Sequence
+    {
+        int32_t length = 0;
+        rt::PageHash root = {};
+        //! Hash of every full page, in token order.
+        std::vector<rt::PageHash> pageHashes;
+        //! Tokens of the partial last page.
+        std::vector<int32_t> partialTokens;
+        //! Entries per group: page ids in token order, kUNUSED_PAGE_ENTRY where a window released one.
+        std::vector<std::vector<int32_t>> entries;
+    };
+
+    //! The OutOfMemoryError the model predicts: the first group short of pages.
+    struct Shortage
+    {
+        int32_t group = 0;
+        int64_t needed = 0;
+        int64_t available = 0;
+    };
+
+    PageManagerModel(std::vector<GroupShape> const& groups, int32_t tokensPerPage, int32_t maxSequenceLength,
+        int32_t maxTokensPerStep, int32_t maxSequences, bool prefixCaching, rt::PageHasher hasher)
+        : mTokensPerPage(tokensPerPage)
+        , mMaxSequenceLength(maxSequenceLength)
+        , mMaxTokensPerStep(maxTokensPerStep)
+        , mMaxSequences(maxSequences)
+        , mPrefixCaching(prefixCaching)
+        , mHasher(hasher)
+    {
+        for (GroupShape const& shape : groups)
+        {
+            Group group;
+            group.slidingWindow = shape.slidingWindow;
+            group.numPages = shape.numPages;
+            group.refCount.assign(static_cast<size_t>(shape.numPages), 0);
+            group.registered.assign(static_cast<size_t>(shape.numPages), 0);
+            group.hash.assign(static_cast<size_t>(shape.numPages), rt::PageHash{});
+            // A new manager hands out 0, 1, 2, ...: page 0 on top of the stack.
+            for (int32_t page = shape.numPages - 1; page >= 0; --page)
+            {
+                group.freeStack.push_back(page);
+            }
+            mGroups.push_back(std::move(group));
+        }
+    }
+
+    // Queries ------------------------------------------------------------------------------------------------------
+
+    int32_t numGroups() const
+    {
+        return static_cast<int32_t>(mGroups.size());
+    }
+    Group const& group(int32_t g) const
+    {
+        return mGroups.at(static_cast<size_t>(g));
+    }
+    std::map<rt::SequenceId, Sequence> const& sequences() const
+    {
+        return mSequences;
+    }
+    bool contains(rt::SequenceId id) const
+    {
+        return mSequences.count(id) != 0;
+    }
+    Sequence const& sequence(rt::SequenceId id) const
+    {
+        return mSequences.at(id);
+    }
+    rt::PageManagerStats const& stats() const
+    {
+        return mStats;
+    }
+    void resetStats()
+    {
+        mStats = {};
+    }
+    std::vector<ModelEviction> const& evictions() const
+    {
+        return mEvictions;
+    }
+    void clearEvictions()
+    {
+        mEvictions.clear();
+    }
+    std::optional<Shortage> const& lastShortage() const
+    {
+        return mShortage;
+    }
+
+    //! Returns the counts of group `g`, counted page by page.
+    rt::PageGroupCounts counts(int32_t g) const
+    {
+        Group const& group = mGroups.at(static_cast<size_t>(g));
+        rt::PageGroupCounts counts;
+        counts.numPages = group.numPages;
+        counts.free = static_cast<int32_t>(group.freeStack.size());
+        counts.cached = static_cast<int32_t>(group.lru.size());
+        for (int32_t const refs : group.refCount)
+        {
+            counts.used += refs > 0 ? 1 : 0;
+            counts.shared += refs > 1 ? 1 : 0;
+        }
+        return counts;
+    }
+
+    //! Returns the pages of a windowed group `g` a sequence needs before its token `position` (the entries from
+    //! which on stay): tokens more than W - 1 before `position` are out of the window.
+    int32_t firstNeededPage(int32_t g, int64_t position) const
+    {
+        int64_t const window = mGroups.at(static_cast<size_t>(g)).slidingWindow;
+        if (window == 0)
+        {
+            return 0;
+        }
+        int64_t page = 0;
+        // Page p holds tokens [p * P, (p + 1) * P); it is out of the window when its last token is before
+        // position - (W - 1).
+        while ((page + 1) * mTokensPerPage - 1 < position - (window - 1))
+        {
+            ++page;
+        }
+        return static_cast<int32_t>(page);
+    }
+
+    //! Returns the hash of one page of tokens in the model's encoding of extra keys (those among `keys` that fall in
+    //! [start, start + P)).
+    rt::PageHash hashPage(
+        rt::PageHash parent, int32_t const* tokens, int64_t start, rt::PageExtraKey const* keys, int32_t numKeys) const
+    {
+        std::vector<uint8_t> bytes;
+        for (int32_t k = 0; k < numKeys; ++k)
+        {
+            if (keys[k].position >= start && keys[k].position < start + mTokensPerPage)
+            {
+                // Absolute position as 8 bytes, then hi, then lo: deliberately not the library's layout.
+                int64_t const position = keys[k].position;
+                uint8_t record[24];
+                std::memcpy(record, &position, 8);
+                std::memcpy(record + 8, &keys[k].key.hi, 8);
+                std::memcpy(record + 16, &keys[k].key.lo, 8);
+                bytes.insert(bytes.end(), record, record + 24);
+            }
+        }
+        return mHasher.next(parent, tokens, mTokensPerPage, bytes.empty() ? nullptr : bytes.data(), bytes.size());
+    }
+
+    // Operations: each validates first and changes nothing unless it returns kOK --------------------------------
+
+    //! create(): `id` is the id the manager returned (ids are the manager's to choose).
+    ModelOutcome create(rt::SequenceId id, void const* salt, size_t saltBytes)
+    {
+        if (static_cast<int32_t>(mSequences.size()) >= mMaxSequences || (salt == nullptr && saltBytes > 0))
+        {
+            return ModelOutcome::kINVALID_ARGUMENT;
+        }
+        Sequence sequence;
+        sequence.root = mHasher.root(salt, saltBytes);
+        sequence.entries.assign(mGroups.size(), {});
+        mSequences[id] = std::move(sequence);
+        return ModelOutcome::kOK;
+    }
+
+    //! Predicts whether create() succeeds without changing anything.
+    ModelOutcome checkCreate(void const* salt, size_t saltBytes) const
+    {
+        return static_cast<int32_t>(mSequences.size()) >= mMaxSequences || (salt == nullptr && saltBytes > 0)
+            ? ModelOutcome::kINVALID_ARGUMENT
+            : ModelOutcome::kOK;
+    }
+
+    //! adoptPrefix(); `*adopted` receives the result.
+    ModelOutcome adoptPrefix(rt::SequenceId id, int32_t const* tokens, int32_t count, rt::PageExtraKey const* keys,
+        int32_t numKeys, int32_t* adopted)
+    {
+        auto found = mSequences.find(id);
+        if (found == mSequences.end() || found->second.length != 0 || count < 0 || count > mMaxSequenceLength
+            || (count > 0 && tokens == nullptr) || !keysValid(keys, numKeys, 0, count))
+        {
+            return ModelOutcome::kINVALID_ARGUMENT;
+        }
+        Sequence& sequence = found->second;
+        mStats.prefixQueryTokens += count;
+        *adopted = 0;
+        if (!mPrefixCaching || count == 0)
+        {
+            return ModelOutcome::kOK;
+        }
+        int32_t const maxWhole = (count - 1) / mTokensPerPage;
+        std::vector<rt::PageHash> hashes;
+        rt::PageHash parent = sequence.root;
+        for (int32_t p = 0; p < maxWhole; ++p)
+        {
+            parent = hashPage(parent, tokens + int64_t{p} * mTokensPerPage, int64_t{p} * mTokensPerPage, keys, numKeys);
+            hashes.push_back(parent);
+        }
+        // The longest n whose needed pages are cached in every group.
+        int32_t n = maxWhole;
+        for (; n > 0; --n)
+        {
+            bool all = true;
+            for (int32_t g = 0; g < numGroups() && all; ++g)
+            {
+                for (int32_t p = firstNeededPage(g, int64_t{n} * mTokensPerPage); p < n && all; ++p)
+                {
+                    all = lookup(mGroups[static_cast<size_t>(g)], hashes[static_cast<size_t>(p)]).has_value();
+                }
+            }
+            if (all)
+            {
+                break;
+            }
+        }
+        for (int32_t g = 0; g < numGroups(); ++g)
+        {
+            Group& group = mGroups[static_cast<size_t>(g)];
+            int32_t const first = firstNeededPage(g, int64_t{n} * mTokensPerPage);
+            std::vector<int32_t>& entries = sequence.entries[static_cast<size_t>(g)];
+            for (int32_t p = 0; p < n; ++p)
+            {
+                if (p < first)
+                {
+                    entries.push_back(rt::kUNUSED_PAGE_ENTRY);
+                    continue;
+                }
+                int32_t const page = *lookup(group, hashes[static_cast<size_t>(p)]);
+                if (group.refCount[static_cast<size_t>(page)] == 0)
+                {
+                    group.lru.erase(std::find(group.lru.begin(), group.lru.end(), page));
+                }
+                ++group.refCount[static_cast<size_t>(page)];
+                entries.push_back(page);
+            }
+        }
+        sequence.pageHashes.assign(hashes.begin(), hashes.begin() + n);
+        sequence.length = n * mTokensPerPage;
+        mStats.prefixHitTokens += sequence.length;
+        *adopted = sequence.length;
+        return ModelOutcome::kOK;
+    }
+
+    //! step(); on kOUT_OF_MEMORY lastShortage() names the group and the counts.
+    ModelOutcome step(rt::SequenceAppend const* appends, int32_t count)
+    {
+        mShortage.reset();
+        if (count < 0 || (count > 0 && appends == nullptr))
+        {
+            return ModelOutcome::kINVALID_ARGUMENT;
+        }
+        std::vector<rt::SequenceId> seen;
+        for (int32_t i = 0; i < count; ++i)
+        {
+            rt::SequenceAppend const& a = appends[i];
+            auto found = mSequences.find(a.sequence);
+            if (found == mSequences.end() || std::find(seen.begin(), seen.end(), a.sequence) != seen.end())
+            {
+                return ModelOutcome::kINVALID_ARGUMENT;
+            }
+            seen.push_back(a.sequence);
+            int64_t const length = found->second.length;
+            if (a.count < 0 || a.count > mMaxTokensPerStep || length + a.count > mMaxSequenceLength
+                || (a.count > 0 && a.tokens == nullptr)
+                || !keysValid(a.extraKeys, a.numExtraKeys, length, length + a.count))
+            {
+                return ModelOutcome::kINVALID_ARGUMENT;
+            }
+        }
+        // Pages the step needs and has, group by group, with the holders' counts changing as the entries go. An
+        // entry of 0 tokens writes nothing and releases nothing. Every entry's out-of-window pages are released
+        // before any page is taken, so a page released by all its holders serves the whole step.
+        for (int32_t g = 0; g < numGroups(); ++g)
+        {
+            Group const& group = mGroups[static_cast<size_t>(g)];
+            std::map<int32_t, int32_t> refs;
+            auto refsOf = [&](int32_t page) -> int32_t&
+            {
+                auto it = refs.find(page);
+                if (it == refs.end())
+                {
+                    it = refs.emplace(page, group.refCount[static_cast<size_t>(page)]).first;
+                }
+                return it->second;
+            };
+            int64_t releasedToZero = 0;
+            for (int32_t i = 0; i < count; ++i)
+            {
+                Sequence const& sequence = mSequences.at(appends[i].sequence);
+                std::vector<int32_t> const& entries = sequence.entries[static_cast<size_t>(g)];
+                int32_t const first = appends[i].count > 0 ? firstNeededPage(g, sequence.length) : 0;
+                for (int32_t p = 0; p < first && p < static_cast<int32_t>(entries.size()); ++p)
+                {
+                    int32_t const page = entries[static_cast<size_t>(p)];
+                    if (page != rt::kUNUSED_PAGE_ENTRY && --refsOf(page) == 0)
+                    {
+                        ++releasedToZero;
+                    }
+                }
+            }
+            int64_t needed = 0;
+            for (int32_t i = 0; i < count; ++i)
+            {
+                rt::SequenceAppend const& a = appends[i];
+                Sequence const& sequence = mSequences.at(a.sequence);
+                std::vector<int32_t> const& entries = sequence.entries[static_cast<size_t>(g)];
+                needed += pagesFor(sequence.length + a.count) - pagesFor(sequence.length);
+                if (a.count > 0 && sequence.length % mTokensPerPage != 0)
+                {
+                    int32_t const last = entries.back();
+                    if (refsOf(last) > 1)
+                    {
+                        --refsOf(last);
+                        ++needed;
+                    }
+                }
+            }
+            int64_t const available = static_cast<int64_t>(group.freeStack.size() + group.lru.size()) + releasedToZero;
+            if (needed > available)
+            {
+                mShortage = Shortage{g, needed, available};
+                return ModelOutcome::kOUT_OF_MEMORY;
+            }
+        }
+        // The new full pages' hashes, per entry, before any group registers them.
+        std::vector<std::vector<rt::PageHash>> newHashes(static_cast<size_t>(count));
+        for (int32_t i = 0; i < count && mPrefixCaching; ++i)
+        {
+            rt::SequenceAppend const& a = appends[i];
+            Sequence const& sequence = mSequences.at(a.sequence);
+            std::vector<int32_t> tokens = sequence.partialTokens;
+            tokens.insert(tokens.end(), a.tokens, a.tokens + a.count);
+            int64_t const pageStart = int64_t{sequence.length} / mTokensPerPage * mTokensPerPage;
+            rt::PageHash parent = sequence.pageHashes.empty() ? sequence.root : sequence.pageHashes.back();
+            for (int64_t offset = 0; offset + mTokensPerPage <= static_cast<int64_t>(tokens.size());
+                 offset += mTokensPerPage)
+            {
+                parent = hashPage(parent, tokens.data() + offset, pageStart + offset, a.extraKeys, a.numExtraKeys);
+                newHashes[static_cast<size_t>(i)].push_back(parent);
+            }
+        }
+        // Releases of every entry (list order, groups ascending, pages ascending) ...
+        for (int32_t i = 0; i < count; ++i)
+        {
+            Sequence& sequence = mSequences.at(appends[i].sequence);
+            for (int32_t g = 0; g < numGroups() && appends[i].count > 0; ++g)
+            {
+                std::vector<int32_t>& entries = sequence.entries[static_cast<size_t>(g)];
+                int32_t const first = firstNeededPage(g, sequence.length);
+                for (int32_t p = 0; p < first && p < static_cast<int32_t>(entries.size()); ++p)
+                {
+                    if (entries[static_cast<size_t>(p)] != rt::kUNUSED_PAGE_ENTRY)
+                    {
+                        release(mGroups[static_cast<size_t>(g)], entries[static_cast<size_t>(p)]);
+                        entries[static_cast<size_t>(p)] = rt::kUNUSED_PAGE_ENTRY;
+                    }
+                }
+            }
+        }
+        // ... then entry by entry: in each group the shared partial page replaced and the new pages taken, then the
+        // pages that became full registered in every group.
+        for (int32_t i = 0; i < count; ++i)
+        {
+            rt::SequenceAppend const& a = appends[i];
+            Sequence& sequence = mSequences.at(a.sequence);
+            if (a.count == 0)
+            {
+                continue;
+            }
+            for (int32_t g = 0; g < numGroups(); ++g)
+            {
+                Group& group = mGroups[static_cast<size_t>(g)];
+                std::vector<int32_t>& entries = sequence.entries[static_cast<size_t>(g)];
+                if (sequence.length % mTokensPerPage != 0)
+                {
+                    int32_t const last = entries.back();
+                    if (group.refCount[static_cast<size_t>(last)] > 1)
+                    {
+                        int32_t const fresh = take(g);
+                        group.copies.push_back(rt::PageCopy{last, fresh});
+                        release(group, last);
+                        entries.back() = fresh;
+                        ++mStats.copyOnWritePages;
+                    }
+                }
+                int64_t const newPages = pagesFor(sequence.length + a.count) - pagesFor(sequence.length);
+                for (int64_t n = 0; n < newPages; ++n)
+                {
+                    entries.push_back(take(g));
+                }
+            }
+            std::vector<rt::PageHash> const& hashes = newHashes[static_cast<size_t>(i)];
+            int64_t const firstFull = sequence.length / mTokensPerPage;
+            for (size_t h = 0; h < hashes.size(); ++h)
+            {
+                for (int32_t g = 0; g < numGroups(); ++g)
+                {
+                    Group& group = mGroups[static_cast<size_t>(g)];
+                    registerPage(
+                        group, sequence.entries[static_cast<size_t>(g)][static_cast<size_t>(firstFull) + h], hashes[h]);
+                }
+            }
+        }
+        for (int32_t i = 0; i < count; ++i)
+        {
+            rt::SequenceAppend const& a = appends[i];
+            Sequence& sequence = mSequences.at(a.sequence);
+            std::vector<rt::PageHash> const& hashes = newHashes[static_cast<size_t>(i)];
+            sequence.pageHashes.insert(sequence.pageHashes.end(), hashes.begin(), hashes.end());
+            sequence.partialTokens.insert(sequence.partialTokens.end(), a.tokens, a.tokens + a.count);
+            sequence.length += a.count;
+            sequence.partialTokens.erase(
+                sequence.partialTokens.begin(), sequence.partialTokens.end() - sequence.length % mTokensPerPage);
+        }
+        return ModelOutcome::kOK;
+    }
+
+    //! fork(): `child` is the id the manager returned.
+    ModelOutcome fork(rt::SequenceId parent, rt::SequenceId child)
+    {
+        ModelOutcome const outcome = checkFork(parent);
+        if (outcome != ModelOutcome::kOK)
+        {
+            return outcome;
+        }
+        Sequence copy = mSequences.at(parent);
+        for (int32_t g = 0; g < numGroups(); ++g)
+        {
+            for (int32_t const page : copy.entries[static_cast<size_t>(g)])
+            {
+                if (page != rt::kUNUSED_PAGE_ENTRY)
+                {
+                    ++mGroups[static_cast<size_t>(g)].refCount[static_cast<size_t>(page)];
+                }
+            }
+        }
+        mSequences[child] = std::move(copy);
+        return ModelOutcome::kOK;
+    }
+
+    //! Predicts whether fork() succeeds without changing anything.
+    ModelOutcome checkFork(rt::SequenceId parent) const
+    {
+        return mSequences.count(parent) == 0 || static_cast<int32_t>(mSequences.size()) >= mMaxSequences
+            ? ModelOutcome::kINVALID_ARGUMENT
+            : ModelOutcome::kOK;
+    }
+
+    //! free().
+    ModelOutcome free(rt::SequenceId id)
+    {
+        auto found = mSequences.find(id);
+        if (found == mSequences.end())
+        {
+            return ModelOutcome::kINVALID_ARGUMENT;
+        }
+        for (int32_t g = 0; g < numGroups(); ++g)
+        {
+            std::vector<int32_t> const& entries = found->second.entries[static_cast<size_t>(g)];
+            for (auto it = entries.rbegin(); it != entries.rend(); ++it)
+            {
+                if (*it != rt::kUNUSED_PAGE_ENTRY)
+                {
+                    release(mGroups[static_cast<size_t>(g)], *it);
+                }
+            }
+        }
+        mSequences.erase(found);
+        return ModelOutcome::kOK;
+    }
+
+    //! evictCached(); `*dropped` receives the result.
+    ModelOutcome evictCached(int32_t g, int32_t count, int32_t* dropped)
+    {
+        if (g < 0 || g >= numGroups())
+        {
+            return ModelOutcome::kOUT_OF_RANGE;
+        }
+        if (count < 0)
+        {
+            return ModelOutcome::kINVALID_ARGUMENT;
+        }
+        Group& group = mGroups[static_cast<size_t>(g)];
+        *dropped = 0;
+        while (*dropped < count && !group.lru.empty())
+        {
+            int32_t const page = evictOldest(g);
+            group.freeStack.push_back(page);
+            ++*dropped;
+        }
+        return ModelOutcome::kOK;
+    }
+
+    //! clearCopies().
+    void clearCopies()
+    {
+        for (Group& group : mGroups)
+        {
+            group.copies.clear();
+        }
+    }
+
+private:
+    static bool keysValid(rt::PageExtraKey const* keys, int32_t numKeys, int64_t begin, int64_t end)
+    {
+        if (numKeys < 0 || (numKeys > 0 && keys == nullptr))
+        {
+            return false;
+        }
+        for (int32_t k = 0; k < numKeys; ++k)
+        {
+            if (keys[k].position < begin || keys[k].position >= end
+                || (k > 0 && keys[k].position < keys[k - 1].position))
+            {
+                return false;
+            }
+        }
+        return true;
+    }
+
+    int64_t pagesFor(int64_t tokens) const
+    {
+        return (tokens + mTokensPerPage - 1) / mTokensPerPage;
+    }
+
+    static std::pair<uint64_t, uint64_t> keyOf(rt::PageHash hash)
+    {
+        return {hash.lo, hash.hi};
+    }
+
+    static std::optional<int32_t> lookup(Group const& group, rt::PageHash hash)
+    {
+        auto found = group.cache.find(keyOf(hash));
+        if (found == group.cache.end())
+        {
+            return std::nullopt;
+        }
+        return found->second;
+    }
+
+    void registerPage(Group& group, int32_t page, rt::PageHash hash)
+    {
+        if (!lookup(group, hash).has_value())
+        {
+            group.cache[keyOf(hash)] = page;
+            group.registered[static_cast<size_t>(page)] = 1;
+            group.hash[static_cast<size_t>(page)] = hash;
+        }
+    }
+
+    void release(Group& group, int32_t page)
+    {
+        int32_t& refs = group.refCount[static_cast<size_t>(page)];
+        if (refs <= 0)
+        {
+            throw std::logic_error("model: released a page with no holder");
+        }
+        if (--refs == 0)
+        {
+            if (group.registered[static_cast<size_t>(page)] != 0)
+            {
+                group.lru.push_back(page);
+            }
+            else
+            {
+                group.freeStack.push_back(page);
+            }
+        }
+    }
+
+    //! Drops the least recently released cached page's content and returns it (in no list).
+    int32_t evictOldest(int32_t g)
+    {
+        Group& group = mGroups[static_cast<size_t>(g)];
+        int32_t const page = group.lru.front();
+        group.lru.erase(group.lru.begin());
+        rt::PageHash const hash = group.hash[static_cast<size_t>(page)];
+        mEvictions.push_back(ModelEviction{g, page, hash});
+        group.cache.erase(keyOf(hash));
+        group.registered[static_cast<size_t>(page)] = 0;
+        group.hash[static_cast<size_t>(page)] = rt::PageHash{};
+        ++mStats.evictedPages;
+        return page;
+    }
+
+    int32_t take(int32_t g)
+    {
+        Group& group = mGroups[static_cast<size_t>(g)];
+        int32_t page = 0;
+        if (!group.freeStack.empty())
+        {
+            page = group.freeStack.back();
+            group.freeStack.pop_back();
+        }
+        else if (!group.lru.empty())
+        {
+            page = evictOldest(g);
+        }
+        else
+        {
+            throw std::logic_error("model: took a page from an empty group");
+        }
+        group.refCount[static_cast<size_t>(page)] = 1;
+        return page;
+    }
+
+    int32_t mTokensPerPage;
+    int32_t mMaxSequenceLength;
+    int32_t mMaxTokensPerStep;
+    int32_t mMaxSequences;
+    bool mPrefixCaching;
+    rt::PageHasher mHasher;
+    std::vector<Group> mGroups;
+    std::map<rt::SequenceId, Sequence> mSequences;
+    rt::PageManagerStats mStats;
+    std::vector<ModelEviction> mEvictions;
+    std::optional<Shortage> mShortage;
+};
+
+//! Everything a PageManager's caller can observe of the listed sequences and of every group.
+struct PageManagerSnapshot
+{
+    std::vector<rt::PageGroupCounts> counts;
+    std::vector<std::vector<rt::PageCopy>> copies;
+    rt::PageManagerStats stats = {};
+    int32_t numSequences = 0;
+    //! Per sequence: its length and its entries in each group.
+    std::map<rt::SequenceId, std::pair<int32_t, std::vector<std::vector<int32_t>>>> sequences;
+};
+
+//! Returns the snapshot of `manager` with the sequences `ids` (all alive).
+inline PageManagerSnapshot snapshotOf(rt::PageManager const& manager, std::vector<rt::SequenceId> const& ids)
+{
+    PageManagerSnapshot snapshot;
+    for (int32_t g = 0; g < manager.numGroups(); ++g)
+    {
+        snapshot.counts.push_back(manager.counts(g));
+        snapshot.copies.push_back(manager.copies(g));
+    }
+    snapshot.stats = manager.stats();
+    snapshot.numSequences = manager.numSequences();
+    for (rt::SequenceId const id : ids)
+    {
+        auto& entry = snapshot.sequences[id];
+        entry.first = manager.length(id);
+        for (int32_t g = 0; g < manager.numGroups(); ++g)
+        {
+            rt::SequencePages const pages = manager.pages(id, g);
+            entry.second.emplace_back(pages.pages, pages.pages + pages.numPages);
+        }
+    }
+    return snapshot;
+}
+
+//! Returns the snapshot the model predicts for the sequences `ids` (all of them when empty).
+inline PageManagerSnapshot snapshotOf(PageManagerModel const& model, std::vector<rt::SequenceId> const& ids = {})
+{
+    PageManagerSnapshot snapshot;
+    for (int32_t g = 0; g < model.numGroups(); ++g)
+    {
+        snapshot.counts.push_back(model.counts(g));
+        snapshot.copies.push_back(model.group(g).copies);
+    }
+    snapshot.stats = model.stats();
+    snapshot.numSequences = static_cast<int32_t>(model.sequences().size());
+    for (auto const& [id, sequence] : model.sequences())
+    {
+        if (ids.empty() || std::find(ids.begin(), ids.end(), id) != ids.end())
+        {
+            snapshot.sequences[id] = {sequence.length, sequence.entries};
+        }
+    }
+    return snapshot;
+}
+
+//! Returns a description of the first difference between two snapshots, or an empty string when they are equal.
+inline std::string differenceOf(PageManagerSnapshot const& actual, PageManagerSnapshot const& expected)
+{
+    auto list = [](std::vector<int32_t> const& values)
+    {
+        std::string text = "[";
+        for (size_t i = 0; i < values.size(); ++i)
+        {
+            text += (i > 0 ? " " : "") + std::to_string(values[i]);
+        }
+        return text + "]";
+    };
+    if (actual.counts.size() != expected.counts.size())
+    {
+        return "group count " + std::to_string(actual.counts.size()) + " vs " + std::to_string(expected.counts.size());
+    }
+    for (size_t g = 0; g < actual.counts.size(); ++g)
+    {
+        rt::PageGroupCounts const& a = actual.counts[g];
+        rt::PageGroupCounts const& e = expected.counts[g];
+        if (a.numPages != e.numPages || a.free != e.free || a.used != e.used || a.cached != e.cached
+            || a.shared != e.shared)
+        {
+            return "counts(" + std::to_string(g)
+                + ") {numPages, free, used, cached, shared} = " + list({a.numPages, a.free, a.used, a.cached, a.shared})
+                + ", expected " + list({e.numPages, e.free, e.used, e.cached, e.shared});
+        }
+        std::vector<int32_t> flatA;
+        std::vector<int32_t> flatE;
+        for (rt::PageCopy const& copy : actual.copies[g])
+        {
+            flatA.insert(flatA.end(), {copy.src, copy.dst});
+        }
+        for (rt::PageCopy const& copy : expected.copies[g])
+        {
+            flatE.insert(flatE.end(), {copy.src, copy.dst});
+        }
+        if (flatA != flatE)
+        {
+            return "copies(" + std::to_string(g) + ") as src dst pairs = " + list(flatA) + ", expected " + list(flatE);
+        }
+    }
+    rt::PageManagerStats const& a = actual.stats;
+    rt::PageManagerStats const& e = expected.stats;
+    if (a.prefixQueryTokens != e.prefixQueryTokens || a.prefixHitTokens != e.prefixHitTokens
+        || a.evictedPages != e.evictedPages || a.copyOnWritePages != e.copyOnWritePages)
+    {
+        auto text = [](rt::PageManagerStats const& s)
+        {
+            return "{query " + std::to_string(s.prefixQueryTokens) + ", hit " + std::to_string(s.prefixHitTokens)
+                + ", evicted " + std::to_string(s.evictedPages) + ", copyOnWrite " + std::to_string(s.copyOnWritePages)
+                + "}";
+        };
+        return "stats() = " + text(a) + ", expected " + text(e);
+    }
+    if (actual.numSequences != expected.numSequences)
+    {
+        return "numSequences() = " + std::to_string(actual.numSequences) + ", expected "
+            + std::to_string(expected.numSequences);
+    }
+    if (actual.sequences.size() != expected.sequences.size())
+    {
+        return "snapshots of " + std::to_string(actual.sequences.size()) + " and "
+            + std::to_string(expected.sequences.size()) + " sequences";
+    }
+    for (auto const& [id, seq] : expected.sequences)
+    {
+        auto found = actual.sequences.find(id);
+        if (found == actual.sequences.end())
+        {
+            return "sequence " + std::to_string(id) + " missing";
+        }
+        if (found->second.first != seq.first)
+        {
+            return "length(" + std::to_string(id) + ") = " + std::to_string(found->second.first) + ", expected "
+                + std::to_string(seq.first);
+        }
+        for (size_t g = 0; g < seq.second.size(); ++g)
+        {
+            if (found->second.second[g] != seq.second[g])
+            {
+                return "pages(" + std::to_string(id) + ", " + std::to_string(g) + ") = " + list(found->second.second[g])
+                    + ", expected " + list(seq.second[g]);
+            }
+        }
+    }
+    return {};
+}
+
+} // namespace kvcache::test
