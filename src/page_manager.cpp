@@ -58,16 +58,26 @@ public:
         }
     }
 
-    //! Registers `page` under `hash`, which must be absent.
-    void insert(PageHash hash, int32_t page) noexcept
+    //! Registers `page` under `hash` unless the hash is present; returns whether it registered (one probe run).
+    bool insertIfAbsent(PageHash hash, int32_t page) noexcept
     {
         size_t i = home(hash);
-        while (mSlots[i].page != kNONE)
+        for (; mSlots[i].page != kNONE; i = (i + 1) & mMask)
         {
-            i = (i + 1) & mMask;
+            if (mSlots[i].hash == hash)
+            {
+                return false;
+            }
         }
         mSlots[i] = Slot{hash, page};
         ++mSize;
+        return true;
+    }
+
+    //! Starts loading the slot where a lookup of `hash` begins, so that lookups of a batch of hashes overlap.
+    void prefetch(PageHash hash) const noexcept
+    {
+        __builtin_prefetch(&mSlots[home(hash)]);
     }
 
     //! Removes `hash`, which must be present.
@@ -166,6 +176,9 @@ struct PageManager::State
     PageHasher hasher;
     int32_t maxSequenceLength = 0;
     int32_t tokensPerPage = 0;
+    //! tokensPerPage is a power of two: shifts and masks instead of divisions on the per-token paths.
+    int32_t pageShift = 0;
+    int64_t pageMask = 0;
     int32_t maxTokensPerStep = 0;
     int32_t maxEntries = 0;
     int32_t maxSequences = 0;
@@ -199,6 +212,11 @@ struct PageManager::State
         }
         maxSequenceLength = config.maxSequenceLength;
         tokensPerPage = layout.tokensPerPage;
+        while ((int32_t{1} << pageShift) < tokensPerPage)
+        {
+            ++pageShift;
+        }
+        pageMask = tokensPerPage - 1;
         maxTokensPerStep = layout.maxTokensPerStep;
         maxEntries = static_cast<int32_t>(ceilDiv(maxSequenceLength, tokensPerPage));
         maxSequences = opts.maxSequences > 0 ? opts.maxSequences : layout.maxBatchSize;
@@ -255,6 +273,11 @@ struct PageManager::State
     int32_t const* entriesOf(PageGroupState const& group, int32_t slot) const noexcept
     {
         return group.entries.data() + int64_t{slot} * maxEntries;
+    }
+    //! Pages that `tokens` tokens fill, the last possibly partial.
+    int64_t pagesFor(int64_t tokens) const noexcept
+    {
+        return (tokens + pageMask) >> pageShift;
     }
     int32_t* partialOf(int32_t slot) noexcept
     {
@@ -420,9 +443,8 @@ struct PageManager::State
     //! freed, not cached, when its holders let go).
     void registerPage(PageGroupState& group, int32_t page, PageHash hash) noexcept
     {
-        if (group.cache.find(hash) == kNONE)
+        if (group.cache.insertIfAbsent(hash, page))
         {
-            group.cache.insert(hash, page);
             group.hash[static_cast<size_t>(page)] = hash;
             group.registered[static_cast<size_t>(page)] = 1;
         }
@@ -448,8 +470,8 @@ struct PageManager::State
                 keyBytes.insert(keyBytes.end(), bytes, bytes + 20);
             }
         }
-        return hasher.next(parent, tokens, tokensPerPage, keyBytes.empty() ? nullptr : keyBytes.data(),
-            keyBytes.size());
+        return hasher.next(
+            parent, tokens, tokensPerPage, keyBytes.empty() ? nullptr : keyBytes.data(), keyBytes.size());
     }
 
     // Validation ---------------------------------------------------------------------------------------------------
@@ -490,7 +512,7 @@ struct PageManager::State
             return 0;
         }
         int64_t const firstToken = std::max<int64_t>(0, position - group.slidingWindow + 1);
-        return static_cast<int32_t>(firstToken / tokensPerPage);
+        return static_cast<int32_t>(firstToken >> pageShift);
     }
 
     // Operations ---------------------------------------------------------------------------------------------------
@@ -543,8 +565,8 @@ void PageManager::State::step(SequenceAppend const* appends, int32_t count)
                 "PageManager::step: appends[{}].tokens is null with count {}; it must point to count token ids", i,
                 append.count));
         }
-        checkExtraKeys("step", append.extraKeys, append.numExtraKeys, sequence.length,
-            int64_t{sequence.length} + append.count);
+        checkExtraKeys(
+            "step", append.extraKeys, append.numExtraKeys, sequence.length, int64_t{sequence.length} + append.count);
     }
     // Exact page count per group: new pages and copy-on-write pages needed, against free, cached and released ones.
     for (size_t g = 0; g < groups.size(); ++g)
@@ -564,16 +586,16 @@ void PageManager::State::step(SequenceAppend const* appends, int32_t count)
             SequenceState const& sequence = sequences[static_cast<size_t>(slot)];
             int32_t const* entries = entriesOf(group, slot);
             int64_t const length = sequence.length;
-            needed += ceilDiv(length + append.count, tokensPerPage) - ceilDiv(length, tokensPerPage);
+            needed += pagesFor(length + append.count) - pagesFor(length);
             int32_t const first = sequence.firstHeld[g];
             int32_t const firstKept = std::max(first, firstNeeded(group, length));
             for (int32_t e = first; e < firstKept; ++e)
             {
                 ++group.scratch[static_cast<size_t>(entries[e])];
             }
-            if (length % tokensPerPage != 0)
+            if ((length & pageMask) != 0)
             {
-                int32_t const last = entries[(length - 1) / tokensPerPage];
+                int32_t const last = entries[(length - 1) >> pageShift];
                 if (group.refCount[static_cast<size_t>(last)] > 1)
                 {
                     // Marked apart from releases: a partial last page is never out of the window.
@@ -605,9 +627,9 @@ void PageManager::State::step(SequenceAppend const* appends, int32_t count)
                     mark = 0;
                 }
             }
-            if (length % tokensPerPage != 0)
+            if ((length & pageMask) != 0)
             {
-                int32_t const last = entries[(length - 1) / tokensPerPage];
+                int32_t const last = entries[(length - 1) >> pageShift];
                 int32_t& mark = group.scratch[static_cast<size_t>(last)];
                 if (mark != 0)
                 {
@@ -663,13 +685,13 @@ void PageManager::State::appendOne(SequenceAppend const& append, int32_t slot)
     SequenceState& sequence = sequences[static_cast<size_t>(slot)];
     int64_t const length = sequence.length;
     int64_t const newLength = length + append.count;
-    int32_t const oldPages = static_cast<int32_t>(ceilDiv(length, tokensPerPage));
-    int32_t const newPages = static_cast<int32_t>(ceilDiv(newLength, tokensPerPage));
+    int32_t const oldPages = static_cast<int32_t>(pagesFor(length));
+    int32_t const newPages = static_cast<int32_t>(pagesFor(newLength));
     for (size_t g = 0; g < groups.size(); ++g)
     {
         PageGroupState& group = groups[g];
         int32_t* entries = entriesOf(group, slot);
-        if (length % tokensPerPage != 0)
+        if ((length & pageMask) != 0)
         {
             int32_t& last = entries[oldPages - 1];
             if (group.refCount[static_cast<size_t>(last)] > 1)
@@ -694,7 +716,7 @@ void PageManager::State::appendOne(SequenceAppend const& append, int32_t slot)
         int32_t consumed = 0;
         while (consumed < append.count)
         {
-            int32_t const inPage = static_cast<int32_t>(position % tokensPerPage);
+            int32_t const inPage = static_cast<int32_t>(position & pageMask);
             int32_t const take = std::min(tokensPerPage - inPage, append.count - consumed);
             int32_t const* pageTokens = partial;
             if (inPage == 0 && take == tokensPerPage)
@@ -707,7 +729,7 @@ void PageManager::State::appendOne(SequenceAppend const& append, int32_t slot)
             }
             position += take;
             consumed += take;
-            if (position % tokensPerPage != 0)
+            if ((position & pageMask) != 0)
             {
                 break;
             }
@@ -732,7 +754,7 @@ void PageManager::State::appendOne(SequenceAppend const& append, int32_t slot)
                 sequence.pendingKeys.clear();
             }
             sequence.lastHash = hash;
-            int32_t const pageIndex = start / tokensPerPage;
+            int32_t const pageIndex = start >> pageShift;
             for (PageGroupState& group : groups)
             {
                 registerPage(group, entriesOf(group, slot)[pageIndex], hash);
@@ -741,8 +763,7 @@ void PageManager::State::appendOne(SequenceAppend const& append, int32_t slot)
         // Keys of the new partial page wait for it to fill.
         for (int32_t k = 0; k < append.numExtraKeys; ++k)
         {
-            if (append.extraKeys[k].position >= newLength - newLength % tokensPerPage
-                && newLength % tokensPerPage != 0)
+            if (append.extraKeys[k].position >= newLength - (newLength & pageMask) && (newLength & pageMask) != 0)
             {
                 sequence.pendingKeys.push_back(append.extraKeys[k]);
             }
@@ -762,9 +783,9 @@ int32_t PageManager::State::adoptPrefix(
     }
     if (count < 0 || count > maxSequenceLength)
     {
-        throw InvalidArgumentError(fmt::format(
-            "PageManager::adoptPrefix: count is {}; it must be in [0, {}] (maxSequenceLength)", count,
-            maxSequenceLength));
+        throw InvalidArgumentError(
+            fmt::format("PageManager::adoptPrefix: count is {}; it must be in [0, {}] (maxSequenceLength)", count,
+                maxSequenceLength));
     }
     if (count > 0 && tokens == nullptr)
     {
@@ -786,20 +807,29 @@ int32_t PageManager::State::adoptPrefix(
     {
         numWindowed += group.slidingWindow != 0 ? 1 : 0;
     }
-    // Without extra keys, pages are hashed a few at a time through chain() (its fastest path), wasting at most a
-    // few hashes past the first miss.
-    constexpr int32_t kCHAIN_PAGES = 8;
-    PageHash chained[kCHAIN_PAGES];
+    // Without extra keys, pages are hashed a chunk at a time through chain() (its fastest path) and their table
+    // slots prefetched, so the lookups' cache misses overlap. A chunk holds about 256 tokens, bounding the hashing
+    // wasted past the first miss.
+    constexpr int32_t kMAX_CHAIN_PAGES = 32;
+    int32_t const chainPages = std::clamp(256 / tokensPerPage, 1, kMAX_CHAIN_PAGES);
+    PageHash chained[kMAX_CHAIN_PAGES];
     for (int32_t p = 0; p < maxPages; ++p)
     {
         PageHash hash{};
         if (numKeys == 0)
         {
-            int32_t const inChunk = p % kCHAIN_PAGES;
+            int32_t const inChunk = p % chainPages;
             if (inChunk == 0)
             {
-                hasher.chain(parent, tokens + int64_t{p} * tokensPerPage, std::min(kCHAIN_PAGES, maxPages - p),
-                    tokensPerPage, chained);
+                int32_t const chunk = std::min(chainPages, maxPages - p);
+                hasher.chain(parent, tokens + int64_t{p} * tokensPerPage, chunk, tokensPerPage, chained);
+                for (int32_t c = 0; c < chunk; ++c)
+                {
+                    for (PageGroupState const& group : groups)
+                    {
+                        group.cache.prefetch(chained[c]);
+                    }
+                }
             }
             hash = chained[inChunk];
         }
@@ -967,14 +997,13 @@ void PageManager::State::checkInvariants() const
             int32_t const states = (refs > 0 ? 1 : 0) + onFree[p] + onLru[p];
             if (states != 1)
             {
-                fail(fmt::format(
-                    "group {} page {} is in {} states (used {}, free {}, cached {})", g, p, states, refs, onFree[p],
-                    onLru[p]));
+                fail(fmt::format("group {} page {} is in {} states (used {}, free {}, cached {})", g, p, states, refs,
+                    onFree[p], onLru[p]));
             }
             if ((onFree[p] != 0 && isRegistered) || (onLru[p] != 0 && !isRegistered))
             {
-                fail(fmt::format("group {} page {}: registered {} but {}", g, p, isRegistered,
-                    onFree[p] != 0 ? "free" : "cached"));
+                fail(fmt::format(
+                    "group {} page {}: registered {} but {}", g, p, isRegistered, onFree[p] != 0 ? "free" : "cached"));
             }
             if (isRegistered)
             {
@@ -989,8 +1018,8 @@ void PageManager::State::checkInvariants() const
         }
         if (registeredCount != group.cache.size())
         {
-            fail(fmt::format("group {} has {} registered pages and {} cached hashes", g, registeredCount,
-                group.cache.size()));
+            fail(fmt::format(
+                "group {} has {} registered pages and {} cached hashes", g, registeredCount, group.cache.size()));
         }
         if (shared != group.numShared)
         {
@@ -1015,9 +1044,9 @@ SequenceId PageManager::create(SequenceOptions const& options)
     State& s = *mState;
     if (options.salt == nullptr && options.saltBytes > 0)
     {
-        throw InvalidArgumentError(fmt::format(
-            "PageManager::create: options.salt is null with saltBytes {}; it must point to saltBytes bytes",
-            options.saltBytes));
+        throw InvalidArgumentError(
+            fmt::format("PageManager::create: options.salt is null with saltBytes {}; it must point to saltBytes bytes",
+                options.saltBytes));
     }
     PageHash const root = s.hasher.root(options.salt, options.saltBytes);
     int32_t const slot = s.takeSlot("create");

@@ -1,7 +1,8 @@
 // GPU tests of page transfer over NCCL, in one process driving two GPUs (one thread a side, non-blocking
 // communicators as a runtime makes them): byte-exact pages with distinct K and V values across retained page ids and
 // several page groups, on the run-by-run and the staged path; a geometry mismatch refused on both sides with the
-// receiver's pages untouched; and a peer that never posts failing the other side within its timeout.
+// receiver's pages untouched; and a peer that never posts failing the other side within its timeout, with its stream
+// drained by the abort (under a watchdog that ends the process rather than let it hang).
 
 #include "kvcache/errors.h"
 #include "kvcache/kv_cache_config.h"
@@ -14,11 +15,16 @@
 
 #include <array>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "support/config_builder.h"
@@ -55,6 +61,48 @@ uint8_t sentByte(int32_t layer, int32_t half, int32_t page, int64_t offset)
     x ^= x >> 32;
     return static_cast<uint8_t>(x == kPOISON ? x + 1 : x);
 }
+
+//! Ends the process with a message if it is not destroyed within `limit`: a transfer that hangs (a stream that never
+//! drains, a thread that never joins) must fail the test binary, not stall the run that started it.
+class Watchdog
+{
+public:
+    Watchdog(std::chrono::seconds limit, std::string what)
+        : mWhat(std::move(what))
+        , mThread([this, limit] { watch(limit); })
+    {
+    }
+    ~Watchdog()
+    {
+        {
+            std::lock_guard<std::mutex> const lock(mMutex);
+            mDone = true;
+        }
+        mWake.notify_all();
+        mThread.join();
+    }
+    Watchdog(Watchdog const&) = delete;
+    Watchdog& operator=(Watchdog const&) = delete;
+
+private:
+    void watch(std::chrono::seconds limit)
+    {
+        std::unique_lock<std::mutex> lock(mMutex);
+        if (!mWake.wait_for(lock, limit, [this] { return mDone; }))
+        {
+            std::fprintf(stderr, "FATAL: %s still running after %lld s; the watchdog ends the process\n", mWhat.c_str(),
+                static_cast<long long>(limit.count()));
+            std::fflush(stderr);
+            std::_Exit(1);
+        }
+    }
+
+    std::string mWhat;
+    std::mutex mMutex;
+    std::condition_variable mWake;
+    bool mDone{false};
+    std::thread mThread; // last: it reads the members above
+};
 
 //! One side: a device, a stream, a communicator and a cache.
 struct Side
@@ -126,6 +174,8 @@ protected:
                 ncclCommAbort(side.comm);
             }
         }
+        // Stopped only now: destroying the streams above synchronizes them, and that must not hang either.
+        mWatchdog.reset();
     }
 
     //! Builds each side's cache on its device: the sender's pages hold sentByte, the receiver's kPOISON.
@@ -226,6 +276,8 @@ protected:
     }
 
     std::array<Side, 2> mSides{};
+    //! Set by a test that may hang; ends the process if the test and TearDown are not done in time.
+    std::unique_ptr<Watchdog> mWatchdog;
 };
 
 void rethrowIfAny(std::array<std::exception_ptr, 2> const& errors)
@@ -340,6 +392,8 @@ TEST_F(PageTransferTest, CountMismatchIsRefused)
 
 TEST_F(PageTransferTest, PeerThatNeverPostsFailsWithinTheTimeout)
 {
+    mWatchdog = std::make_unique<Watchdog>(
+        std::chrono::seconds(60), "PageTransferTest.PeerThatNeverPostsFailsWithinTheTimeout");
     makeCaches(transferConfig(), transferConfig());
     // One good transfer first, so that the connection exists and only the missing peer can stall the next one.
     ASSERT_NO_THROW(rethrowIfAny(transfer(0, {1}, {2}, {})));
@@ -355,14 +409,39 @@ TEST_F(PageTransferTest, PeerThatNeverPostsFailsWithinTheTimeout)
     }
     catch (TransferError const& error)
     {
-        mSides[0].comm = nullptr; // aborted by the failed call
+        if (error.pagesInvalid())
+        {
+            mSides[0].comm = nullptr; // aborted, and so freed, by the failed call
+        }
         EXPECT_EQ(error.failure(), TransferFailure::kTIMEOUT);
         EXPECT_TRUE(error.pagesInvalid());
+        EXPECT_TRUE(error.streamDrained()) << error.what();
         EXPECT_NE(std::string(error.what()).find("timeoutMs = 500"), std::string::npos) << error.what();
+    }
+    catch (std::exception const& other)
+    {
+        ADD_FAILURE() << "another exception: " << other.what();
     }
     // Within the timeout plus the abort's own time.
     EXPECT_LT(seconds, 10.0);
     EXPECT_GE(seconds, 0.5);
+    // The abort ended the NCCL kernel the call had queued: the sender's stream drains on its own (polled here, so that
+    // a kernel that did not end fails this check instead of hanging it).
+    KVCACHE_TEST_CUDA(cudaSetDevice(mSides[0].device));
+    auto const drainUntil = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    cudaError_t query = cudaStreamQuery(mSides[0].stream->get());
+    while (query == cudaErrorNotReady && std::chrono::steady_clock::now() < drainUntil)
+    {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        query = cudaStreamQuery(mSides[0].stream->get());
+    }
+    EXPECT_EQ(query, cudaSuccess) << "the sender's stream after the abort: " << cudaGetErrorString(query);
+    if (query == cudaErrorNotReady)
+    {
+        // Abandoned as TransferError documents: never synchronized, so TearDown cannot hang on it.
+        static_cast<void>(mSides[0].stream.release());
+        static_cast<void>(mSides[0].cache.release());
+    }
 }
 
 TEST_F(PageTransferTest, BadArgumentsThrowBeforeTheCommunicatorIsUsed)

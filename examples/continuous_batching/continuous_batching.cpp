@@ -373,9 +373,12 @@ int simulate(Options const& options)
         {
             for (; live[i].pending.empty() && live[i].forksLeft > 0; --live[i].forksLeft)
             {
-                Sequence child = live[i];
+                // Built field by field: the parent's prompt is prefilled, so the child has nothing pending (and
+                // copying the empty vector trips a false -Warray-bounds in GCC 13).
+                Sequence child;
+                child.request = live[i].request;
+                child.length = live[i].length;
                 child.id = manager.fork(live[i].id);
-                child.forksLeft = 0;
                 child.targetLength = child.length + draw(1, options.newTokens);
                 totals.forkSharedPages += pagesFor(child.length, tokensPerPage);
                 ++totals.forks;

@@ -167,10 +167,10 @@ public:
     //! the pages the whole step needs are counted (new pages, copy-on-write pages) against the free and cached pages
     //! of each group (windowed groups counting the pages the step releases that no other sequence holds); then
     //! out-of-window pages are released, shared partial pages are copied, new pages taken, and pages that become
-    //! full hashed and registered, in the order the class comment gives. Copies are added to copies(). Throws InvalidArgumentError for an unknown or
-    //! repeated sequence, a count outside [0, maxTokensPerStep], a length past maxSequenceLength, null pointers,
-    //! extra keys out of order or outside the appended positions; OutOfMemoryError naming the group, the pages needed
-    //! and the pages available; nothing changes then.
+    //! full hashed and registered, in the order the class comment gives. Copies are added to copies(). Throws
+    //! InvalidArgumentError for an unknown or repeated sequence, a count outside [0, maxTokensPerStep], a length past
+    //! maxSequenceLength, null pointers, extra keys out of order or outside the appended positions; OutOfMemoryError
+    //! naming the group, the pages needed and the pages available; nothing changes then.
     void step(SequenceAppend const* appends, int32_t count);
 
     //! Returns a new sequence holding the same pages as `parent` (each one more holder), with its length, its hash
@@ -200,8 +200,8 @@ public:
     void clearCopies() noexcept;
 
     //! Drops the content of up to `count` cached pages of `group`, least recently released first (calling the
-    //! eviction callback and counting them in stats().evictedPages), making them free; returns how many it dropped. Throws OutOfRangeError for a bad group,
-    //! InvalidArgumentError for a negative count.
+    //! eviction callback and counting them in stats().evictedPages), making them free; returns how many it dropped.
+    //! Throws OutOfRangeError for a bad group, InvalidArgumentError for a negative count.
     int32_t evictCached(int32_t group, int32_t count);
     //! Sets the function called for each evicted page (empty: none).
     void setEvictionCallback(EvictionCallback callback);

@@ -58,20 +58,60 @@ void fnv(uint64_t& hash, int32_t value) noexcept
     }
 }
 
-void ncclCheck(ncclResult_t result, char const* call, ncclComm_t comm)
+//! How long a failed call waits, after aborting the communicator, for the NCCL kernels it queued to end.
+constexpr auto kABORT_DRAIN_TIME = std::chrono::seconds(5);
+constexpr auto kPOLL_INTERVAL = std::chrono::microseconds(50);
+
+//! Aborts `comm` (ncclCommAbort blocks, whatever the communicator's blocking setting, and frees it), which makes the
+//! NCCL kernels queued on `stream` return, then waits up to kABORT_DRAIN_TIME for the stream to drain, polling, never
+//! synchronizing: a kernel that the abort did not end must not hang the caller. Returns whether the stream drained.
+bool abortAndDrain(ncclComm_t comm, cudaStream_t stream) noexcept
+{
+    ncclCommAbort(comm);
+    auto const until = std::chrono::steady_clock::now() + kABORT_DRAIN_TIME;
+    for (;;)
+    {
+        cudaError_t const status = cudaStreamQuery(stream);
+        if (status != cudaErrorNotReady)
+        {
+            // A sticky error leaves the stream unusable; report it as not drained.
+            return status == cudaSuccess;
+        }
+        if (std::chrono::steady_clock::now() > until)
+        {
+            return false;
+        }
+        std::this_thread::sleep_for(kPOLL_INTERVAL);
+    }
+}
+
+//! Aborts `comm`, drains `stream` (abortAndDrain) and throws TransferError `failure` with `message` and what became of
+//! the stream.
+[[noreturn]] void abortAndThrow(
+    ncclComm_t comm, cudaStream_t stream, TransferFailure failure, std::string const& message)
+{
+    bool const drained = abortAndDrain(comm, stream);
+    throw TransferError(failure,
+        fmt::format("{}; the communicator was aborted and the pages are not valid; {}", message,
+            drained ? "the stream has drained"
+                    : fmt::format("the stream still had work {} s after the abort: abandon it (do not synchronize it)",
+                        std::chrono::duration_cast<std::chrono::seconds>(kABORT_DRAIN_TIME).count())),
+        drained);
+}
+
+void ncclCheck(ncclResult_t result, char const* call, ncclComm_t comm, cudaStream_t stream)
 {
     if (result == ncclSuccess || result == ncclInProgress)
     {
         return;
     }
-    ncclCommAbort(comm);
-    throw TransferError(TransferFailure::kCOMMUNICATION,
-        fmt::format("{} failed: {} ({}); the communicator was aborted and the pages are not valid", call,
-            ncclGetErrorString(result), static_cast<int>(result)));
+    abortAndThrow(comm, stream, TransferFailure::kCOMMUNICATION,
+        fmt::format("{} failed: {} ({})", call, ncclGetErrorString(result), static_cast<int>(result)));
 }
 
-//! Waits until the work queued on `stream` is done, polling NCCL for errors; aborts `comm` on an error or past the
-//! deadline. `what` names the step for the message.
+//! Waits until the work queued on `stream` is done, polling the stream and NCCL for errors, never blocking: the peer
+//! may never post, and then the NCCL kernel on the stream never ends. Aborts `comm` on an error or past the deadline.
+//! `what` names the step for the message.
 void waitForStream(cudaStream_t stream, ncclComm_t comm, std::chrono::steady_clock::time_point deadline,
     int64_t timeoutMs, char const* what)
 {
@@ -84,42 +124,53 @@ void waitForStream(cudaStream_t stream, ncclComm_t comm, std::chrono::steady_clo
         }
         if (status != cudaErrorNotReady)
         {
-            ncclCommAbort(comm);
-            detail::throwCudaError(status, "cudaStreamQuery (waiting for the transfer)", __FILE__, __LINE__);
+            abortAndThrow(comm, stream, TransferFailure::kCOMMUNICATION,
+                fmt::format(
+                    "{}: cudaStreamQuery failed: {} ({})", what, cudaGetErrorString(status), static_cast<int>(status)));
         }
         ncclResult_t asyncError = ncclSuccess;
-        ncclResult_t const query = ncclCommGetAsyncError(comm, &asyncError);
-        ncclCheck(query, "ncclCommGetAsyncError", comm);
-        ncclCheck(asyncError, what, comm);
+        ncclCheck(ncclCommGetAsyncError(comm, &asyncError), "ncclCommGetAsyncError", comm, stream);
+        ncclCheck(asyncError, what, comm, stream);
         if (std::chrono::steady_clock::now() > deadline)
         {
-            ncclCommAbort(comm);
-            throw TransferError(TransferFailure::kTIMEOUT,
-                fmt::format("{}: the peer did not finish within TransferOptions.timeoutMs = {} ms; the communicator "
-                            "was aborted and the pages are not valid",
-                    what, timeoutMs));
+            abortAndThrow(comm, stream, TransferFailure::kTIMEOUT,
+                fmt::format("{}: the peer did not finish within TransferOptions.timeoutMs = {} ms", what, timeoutMs));
         }
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
+        std::this_thread::sleep_for(kPOLL_INTERVAL);
     }
 }
 
-//! Ends an NCCL group; a non-blocking communicator may still be enqueuing, so wait for it to leave ncclInProgress.
-void endGroup(ncclComm_t comm, std::chrono::steady_clock::time_point deadline, int64_t timeoutMs, char const* what)
+//! Waits for the operations queued on `stream` (waitForStream), then copies `bytes` from `device` to the pageable
+//! `host`. The order matters: a copy into pageable memory returns only once it is done, so queued behind an NCCL
+//! receive whose peer never posts it would block the host for ever, before any timeout could fire.
+void downloadAfter(void* host, void const* device, size_t bytes, cudaStream_t stream, ncclComm_t comm,
+    std::chrono::steady_clock::time_point deadline, int64_t timeoutMs, char const* what)
+{
+    waitForStream(stream, comm, deadline, timeoutMs, what);
+    KVCACHE_CUDA_TRY(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream));
+    waitForStream(stream, comm, deadline, timeoutMs, what);
+}
+
+//! Ends an NCCL group; a non-blocking communicator may still be enqueuing, so poll it out of ncclInProgress.
+void endGroup(ncclComm_t comm, cudaStream_t stream, std::chrono::steady_clock::time_point deadline, int64_t timeoutMs,
+    char const* what)
 {
     ncclResult_t result = ncclGroupEnd();
-    ncclCheck(result, what, comm);
+    ncclCheck(result, what, comm, stream);
     while (result == ncclInProgress)
     {
-        ncclCheck(ncclCommGetAsyncError(comm, &result), "ncclCommGetAsyncError", comm);
-        ncclCheck(result, what, comm);
-        if (result == ncclInProgress && std::chrono::steady_clock::now() > deadline)
+        ncclCheck(ncclCommGetAsyncError(comm, &result), "ncclCommGetAsyncError", comm, stream);
+        ncclCheck(result, what, comm, stream);
+        if (result != ncclInProgress)
         {
-            ncclCommAbort(comm);
-            throw TransferError(TransferFailure::kTIMEOUT,
-                fmt::format("{}: NCCL did not enqueue within TransferOptions.timeoutMs = {} ms; the communicator was "
-                            "aborted and the pages are not valid",
-                    what, timeoutMs));
+            return;
         }
+        if (std::chrono::steady_clock::now() > deadline)
+        {
+            abortAndThrow(comm, stream, TransferFailure::kTIMEOUT,
+                fmt::format("{}: NCCL did not enqueue within TransferOptions.timeoutMs = {} ms", what, timeoutMs));
+        }
+        std::this_thread::sleep_for(kPOLL_INTERVAL);
     }
 }
 
@@ -213,7 +264,7 @@ enum class Side
 };
 
 void checkArguments(char const* what, KVCacheManager const& cache, int32_t group, int32_t const* pageIds, int32_t count,
-    int32_t peer, ncclComm_t comm, TransferOptions const& options)
+    int32_t peer, ncclComm_t comm, cudaStream_t stream, TransferOptions const& options)
 {
     if (group < 0 || group >= cache.numGroups())
     {
@@ -239,8 +290,8 @@ void checkArguments(char const* what, KVCacheManager const& cache, int32_t group
     detail::validateResetList(what, pageIds, count, cache.group(group).numPages);
     int ranks = 0;
     int self = 0;
-    ncclCheck(ncclCommCount(comm, &ranks), "ncclCommCount", comm);
-    ncclCheck(ncclCommUserRank(comm, &self), "ncclCommUserRank", comm);
+    ncclCheck(ncclCommCount(comm, &ranks), "ncclCommCount", comm, stream);
+    ncclCheck(ncclCommUserRank(comm, &self), "ncclCommUserRank", comm, stream);
     if (peer < 0 || peer >= ranks || peer == self)
     {
         throw InvalidArgumentError(fmt::format(
@@ -269,7 +320,7 @@ void transferPages(Side side, KVCacheManager const& cache, int32_t group, int32_
     int32_t peer, ncclComm_t comm, cudaStream_t stream, TransferOptions const& options)
 {
     char const* const what = side == Side::kSEND ? "sendPages" : "receivePages";
-    checkArguments(what, cache, group, pageIds, count, peer, comm, options);
+    checkArguments(what, cache, group, pageIds, count, peer, comm, stream, options);
     detail::ScopedDevice const device(cache.device());
     auto const deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options.timeoutMs);
 
@@ -301,13 +352,15 @@ void transferPages(Side side, KVCacheManager const& cache, int32_t group, int32_
     TransferHeader mine{
         kHEADER_MAGIC, group, geometryFingerprint(cache.layout()), count, static_cast<int32_t>(options.path)};
     KVCACHE_CUDA_TRY(cudaMemcpyAsync(headers, &mine, sizeof(mine), cudaMemcpyHostToDevice, stream));
-    ncclCheck(ncclGroupStart(), "ncclGroupStart", comm);
-    ncclCheck(ncclSend(headers, sizeof(TransferHeader), ncclChar, peer, comm, stream), "ncclSend (header)", comm);
-    ncclCheck(ncclRecv(headers + 256, sizeof(TransferHeader), ncclChar, peer, comm, stream), "ncclRecv (header)", comm);
-    endGroup(comm, deadline, options.timeoutMs, what);
+    ncclCheck(ncclGroupStart(), "ncclGroupStart", comm, stream);
+    ncclCheck(
+        ncclSend(headers, sizeof(TransferHeader), ncclChar, peer, comm, stream), "ncclSend (header)", comm, stream);
+    ncclCheck(ncclRecv(headers + 256, sizeof(TransferHeader), ncclChar, peer, comm, stream), "ncclRecv (header)", comm,
+        stream);
+    endGroup(comm, stream, deadline, options.timeoutMs, what);
     TransferHeader theirs{};
-    KVCACHE_CUDA_TRY(cudaMemcpyAsync(&theirs, headers + 256, sizeof(theirs), cudaMemcpyDeviceToHost, stream));
-    waitForStream(stream, comm, deadline, options.timeoutMs, "the header exchange");
+    downloadAfter(
+        &theirs, headers + 256, sizeof(theirs), stream, comm, deadline, options.timeoutMs, "the header exchange");
 
     std::string mismatch;
     if (theirs.magic != kHEADER_MAGIC)
@@ -347,15 +400,15 @@ void transferPages(Side side, KVCacheManager const& cache, int32_t group, int32_
     std::vector<Run> runs;
     if (options.path != TransferPath::kSTAGED)
     {
-        ncclCheck(ncclGroupStart(), "ncclGroupStart", comm);
-        ncclCheck(ncclSend(lists, size_t(count) * 4, ncclChar, peer, comm, stream), "ncclSend (page list)", comm);
+        ncclCheck(ncclGroupStart(), "ncclGroupStart", comm, stream);
         ncclCheck(
-            ncclRecv(lists + listBytes, size_t(count) * 4, ncclChar, peer, comm, stream), "ncclRecv (page list)", comm);
-        endGroup(comm, deadline, options.timeoutMs, what);
+            ncclSend(lists, size_t(count) * 4, ncclChar, peer, comm, stream), "ncclSend (page list)", comm, stream);
+        ncclCheck(ncclRecv(lists + listBytes, size_t(count) * 4, ncclChar, peer, comm, stream), "ncclRecv (page list)",
+            comm, stream);
+        endGroup(comm, stream, deadline, options.timeoutMs, what);
         std::vector<int32_t> peerList(static_cast<size_t>(count));
-        KVCACHE_CUDA_TRY(
-            cudaMemcpyAsync(peerList.data(), lists + listBytes, size_t(count) * 4, cudaMemcpyDeviceToHost, stream));
-        waitForStream(stream, comm, deadline, options.timeoutMs, "the page list exchange");
+        downloadAfter(peerList.data(), lists + listBytes, size_t(count) * 4, stream, comm, deadline, options.timeoutMs,
+            "the page list exchange");
         runs = side == Side::kSEND ? findRuns(ownList, peerList) : findRuns(peerList, ownList);
     }
     bool const staged = options.path == TransferPath::kSTAGED
@@ -373,13 +426,13 @@ void transferPages(Side side, KVCacheManager const& cache, int32_t group, int32_
             launchPack<true>(halves, deviceHalves, devicePages, count, staging, stream);
         }
     }
-    ncclCheck(ncclGroupStart(), "ncclGroupStart", comm);
+    ncclCheck(ncclGroupStart(), "ncclGroupStart", comm, stream);
     if (staged)
     {
         ncclCheck(side == Side::kSEND
                 ? ncclSend(staging, static_cast<size_t>(stagingBytes), ncclChar, peer, comm, stream)
                 : ncclRecv(staging, static_cast<size_t>(stagingBytes), ncclChar, peer, comm, stream),
-            side == Side::kSEND ? "ncclSend (pages)" : "ncclRecv (pages)", comm);
+            side == Side::kSEND ? "ncclSend (pages)" : "ncclRecv (pages)", comm, stream);
     }
     else
     {
@@ -392,11 +445,11 @@ void transferPages(Side side, KVCacheManager const& cache, int32_t group, int32_
                 auto const bytes = static_cast<size_t>(int64_t{run.length} * half.pageBytes);
                 ncclCheck(side == Side::kSEND ? ncclSend(start, bytes, ncclChar, peer, comm, stream)
                                               : ncclRecv(start, bytes, ncclChar, peer, comm, stream),
-                    side == Side::kSEND ? "ncclSend (pages)" : "ncclRecv (pages)", comm);
+                    side == Side::kSEND ? "ncclSend (pages)" : "ncclRecv (pages)", comm, stream);
             }
         }
     }
-    endGroup(comm, deadline, options.timeoutMs, what);
+    endGroup(comm, stream, deadline, options.timeoutMs, what);
     if (staged && side == Side::kRECEIVE)
     {
         launchPack<false>(halves, deviceHalves, devicePages, count, staging, stream);

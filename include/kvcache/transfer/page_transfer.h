@@ -55,16 +55,26 @@ enum class TransferFailure : int32_t
     kCOMMUNICATION = 2,
 };
 
-//! Thrown when a transfer fails after its arguments were accepted. Unless failure() is kMISMATCH the receiving side's
-//! listed pages hold unspecified bytes (they are not valid) and the communicator is aborted: the runtime must make a
-//! new one.
+//! Thrown when a transfer fails after its arguments were accepted. Unless failure() is kMISMATCH:
+//! - the communicator was aborted with ncclCommAbort, which also frees it: the caller must not use it again (not even
+//!   to abort or destroy it) and must make a new one with the peer;
+//! - the NCCL kernels the call queued on its stream end because of the abort; the call waited (polling, at most a few
+//!   seconds) for the stream to drain before throwing, and streamDrained() says whether it did. When it did, the stream
+//!   is idle and usable. When it did not, the stream still holds work that may never end: abandon it (destroy it
+//!   without synchronizing it; no cudaStreamSynchronize or cudaDeviceSynchronize while it is pending), and keep the
+//!   cache alive: its pools are freed in order on the cache's own stream, and that work may still address them;
+//! - the cache's bookkeeping (sequences, page tables, free pages) is untouched, and the sending side's pages are
+//!   unchanged; the receiving side's listed pages hold unspecified bytes (they are not valid), its other pages are
+//!   unchanged.
 class TransferError : public Error
 {
 public:
-    //! Builds the error of `failure` with `message`.
-    TransferError(TransferFailure failure, std::string const& message)
+    //! Builds the error of `failure` with `message`; `streamDrained` says whether the stream was idle when it was
+    //! thrown.
+    TransferError(TransferFailure failure, std::string const& message, bool streamDrained = true)
         : Error(message)
         , mFailure(failure)
+        , mStreamDrained(streamDrained)
     {
     }
     //! Returns why the transfer failed.
@@ -77,9 +87,16 @@ public:
     {
         return mFailure != TransferFailure::kMISMATCH;
     }
+    //! Returns true when the call's stream had no work left when the error was thrown (always for kMISMATCH); false
+    //! means the stream must be abandoned (see the class comment).
+    bool streamDrained() const noexcept
+    {
+        return mStreamDrained;
+    }
 
 private:
     TransferFailure mFailure;
+    bool mStreamDrained;
 };
 
 //! Returns the 64-bit FNV-1a hash (offset basis 14695981039346656037, prime 1099511628211) of this byte encoding of
@@ -93,9 +110,12 @@ uint64_t geometryFingerprint(KVCacheLayout const& layout) noexcept;
 //! count and group at the same time. First the two sides exchange a header (fingerprint of the geometry, group, count,
 //! path) and, unless the path is kSTAGED, their page lists; a mismatch throws TransferError kMISMATCH on both sides
 //! before any page moves. Then the pages go as runs (kDIRECT) or one packed message (kSTAGED), all inside one
-//! ncclGroupStart/ncclGroupEnd. The call waits on the host until the pages have left (it polls the stream and
-//! ncclCommGetAsyncError); past options.timeoutMs it calls ncclCommAbort and throws TransferError kTIMEOUT, and an
-//! NCCL error aborts and throws kCOMMUNICATION. Works with blocking and non-blocking (blocking = 0) communicators.
+//! ncclGroupStart/ncclGroupEnd. The call waits on the host until the pages have left, only ever polling (the stream
+//! and ncclCommGetAsyncError; it never blocks on the stream, so a peer that never posts cannot hang it); past
+//! options.timeoutMs it calls ncclCommAbort and throws TransferError kTIMEOUT, and an NCCL or stream error aborts and
+//! throws kCOMMUNICATION; TransferError says what state the communicator, the stream and the pages are left in. Works
+//! with blocking and non-blocking (blocking = 0) communicators; with a blocking one, ncclGroupEnd may
+//! itself block until the peer connects, outside the timeout.
 //! Throws InvalidArgumentError (group outside [0, numGroups), count < 0, a null list with a positive count, a page
 //! listed twice, peer outside [0, ranks) or the caller's own rank, timeoutMs <= 0) or OutOfRangeError (an id outside
 //! [0, numPages)) before touching the communicator. Zero pages still exchange the header.

@@ -1,0 +1,298 @@
+// Host tier transfer rates against one contiguous cudaMemcpyAsync of the same bytes, the kernel/copy-engine
+// crossover, both directions at once, the slowdown of a concurrent compute kernel, and the time a large tier takes
+// to construct and to pin fully. Geometry: 32 layers, 8 KV heads x 128 dims, float16, 16 tokens a page, K and V
+// (a slot is 2 MiB). Prints one line a measurement; exits 77 without a GPU.
+//
+// Flags: --tier-gib=N (default 64) sizes the construction run (halved until it fits in half the machine's memory);
+// --reps=N (default 20) timed repetitions, the median reported.
+
+#include "kvcache/errors.h"
+#include "kvcache/host_tier.h"
+#include "kvcache/kv_cache_manager.h"
+
+#include <cuda_runtime_api.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "support/config_builder.h"
+#include "support/cuda_raii.h"
+#include "support/gpu_availability.h"
+
+namespace
+{
+
+namespace rt = kvcache::rt;
+using kvcache::test::CudaStream;
+
+constexpr int32_t kLAYERS = 32;
+constexpr int32_t kPAGES = 1024;
+constexpr int32_t kSLOTS = 512;
+constexpr int32_t kCOUNTS[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+
+int32_t gReps = 20;
+
+//! Median seconds of `reps` runs of `enqueue` on `stream`, each timed with events.
+double medianSeconds(cudaStream_t stream, std::function<void()> const& enqueue)
+{
+    cudaEvent_t start = nullptr;
+    cudaEvent_t stop = nullptr;
+    KVCACHE_CUDA_TRY(cudaEventCreate(&start));
+    KVCACHE_CUDA_TRY(cudaEventCreate(&stop));
+    std::vector<double> times;
+    for (int32_t r = 0; r < gReps + 2; ++r)
+    {
+        KVCACHE_CUDA_TRY(cudaEventRecord(start, stream));
+        enqueue();
+        KVCACHE_CUDA_TRY(cudaEventRecord(stop, stream));
+        KVCACHE_CUDA_TRY(cudaEventSynchronize(stop));
+        float ms = 0;
+        KVCACHE_CUDA_TRY(cudaEventElapsedTime(&ms, start, stop));
+        if (r >= 2)
+        {
+            times.push_back(ms * 1e-3);
+        }
+    }
+    KVCACHE_CUDA_LOG(cudaEventDestroy(start));
+    KVCACHE_CUDA_LOG(cudaEventDestroy(stop));
+    std::sort(times.begin(), times.end());
+    return times[times.size() / 2];
+}
+
+__global__ void computeKernel(float* out, int32_t iterations)
+{
+    float a = static_cast<float>(threadIdx.x);
+    float b = 1.0001f;
+    for (int32_t i = 0; i < iterations; ++i)
+    {
+        a = a * b + 0.5f;
+        b = b * 0.99999f + 0.00001f;
+    }
+    out[blockIdx.x * blockDim.x + threadIdx.x] = a;
+}
+
+std::vector<rt::HostTierEntry> scattered(int32_t count, uint32_t seed)
+{
+    std::mt19937 generator(seed);
+    std::vector<int32_t> pages(kPAGES);
+    std::vector<int32_t> slots(kSLOTS);
+    std::iota(pages.begin(), pages.end(), 0);
+    std::iota(slots.begin(), slots.end(), 0);
+    std::shuffle(pages.begin(), pages.end(), generator);
+    std::shuffle(slots.begin(), slots.end(), generator);
+    std::vector<rt::HostTierEntry> entries;
+    for (int32_t i = 0; i < count; ++i)
+    {
+        entries.push_back({pages[static_cast<size_t>(i)], slots[static_cast<size_t>(i)]});
+    }
+    return entries;
+}
+
+char const* methodName(rt::HostTierMethod method)
+{
+    return method == rt::HostTierMethod::kKERNEL ? "kernel" : "copy_engine";
+}
+
+int run(int64_t tierGib)
+{
+    CudaStream stream;
+    CudaStream second;
+    rt::KVCacheConfig config = kvcache::test::ConfigBuilder(std::vector<rt::KVLayerConfig>(kLAYERS, {8, 128}))
+                                   .maxBatchSize(1)
+                                   .maxSequenceLength(kPAGES * 16)
+                                   .tokensPerPage(16)
+                                   .dataType(rt::DataType::kHALF);
+    rt::KVCacheManager cache(config, stream.get());
+    rt::HostTier tier(cache, 0, kSLOTS);
+    tier.waitUntilReady();
+    int64_t const slotBytes = tier.slotBytes();
+    std::printf("geometry: %d layers, slot %lld bytes, %d device pages, %d slots\n", kLAYERS,
+        static_cast<long long>(slotBytes), kPAGES, kSLOTS);
+
+    // The contiguous baseline: one cudaMemcpyAsync between a device buffer and a pinned buffer of the same size.
+    int64_t const maxBytes = int64_t{256} * slotBytes;
+    kvcache::test::DeviceArray<char> deviceBuffer(static_cast<size_t>(maxBytes));
+    void* pinned = nullptr;
+    KVCACHE_CUDA_TRY(cudaHostAlloc(&pinned, static_cast<size_t>(maxBytes), cudaHostAllocDefault));
+
+    int64_t crossoverBytes[2] = {-1, -1};
+    for (int32_t d = 0; d < 2; ++d)
+    {
+        bool const toHost = d == 0;
+        char const* direction = toHost ? "offload" : "onboard";
+        for (int32_t const count : kCOUNTS)
+        {
+            int64_t const bytes = count * slotBytes;
+            auto const entries = scattered(count, static_cast<uint32_t>(count));
+            double const contiguous = medianSeconds(stream.get(),
+                [&]
+                {
+                    KVCACHE_CUDA_TRY(toHost ? cudaMemcpyAsync(pinned, deviceBuffer.get(), static_cast<size_t>(bytes),
+                                         cudaMemcpyDeviceToHost, stream.get())
+                                            : cudaMemcpyAsync(deviceBuffer.get(), pinned, static_cast<size_t>(bytes),
+                                                cudaMemcpyHostToDevice, stream.get()));
+                });
+            double seconds[2] = {0, 0};
+            for (auto const method : {rt::HostTierMethod::kCOPY_ENGINE, rt::HostTierMethod::kKERNEL})
+            {
+                double const s = medianSeconds(stream.get(),
+                    [&]
+                    {
+                        if (toHost)
+                        {
+                            tier.offload(cache, entries, stream.get(), method);
+                        }
+                        else
+                        {
+                            tier.onboard(cache, entries, stream.get(), method);
+                        }
+                    });
+                seconds[method == rt::HostTierMethod::kKERNEL ? 1 : 0] = s;
+                std::printf("%s/%s/%d: %.2f GB/s, contiguous %.2f GB/s, ratio %.3f\n", direction, methodName(method),
+                    count, static_cast<double>(bytes) / s * 1e-9, static_cast<double>(bytes) / contiguous * 1e-9,
+                    contiguous / s);
+            }
+            if (seconds[1] <= seconds[0])
+            {
+                crossoverBytes[d] = bytes;
+            }
+        }
+        std::printf("crossover/%s: the kernel is faster up to %lld bytes (%lld pages); kHOST_TIER_KERNEL_MAX_BYTES is "
+                    "%lld\n",
+            direction, static_cast<long long>(crossoverBytes[d]), static_cast<long long>(crossoverBytes[d] / slotBytes),
+            static_cast<long long>(rt::kHOST_TIER_KERNEL_MAX_BYTES));
+    }
+
+    // Both directions at once: disjoint pages and slots, offload on one stream, onboard on another.
+    for (auto const method : {rt::HostTierMethod::kCOPY_ENGINE, rt::HostTierMethod::kKERNEL})
+    {
+        auto const all = scattered(256, 99);
+        std::vector<rt::HostTierEntry> const out(all.begin(), all.begin() + 128);
+        std::vector<rt::HostTierEntry> const in(all.begin() + 128, all.end());
+        int64_t const bytes = 128 * slotBytes;
+        double const alone = medianSeconds(stream.get(), [&] { tier.offload(cache, out, stream.get(), method); });
+        double const aloneIn = medianSeconds(stream.get(), [&] { tier.onboard(cache, in, stream.get(), method); });
+        cudaEvent_t fork = nullptr;
+        cudaEvent_t join = nullptr;
+        KVCACHE_CUDA_TRY(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+        KVCACHE_CUDA_TRY(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+        double const both = medianSeconds(stream.get(),
+            [&]
+            {
+                KVCACHE_CUDA_TRY(cudaEventRecord(fork, stream.get()));
+                KVCACHE_CUDA_TRY(cudaStreamWaitEvent(second.get(), fork, 0));
+                tier.offload(cache, out, stream.get(), method);
+                tier.onboard(cache, in, second.get(), method);
+                KVCACHE_CUDA_TRY(cudaEventRecord(join, second.get()));
+                KVCACHE_CUDA_TRY(cudaStreamWaitEvent(stream.get(), join, 0));
+            });
+        KVCACHE_CUDA_LOG(cudaEventDestroy(fork));
+        KVCACHE_CUDA_LOG(cudaEventDestroy(join));
+        std::printf("bidirectional/%s/128+128: combined %.2f GB/s; offload alone %.2f GB/s, onboard alone %.2f GB/s\n",
+            methodName(method), 2.0 * static_cast<double>(bytes) / both * 1e-9,
+            static_cast<double>(bytes) / alone * 1e-9, static_cast<double>(bytes) / aloneIn * 1e-9);
+    }
+
+    // A compute kernel on all SMs, alone and with transfers running on another stream for its whole duration.
+    int multiprocessors = 0;
+    KVCACHE_CUDA_TRY(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, cache.device()));
+    int32_t const blocks = multiprocessors * 8;
+    kvcache::test::DeviceArray<float> sink(static_cast<size_t>(blocks) * 256);
+    int32_t const iterations = 1 << 18;
+    double const computeAlone =
+        medianSeconds(stream.get(), [&] { computeKernel<<<blocks, 256, 0, stream.get()>>>(sink.get(), iterations); });
+    for (auto const method : {rt::HostTierMethod::kCOPY_ENGINE, rt::HostTierMethod::kKERNEL})
+    {
+        auto const entries = scattered(256, 7);
+        double const oneTransfer =
+            medianSeconds(second.get(), [&] { tier.onboard(cache, entries, second.get(), method); });
+        auto const transfers = static_cast<int32_t>(computeAlone / oneTransfer) + 2;
+        double const computeShared = medianSeconds(stream.get(),
+            [&]
+            {
+                for (int32_t t = 0; t < transfers; ++t)
+                {
+                    tier.onboard(cache, entries, second.get(), method);
+                }
+                computeKernel<<<blocks, 256, 0, stream.get()>>>(sink.get(), iterations);
+                KVCACHE_CUDA_TRY(cudaGetLastError());
+            });
+        KVCACHE_CUDA_TRY(cudaStreamSynchronize(second.get()));
+        std::printf("compute_slowdown/%s: compute alone %.3f ms, beside onboard transfers %.3f ms, slowdown %.1f%%\n",
+            methodName(method), computeAlone * 1e3, computeShared * 1e3, (computeShared / computeAlone - 1.0) * 100.0);
+    }
+    KVCACHE_CUDA_LOG(cudaFreeHost(pinned));
+
+    // Construction of a large tier: time to return and time to full capacity.
+    int64_t const physical = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGE_SIZE);
+    while (tierGib > 1 && (tierGib << 30) > physical / 2)
+    {
+        tierGib /= 2;
+    }
+    int64_t const slots = (tierGib << 30) / slotBytes;
+    auto const begin = std::chrono::steady_clock::now();
+    {
+        rt::HostTier big(cache, 0, slots);
+        auto const returned = std::chrono::steady_clock::now();
+        int64_t const capacityAtReturn = big.capacity();
+        big.waitUntilReady();
+        auto const ready = std::chrono::steady_clock::now();
+        std::printf("construction/%lld GiB: returned in %.3f s with %lld of %lld slots; full capacity after %.3f s "
+                    "(NUMA node %d)\n",
+            static_cast<long long>(tierGib), std::chrono::duration<double>(returned - begin).count(),
+            static_cast<long long>(capacityAtReturn), static_cast<long long>(slots),
+            std::chrono::duration<double>(ready - begin).count(), big.numaNode());
+    }
+    std::printf("construction/%lld GiB: destroyed after %.3f s in all\n", static_cast<long long>(tierGib),
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count());
+    return 0;
+}
+
+} // namespace
+
+int main(int argc, char** argv)
+{
+    int64_t tierGib = 64;
+    for (int i = 1; i < argc; ++i)
+    {
+        if (std::strncmp(argv[i], "--tier-gib=", 11) == 0)
+        {
+            tierGib = std::max<int64_t>(1, std::atoll(argv[i] + 11));
+        }
+        else if (std::strncmp(argv[i], "--reps=", 7) == 0)
+        {
+            gReps = std::max(1, std::atoi(argv[i] + 7));
+        }
+        else
+        {
+            std::fprintf(stderr, "usage: %s [--tier-gib=N] [--reps=N]\n", argv[0]);
+            return 2;
+        }
+    }
+    std::string const reason = kvcache::test::gpuUnavailableReason();
+    if (!reason.empty())
+    {
+        std::printf("skipped: %s\n", reason.c_str());
+        return kvcache::test::gpuRequired() ? 1 : 77;
+    }
+    try
+    {
+        return run(tierGib);
+    }
+    catch (std::exception const& error)
+    {
+        std::fprintf(stderr, "kvcache-bench-host-tier: %s\n", error.what());
+        return 1;
+    }
+}

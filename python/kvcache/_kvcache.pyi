@@ -1,0 +1,816 @@
+"""
+kvcache: per-layer KV cache memory, zero-copy DLPack views and page operations (C++ core).
+"""
+
+from collections.abc import Sequence
+import enum
+from typing import Annotated, Any, Callable, Protocol, Union, overload
+
+import numpy
+from numpy.typing import NDArray
+
+
+class _CudaStreamProtocol(Protocol):
+    def __cuda_stream__(self) -> tuple[int, int]: ...
+
+class _TorchStreamLike(Protocol):
+    @property
+    def cuda_stream(self) -> int: ...
+
+StreamLike = Union[int, _CudaStreamProtocol, _TorchStreamLike]
+"""A CUDA stream: an int handle, an object with __cuda_stream__() (the CUDA stream protocol) or with cuda_stream."""
+
+DeviceArray = Any
+"""An int32 array in device memory: any object with __dlpack__ (CUDA device) or __cuda_array_interface__."""
+
+PagePairs = Union[Sequence[tuple[int, int]], Sequence[Sequence[int]], NDArray[Any], DeviceArray]
+"""Page pairs (src, dst): a host sequence of pairs or [n, 2] int array, or a device int32 array ([n, 2] or [2n])."""
+
+PageIds = Union[Sequence[int], NDArray[Any], DeviceArray]
+"""Page ids: a host sequence of ints or 1-D int array, or a device int32 array."""
+
+
+class InvalidArgumentError(ValueError):
+    """
+    An argument broke a documented rule; the message names the field, the value and the limit.
+    """
+
+class InvalidConfigError(InvalidArgumentError):
+    """
+    A Config broke a rule; the message names the field, the value and the limit.
+    """
+
+class OutOfRangeError(IndexError):
+    """A layer index, group or page id outside its range."""
+
+class OutOfMemoryError(MemoryError):
+    """Device memory or free pages could not be had."""
+
+class CudaError(RuntimeError):
+    """A CUDA runtime call failed."""
+
+class DataType(enum.Enum):
+    """Element types of a cache or a view."""
+
+    FLOAT32 = 0
+
+    FLOAT16 = 1
+
+    BFLOAT16 = 2
+
+    FP8_E4M3 = 3
+
+    FP8_E5M2 = 4
+
+    INT8 = 5
+
+    UINT8 = 6
+
+    INT32 = 7
+
+    INT64 = 8
+
+def data_type_size(dtype: DataType) -> int:
+    """Returns the bytes of one element of `dtype`."""
+
+def data_type_name(dtype: DataType) -> str:
+    """Returns the printable name of `dtype` ('float16', 'fp8_e4m3', ...)."""
+
+class KVLayerKind(enum.Enum):
+    """What one attention layer caches per token."""
+
+    KV = 0
+    """K and V, each num_kv_heads x head_dim."""
+
+    LATENT = 1
+    """One latent vector of head_dim values, no V (MLA); 1 KV head."""
+
+TOKENS_PER_PAGE: int = 128
+
+MAX_TOKENS_PER_PAGE: int = 1024
+
+MAX_NUM_PAGES: int = 1073741823
+
+UNUSED_PAGE_ENTRY: int = -1
+
+MAX_INLINE_PAGE_OPS: int = 256
+
+__version__: str
+
+class KVLayerConfig:
+    """Shape of one attention layer's cache."""
+
+    def __init__(self, num_kv_heads: int, head_dim: int, sliding_window: int = 0, kind: KVLayerKind = KVLayerKind.KV) -> None: ...
+
+    @property
+    def num_kv_heads(self) -> int:
+        """KV heads (1 for LATENT)."""
+
+    @num_kv_heads.setter
+    def num_kv_heads(self, arg: int, /) -> None: ...
+
+    @property
+    def head_dim(self) -> int:
+        """Values a head and token."""
+
+    @head_dim.setter
+    def head_dim(self, arg: int, /) -> None: ...
+
+    @property
+    def sliding_window(self) -> int:
+        """Tokens attended back over; 0 means full attention."""
+
+    @sliding_window.setter
+    def sliding_window(self, arg: int, /) -> None: ...
+
+    @property
+    def kind(self) -> KVLayerKind:
+        """KV or LATENT."""
+
+    @kind.setter
+    def kind(self, arg: KVLayerKind, /) -> None: ...
+
+    def __repr__(self) -> str: ...
+
+    def __eq__(self, arg: object, /) -> bool: ...
+
+class Config:
+    """
+    What a KVCacheManager allocates: one buffer per attention layer, each [2, num_pages, tokens_per_page, H_i, D_i]. Every field is checked by validate() / compute_layout(), which raise InvalidConfigError.
+    """
+
+    def __init__(self, *, layer_configs: Sequence[KVLayerConfig | tuple[Any, ...]] = [], num_attention_layers: int | None = None, max_batch_size: int = 0, max_sequence_length: int = 0, kv_cache_type: DataType = DataType.FLOAT16, num_pages: int = 0, tokens_per_page: int = 128, max_tokens_per_step: int = 0, num_pages_per_group: Sequence[int] = [], mem_pool: int = 0) -> None:
+        """
+        Builds a config; layer_configs takes KVLayerConfig objects or (num_kv_heads, head_dim[, sliding_window[, kind]]) tuples, and num_attention_layers defaults to their number.
+        """
+
+    @property
+    def num_attention_layers(self) -> int:
+        """Number of attention layers; must equal len(layer_configs)."""
+
+    @num_attention_layers.setter
+    def num_attention_layers(self, arg: int, /) -> None: ...
+
+    @property
+    def max_batch_size(self) -> int:
+        """Sequences of the slot view."""
+
+    @max_batch_size.setter
+    def max_batch_size(self, arg: int, /) -> None: ...
+
+    @property
+    def max_sequence_length(self) -> int:
+        """Tokens a sequence."""
+
+    @max_sequence_length.setter
+    def max_sequence_length(self, arg: int, /) -> None: ...
+
+    @property
+    def num_pages(self) -> int:
+        """Pages per half and layer of a one-group cache; 0 means the minimum."""
+
+    @num_pages.setter
+    def num_pages(self, arg: int, /) -> None: ...
+
+    @property
+    def tokens_per_page(self) -> int:
+        """Tokens a page: a power of two in [1, MAX_TOKENS_PER_PAGE]."""
+
+    @tokens_per_page.setter
+    def tokens_per_page(self, arg: int, /) -> None: ...
+
+    @property
+    def max_tokens_per_step(self) -> int:
+        """
+        The most tokens a sequence appends in one step; 0 means max_sequence_length.
+        """
+
+    @max_tokens_per_step.setter
+    def max_tokens_per_step(self, arg: int, /) -> None: ...
+
+    @property
+    def kv_cache_type(self) -> DataType:
+        """Element type of the cache."""
+
+    @kv_cache_type.setter
+    def kv_cache_type(self, arg: DataType, /) -> None: ...
+
+    @property
+    def layer_configs(self) -> list[KVLayerConfig]:
+        """Per-layer shapes (a copy: assign a new list to change them)."""
+
+    @layer_configs.setter
+    def layer_configs(self, arg: Sequence[KVLayerConfig | tuple[Any, ...]], /) -> None: ...
+
+    @property
+    def num_pages_per_group(self) -> list[int]:
+        """
+        Pages per half of each page group's layers (0: the group's minimum); empty means every minimum.
+        """
+
+    @num_pages_per_group.setter
+    def num_pages_per_group(self, arg: Sequence[int], /) -> None: ...
+
+    @property
+    def mem_pool(self) -> int:
+        """
+        cudaMemPool_t handle to allocate from; 0 means the device's current pool.
+        """
+
+    @mem_pool.setter
+    def mem_pool(self, arg: int, /) -> None: ...
+
+    def validate(self) -> KVCacheLayout:
+        """Returns the layout of this config or raises InvalidConfigError."""
+
+    def __repr__(self) -> str: ...
+
+class KVLayerLayout:
+    """Sizes of one layer's buffer (element counts per half)."""
+
+    @property
+    def num_kv_heads(self) -> int: ...
+
+    @property
+    def head_dim(self) -> int: ...
+
+    @property
+    def kind(self) -> KVLayerKind: ...
+
+    @property
+    def sliding_window(self) -> int: ...
+
+    @property
+    def group(self) -> int: ...
+
+    @property
+    def num_halves(self) -> int: ...
+
+    @property
+    def capacity(self) -> int: ...
+
+    @property
+    def num_pages(self) -> int: ...
+
+    @property
+    def page_elems(self) -> int: ...
+
+    @property
+    def page_bytes(self) -> int: ...
+
+    @property
+    def half_elems(self) -> int: ...
+
+    @property
+    def layer_bytes(self) -> int: ...
+
+class KVPageGroupLayout:
+    """Layers that share one page-id space."""
+
+    @property
+    def sliding_window(self) -> int: ...
+
+    @property
+    def pages_per_sequence(self) -> int: ...
+
+    @property
+    def capacity(self) -> int: ...
+
+    @property
+    def min_pages(self) -> int: ...
+
+    @property
+    def num_pages(self) -> int: ...
+
+    @property
+    def layers(self) -> list[int]: ...
+
+    @property
+    def bytes_per_page(self) -> int: ...
+
+    @property
+    def cache_bytes(self) -> int: ...
+
+class KVCacheLayout:
+    """The layout maths of a validated config."""
+
+    @property
+    def max_batch_size(self) -> int: ...
+
+    @property
+    def data_type(self) -> DataType: ...
+
+    @property
+    def tokens_per_page(self) -> int: ...
+
+    @property
+    def max_tokens_per_step(self) -> int: ...
+
+    @property
+    def cap_padded(self) -> int: ...
+
+    @property
+    def pages_per_slot(self) -> int: ...
+
+    @property
+    def min_pages(self) -> int: ...
+
+    @property
+    def num_pages(self) -> int: ...
+
+    @property
+    def element_bytes(self) -> int: ...
+
+    @property
+    def layers(self) -> list[KVLayerLayout]: ...
+
+    @property
+    def groups(self) -> list[KVPageGroupLayout]: ...
+
+    @property
+    def cache_bytes(self) -> int: ...
+
+    @property
+    def bytes_per_page(self) -> int: ...
+
+class BudgetSplit:
+    """A budget split across page groups (split_budget)."""
+
+    @property
+    def sequences(self) -> int: ...
+
+    @property
+    def num_pages_per_group(self) -> list[int]: ...
+
+    @property
+    def bytes(self) -> int: ...
+
+def compute_layout(config: Config) -> KVCacheLayout:
+    """
+    Validates `config` and returns its layout; raises InvalidConfigError naming the field, value and limit. No GPU needed.
+    """
+
+def max_pages_for_budget(config: Config, budget_bytes: int) -> int:
+    """
+    Returns the largest num_pages whose cache fits in budget_bytes (one page group).
+    """
+
+def split_budget(config: Config, budget_bytes: int) -> BudgetSplit:
+    """
+    Splits budget_bytes across the page groups so each holds the same number of full-length sequences.
+    """
+
+class View:
+    """
+    A zero-copy view of kvcache memory implementing the DLPack protocol (torch.from_dlpack, cupy.from_dlpack, numpy.from_dlpack for host memory). It keeps the memory's owner alive, and so does every tensor made from it.
+    """
+
+    def __dlpack__(self, *, stream: int | None = None, max_version: tuple[int, int] | None = None, dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> Any:
+        """
+        Exports a DLPack capsule; `stream` is the consumer's stream, ordered after the cache's work by an event.
+        """
+
+    def __dlpack_device__(self) -> tuple:
+        """Returns (DLPack device type, device id)."""
+
+    @property
+    def data_ptr(self) -> int:
+        """Address of element (0, ..., 0)."""
+
+    @property
+    def shape(self) -> tuple:
+        """Extents."""
+
+    @property
+    def strides(self) -> tuple:
+        """Strides in elements."""
+
+    @property
+    def dtype(self) -> DataType:
+        """Element type."""
+
+    @property
+    def ndim(self) -> int:
+        """Number of dimensions."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the view spans."""
+
+    @property
+    def owner(self) -> object:
+        """The object that owns the memory."""
+
+    def __repr__(self) -> str: ...
+
+class KVHalf(enum.Enum):
+    """Which half of each layer a page operation touches."""
+
+    BOTH = 0
+
+    K = 1
+
+    V = 2
+
+class PageOpTarget:
+    """The page group, layers and halves a page operation touches."""
+
+    def __init__(self, *, first_layer: int = 0, num_layers: int = -1, half: KVHalf = KVHalf.BOTH, group: int = -1) -> None: ...
+
+    @property
+    def first_layer(self) -> int:
+        """First layer, a position in the group's layer list."""
+
+    @first_layer.setter
+    def first_layer(self, arg: int, /) -> None: ...
+
+    @property
+    def num_layers(self) -> int:
+        """Layers from first_layer on; -1 means all."""
+
+    @num_layers.setter
+    def num_layers(self, arg: int, /) -> None: ...
+
+    @property
+    def half(self) -> KVHalf:
+        """BOTH, K or V."""
+
+    @half.setter
+    def half(self, arg: KVHalf, /) -> None: ...
+
+    @property
+    def group(self) -> int:
+        """Page group; -1 means the only one."""
+
+    @group.setter
+    def group(self, arg: int, /) -> None: ...
+
+class LayerRef:
+    """One layer's pools as a kernel addresses them (addresses as ints)."""
+
+    @property
+    def k_pool(self) -> int: ...
+
+    @property
+    def v_pool(self) -> int: ...
+
+    @property
+    def page_stride(self) -> int: ...
+
+    @property
+    def token_stride(self) -> int: ...
+
+    @property
+    def head_stride(self) -> int: ...
+
+    @property
+    def element_bytes(self) -> int: ...
+
+    @property
+    def num_pages(self) -> int: ...
+
+    @property
+    def tokens_per_page(self) -> int: ...
+
+    @property
+    def num_kv_heads(self) -> int: ...
+
+    @property
+    def head_dim(self) -> int: ...
+
+class KVCacheManager:
+    """
+    Owns one device buffer per attention layer (cudaMallocAsync on its stream) and hands out zero-copy DLPack views of it. Views and the tensors made from them keep the manager alive.
+    """
+
+    def __init__(self, config: Config, stream: StreamLike | None = None) -> None:
+        """
+        Validates `config` (InvalidConfigError) and allocates the cache on `stream` (int handle or object with __cuda_stream__ / cuda_stream, kept referenced; None creates a non-blocking stream the manager owns) on the current device. Raises OutOfMemoryError when the memory cannot be had.
+        """
+
+    @staticmethod
+    def validate(config: Config) -> KVCacheLayout:
+        """Returns the layout of `config` (no GPU)."""
+
+    def pool_view(self, layer: int) -> View:
+        """
+        Pool view [2, num_pages, tokens_per_page, H, D] ([1, ...] for a latent layer).
+        """
+
+    def slot_view(self, layer: int) -> View:
+        """
+        Slot view [2, max_batch_size, capacity, H, D]; raises InvalidConfigError when the layer's group has retained pages.
+        """
+
+    def k_pool(self, layer: int) -> View:
+        """K pool [num_pages, tokens_per_page, H, D] of a layer."""
+
+    def v_pool(self, layer: int) -> View:
+        """
+        V pool [num_pages, tokens_per_page, H, D]; raises InvalidArgumentError for a latent layer.
+        """
+
+    def separate_kv_cache(self, layer: int) -> tuple[View, View]:
+        """
+        K and V views, each [max_batch_size, capacity, H, D] (V empty for a latent layer).
+        """
+
+    def k_pool_ptr(self, layer: int) -> int:
+        """Address of the layer's K pool."""
+
+    def v_pool_ptr(self, layer: int) -> int:
+        """Address of the layer's V pool (0 for a latent layer)."""
+
+    def layer_ref(self, layer: int) -> LayerRef:
+        """The layer's pools as a kernel addresses them."""
+
+    def get_layer_config(self, layer: int) -> KVLayerConfig:
+        """The layer's shape."""
+
+    def group(self, group: int) -> KVPageGroupLayout:
+        """Page group `group`'s layout."""
+
+    def group_of(self, layer: int) -> int:
+        """The page group of a layer."""
+
+    def num_layers(self) -> int: ...
+
+    def num_pages(self) -> int:
+        """Pages per half of group 0."""
+
+    def min_pages(self) -> int:
+        """Group 0's minimum pages."""
+
+    def max_cap_padded(self) -> int: ...
+
+    def tokens_per_page(self) -> int: ...
+
+    def num_groups(self) -> int: ...
+
+    def is_uniform(self) -> bool: ...
+
+    def get_config(self) -> Config:
+        """A copy of the config."""
+
+    def layout(self) -> KVCacheLayout:
+        """A copy of the layout."""
+
+    def allocated_bytes(self) -> int: ...
+
+    def stream(self) -> int:
+        """The cache's stream handle."""
+
+    def device(self) -> int: ...
+
+    def synchronize(self) -> None:
+        """Waits on the host for the work enqueued on the cache's stream."""
+
+    def copy_pages(self, pairs: PagePairs, stream: StreamLike | None = None, *, target: PageOpTarget | None = None, group: int | None = None, count: DeviceArray | None = None, error_count: DeviceArray | None = None) -> None:
+        """
+        Copies each (src, dst) page in every targeted layer and half, stream-ordered (default: the cache's stream).
+        pairs: a host list (sequence of pairs, [n, 2] int array) validated before launch, or a device int32 array
+        ([n, 2] or [2n], __dlpack__ or __cuda_array_interface__) read by the kernel, so a CUDA graph that captured
+        the call replays with its current contents; count / error_count: optional one-element device int32 arrays
+        (device lists only). stream: int handle or object with __cuda_stream__ / cuda_stream.
+        """
+
+    def reset_pages(self, pages: PageIds, stream: StreamLike | None = None, *, pattern: int = 0, target: PageOpTarget | None = None, group: int | None = None, count: DeviceArray | None = None, error_count: DeviceArray | None = None) -> None:
+        """
+        Fills each listed page with the 4-byte little-endian pattern (0 clears) in every targeted layer and half;
+        pages as for copy_pages (host list or device int32 array).
+        """
+
+def copy_pages(cache: KVCacheManager, pairs: PagePairs, stream: StreamLike | None = None, *, target: PageOpTarget | None = None, group: int | None = None, count: DeviceArray | None = None, error_count: DeviceArray | None = None) -> None:
+    """
+    Copies each (src, dst) page in every targeted layer and half, stream-ordered (default: the cache's stream).
+    pairs: a host list (sequence of pairs, [n, 2] int array) validated before launch, or a device int32 array
+    ([n, 2] or [2n], __dlpack__ or __cuda_array_interface__) read by the kernel, so a CUDA graph that captured
+    the call replays with its current contents; count / error_count: optional one-element device int32 arrays
+    (device lists only). stream: int handle or object with __cuda_stream__ / cuda_stream.
+    """
+
+def reset_pages(cache: KVCacheManager, pages: PageIds, stream: StreamLike | None = None, *, pattern: int = 0, target: PageOpTarget | None = None, group: int | None = None, count: DeviceArray | None = None, error_count: DeviceArray | None = None) -> None:
+    """
+    Fills each listed page with the 4-byte little-endian pattern (0 clears) in every targeted layer and half;
+    pages as for copy_pages (host list or device int32 array).
+    """
+
+class PageAllocator:
+    """
+    Page ids of one page group on the host: an O(1) LIFO free list and a reference count per page. Every rejected call raises before it changes anything.
+    """
+
+    def __init__(self, num_pages: int) -> None: ...
+
+    def num_pages(self) -> int: ...
+
+    def num_free(self) -> int: ...
+
+    def num_used(self) -> int: ...
+
+    @overload
+    def allocate(self) -> int:
+        """
+        Returns a free page (the most recently freed), now with reference count 1; raises OutOfMemoryError when none is free.
+        """
+
+    @overload
+    def allocate(self, count: int) -> list[int]:
+        """
+        Returns `count` free pages, all or nothing (OutOfMemoryError naming the pages needed and free).
+        """
+
+    def allocate_into(self, out: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu')]) -> None:
+        """
+        Fills the int32 array `out` with free pages, all or nothing; allocates nothing.
+        """
+
+    def retain(self, page: int) -> None:
+        """Adds a holder to a used page."""
+
+    def release(self, pages: PageIds) -> None:
+        """
+        Releases one page (an int) or each page of a list once, all or nothing; a page at count 0 is free.
+        """
+
+    def ref_count(self, page: int) -> int:
+        """Reference count of a page, 0 when free."""
+
+    def check_invariants(self) -> None:
+        """Raises RuntimeError describing the first broken invariant."""
+
+class PageTableBuffers:
+    """
+    Device page tables of one page group (CSR: indptr, indices, last_page_len; dense block table) at device addresses that never change, so a captured CUDA graph keeps reading them. Views of them keep this object alive.
+    """
+
+    def __init__(self, max_batch_size: int, max_pages_per_sequence: int, tokens_per_page: int, stream: StreamLike | None = None) -> None:
+        """
+        Allocates the tables on the current device and uploads those of count 0.
+        """
+
+    def build(self, sequences: Sequence[tuple[PageIds, int]], stream: StreamLike | None = None) -> None:
+        """
+        Builds the tables of `sequences`, each a (pages, num_tokens) pair (pages: ints or an int array), and enqueues one upload on `stream` (default: the constructor's). All or nothing (InvalidArgumentError).
+        """
+
+    def indptr(self) -> View:
+        """Device view of the CSR row pointers [max_batch_size + 1] (int32)."""
+
+    def indices(self) -> View:
+        """
+        Device view of the CSR page ids [max_batch_size * max_pages_per_sequence] (int32; indptr[count] in use).
+        """
+
+    def last_page_len(self) -> View:
+        """
+        Device view of the tokens in each sequence's last page [max_batch_size] (int32).
+        """
+
+    def block_table(self) -> View:
+        """
+        Device view of the dense block table [max_batch_size, max_pages_per_sequence] (int32, UNUSED_PAGE_ENTRY padding).
+        """
+
+    def host_indptr(self) -> list[int]:
+        """A copy of the staged indptr of the last build."""
+
+    def host_indices(self) -> list[int]:
+        """A copy of the staged page ids in use of the last build."""
+
+    def host_last_page_len(self) -> list[int]:
+        """A copy of the staged last-page lengths of the last build."""
+
+    def host_block_table(self) -> list[int]:
+        """
+        A copy of the staged block table of the last build, flattened row-major.
+        """
+
+    def count(self) -> int: ...
+
+    def max_batch_size(self) -> int: ...
+
+    def max_pages_per_sequence(self) -> int: ...
+
+    def tokens_per_page(self) -> int: ...
+
+    def upload_bytes(self) -> int: ...
+
+class PageHashAlgorithm(enum.Enum):
+    """The hash of page contents."""
+
+    SHA256 = 0
+    """Collision resistant (the default)."""
+
+    XXH3_128 = 1
+    """Faster; only for trusted prompts."""
+
+class PageGroupCounts:
+    """Pages of one page group, by state."""
+
+    @property
+    def num_pages(self) -> int: ...
+
+    @property
+    def free(self) -> int: ...
+
+    @property
+    def used(self) -> int: ...
+
+    @property
+    def cached(self) -> int: ...
+
+    @property
+    def shared(self) -> int: ...
+
+class PageManagerStats:
+    """Prefix reuse and copy-on-write counters."""
+
+    @property
+    def prefix_query_tokens(self) -> int: ...
+
+    @property
+    def prefix_hit_tokens(self) -> int: ...
+
+    @property
+    def evicted_pages(self) -> int: ...
+
+    @property
+    def copy_on_write_pages(self) -> int: ...
+
+class PageManager:
+    """
+    The page lifecycle of one cache on the host: pages per sequence and group, forks with copy-on-write, prefix reuse through chained page hashes, LRU eviction. It never touches the GPU: run copies(group) with copy_pages before the step's kernels, and build PageTableBuffers from pages(sequence, group).
+    """
+
+    def __init__(self, config: Config, *, max_sequences: int = 0, enable_prefix_caching: bool = True, hash_algorithm: PageHashAlgorithm = PageHashAlgorithm.SHA256, hash_seed: bytes | None = None) -> None:
+        """
+        max_sequences 0 means config.max_batch_size; hash_seed: 32 bytes, or None for a random one.
+        """
+
+    def create(self, salt: bytes | None = None) -> int:
+        """Returns a new empty sequence; `salt` (bytes) separates prefix reuse."""
+
+    def adopt_prefix(self, sequence: int, tokens: PageIds, extra_keys: Sequence[tuple[int, int, int]] | None = None) -> int:
+        """
+        Gives an empty sequence the longest cached prefix of `tokens`; returns its length in tokens.
+        """
+
+    def append(self, sequence: int, tokens: PageIds, extra_keys: Sequence[tuple[int, int, int]] | None = None) -> None:
+        """Appends tokens to one sequence (step() with one entry)."""
+
+    def step(self, appends: Sequence[tuple[int, PageIds] | tuple[int, PageIds, Sequence[tuple[int, int, int]]]]) -> None:
+        """
+        Appends tokens to each listed sequence, all or nothing: appends is a list of (sequence, tokens[, extra_keys]). Raises OutOfMemoryError naming the group, the pages needed and available.
+        """
+
+    def fork(self, parent: int) -> int:
+        """Returns a new sequence sharing every page of `parent`."""
+
+    def free(self, sequence: int) -> None:
+        """Lets go of every page of `sequence` and forgets it."""
+
+    def contains(self, sequence: int) -> bool: ...
+
+    def length(self, sequence: int) -> int: ...
+
+    def pages(self, sequence: int, group: int) -> tuple[list[int], int]:
+        """
+        Returns (page ids in token order, UNUSED_PAGE_ENTRY where a window released them; length in tokens): what PageTableBuffers.build takes.
+        """
+
+    def copies(self, group: int) -> list[tuple[int, int]]:
+        """
+        The (src, dst) copies queued in `group` since clear_copies(), in order.
+        """
+
+    def clear_copies(self) -> None:
+        """Forgets the queued copies of every group."""
+
+    def evict_cached(self, group: int, count: int) -> int:
+        """Drops up to `count` cached pages of `group`; returns how many."""
+
+    def set_eviction_callback(self, callback: Callable[[int, int, tuple[int, int]], None] | None) -> None:
+        """
+        callback(group, page, (lo, hi)) for each evicted page; None removes it.
+        """
+
+    def counts(self, group: int) -> PageGroupCounts: ...
+
+    def stats(self) -> PageManagerStats: ...
+
+    def reset_stats(self) -> None: ...
+
+    def check_invariants(self) -> None:
+        """Raises RuntimeError describing the first broken invariant."""
+
+    def num_groups(self) -> int: ...
+
+    def layout(self) -> KVCacheLayout: ...
+
+    def max_sequences(self) -> int: ...
+
+    def num_sequences(self) -> int: ...
+
+def gpu_unavailable_reason() -> str:
+    """Returns why no GPU can be used here, or an empty string when one can."""

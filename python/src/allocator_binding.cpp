@@ -1,0 +1,96 @@
+#include "bindings.h"
+#include "cuda_arguments.h"
+
+#include <kvcache/errors.h>
+#include <kvcache/page_allocator.h>
+
+#include <fmt/format.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/vector.h>
+
+#include <vector>
+
+namespace kvcache::python
+{
+namespace
+{
+
+//! A PageAllocator and the scratch list that host page lists are read into (reused: no allocation in steady state).
+struct AllocatorHandle
+{
+    rt::PageAllocator allocator;
+    std::vector<int32_t> pages;
+};
+
+using Int32Out = nb::ndarray<int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+} // namespace
+
+void bindAllocator(nb::module_& m)
+{
+    nb::class_<AllocatorHandle>(m, "PageAllocator",
+        "Page ids of one page group on the host: an O(1) LIFO free list and a reference count per page. Every "
+        "rejected call raises before it changes anything.")
+        .def(
+            "__init__",
+            [](AllocatorHandle* self, int64_t numPages)
+            {
+                if (numPages < 0 || numPages > rt::kMAX_NUM_PAGES)
+                {
+                    throw rt::InvalidArgumentError(
+                        fmt::format("PageAllocator num_pages is {}; it must be in [0, {}] (MAX_NUM_PAGES)", numPages,
+                            rt::kMAX_NUM_PAGES));
+                }
+                new (self) AllocatorHandle{rt::PageAllocator(static_cast<int32_t>(numPages)), {}};
+            },
+            nb::arg("num_pages"))
+        .def("num_pages", [](AllocatorHandle const& a) { return a.allocator.numPages(); })
+        .def("num_free", [](AllocatorHandle const& a) { return a.allocator.numFree(); })
+        .def("num_used", [](AllocatorHandle const& a) { return a.allocator.numUsed(); })
+        .def(
+            "allocate", [](AllocatorHandle& a) { return a.allocator.allocate(); },
+            "Returns a free page (the most recently freed), now with reference count 1; raises OutOfMemoryError when "
+            "none is free.")
+        .def(
+            "allocate",
+            [](AllocatorHandle& a, int64_t count)
+            {
+                int32_t const pages = toInt32(count, "count");
+                std::vector<int32_t> result(static_cast<size_t>(pages < 0 ? 0 : pages));
+                a.allocator.allocate(pages, result.data());
+                return result;
+            },
+            nb::arg("count"),
+            "Returns `count` free pages, all or nothing (OutOfMemoryError naming the pages needed and free).")
+        .def(
+            "allocate_into",
+            [](AllocatorHandle& a, Int32Out out)
+            { a.allocator.allocate(toInt32(static_cast<int64_t>(out.shape(0)), "len(out)"), out.data()); },
+            nb::arg("out"), "Fills the int32 array `out` with free pages, all or nothing; allocates nothing.")
+        .def(
+            "retain", [](AllocatorHandle& a, int64_t page) { a.allocator.retain(toInt32(page, "page")); },
+            nb::arg("page"), "Adds a holder to a used page.")
+        .def(
+            "release",
+            [](AllocatorHandle& a, nb::handle pages)
+            {
+                if (PyLong_Check(pages.ptr()))
+                {
+                    a.allocator.release(toInt32(nb::cast<int64_t>(pages), "page"));
+                    return;
+                }
+                hostPageIds(pages, a.pages);
+                a.allocator.release(a.pages.data(), static_cast<int32_t>(a.pages.size()));
+            },
+            nb::arg("pages"),
+            "Releases one page (an int) or each page of a list once, all or nothing; a page at count 0 is free.")
+        .def(
+            "ref_count",
+            [](AllocatorHandle const& a, int64_t page) { return a.allocator.refCount(toInt32(page, "page")); },
+            nb::arg("page"), "Reference count of a page, 0 when free.")
+        .def(
+            "check_invariants", [](AllocatorHandle const& a) { a.allocator.checkInvariants(); },
+            "Raises RuntimeError describing the first broken invariant.");
+}
+
+} // namespace kvcache::python

@@ -1,0 +1,279 @@
+#include "bindings.h"
+#include "cuda_arguments.h"
+
+#include <kvcache/errors.h>
+#include <kvcache/kv_cache_config.h>
+#include <kvcache/kv_cache_layout.h>
+#include <kvcache/page_ops.h>
+
+#include <fmt/format.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <string>
+#include <vector>
+
+namespace kvcache::python
+{
+namespace
+{
+
+rt::KVLayerConfig layerConfigOf(nb::handle item, size_t index)
+{
+    rt::KVLayerConfig layer;
+    if (nb::try_cast<rt::KVLayerConfig>(item, layer))
+    {
+        return layer;
+    }
+    if (!nb::isinstance<nb::tuple>(item) && !nb::isinstance<nb::list>(item))
+    {
+        throw nb::type_error(
+            fmt::format("Config.layer_configs[{}] is neither a KVLayerConfig nor a (num_kv_heads, head_dim"
+                        "[, sliding_window[, kind]]) tuple",
+                index)
+                .c_str());
+    }
+    nb::sequence const fields = nb::borrow<nb::sequence>(item);
+    size_t const count = nb::len(fields);
+    if (count < 2 || count > 4)
+    {
+        throw rt::InvalidArgumentError(fmt::format("Config.layer_configs[{}] has {} fields; expected 2 to 4 "
+                                                   "(num_kv_heads, head_dim[, sliding_window[, kind]])",
+            index, count));
+    }
+    std::string const prefix = fmt::format("Config.layer_configs[{}]", index);
+    layer.numKVHeads = toInt32(nb::cast<int64_t>(fields[0]), (prefix + ".num_kv_heads").c_str());
+    layer.headDim = toInt32(nb::cast<int64_t>(fields[1]), (prefix + ".head_dim").c_str());
+    if (count > 2)
+    {
+        layer.slidingWindow = toInt32(nb::cast<int64_t>(fields[2]), (prefix + ".sliding_window").c_str());
+    }
+    if (count > 3)
+    {
+        layer.kind = nb::cast<rt::KVLayerKind>(fields[3]);
+    }
+    return layer;
+}
+
+std::vector<rt::KVLayerConfig> layerConfigsOf(nb::handle items)
+{
+    std::vector<rt::KVLayerConfig> layers;
+    size_t index = 0;
+    for (nb::handle item : items)
+    {
+        layers.push_back(layerConfigOf(item, index));
+        ++index;
+    }
+    return layers;
+}
+
+std::vector<int32_t> pagesPerGroupOf(std::vector<int64_t> const& values)
+{
+    std::vector<int32_t> pages;
+    for (size_t i = 0; i < values.size(); ++i)
+    {
+        pages.push_back(toInt32(values[i], fmt::format("Config.num_pages_per_group[{}]", i).c_str()));
+    }
+    return pages;
+}
+
+//! A read-write int32 field of a bound struct that takes any Python int and names the field when it is out of range.
+template <typename Class, typename Field>
+void intField(nb::class_<Class>& cls, char const* name, Field Class::*member, char const* owner, char const* doc)
+{
+    std::string const field = std::string(owner) + "." + name;
+    cls.def_prop_rw(
+        name, [member](Class const& self) { return static_cast<int64_t>(self.*member); },
+        [member, field](Class& self, int64_t value) { self.*member = toInt32(value, field.c_str()); }, doc);
+}
+
+std::string layerRepr(rt::KVLayerConfig const& layer)
+{
+    return fmt::format("KVLayerConfig(num_kv_heads={}, head_dim={}, sliding_window={}, kind={})", layer.numKVHeads,
+        layer.headDim, layer.slidingWindow, layer.kind == rt::KVLayerKind::kLATENT ? "LATENT" : "KV");
+}
+
+} // namespace
+
+void bindConfig(nb::module_& m)
+{
+    nb::enum_<rt::DataType>(m, "DataType", "Element types of a cache or a view.")
+        .value("FLOAT32", rt::DataType::kFLOAT)
+        .value("FLOAT16", rt::DataType::kHALF)
+        .value("BFLOAT16", rt::DataType::kBF16)
+        .value("FP8_E4M3", rt::DataType::kFP8_E4M3)
+        .value("FP8_E5M2", rt::DataType::kFP8_E5M2)
+        .value("INT8", rt::DataType::kINT8)
+        .value("UINT8", rt::DataType::kUINT8)
+        .value("INT32", rt::DataType::kINT32)
+        .value("INT64", rt::DataType::kINT64);
+    m.def(
+        "data_type_size", [](rt::DataType type) { return rt::dataTypeSize(type); }, nb::arg("dtype"),
+        "Returns the bytes of one element of `dtype`.");
+    m.def(
+        "data_type_name", [](rt::DataType type) { return std::string(rt::dataTypeName(type)); }, nb::arg("dtype"),
+        "Returns the printable name of `dtype` ('float16', 'fp8_e4m3', ...).");
+
+    nb::enum_<rt::KVLayerKind>(m, "KVLayerKind", "What one attention layer caches per token.")
+        .value("KV", rt::KVLayerKind::kKV, "K and V, each num_kv_heads x head_dim.")
+        .value("LATENT", rt::KVLayerKind::kLATENT, "One latent vector of head_dim values, no V (MLA); 1 KV head.");
+
+    m.attr("TOKENS_PER_PAGE") = rt::kTOKENS_PER_PAGE;
+    m.attr("MAX_TOKENS_PER_PAGE") = rt::kMAX_TOKENS_PER_PAGE;
+    m.attr("MAX_NUM_PAGES") = rt::kMAX_NUM_PAGES;
+    m.attr("UNUSED_PAGE_ENTRY") = rt::kUNUSED_PAGE_ENTRY;
+    m.attr("MAX_INLINE_PAGE_OPS") = rt::kMAX_INLINE_PAGE_OPS;
+
+    nb::class_<rt::KVLayerConfig> layer(m, "KVLayerConfig", "Shape of one attention layer's cache.");
+    layer.def(
+        "__init__",
+        [](rt::KVLayerConfig* self, int64_t numKVHeads, int64_t headDim, int64_t slidingWindow, rt::KVLayerKind kind)
+        {
+            rt::KVLayerConfig const value{toInt32(numKVHeads, "KVLayerConfig.num_kv_heads"),
+                toInt32(headDim, "KVLayerConfig.head_dim"), toInt32(slidingWindow, "KVLayerConfig.sliding_window"),
+                kind};
+            new (self) rt::KVLayerConfig(value);
+        },
+        nb::arg("num_kv_heads"), nb::arg("head_dim"), nb::arg("sliding_window") = 0,
+        nb::arg("kind") = rt::KVLayerKind::kKV);
+    intField(layer, "num_kv_heads", &rt::KVLayerConfig::numKVHeads, "KVLayerConfig", "KV heads (1 for LATENT).");
+    intField(layer, "head_dim", &rt::KVLayerConfig::headDim, "KVLayerConfig", "Values a head and token.");
+    intField(layer, "sliding_window", &rt::KVLayerConfig::slidingWindow, "KVLayerConfig",
+        "Tokens attended back over; 0 means full attention.");
+    layer.def_rw("kind", &rt::KVLayerConfig::kind, "KV or LATENT.")
+        .def("__repr__", &layerRepr)
+        .def("__eq__",
+            [](rt::KVLayerConfig const& a, rt::KVLayerConfig const& b)
+            {
+                return a.numKVHeads == b.numKVHeads && a.headDim == b.headDim && a.slidingWindow == b.slidingWindow
+                    && a.kind == b.kind;
+            });
+
+    nb::class_<rt::KVCacheConfig> config(m, "Config",
+        "What a KVCacheManager allocates: one buffer per attention layer, each [2, num_pages, tokens_per_page, H_i, "
+        "D_i]. Every field is checked by validate() / compute_layout(), which raise InvalidConfigError.");
+    config.def(
+        "__init__",
+        [](rt::KVCacheConfig* self, nb::handle layerConfigs, nb::handle numAttentionLayers, int64_t maxBatchSize,
+            int64_t maxSequenceLength, rt::DataType kvCacheType, int64_t numPages, int64_t tokensPerPage,
+            int64_t maxTokensPerStep, std::vector<int64_t> const& numPagesPerGroup, uintptr_t memPool)
+        {
+            rt::KVCacheConfig value;
+            value.layerConfigs = layerConfigsOf(layerConfigs);
+            value.numAttentionLayers = numAttentionLayers.is_none()
+                ? static_cast<int32_t>(value.layerConfigs.size())
+                : toInt32(nb::cast<int64_t>(numAttentionLayers), "Config.num_attention_layers");
+            value.maxBatchSize = toInt32(maxBatchSize, "Config.max_batch_size");
+            value.maxSequenceLength = toInt32(maxSequenceLength, "Config.max_sequence_length");
+            value.kvCacheType = kvCacheType;
+            value.numPages = toInt32(numPages, "Config.num_pages");
+            value.tokensPerPage = toInt32(tokensPerPage, "Config.tokens_per_page");
+            value.maxTokensPerStep = toInt32(maxTokensPerStep, "Config.max_tokens_per_step");
+            value.numPagesPerGroup = pagesPerGroupOf(numPagesPerGroup);
+            value.memPool = reinterpret_cast<cudaMemPool_t>(memPool);
+            new (self) rt::KVCacheConfig(std::move(value));
+        },
+        nb::kw_only(), nb::arg("layer_configs") = nb::list(), nb::arg("num_attention_layers") = nb::none(),
+        nb::arg("max_batch_size") = 0, nb::arg("max_sequence_length") = 0,
+        nb::arg("kv_cache_type") = rt::DataType::kHALF, nb::arg("num_pages") = 0,
+        nb::arg("tokens_per_page") = rt::kTOKENS_PER_PAGE, nb::arg("max_tokens_per_step") = 0,
+        nb::arg("num_pages_per_group") = std::vector<int64_t>{}, nb::arg("mem_pool") = 0,
+        "Builds a config; layer_configs takes KVLayerConfig objects or (num_kv_heads, head_dim[, sliding_window[, "
+        "kind]]) tuples, and num_attention_layers defaults to their number.");
+    intField(config, "num_attention_layers", &rt::KVCacheConfig::numAttentionLayers, "Config",
+        "Number of attention layers; must equal len(layer_configs).");
+    intField(config, "max_batch_size", &rt::KVCacheConfig::maxBatchSize, "Config", "Sequences of the slot view.");
+    intField(config, "max_sequence_length", &rt::KVCacheConfig::maxSequenceLength, "Config", "Tokens a sequence.");
+    intField(config, "num_pages", &rt::KVCacheConfig::numPages, "Config",
+        "Pages per half and layer of a one-group cache; 0 means the minimum.");
+    intField(config, "tokens_per_page", &rt::KVCacheConfig::tokensPerPage, "Config",
+        "Tokens a page: a power of two in [1, MAX_TOKENS_PER_PAGE].");
+    intField(config, "max_tokens_per_step", &rt::KVCacheConfig::maxTokensPerStep, "Config",
+        "The most tokens a sequence appends in one step; 0 means max_sequence_length.");
+    config.def_rw("kv_cache_type", &rt::KVCacheConfig::kvCacheType, "Element type of the cache.")
+        .def_prop_rw(
+            "layer_configs", [](rt::KVCacheConfig const& self) { return self.layerConfigs; },
+            [](rt::KVCacheConfig& self, nb::handle layers) { self.layerConfigs = layerConfigsOf(layers); },
+            "Per-layer shapes (a copy: assign a new list to change them).")
+        .def_prop_rw(
+            "num_pages_per_group",
+            [](rt::KVCacheConfig const& self)
+            { return std::vector<int64_t>(self.numPagesPerGroup.begin(), self.numPagesPerGroup.end()); },
+            [](rt::KVCacheConfig& self, std::vector<int64_t> const& pages)
+            { self.numPagesPerGroup = pagesPerGroupOf(pages); },
+            "Pages per half of each page group's layers (0: the group's minimum); empty means every minimum.")
+        .def_prop_rw(
+            "mem_pool", [](rt::KVCacheConfig const& self) { return reinterpret_cast<uintptr_t>(self.memPool); },
+            [](rt::KVCacheConfig& self, uintptr_t pool) { self.memPool = reinterpret_cast<cudaMemPool_t>(pool); },
+            "cudaMemPool_t handle to allocate from; 0 means the device's current pool.")
+        .def("validate", &rt::computeLayout, "Returns the layout of this config or raises InvalidConfigError.")
+        .def("__repr__",
+            [](rt::KVCacheConfig const& self)
+            {
+                std::string layers;
+                for (rt::KVLayerConfig const& layerConfig : self.layerConfigs)
+                {
+                    layers += (layers.empty() ? "" : ", ") + layerRepr(layerConfig);
+                }
+                return fmt::format("Config(num_attention_layers={}, max_batch_size={}, max_sequence_length={}, "
+                                   "kv_cache_type={}, num_pages={}, tokens_per_page={}, max_tokens_per_step={}, "
+                                   "layer_configs=[{}])",
+                    self.numAttentionLayers, self.maxBatchSize, self.maxSequenceLength,
+                    rt::dataTypeName(self.kvCacheType), self.numPages, self.tokensPerPage, self.maxTokensPerStep,
+                    layers);
+            });
+
+    nb::class_<rt::KVLayerLayout>(m, "KVLayerLayout", "Sizes of one layer's buffer (element counts per half).")
+        .def_ro("num_kv_heads", &rt::KVLayerLayout::numKVHeads)
+        .def_ro("head_dim", &rt::KVLayerLayout::headDim)
+        .def_ro("kind", &rt::KVLayerLayout::kind)
+        .def_ro("sliding_window", &rt::KVLayerLayout::slidingWindow)
+        .def_ro("group", &rt::KVLayerLayout::group)
+        .def_ro("num_halves", &rt::KVLayerLayout::numHalves)
+        .def_ro("capacity", &rt::KVLayerLayout::capacity)
+        .def_ro("num_pages", &rt::KVLayerLayout::numPages)
+        .def_ro("page_elems", &rt::KVLayerLayout::pageElems)
+        .def_ro("page_bytes", &rt::KVLayerLayout::pageBytes)
+        .def_ro("half_elems", &rt::KVLayerLayout::halfElems)
+        .def_ro("layer_bytes", &rt::KVLayerLayout::layerBytes);
+
+    nb::class_<rt::KVPageGroupLayout>(m, "KVPageGroupLayout", "Layers that share one page-id space.")
+        .def_ro("sliding_window", &rt::KVPageGroupLayout::slidingWindow)
+        .def_ro("pages_per_sequence", &rt::KVPageGroupLayout::pagesPerSequence)
+        .def_ro("capacity", &rt::KVPageGroupLayout::capacity)
+        .def_ro("min_pages", &rt::KVPageGroupLayout::minPages)
+        .def_ro("num_pages", &rt::KVPageGroupLayout::numPages)
+        .def_ro("layers", &rt::KVPageGroupLayout::layers)
+        .def_ro("bytes_per_page", &rt::KVPageGroupLayout::bytesPerPage)
+        .def_ro("cache_bytes", &rt::KVPageGroupLayout::cacheBytes);
+
+    nb::class_<rt::KVCacheLayout>(m, "KVCacheLayout", "The layout maths of a validated config.")
+        .def_ro("max_batch_size", &rt::KVCacheLayout::maxBatchSize)
+        .def_ro("data_type", &rt::KVCacheLayout::dataType)
+        .def_ro("tokens_per_page", &rt::KVCacheLayout::tokensPerPage)
+        .def_ro("max_tokens_per_step", &rt::KVCacheLayout::maxTokensPerStep)
+        .def_ro("cap_padded", &rt::KVCacheLayout::capPadded)
+        .def_ro("pages_per_slot", &rt::KVCacheLayout::pagesPerSlot)
+        .def_ro("min_pages", &rt::KVCacheLayout::minPages)
+        .def_ro("num_pages", &rt::KVCacheLayout::numPages)
+        .def_ro("element_bytes", &rt::KVCacheLayout::elementBytes)
+        .def_ro("layers", &rt::KVCacheLayout::layers)
+        .def_ro("groups", &rt::KVCacheLayout::groups)
+        .def_ro("cache_bytes", &rt::KVCacheLayout::cacheBytes)
+        .def_ro("bytes_per_page", &rt::KVCacheLayout::bytesPerPage);
+
+    nb::class_<rt::BudgetSplit>(m, "BudgetSplit", "A budget split across page groups (split_budget).")
+        .def_ro("sequences", &rt::BudgetSplit::sequences)
+        .def_ro("num_pages_per_group", &rt::BudgetSplit::numPagesPerGroup)
+        .def_ro("bytes", &rt::BudgetSplit::bytes);
+
+    m.def("compute_layout", &rt::computeLayout, nb::arg("config"),
+        "Validates `config` and returns its layout; raises InvalidConfigError naming the field, value and limit. No "
+        "GPU needed.");
+    m.def("max_pages_for_budget", &rt::maxPagesForBudget, nb::arg("config"), nb::arg("budget_bytes"),
+        "Returns the largest num_pages whose cache fits in budget_bytes (one page group).");
+    m.def("split_budget", &rt::splitBudget, nb::arg("config"), nb::arg("budget_bytes"),
+        "Splits budget_bytes across the page groups so each holds the same number of full-length sequences.");
+}
+
+} // namespace kvcache::python

@@ -1,0 +1,344 @@
+#include "cuda_arguments.h"
+
+#include "dlpack.h"
+
+#include <kvcache/errors.h>
+
+#include <fmt/format.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+
+#include <limits>
+#include <string>
+
+namespace kvcache::python
+{
+namespace
+{
+
+std::string typeName(nb::handle object)
+{
+    return nb::cast<std::string>(
+        nb::str(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(object.ptr()))).attr("__name__")));
+}
+
+cudaStream_t handleOf(nb::handle value, char const* source)
+{
+    if (!PyLong_Check(value.ptr()))
+    {
+        throw nb::type_error(fmt::format("{} is a {}; expected an int stream handle", source, typeName(value)).c_str());
+    }
+    return reinterpret_cast<cudaStream_t>(nb::cast<uintptr_t>(value));
+}
+
+bool isRowMajor(int32_t ndim, int64_t const* shape, int64_t const* strides)
+{
+    if (strides == nullptr)
+    {
+        return true;
+    }
+    int64_t expected = 1;
+    for (int32_t i = ndim - 1; i >= 0; --i)
+    {
+        if (shape[i] != 1 && strides[i] != expected)
+        {
+            return false;
+        }
+        expected *= shape[i];
+    }
+    return true;
+}
+
+std::optional<DeviceInt32Array> fromDLPack(nb::handle list, cudaStream_t consumer, int32_t device, char const* what)
+{
+    nb::object const streamArg = nb::int_(dlpackStreamArgument(consumer));
+    nb::object capsule;
+    try
+    {
+        capsule = list.attr("__dlpack__")(nb::arg("stream") = streamArg, nb::arg("max_version") = nb::make_tuple(1, 1));
+    }
+    catch (nb::python_error& error)
+    {
+        // Producers older than DLPack 1.0 take no max_version.
+        if (!error.matches(PyExc_TypeError))
+        {
+            throw;
+        }
+        capsule = list.attr("__dlpack__")(nb::arg("stream") = streamArg);
+    }
+    DLTensor const* dl = nullptr;
+    if (PyCapsule_IsValid(capsule.ptr(), kCAPSULE_VERSIONED))
+    {
+        dl =
+            &static_cast<DLManagedTensorVersioned*>(PyCapsule_GetPointer(capsule.ptr(), kCAPSULE_VERSIONED))->dl_tensor;
+    }
+    else if (PyCapsule_IsValid(capsule.ptr(), kCAPSULE_LEGACY))
+    {
+        dl = &static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), kCAPSULE_LEGACY))->dl_tensor;
+    }
+    else
+    {
+        throw rt::InvalidArgumentError(fmt::format("{}: __dlpack__ returned no unused DLPack capsule", what));
+    }
+    if (dl->dtype.code != kDLInt || dl->dtype.bits != 32 || dl->dtype.lanes != 1)
+    {
+        throw rt::InvalidArgumentError(fmt::format("{} has DLPack dtype (code {}, bits {}, lanes {}); it must be "
+                                                   "int32 (code {}, bits 32, lanes 1)",
+            what, dl->dtype.code, dl->dtype.bits, dl->dtype.lanes, static_cast<int32_t>(kDLInt)));
+    }
+    int32_t const deviceType = dl->device.device_type;
+    if ((deviceType == kDLCUDA || deviceType == kDLCUDAManaged) && dl->device.device_id != device)
+    {
+        throw rt::InvalidArgumentError(fmt::format(
+            "{} lives on CUDA device {}; the cache lives on device {}", what, dl->device.device_id, device));
+    }
+    if (!isRowMajor(dl->ndim, dl->shape, dl->strides))
+    {
+        throw rt::InvalidArgumentError(fmt::format("{} is not contiguous; pass a contiguous int32 array", what));
+    }
+    int64_t count = 1;
+    for (int32_t i = 0; i < dl->ndim; ++i)
+    {
+        count *= dl->shape[i];
+    }
+    // The capsule's deleter runs when it goes: the caller's object still owns the memory.
+    return DeviceInt32Array{reinterpret_cast<int32_t*>(static_cast<char*>(dl->data) + dl->byte_offset), count};
+}
+
+std::optional<DeviceInt32Array> fromCudaArrayInterface(
+    nb::handle list, cudaStream_t consumer, int32_t device, char const* what)
+{
+    nb::dict const cai = nb::cast<nb::dict>(list.attr("__cuda_array_interface__"));
+    std::string const typestr = nb::cast<std::string>(cai["typestr"]);
+    if (typestr != "<i4" && typestr != "|i4" && typestr != "=i4")
+    {
+        throw rt::InvalidArgumentError(
+            fmt::format("{} has typestr '{}' in __cuda_array_interface__; it must be int32 ('<i4')", what, typestr));
+    }
+    nb::tuple const shapeTuple = nb::cast<nb::tuple>(cai["shape"]);
+    std::vector<int64_t> shape;
+    int64_t count = 1;
+    for (nb::handle extent : shapeTuple)
+    {
+        shape.push_back(nb::cast<int64_t>(extent));
+        count *= shape.back();
+    }
+    if (cai.contains("strides") && !cai["strides"].is_none())
+    {
+        std::vector<int64_t> strides;
+        for (nb::handle stride : nb::cast<nb::tuple>(cai["strides"]))
+        {
+            // The interface gives strides in bytes.
+            strides.push_back(nb::cast<int64_t>(stride) / static_cast<int64_t>(sizeof(int32_t)));
+        }
+        if (!isRowMajor(static_cast<int32_t>(shape.size()), shape.data(), strides.data()))
+        {
+            throw rt::InvalidArgumentError(fmt::format("{} is not contiguous; pass a contiguous int32 array", what));
+        }
+    }
+    auto* const data = reinterpret_cast<int32_t*>(nb::cast<uintptr_t>(nb::cast<nb::tuple>(cai["data"])[0]));
+    if (data != nullptr)
+    {
+        cudaPointerAttributes attributes{};
+        KVCACHE_CUDA_TRY(cudaPointerGetAttributes(&attributes, data));
+        if (attributes.type == cudaMemoryTypeDevice && attributes.device != device)
+        {
+            throw rt::InvalidArgumentError(fmt::format(
+                "{} lives on CUDA device {}; the cache lives on device {}", what, attributes.device, device));
+        }
+    }
+    if (cai.contains("stream") && !cai["stream"].is_none())
+    {
+        int64_t const producerValue = nb::cast<int64_t>(cai["stream"]);
+        cudaStream_t const producer = producerValue == 1 ? cudaStreamLegacy
+            : producerValue == 2                         ? cudaStreamPerThread
+                                 : reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(producerValue));
+        if (producer != consumer)
+        {
+            cudaEvent_t event = nullptr;
+            KVCACHE_CUDA_TRY(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+            cudaError_t status = cudaEventRecord(event, producer);
+            if (status == cudaSuccess)
+            {
+                status = cudaStreamWaitEvent(consumer, event, 0);
+            }
+            KVCACHE_CUDA_LOG(cudaEventDestroy(event));
+            KVCACHE_CUDA_TRY(status);
+        }
+    }
+    return DeviceInt32Array{data, count};
+}
+
+template <typename T>
+int32_t entryToInt32(T value, char const* what, size_t index)
+{
+    if (value < std::numeric_limits<int32_t>::min() || value > std::numeric_limits<int32_t>::max())
+    {
+        throw rt::InvalidArgumentError(fmt::format("{}[{}] is {}; page ids must fit in int32 [{}, {}]", what, index,
+            static_cast<int64_t>(value), std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()));
+    }
+    return static_cast<int32_t>(value);
+}
+
+int32_t objectToInt32(nb::handle item, char const* what, size_t index)
+{
+    int64_t value = 0;
+    if (!nb::try_cast<int64_t>(item, value))
+    {
+        throw nb::type_error(
+            fmt::format("{}[{}] is a {}; expected an int page id", what, index, typeName(item)).c_str());
+    }
+    return entryToInt32(value, what, index);
+}
+
+} // namespace
+
+int32_t toInt32(int64_t value, char const* field)
+{
+    if (value < std::numeric_limits<int32_t>::min() || value > std::numeric_limits<int32_t>::max())
+    {
+        throw rt::InvalidArgumentError(fmt::format("{} is {}; it must fit in int32 [{}, {}]", field, value,
+            std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()));
+    }
+    return static_cast<int32_t>(value);
+}
+
+cudaStream_t streamArgument(nb::handle stream, cudaStream_t fallback)
+{
+    if (stream.is_none())
+    {
+        return fallback;
+    }
+    if (PyLong_Check(stream.ptr()))
+    {
+        return handleOf(stream, "stream");
+    }
+    if (nb::hasattr(stream, "__cuda_stream__"))
+    {
+        nb::object const protocol = stream.attr("__cuda_stream__")();
+        return handleOf(nb::cast<nb::tuple>(protocol)[1], "stream.__cuda_stream__()[1]");
+    }
+    if (nb::hasattr(stream, "cuda_stream"))
+    {
+        return handleOf(stream.attr("cuda_stream"), "stream.cuda_stream");
+    }
+    throw nb::type_error(fmt::format("stream is a {}; expected None, an int handle, or an object with "
+                                     "__cuda_stream__ or cuda_stream",
+        typeName(stream))
+                             .c_str());
+}
+
+int64_t dlpackStreamArgument(cudaStream_t stream) noexcept
+{
+    if (stream == nullptr || stream == cudaStreamLegacy)
+    {
+        return 1;
+    }
+    if (stream == cudaStreamPerThread)
+    {
+        return 2;
+    }
+    return static_cast<int64_t>(reinterpret_cast<uintptr_t>(stream));
+}
+
+std::optional<DeviceInt32Array> deviceInt32Array(
+    nb::handle list, cudaStream_t consumer, int32_t device, char const* what)
+{
+    if (nb::hasattr(list, "__dlpack_device__"))
+    {
+        nb::tuple const where = nb::cast<nb::tuple>(list.attr("__dlpack_device__")());
+        int64_t const type = nb::cast<int64_t>(where[0]);
+        if (type == kDLCUDA || type == kDLCUDAManaged || type == kDLCUDAHost)
+        {
+            return fromDLPack(list, consumer, device, what);
+        }
+        return std::nullopt;
+    }
+    if (nb::hasattr(list, "__cuda_array_interface__"))
+    {
+        return fromCudaArrayInterface(list, consumer, device, what);
+    }
+    return std::nullopt;
+}
+
+void hostPagePairs(nb::handle list, std::vector<rt::PageCopy>& pairs)
+{
+    pairs.clear();
+    using Int32Pairs = nb::ndarray<int32_t const, nb::shape<-1, 2>, nb::c_contig, nb::device::cpu>;
+    using Int64Pairs = nb::ndarray<int64_t const, nb::shape<-1, 2>, nb::c_contig, nb::device::cpu>;
+    Int32Pairs int32Pairs;
+    if (nb::try_cast(list, int32Pairs, false))
+    {
+        // {src, dst} int32 rows are PageCopy's layout.
+        auto const* const first = reinterpret_cast<rt::PageCopy const*>(int32Pairs.data());
+        pairs.assign(first, first + int32Pairs.shape(0));
+        return;
+    }
+    Int64Pairs int64Pairs;
+    if (nb::try_cast(list, int64Pairs, false))
+    {
+        pairs.reserve(int64Pairs.shape(0));
+        for (size_t i = 0; i < int64Pairs.shape(0); ++i)
+        {
+            pairs.push_back({entryToInt32(int64Pairs(i, 0), "pairs", i), entryToInt32(int64Pairs(i, 1), "pairs", i)});
+        }
+        return;
+    }
+    if (!nb::isinstance<nb::sequence>(list) && !nb::hasattr(list, "__iter__"))
+    {
+        throw nb::type_error(
+            fmt::format("pairs is a {}; expected a sequence of (src, dst) pairs, an [n, 2] int array or a device "
+                        "array",
+                typeName(list))
+                .c_str());
+    }
+    size_t index = 0;
+    for (nb::handle pair : list)
+    {
+        nb::sequence const entry = nb::borrow<nb::sequence>(pair);
+        if (!nb::isinstance<nb::sequence>(pair) || nb::len(entry) != 2)
+        {
+            throw rt::InvalidArgumentError(
+                fmt::format("pairs[{}] is a {}; expected a (src, dst) pair", index, typeName(pair)));
+        }
+        pairs.push_back({objectToInt32(entry[0], "pairs", index), objectToInt32(entry[1], "pairs", index)});
+        ++index;
+    }
+}
+
+void hostPageIds(nb::handle list, std::vector<int32_t>& pages)
+{
+    pages.clear();
+    using Int32Ids = nb::ndarray<int32_t const, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+    using Int64Ids = nb::ndarray<int64_t const, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+    Int32Ids int32Ids;
+    if (nb::try_cast(list, int32Ids, false))
+    {
+        pages.assign(int32Ids.data(), int32Ids.data() + int32Ids.shape(0));
+        return;
+    }
+    Int64Ids int64Ids;
+    if (nb::try_cast(list, int64Ids, false))
+    {
+        pages.reserve(int64Ids.shape(0));
+        for (size_t i = 0; i < int64Ids.shape(0); ++i)
+        {
+            pages.push_back(entryToInt32(int64Ids(i), "pages", i));
+        }
+        return;
+    }
+    if (!nb::hasattr(list, "__iter__"))
+    {
+        throw nb::type_error(
+            fmt::format("pages is a {}; expected a sequence of ints, a 1-D int array or a device array", typeName(list))
+                .c_str());
+    }
+    size_t index = 0;
+    for (nb::handle page : list)
+    {
+        pages.push_back(objectToInt32(page, "pages", index));
+        ++index;
+    }
+}
+
+} // namespace kvcache::python

@@ -1,0 +1,52 @@
+#pragma once
+
+#include <kvcache/page_ops.h>
+
+#include <cuda_runtime_api.h>
+#include <nanobind/nanobind.h>
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace kvcache::python
+{
+
+namespace nb = nanobind;
+
+//! Returns `value` as int32; throws InvalidArgumentError naming `field`, the value and the int32 range otherwise.
+int32_t toInt32(int64_t value, char const* field);
+
+//! Returns the stream `stream` names: `fallback` for None, the handle of an int, of an object's __cuda_stream__()
+//! (the CUDA stream protocol's (version, handle)) or of its `cuda_stream` attribute (torch.cuda.Stream). Throws
+//! TypeError for anything else.
+cudaStream_t streamArgument(nb::handle stream, cudaStream_t fallback);
+
+//! Returns the int a producer's __dlpack__(stream=...) takes for `stream` (1 for the legacy default stream, 2 for the
+//! per-thread default stream, else the handle).
+int64_t dlpackStreamArgument(cudaStream_t stream) noexcept;
+
+//! A contiguous int32 array in memory the device can read.
+struct DeviceInt32Array
+{
+    int32_t* data = nullptr;
+    //! Elements.
+    int64_t count = 0;
+};
+
+//! Returns `list` as a device array when it is one: an object whose __dlpack_device__ is CUDA (device `device`),
+//! CUDA-managed or CUDA-pinned host memory, or one with __cuda_array_interface__; nullopt for host objects (lists,
+//! NumPy arrays). The producer orders its writes before `consumer` (DLPack's stream argument, or the interface's
+//! stream by an event). Throws InvalidArgumentError, naming `what`, for an element type other than int32, a
+//! non-contiguous array or one on another device.
+std::optional<DeviceInt32Array> deviceInt32Array(
+    nb::handle list, cudaStream_t consumer, int32_t device, char const* what);
+
+//! Reads host page pairs into `pairs`: an int32 or int64 array of shape [n, 2] (NumPy, or anything nanobind takes as
+//! a CPU ndarray) or a sequence of (src, dst) pairs. Throws InvalidArgumentError / TypeError naming the entry.
+void hostPagePairs(nb::handle list, std::vector<rt::PageCopy>& pairs);
+
+//! Reads host page ids into `pages`: a one-dimensional int32 or int64 array or a sequence of ints.
+void hostPageIds(nb::handle list, std::vector<int32_t>& pages);
+
+} // namespace kvcache::python

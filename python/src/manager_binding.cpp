@@ -1,0 +1,421 @@
+#include "bindings.h"
+#include "cuda_arguments.h"
+#include "dlpack_view.h"
+#include "scoped_device.h"
+
+#include <kvcache/errors.h>
+#include <kvcache/kv_cache_manager.h>
+#include <kvcache/page_ops.h>
+
+#include <fmt/format.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/vector.h>
+
+#include <chrono>
+#include <memory>
+#include <vector>
+
+namespace kvcache::python
+{
+namespace
+{
+
+//! A KVCacheManager with the stream it lives on (created here unless the caller gave one) and the event that orders
+//! consumers of its views after its work. The manager goes first, then the event, then a stream created here.
+class CacheHandle
+{
+public:
+    CacheHandle(rt::KVCacheConfig const& config, nb::handle stream)
+    {
+        // A bad config is reported as such even where there is no GPU.
+        rt::computeLayout(config);
+        cudaStream_t cacheStream = nullptr;
+        if (stream.is_none())
+        {
+            KVCACHE_CUDA_TRY(cudaStreamCreateWithFlags(&mOwnedStream, cudaStreamNonBlocking));
+            cacheStream = mOwnedStream;
+        }
+        else
+        {
+            cacheStream = streamArgument(stream, nullptr);
+            mStreamObject = nb::borrow(stream);
+        }
+        try
+        {
+            mManager = std::make_unique<rt::KVCacheManager>(config, cacheStream);
+            rt::detail::ScopedDevice const scoped(mManager->device());
+            KVCACHE_CUDA_TRY(cudaEventCreateWithFlags(&mOrder.event, cudaEventDisableTiming));
+            mOrder.producer = cacheStream;
+            mOrder.device = mManager->device();
+        }
+        catch (...)
+        {
+            release();
+            throw;
+        }
+    }
+    ~CacheHandle() noexcept
+    {
+        release();
+    }
+    CacheHandle(CacheHandle const&) = delete;
+    CacheHandle& operator=(CacheHandle const&) = delete;
+
+    rt::KVCacheManager& manager() noexcept
+    {
+        return *mManager;
+    }
+    StreamOrder const& order() const noexcept
+    {
+        return mOrder;
+    }
+    cudaStream_t stream() const noexcept
+    {
+        return mOrder.producer;
+    }
+
+    //! Returns `layer` as int32 when it indexes a layer; throws OutOfRangeError naming the index and the count.
+    int32_t layer(int64_t layer) const
+    {
+        if (layer < 0 || layer >= mManager->numLayers())
+        {
+            throw rt::OutOfRangeError(
+                fmt::format("layer index is {}; it must be in [0, {}) (num_layers)", layer, mManager->numLayers()));
+        }
+        return static_cast<int32_t>(layer);
+    }
+    //! Returns `group` as int32 when it indexes a page group; throws OutOfRangeError otherwise.
+    int32_t group(int64_t group) const
+    {
+        if (group < 0 || group >= mManager->numGroups())
+        {
+            throw rt::OutOfRangeError(
+                fmt::format("group index is {}; it must be in [0, {}) (num_groups)", group, mManager->numGroups()));
+        }
+        return static_cast<int32_t>(group);
+    }
+
+    //! Host lists are read into these, reused between calls so that a call allocates nothing in steady state.
+    std::vector<rt::PageCopy> pairs;
+    std::vector<int32_t> pages;
+
+private:
+    void release() noexcept
+    {
+        mManager.reset();
+        if (mOrder.event != nullptr)
+        {
+            KVCACHE_CUDA_LOG(cudaEventDestroy(mOrder.event));
+            mOrder.event = nullptr;
+        }
+        if (mOwnedStream != nullptr)
+        {
+            KVCACHE_CUDA_LOG(cudaStreamDestroy(mOwnedStream));
+            mOwnedStream = nullptr;
+        }
+    }
+
+    cudaStream_t mOwnedStream{nullptr};
+    nb::object mStreamObject;
+    StreamOrder mOrder;
+    std::unique_ptr<rt::KVCacheManager> mManager;
+};
+
+using Self = nb::pointer_and_handle<CacheHandle>;
+
+DLPackView viewOf(Self self, rt::Tensor const& tensor)
+{
+    return DLPackView(tensor, kDLCUDA, self.p->manager().device(), &self.p->order(), nb::borrow(self.h));
+}
+
+rt::PageOpTarget targetOf(nb::handle target, nb::handle group)
+{
+    rt::PageOpTarget result;
+    if (!target.is_none())
+    {
+        result = nb::cast<rt::PageOpTarget>(target);
+    }
+    if (!group.is_none())
+    {
+        result.group = toInt32(nb::cast<int64_t>(group), "group");
+    }
+    return result;
+}
+
+//! A device scalar (one int32) for a count or an error counter, or null for None.
+int32_t* deviceScalar(nb::handle value, cudaStream_t stream, int32_t device, char const* what)
+{
+    if (value.is_none())
+    {
+        return nullptr;
+    }
+    std::optional<DeviceInt32Array> const array = deviceInt32Array(value, stream, device, what);
+    if (!array || array->count != 1)
+    {
+        throw rt::InvalidArgumentError(fmt::format("{} must be a device int32 array of one element ({})", what,
+            array ? fmt::format("it has {}", array->count) : std::string("it is not in device memory")));
+    }
+    return array->data;
+}
+
+void copyPages(CacheHandle& cache, nb::handle pairs, nb::handle stream, nb::handle target, nb::handle group,
+    nb::handle count, nb::handle errorCount)
+{
+    cudaStream_t const opStream = streamArgument(stream, cache.stream());
+    rt::PageOpTarget const opTarget = targetOf(target, group);
+    int32_t const device = cache.manager().device();
+    if (std::optional<DeviceInt32Array> const list = deviceInt32Array(pairs, opStream, device, "pairs"))
+    {
+        if (list->count % 2 != 0)
+        {
+            throw rt::InvalidArgumentError(
+                fmt::format("pairs has {} int32 entries; a device list of pairs has an even number", list->count));
+        }
+        int32_t const capacity = toInt32(list->count / 2, "pairs capacity");
+        rt::copyPagesDevice(cache.manager(), reinterpret_cast<rt::PageCopy const*>(list->data), capacity,
+            deviceScalar(count, opStream, device, "count"), opStream, opTarget,
+            deviceScalar(errorCount, opStream, device, "error_count"));
+        return;
+    }
+    if (!count.is_none() || !errorCount.is_none())
+    {
+        throw rt::InvalidArgumentError("count and error_count are device int32 scalars for device lists; pairs is a "
+                                       "host list");
+    }
+    hostPagePairs(pairs, cache.pairs);
+    rt::copyPages(cache.manager(), cache.pairs, opStream, opTarget);
+}
+
+void resetPages(CacheHandle& cache, nb::handle pages, nb::handle stream, int64_t pattern, nb::handle target,
+    nb::handle group, nb::handle count, nb::handle errorCount)
+{
+    if (pattern < 0 || pattern > static_cast<int64_t>(UINT32_MAX))
+    {
+        throw rt::InvalidArgumentError(fmt::format("pattern is {}; it must be in [0, {}]", pattern, UINT32_MAX));
+    }
+    uint32_t const fill = static_cast<uint32_t>(pattern);
+    cudaStream_t const opStream = streamArgument(stream, cache.stream());
+    rt::PageOpTarget const opTarget = targetOf(target, group);
+    int32_t const device = cache.manager().device();
+    if (std::optional<DeviceInt32Array> const list = deviceInt32Array(pages, opStream, device, "pages"))
+    {
+        rt::resetPagesDevice(cache.manager(), list->data, toInt32(list->count, "pages capacity"),
+            deviceScalar(count, opStream, device, "count"), opStream, fill, opTarget,
+            deviceScalar(errorCount, opStream, device, "error_count"));
+        return;
+    }
+    if (!count.is_none() || !errorCount.is_none())
+    {
+        throw rt::InvalidArgumentError("count and error_count are device int32 scalars for device lists; pages is a "
+                                       "host list");
+    }
+    hostPageIds(pages, cache.pages);
+    rt::resetPages(cache.manager(), cache.pages, opStream, fill, opTarget);
+}
+
+// The Python signature of the page operations, shared by the methods and the module functions.
+#define KVCACHE_COPY_PAGES_ARGS                                                                                        \
+    nb::arg("pairs"), nb::arg("stream") = nb::none(), nb::kw_only(), nb::arg("target") = nb::none(),                   \
+                      nb::arg("group") = nb::none(), nb::arg("count") = nb::none(),                                    \
+                      nb::arg("error_count") = nb::none()
+#define KVCACHE_RESET_PAGES_ARGS                                                                                       \
+    nb::arg("pages"), nb::arg("stream") = nb::none(), nb::kw_only(), nb::arg("pattern") = 0,                           \
+                      nb::arg("target") = nb::none(), nb::arg("group") = nb::none(), nb::arg("count") = nb::none(),    \
+                      nb::arg("error_count") = nb::none()
+
+char const* const kCOPY_PAGES_DOC =
+    "Copies each (src, dst) page in every targeted layer and half, stream-ordered (default: the cache's stream).\n"
+    "pairs: a host list (sequence of pairs, [n, 2] int array) validated before launch, or a device int32 array\n"
+    "([n, 2] or [2n], __dlpack__ or __cuda_array_interface__) read by the kernel, so a CUDA graph that captured\n"
+    "the call replays with its current contents; count / error_count: optional one-element device int32 arrays\n"
+    "(device lists only). stream: int handle or object with __cuda_stream__ / cuda_stream.";
+char const* const kRESET_PAGES_DOC =
+    "Fills each listed page with the 4-byte little-endian pattern (0 clears) in every targeted layer and half;\n"
+    "pages as for copy_pages (host list or device int32 array).";
+
+} // namespace
+
+void bindManager(nb::module_& m)
+{
+    nb::enum_<rt::KVHalf>(m, "KVHalf", "Which half of each layer a page operation touches.")
+        .value("BOTH", rt::KVHalf::kBOTH)
+        .value("K", rt::KVHalf::kK)
+        .value("V", rt::KVHalf::kV);
+
+    nb::class_<rt::PageOpTarget>(m, "PageOpTarget", "The page group, layers and halves a page operation touches.")
+        .def(
+            "__init__",
+            [](rt::PageOpTarget* self, int64_t firstLayer, int64_t numLayers, rt::KVHalf half, int64_t group)
+            {
+                new (self) rt::PageOpTarget{toInt32(firstLayer, "PageOpTarget.first_layer"),
+                    toInt32(numLayers, "PageOpTarget.num_layers"), half, toInt32(group, "PageOpTarget.group")};
+            },
+            nb::kw_only(), nb::arg("first_layer") = 0, nb::arg("num_layers") = -1, nb::arg("half") = rt::KVHalf::kBOTH,
+            nb::arg("group") = -1)
+        .def_rw("first_layer", &rt::PageOpTarget::firstLayer, "First layer, a position in the group's layer list.")
+        .def_rw("num_layers", &rt::PageOpTarget::numLayers, "Layers from first_layer on; -1 means all.")
+        .def_rw("half", &rt::PageOpTarget::half, "BOTH, K or V.")
+        .def_rw("group", &rt::PageOpTarget::group, "Page group; -1 means the only one.");
+
+    nb::class_<rt::LayerRef>(m, "LayerRef", "One layer's pools as a kernel addresses them (addresses as ints).")
+        .def_prop_ro("k_pool", [](rt::LayerRef const& ref) { return reinterpret_cast<uintptr_t>(ref.kPool); })
+        .def_prop_ro("v_pool", [](rt::LayerRef const& ref) { return reinterpret_cast<uintptr_t>(ref.vPool); })
+        .def_ro("page_stride", &rt::LayerRef::pageStride)
+        .def_ro("token_stride", &rt::LayerRef::tokenStride)
+        .def_ro("head_stride", &rt::LayerRef::headStride)
+        .def_ro("element_bytes", &rt::LayerRef::elementBytes)
+        .def_ro("num_pages", &rt::LayerRef::numPages)
+        .def_ro("tokens_per_page", &rt::LayerRef::tokensPerPage)
+        .def_ro("num_kv_heads", &rt::LayerRef::numKVHeads)
+        .def_ro("head_dim", &rt::LayerRef::headDim);
+
+    nb::class_<CacheHandle> cls(m, "KVCacheManager", nb::is_weak_referenceable(),
+        "Owns one device buffer per attention layer (cudaMallocAsync on its stream) and hands out zero-copy DLPack "
+        "views of it. Views and the tensors made from them keep the manager alive.");
+    cls.def(
+           "__init__",
+           [](CacheHandle* self, rt::KVCacheConfig const& config, nb::handle stream)
+           { new (self) CacheHandle(config, stream); },
+           nb::arg("config"), nb::arg("stream") = nb::none(),
+           "Validates `config` (InvalidConfigError) and allocates the cache on `stream` (int handle or object with "
+           "__cuda_stream__ / cuda_stream, kept referenced; None creates a non-blocking stream the manager owns) on "
+           "the current device. Raises OutOfMemoryError when the memory cannot be had.")
+        .def_static("validate", &rt::computeLayout, nb::arg("config"), "Returns the layout of `config` (no GPU).")
+        .def(
+            "pool_view",
+            [](Self self, int64_t layer)
+            { return viewOf(self, self.p->manager().getCombinedKVCachePoolView(self.p->layer(layer))); },
+            nb::arg("layer"), "Pool view [2, num_pages, tokens_per_page, H, D] ([1, ...] for a latent layer).")
+        .def(
+            "slot_view",
+            [](Self self, int64_t layer)
+            { return viewOf(self, self.p->manager().getCombinedKVCache(self.p->layer(layer))); },
+            nb::arg("layer"),
+            "Slot view [2, max_batch_size, capacity, H, D]; raises InvalidConfigError when the layer's group has "
+            "retained pages.")
+        .def(
+            "k_pool",
+            [](Self self, int64_t layer)
+            {
+                rt::KVCacheManager& manager = self.p->manager();
+                rt::KVLayerLayout const& sizes = manager.layout().layers[static_cast<size_t>(self.p->layer(layer))];
+                int32_t const index = self.p->layer(layer);
+                rt::Tensor const pool(manager.kPoolPtr(index),
+                    rt::Coords{sizes.numPages, manager.tokensPerPage(), sizes.numKVHeads, sizes.headDim},
+                    manager.layout().dataType, rt::DeviceType::kGPU);
+                return viewOf(self, pool);
+            },
+            nb::arg("layer"), "K pool [num_pages, tokens_per_page, H, D] of a layer.")
+        .def(
+            "v_pool",
+            [](Self self, int64_t layer)
+            {
+                rt::KVCacheManager& manager = self.p->manager();
+                int32_t const index = self.p->layer(layer);
+                rt::KVLayerLayout const& sizes = manager.layout().layers[static_cast<size_t>(index)];
+                if (sizes.kind == rt::KVLayerKind::kLATENT)
+                {
+                    throw rt::InvalidArgumentError(fmt::format(
+                        "layer {} is a latent (KVLayerKind.LATENT) layer: it caches K only and has no V pool", index));
+                }
+                rt::Tensor const pool(manager.vPoolPtr(index),
+                    rt::Coords{sizes.numPages, manager.tokensPerPage(), sizes.numKVHeads, sizes.headDim},
+                    manager.layout().dataType, rt::DeviceType::kGPU);
+                return viewOf(self, pool);
+            },
+            nb::arg("layer"),
+            "V pool [num_pages, tokens_per_page, H, D]; raises InvalidArgumentError for a latent "
+            "layer.")
+        .def(
+            "separate_kv_cache",
+            [](Self self, int64_t layer)
+            {
+                std::pair<rt::Tensor, rt::Tensor> const halves =
+                    self.p->manager().getSeparateKVCache(self.p->layer(layer));
+                return std::make_pair(viewOf(self, halves.first), viewOf(self, halves.second));
+            },
+            nb::arg("layer"), "K and V views, each [max_batch_size, capacity, H, D] (V empty for a latent layer).")
+        .def(
+            "k_pool_ptr",
+            [](CacheHandle& c, int64_t layer)
+            { return reinterpret_cast<uintptr_t>(c.manager().kPoolPtr(c.layer(layer))); },
+            nb::arg("layer"), "Address of the layer's K pool.")
+        .def(
+            "v_pool_ptr",
+            [](CacheHandle& c, int64_t layer)
+            { return reinterpret_cast<uintptr_t>(c.manager().vPoolPtr(c.layer(layer))); },
+            nb::arg("layer"), "Address of the layer's V pool (0 for a latent layer).")
+        .def(
+            "layer_ref", [](CacheHandle& c, int64_t layer) { return c.manager().layerRef(c.layer(layer)); },
+            nb::arg("layer"), "The layer's pools as a kernel addresses them.")
+        .def(
+            "get_layer_config",
+            [](CacheHandle& c, int64_t layer) { return c.manager().getLayerConfig(c.layer(layer)); }, nb::arg("layer"),
+            "The layer's shape.")
+        .def(
+            "group", [](CacheHandle& c, int64_t group) { return c.manager().group(c.group(group)); }, nb::arg("group"),
+            "Page group `group`'s layout.")
+        .def(
+            "group_of", [](CacheHandle& c, int64_t layer) { return c.manager().groupOf(c.layer(layer)); },
+            nb::arg("layer"), "The page group of a layer.")
+        .def("num_layers", [](CacheHandle& c) { return c.manager().numLayers(); })
+        .def(
+            "num_pages", [](CacheHandle& c) { return c.manager().numPages(); }, "Pages per half of group 0.")
+        .def(
+            "min_pages", [](CacheHandle& c) { return c.manager().minPages(); }, "Group 0's minimum pages.")
+        .def("max_cap_padded", [](CacheHandle& c) { return c.manager().maxCapPadded(); })
+        .def("tokens_per_page", [](CacheHandle& c) { return c.manager().tokensPerPage(); })
+        .def("num_groups", [](CacheHandle& c) { return c.manager().numGroups(); })
+        .def("is_uniform", [](CacheHandle& c) { return c.manager().isUniform(); })
+        .def(
+            "get_config", [](CacheHandle& c) { return c.manager().getConfig(); }, "A copy of the config.")
+        .def(
+            "layout", [](CacheHandle& c) { return c.manager().layout(); }, "A copy of the layout.")
+        .def("allocated_bytes", [](CacheHandle& c) { return c.manager().allocatedBytes(); })
+        .def(
+            "stream", [](CacheHandle& c) { return reinterpret_cast<uintptr_t>(c.stream()); },
+            "The cache's stream handle.")
+        .def("device", [](CacheHandle& c) { return c.manager().device(); })
+        .def(
+            "synchronize",
+            [](CacheHandle& c)
+            {
+                nb::gil_scoped_release const released;
+                KVCACHE_CUDA_TRY(cudaStreamSynchronize(c.stream()));
+            },
+            "Waits on the host for the work enqueued on the cache's stream.")
+        .def("copy_pages", &copyPages, KVCACHE_COPY_PAGES_ARGS, kCOPY_PAGES_DOC)
+        .def("reset_pages", &resetPages, KVCACHE_RESET_PAGES_ARGS, kRESET_PAGES_DOC);
+
+    m.def("copy_pages", &copyPages, nb::arg("cache"), KVCACHE_COPY_PAGES_ARGS, kCOPY_PAGES_DOC);
+    m.def("reset_pages", &resetPages, nb::arg("cache"), KVCACHE_RESET_PAGES_ARGS, kRESET_PAGES_DOC);
+
+    m.def(
+        "_time_copy_pages_cpp",
+        [](CacheHandle& cache, nb::handle pairs, int64_t iterations, int64_t batch)
+        {
+            hostPagePairs(pairs, cache.pairs);
+            std::vector<rt::PageCopy> const list = cache.pairs;
+            double seconds = 0.0;
+            nb::gil_scoped_release const released;
+            for (int64_t done = 0; done < iterations;)
+            {
+                int64_t const calls = std::min(batch, iterations - done);
+                auto const start = std::chrono::steady_clock::now();
+                for (int64_t i = 0; i < calls; ++i)
+                {
+                    rt::copyPages(cache.manager(), list, cache.stream());
+                }
+                seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+                // Keeps the launch queue short, so that enqueueing never waits for the GPU.
+                KVCACHE_CUDA_TRY(cudaStreamSynchronize(cache.stream()));
+                done += calls;
+            }
+            return seconds;
+        },
+        nb::arg("cache"), nb::arg("pairs"), nb::arg("iterations"), nb::arg("batch") = 64,
+        "Benchmark helper: seconds spent in `iterations` C++ copyPages calls of `pairs` on the cache's stream "
+        "(enqueue time only; the stream is drained every `batch` calls outside the timing).");
+}
+
+} // namespace kvcache::python

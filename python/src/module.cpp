@@ -1,0 +1,38 @@
+#include "bindings.h"
+#include "dlpack_view.h"
+
+#include <kvcache/version.h>
+
+#include <cuda_runtime_api.h>
+#include <nanobind/stl/string.h>
+
+#include <string>
+
+NB_MODULE(_kvcache, m)
+{
+    m.doc() = "kvcache: per-layer KV cache memory, zero-copy DLPack views and page operations (C++ core).";
+    kvcache::python::bindErrors(m);
+    kvcache::python::bindConfig(m);
+    kvcache::python::bindViews(m);
+    kvcache::python::bindManager(m);
+    kvcache::python::bindAllocator(m);
+    kvcache::python::bindPageTable(m);
+    kvcache::python::bindPageManager(m);
+
+    m.attr("__version__") = KVCACHE_VERSION_STRING;
+    m.def(
+        "gpu_unavailable_reason",
+        []() -> std::string
+        {
+            int count = 0;
+            cudaError_t const status = cudaGetDeviceCount(&count);
+            if (status != cudaSuccess)
+            {
+                cudaGetLastError();
+                return std::string("cudaGetDeviceCount returned ") + cudaGetErrorName(status) + " ("
+                    + cudaGetErrorString(status) + ")";
+            }
+            return count == 0 ? "no CUDA device is visible" : "";
+        },
+        "Returns why no GPU can be used here, or an empty string when one can.");
+}

@@ -1,0 +1,254 @@
+#include "bindings.h"
+#include "cuda_arguments.h"
+
+#include <kvcache/errors.h>
+#include <kvcache/page_manager.h>
+
+#include <fmt/format.h>
+#include <nanobind/stl/function.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace kvcache::python
+{
+namespace
+{
+
+//! A PageManager and the scratch lists host arguments are read into (reused between calls).
+struct PageManagerHandle
+{
+    explicit PageManagerHandle(rt::KVCacheConfig const& config, rt::PageManagerOptions const& options)
+        : manager(config, options)
+    {
+    }
+    rt::PageManager manager;
+    std::vector<std::vector<int32_t>> tokens;
+    std::vector<std::vector<rt::PageExtraKey>> extraKeys;
+    std::vector<rt::SequenceAppend> appends;
+};
+
+//! Reads extra keys: a sequence of (position, lo, hi), lo and hi the two 64-bit words of the key's hash.
+void extraKeysOf(nb::handle keys, std::vector<rt::PageExtraKey>& out)
+{
+    out.clear();
+    if (keys.is_none())
+    {
+        return;
+    }
+    size_t index = 0;
+    for (nb::handle key : keys)
+    {
+        auto const [position, lo, hi] = nb::cast<std::tuple<int64_t, uint64_t, uint64_t>>(key);
+        out.push_back({toInt32(position, fmt::format("extra_keys[{}] position", index).c_str()), {lo, hi}});
+        ++index;
+    }
+}
+
+rt::SequenceAppend appendOf(
+    PageManagerHandle& handle, size_t slot, int64_t sequence, nb::handle tokens, nb::handle extraKeys)
+{
+    if (handle.tokens.size() <= slot)
+    {
+        handle.tokens.resize(slot + 1);
+        handle.extraKeys.resize(slot + 1);
+    }
+    hostPageIds(tokens, handle.tokens[slot]);
+    extraKeysOf(extraKeys, handle.extraKeys[slot]);
+    rt::SequenceAppend append;
+    append.sequence = sequence;
+    append.tokens = handle.tokens[slot].data();
+    append.count = toInt32(static_cast<int64_t>(handle.tokens[slot].size()), "len(tokens)");
+    append.extraKeys = handle.extraKeys[slot].data();
+    append.numExtraKeys = toInt32(static_cast<int64_t>(handle.extraKeys[slot].size()), "len(extra_keys)");
+    return append;
+}
+
+} // namespace
+
+void bindPageManager(nb::module_& m)
+{
+    nb::enum_<rt::PageHashAlgorithm>(m, "PageHashAlgorithm", "The hash of page contents.")
+        .value("SHA256", rt::PageHashAlgorithm::kSHA256, "Collision resistant (the default).")
+        .value("XXH3_128", rt::PageHashAlgorithm::kXXH3_128, "Faster; only for trusted prompts.");
+
+    nb::class_<rt::PageGroupCounts>(m, "PageGroupCounts", "Pages of one page group, by state.")
+        .def_ro("num_pages", &rt::PageGroupCounts::numPages)
+        .def_ro("free", &rt::PageGroupCounts::free)
+        .def_ro("used", &rt::PageGroupCounts::used)
+        .def_ro("cached", &rt::PageGroupCounts::cached)
+        .def_ro("shared", &rt::PageGroupCounts::shared);
+
+    nb::class_<rt::PageManagerStats>(m, "PageManagerStats", "Prefix reuse and copy-on-write counters.")
+        .def_ro("prefix_query_tokens", &rt::PageManagerStats::prefixQueryTokens)
+        .def_ro("prefix_hit_tokens", &rt::PageManagerStats::prefixHitTokens)
+        .def_ro("evicted_pages", &rt::PageManagerStats::evictedPages)
+        .def_ro("copy_on_write_pages", &rt::PageManagerStats::copyOnWritePages);
+
+    nb::class_<PageManagerHandle>(m, "PageManager",
+        "The page lifecycle of one cache on the host: pages per sequence and group, forks with copy-on-write, prefix "
+        "reuse through chained page hashes, LRU eviction. It never touches the GPU: run copies(group) with "
+        "copy_pages before the step's kernels, and build PageTableBuffers from pages(sequence, group).")
+        .def(
+            "__init__",
+            [](PageManagerHandle* self, rt::KVCacheConfig const& config, int64_t maxSequences, bool prefixCaching,
+                rt::PageHashAlgorithm algorithm, nb::handle seed)
+            {
+                rt::PageManagerOptions options;
+                options.maxSequences = toInt32(maxSequences, "max_sequences");
+                options.enablePrefixCaching = prefixCaching;
+                options.hashAlgorithm = algorithm;
+                if (!seed.is_none())
+                {
+                    nb::bytes const bytes = nb::cast<nb::bytes>(seed);
+                    std::array<uint8_t, 32> value{};
+                    if (bytes.size() != value.size())
+                    {
+                        throw rt::InvalidArgumentError(
+                            fmt::format("hash_seed has {} bytes; it must have {}", bytes.size(), value.size()));
+                    }
+                    std::memcpy(value.data(), bytes.c_str(), value.size());
+                    options.hashSeed = value;
+                }
+                new (self) PageManagerHandle(config, options);
+            },
+            nb::arg("config"), nb::kw_only(), nb::arg("max_sequences") = 0, nb::arg("enable_prefix_caching") = true,
+            nb::arg("hash_algorithm") = rt::PageHashAlgorithm::kSHA256, nb::arg("hash_seed") = nb::none(),
+            "max_sequences 0 means config.max_batch_size; hash_seed: 32 bytes, or None for a random one.")
+        .def(
+            "create",
+            [](PageManagerHandle& h, nb::handle salt)
+            {
+                rt::SequenceOptions options;
+                std::string bytes;
+                if (!salt.is_none())
+                {
+                    nb::bytes const value = nb::cast<nb::bytes>(salt);
+                    bytes.assign(value.c_str(), value.size());
+                    options.salt = bytes.data();
+                    options.saltBytes = bytes.size();
+                }
+                return h.manager.create(options);
+            },
+            nb::arg("salt") = nb::none(), "Returns a new empty sequence; `salt` (bytes) separates prefix reuse.")
+        .def(
+            "adopt_prefix",
+            [](PageManagerHandle& h, int64_t sequence, nb::handle tokens, nb::handle extraKeys)
+            {
+                rt::SequenceAppend const prompt = appendOf(h, 0, sequence, tokens, extraKeys);
+                return h.manager.adoptPrefix(
+                    sequence, prompt.tokens, prompt.count, prompt.extraKeys, prompt.numExtraKeys);
+            },
+            nb::arg("sequence"), nb::arg("tokens"), nb::arg("extra_keys") = nb::none(),
+            "Gives an empty sequence the longest cached prefix of `tokens`; returns its length in tokens.")
+        .def(
+            "append",
+            [](PageManagerHandle& h, int64_t sequence, nb::handle tokens, nb::handle extraKeys)
+            {
+                rt::SequenceAppend const append = appendOf(h, 0, sequence, tokens, extraKeys);
+                h.manager.append(append);
+            },
+            nb::arg("sequence"), nb::arg("tokens"), nb::arg("extra_keys") = nb::none(),
+            "Appends tokens to one sequence (step() with one entry).")
+        .def(
+            "step",
+            [](PageManagerHandle& h, nb::handle appends)
+            {
+                h.appends.clear();
+                size_t slot = 0;
+                for (nb::handle entry : appends)
+                {
+                    nb::sequence const fields = nb::borrow<nb::sequence>(entry);
+                    size_t const count = nb::len(fields);
+                    if (count < 2 || count > 3)
+                    {
+                        throw rt::InvalidArgumentError(fmt::format(
+                            "appends[{}] has {} fields; expected (sequence, tokens[, extra_keys])", slot, count));
+                    }
+                    h.appends.push_back(appendOf(
+                        h, slot, nb::cast<int64_t>(fields[0]), fields[1], count == 3 ? fields[2] : nb::none()));
+                    ++slot;
+                }
+                h.manager.step(h.appends.data(), static_cast<int32_t>(h.appends.size()));
+            },
+            nb::arg("appends"),
+            "Appends tokens to each listed sequence, all or nothing: appends is a list of (sequence, tokens[, "
+            "extra_keys]). Raises OutOfMemoryError naming the group, the pages needed and available.")
+        .def(
+            "fork", [](PageManagerHandle& h, int64_t parent) { return h.manager.fork(parent); }, nb::arg("parent"),
+            "Returns a new sequence sharing every page of `parent`.")
+        .def(
+            "free", [](PageManagerHandle& h, int64_t sequence) { h.manager.free(sequence); }, nb::arg("sequence"),
+            "Lets go of every page of `sequence` and forgets it.")
+        .def(
+            "contains", [](PageManagerHandle const& h, int64_t sequence) { return h.manager.contains(sequence); },
+            nb::arg("sequence"))
+        .def(
+            "length", [](PageManagerHandle const& h, int64_t sequence) { return h.manager.length(sequence); },
+            nb::arg("sequence"))
+        .def(
+            "pages",
+            [](PageManagerHandle const& h, int64_t sequence, int64_t group)
+            {
+                rt::SequencePages const pages = h.manager.pages(sequence, toInt32(group, "group"));
+                std::vector<int32_t> ids(pages.pages, pages.pages + pages.numPages);
+                return std::make_pair(ids, pages.numTokens);
+            },
+            nb::arg("sequence"), nb::arg("group"),
+            "Returns (page ids in token order, UNUSED_PAGE_ENTRY where a window released them; length in tokens): "
+            "what PageTableBuffers.build takes.")
+        .def(
+            "copies",
+            [](PageManagerHandle const& h, int64_t group)
+            {
+                std::vector<std::pair<int32_t, int32_t>> pairs;
+                for (rt::PageCopy const& copy : h.manager.copies(toInt32(group, "group")))
+                {
+                    pairs.emplace_back(copy.src, copy.dst);
+                }
+                return pairs;
+            },
+            nb::arg("group"), "The (src, dst) copies queued in `group` since clear_copies(), in order.")
+        .def(
+            "clear_copies", [](PageManagerHandle& h) { h.manager.clearCopies(); },
+            "Forgets the queued copies of every group.")
+        .def(
+            "evict_cached",
+            [](PageManagerHandle& h, int64_t group, int64_t count)
+            { return h.manager.evictCached(toInt32(group, "group"), toInt32(count, "count")); },
+            nb::arg("group"), nb::arg("count"), "Drops up to `count` cached pages of `group`; returns how many.")
+        .def(
+            "set_eviction_callback",
+            [](PageManagerHandle& h, nb::handle callback)
+            {
+                if (callback.is_none())
+                {
+                    h.manager.setEvictionCallback({});
+                    return;
+                }
+                nb::object function = nb::borrow(callback);
+                h.manager.setEvictionCallback([function](int32_t group, int32_t page, rt::PageHash hash)
+                    { function(group, page, nb::make_tuple(hash.lo, hash.hi)); });
+            },
+            nb::arg("callback"), "callback(group, page, (lo, hi)) for each evicted page; None removes it.")
+        .def(
+            "counts",
+            [](PageManagerHandle const& h, int64_t group) { return h.manager.counts(toInt32(group, "group")); },
+            nb::arg("group"))
+        .def("stats", [](PageManagerHandle const& h) { return h.manager.stats(); })
+        .def("reset_stats", [](PageManagerHandle& h) { h.manager.resetStats(); })
+        .def(
+            "check_invariants", [](PageManagerHandle const& h) { h.manager.checkInvariants(); },
+            "Raises RuntimeError describing the first broken invariant.")
+        .def("num_groups", [](PageManagerHandle const& h) { return h.manager.numGroups(); })
+        .def("layout", [](PageManagerHandle const& h) { return h.manager.layout(); })
+        .def("max_sequences", [](PageManagerHandle const& h) { return h.manager.maxSequences(); })
+        .def("num_sequences", [](PageManagerHandle const& h) { return h.manager.numSequences(); });
+}
+
+} // namespace kvcache::python

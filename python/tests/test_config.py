@@ -1,0 +1,162 @@
+"""Config fields, validation messages and the layout maths, against tests/layout_model.py. No GPU."""
+
+import pytest
+
+import kvcache
+from layout_model import ELEMENT_BYTES, ModelLayer, ceil_div, model_groups
+
+LAYERS = [(8, 128), (2, 64), (4, 96)]
+
+
+def make_config(**overrides):
+    fields = dict(layer_configs=LAYERS, max_batch_size=3, max_sequence_length=1000, tokens_per_page=64)
+    fields.update(overrides)
+    return kvcache.Config(**fields)
+
+
+def test_fields_round_trip_with_python_names():
+    config = make_config(kv_cache_type=kvcache.DataType.BFLOAT16, num_pages=100, max_tokens_per_step=256)
+    assert config.num_attention_layers == 3
+    assert config.max_batch_size == 3
+    assert config.max_sequence_length == 1000
+    assert config.tokens_per_page == 64
+    assert config.num_pages == 100
+    assert config.max_tokens_per_step == 256
+    assert config.kv_cache_type == kvcache.DataType.BFLOAT16
+    assert config.mem_pool == 0
+    assert [(layer.num_kv_heads, layer.head_dim) for layer in config.layer_configs] == LAYERS
+    config.num_pages_per_group = [7]
+    assert config.num_pages_per_group == [7]
+
+
+def test_layer_configs_take_tuples_and_objects():
+    config = make_config(
+        layer_configs=[(8, 64, 128), kvcache.KVLayerConfig(1, 576, kind=kvcache.KVLayerKind.LATENT), [2, 32]]
+    )
+    first, second, third = config.layer_configs
+    assert (first.num_kv_heads, first.head_dim, first.sliding_window, first.kind) == (8, 64, 128, kvcache.KVLayerKind.KV)
+    assert (second.num_kv_heads, second.head_dim, second.kind) == (1, 576, kvcache.KVLayerKind.LATENT)
+    assert (third.num_kv_heads, third.head_dim, third.sliding_window) == (2, 32, 0)
+
+
+@pytest.mark.parametrize("dtype", [d for d in kvcache.DataType if d.name in ELEMENT_BYTES])
+def test_uniform_layout_matches_the_model(dtype):
+    config = make_config(kv_cache_type=dtype)
+    layout = kvcache.compute_layout(config)
+    element = ELEMENT_BYTES[dtype.name]
+    tokens = 64
+    cap_padded = ceil_div(1000, tokens) * tokens
+    min_pages = 3 * cap_padded // tokens
+    assert layout.cap_padded == cap_padded
+    assert layout.pages_per_slot == cap_padded // tokens
+    assert layout.min_pages == min_pages
+    assert layout.num_pages == min_pages
+    assert layout.element_bytes == element
+    total = 0
+    for (heads, dim), layer in zip(LAYERS, layout.layers):
+        page_elems = tokens * heads * dim
+        assert layer.page_elems == page_elems
+        assert layer.page_bytes == page_elems * element
+        assert layer.half_elems == min_pages * page_elems
+        assert layer.layer_bytes == 2 * min_pages * page_elems * element
+        assert layer.num_halves == 2
+        total += layer.layer_bytes
+    assert layout.cache_bytes == total
+    assert layout.bytes_per_page == sum(2 * tokens * h * d * element for h, d in LAYERS)
+
+
+def test_retained_pages_extend_every_layer():
+    layout = make_config(num_pages=200).validate()
+    assert layout.num_pages == 200
+    assert all(layer.half_elems == 200 * layer.page_elems for layer in layout.layers)
+
+
+def test_hybrid_groups_match_the_model():
+    layers = [ModelLayer(8, 64, 128), ModelLayer(8, 64), ModelLayer(1, 576, 0, True), ModelLayer(4, 64, 4096)]
+    config = kvcache.Config(
+        layer_configs=[
+            (8, 64, 128),
+            (8, 64),
+            (1, 576, 0, kvcache.KVLayerKind.LATENT),
+            (4, 64, 4096),
+        ],
+        max_batch_size=2,
+        max_sequence_length=8192,
+        tokens_per_page=16,
+        max_tokens_per_step=512,
+    )
+    layout = kvcache.compute_layout(config)
+    expected = model_groups(layers, 8192, 16, 512, 2)
+    assert len(layout.groups) == len(expected)
+    for group, model in zip(layout.groups, expected):
+        assert group.sliding_window == model.window
+        assert group.pages_per_sequence == model.pages_per_sequence
+        assert group.capacity == model.pages_per_sequence * 16
+        assert group.min_pages == 2 * model.pages_per_sequence
+        assert group.num_pages == group.min_pages
+        assert list(group.layers) == model.layers
+        assert group.bytes_per_page == model.bytes_per_page
+    latent = layout.layers[2]
+    assert latent.num_halves == 1
+    assert latent.kind == kvcache.KVLayerKind.LATENT
+    assert latent.layer_bytes == latent.half_elems * 2
+    assert layout.bytes_per_page == sum(model.bytes_per_page for model in expected)
+
+
+def test_max_pages_for_budget_is_the_floor_of_budget_over_page_bytes():
+    config = make_config()
+    page_bytes = sum(2 * 64 * h * d * 2 for h, d in LAYERS)
+    for pages in (0, 1, 57, 1000):
+        assert kvcache.max_pages_for_budget(config, pages * page_bytes) == pages
+        assert kvcache.max_pages_for_budget(config, pages * page_bytes + page_bytes - 1) == pages
+
+
+def test_split_budget_gives_every_group_the_same_sequences():
+    layers = [ModelLayer(8, 64, 256), ModelLayer(8, 64)]
+    config = kvcache.Config(layer_configs=[(8, 64, 256), (8, 64)], max_batch_size=4, max_sequence_length=4096,
+                            tokens_per_page=32, max_tokens_per_step=128)
+    groups = model_groups(layers, 4096, 32, 128, 2)
+    sequence_bytes = sum(g.pages_per_sequence * g.bytes_per_page for g in groups)
+    budget = 10 * sequence_bytes + sequence_bytes // 2
+    split = kvcache.split_budget(config, budget)
+    assert split.sequences == 10
+    assert list(split.num_pages_per_group) == [10 * g.pages_per_sequence for g in groups]
+    assert split.bytes == 10 * sequence_bytes
+
+
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        (dict(max_batch_size=0), ["maxBatchSize", "0", "> 0"]),
+        (dict(max_sequence_length=-5), ["maxSequenceLength", "-5", "> 0"]),
+        (dict(tokens_per_page=48), ["tokensPerPage", "48", "power of two", "1024"]),
+        (dict(kv_cache_type=kvcache.DataType.INT32), ["kvCacheType", "int32"]),
+        (dict(num_attention_layers=5), ["numAttentionLayers", "5"]),
+    ],
+)
+def test_bad_configs_raise_invalid_config_error_naming_field_value_and_limit(overrides, words):
+    config = make_config(**overrides)
+    with pytest.raises(kvcache.InvalidConfigError) as error:
+        config.validate()
+    for word in words:
+        assert word in str(error.value)
+    with pytest.raises(ValueError):
+        kvcache.compute_layout(config)
+
+
+def test_out_of_int32_values_are_refused_when_set():
+    config = make_config()
+    with pytest.raises(ValueError, match=r"Config\.max_batch_size is 4294967296; it must fit in int32"):
+        config.max_batch_size = 2**32
+    assert config.max_batch_size == 3  # unchanged
+    with pytest.raises(ValueError, match=r"Config\.layer_configs\[1\]\.head_dim is 3000000000"):
+        make_config(layer_configs=[(1, 1), (1, 3_000_000_000)])
+    with pytest.raises(ValueError, match=r"layer_configs\[0\] has 5 fields"):
+        make_config(layer_configs=[(1, 2, 3, kvcache.KVLayerKind.KV, 5)])
+    with pytest.raises(TypeError):
+        make_config(layer_configs=["8x128"])
+
+
+def test_negative_budget_is_an_invalid_argument():
+    with pytest.raises(kvcache.InvalidArgumentError, match="-1"):
+        kvcache.max_pages_for_budget(make_config(), -1)

@@ -1,0 +1,81 @@
+"""PageManager through Python: the documented page lifecycle rules (pages per sequence, fork and copy-on-write, prefix
+reuse of whole pages, all-or-nothing steps), counted by hand. No GPU."""
+
+import pytest
+
+import kvcache
+
+P = 4  # tokens per page
+
+
+def make_manager(num_pages=0, **options):
+    config = kvcache.Config(layer_configs=[(1, 8)], max_batch_size=4, max_sequence_length=64, tokens_per_page=P,
+                            num_pages=num_pages, max_tokens_per_step=64)
+    return kvcache.PageManager(config, **options)
+
+
+def test_append_fork_and_copy_on_write():
+    manager = make_manager()
+    parent = manager.create()
+    manager.append(parent, list(range(1, 11)))  # 10 tokens: 2 full pages and 2 tokens in a third
+    parent_pages, length = manager.pages(parent, 0)
+    assert length == 10 and len(parent_pages) == 3 and len(set(parent_pages)) == 3
+    assert manager.counts(0).used == 3
+
+    child = manager.fork(parent)
+    assert manager.pages(child, 0) == (parent_pages, 10)
+    assert manager.counts(0).shared == 3
+    manager.step([(child, [99])])  # the child writes into the shared partial page: it moves to a copy
+    child_pages, child_length = manager.pages(child, 0)
+    assert child_length == 11
+    assert child_pages[:2] == parent_pages[:2] and child_pages[2] not in parent_pages
+    assert manager.copies(0) == [(parent_pages[2], child_pages[2])]
+    assert manager.stats().copy_on_write_pages == 1
+    manager.clear_copies()
+    assert manager.copies(0) == []
+    manager.check_invariants()
+
+
+def test_a_later_prompt_adopts_whole_cached_pages():
+    manager = make_manager(hash_algorithm=kvcache.PageHashAlgorithm.XXH3_128, hash_seed=bytes(range(32)))
+    first = manager.create()
+    prompt = list(range(100, 110))
+    manager.append(first, prompt)
+    first_pages, _ = manager.pages(first, 0)
+    manager.free(first)
+    assert manager.counts(0).cached == 2  # the two full pages were registered; the partial one is free
+    second = manager.create()
+    assert manager.adopt_prefix(second, prompt) == 2 * P  # whole pages, at most len(prompt) - 1 tokens
+    assert manager.pages(second, 0) == (first_pages[:2], 2 * P)
+    other = manager.create(salt=b"tenant-b")
+    assert manager.adopt_prefix(other, prompt) == 0  # another salt shares nothing
+    stats = manager.stats()
+    assert (stats.prefix_query_tokens, stats.prefix_hit_tokens) == (2 * len(prompt), 2 * P)
+
+
+def test_a_step_that_does_not_fit_changes_nothing():
+    manager = make_manager(max_sequences=5)
+    full = [manager.create() for _ in range(4)]
+    manager.step([(s, list(range(64))) for s in full])  # 16 pages each: all 64 pages in use
+    assert manager.counts(0).free == 0
+    late = manager.create()
+    before = [manager.pages(s, 0) for s in full]
+    with pytest.raises(kvcache.OutOfMemoryError):
+        manager.step([(late, [1])])
+    assert manager.length(late) == 0
+    assert [manager.pages(s, 0) for s in full] == before
+    manager.check_invariants()
+
+
+def test_bad_arguments_raise_the_documented_errors():
+    manager = make_manager()
+    with pytest.raises(ValueError):
+        manager.length(12345)
+    sequence = manager.create()
+    with pytest.raises(IndexError):
+        manager.pages(sequence, 1)
+    with pytest.raises(ValueError):
+        manager.step([(sequence, [1]), (sequence, [2])])  # listed twice
+    assert manager.length(sequence) == 0
+    with pytest.raises(ValueError, match="hash_seed has 3 bytes"):
+        make_manager(hash_seed=b"abc")

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# The Python binding's check on a GPU host: finds the PyTorch virtual environment under /opt (torch, nanobind,
+# scikit-build-core, pytest; no network needed), builds the kvcache package from this tree with it (pip, no build
+# isolation) into build/python-gpu/site, then runs the pytest suite with KVCACHE_REQUIRE_GPU=1 (a GPU test that cannot
+# run fails), the example and the overhead benchmark. Logs go to $OUT when it is set, else to build/python-gpu/logs.
+# KVCACHE_PYTHON overrides the interpreter. Prints a summary table last; exits non-zero on any failure.
+set -uo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+work_dir=build/python-gpu
+site_dir=${work_dir}/site
+log_dir=${OUT:-${work_dir}/logs}
+mkdir -p "${log_dir}" "${work_dir}"
+log_dir=$(cd "${log_dir}" && pwd)
+export KVCACHE_REQUIRE_GPU=1
+
+cuda_home=${CUDA_HOME:-/usr/local/cuda}
+if ! command -v nvcc >/dev/null 2>&1 && [[ -x ${cuda_home}/bin/nvcc ]]; then
+    export PATH="${cuda_home}/bin:${PATH}"
+fi
+
+steps=()
+results=()
+failed=0
+record()
+{
+    steps+=("$1")
+    results+=("$2")
+    [[ $2 == pass ]] || failed=1
+}
+summary()
+{
+    echo
+    echo "logs: ${log_dir}"
+    for i in "${!steps[@]}"; do
+        printf '%-28s %s\n' "${steps[i]}" "${results[i]}"
+    done
+    exit "${failed}"
+}
+
+python=${KVCACHE_PYTHON:-}
+if [[ -z ${python} ]]; then
+    for candidate in /opt/*/bin/python; do
+        if [[ -x ${candidate} ]] && "${candidate}" -c "import torch, nanobind, scikit_build_core, pytest" 2>/dev/null; then
+            python=${candidate}
+            break
+        fi
+    done
+fi
+if [[ -z ${python} ]]; then
+    echo "no /opt/*/bin/python imports torch, nanobind, scikit_build_core and pytest; set KVCACHE_PYTHON" >&2
+    record "find venv" fail
+    summary
+fi
+echo "python: ${python}"
+"${python}" -c "import sys, torch; print(sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, \
+'available', torch.cuda.is_available())" | tee "${log_dir}/python_env.log"
+record "find venv" pass
+
+# sm_90 only, as the gpu preset: a quicker build for the H200.
+rm -rf "${site_dir}"
+echo "+ pip install --no-build-isolation --target ${site_dir} . > ${log_dir}/python_build.log"
+if "${python}" -m pip install --no-build-isolation --no-deps --no-index -v --target "${site_dir}" \
+    --config-settings=cmake.define.CMAKE_CUDA_ARCHITECTURES=90 \
+    --config-settings=build-dir="${work_dir}/cmake" . >"${log_dir}/python_build.log" 2>&1; then
+    record "pip install" pass
+else
+    record "pip install" fail
+    grep -E 'error|Error' "${log_dir}/python_build.log" | head -n 30
+    summary
+fi
+export PYTHONPATH="${PWD}/${site_dir}${PYTHONPATH:+:${PYTHONPATH}}"
+
+echo "+ pytest python/tests > ${log_dir}/pytest.log"
+if "${python}" -m pytest python/tests -v -rs -p no:cacheprovider --junitxml="${log_dir}/pytest.xml" \
+    >"${log_dir}/pytest.log" 2>&1; then
+    record "pytest (KVCACHE_REQUIRE_GPU=1)" "pass"
+else
+    record "pytest (KVCACHE_REQUIRE_GPU=1)" "fail"
+    grep -E '^(FAILED|ERROR)|Error' "${log_dir}/pytest.log" | head -n 30
+fi
+tail -n 1 "${log_dir}/pytest.log"
+
+echo "+ examples/python/paged_attention.py > ${log_dir}/example.log"
+if "${python}" examples/python/paged_attention.py >"${log_dir}/example.log" 2>&1; then
+    record "example paged_attention" pass
+else
+    record "example paged_attention" fail
+fi
+cat "${log_dir}/example.log"
+
+echo "+ python/bench/bench_overhead.py > ${log_dir}/bench_overhead.log"
+if "${python}" python/bench/bench_overhead.py >"${log_dir}/bench_overhead.log" 2>&1 \
+    && "${python}" python/bench/bench_overhead.py --json >"${log_dir}/bench_overhead.json" 2>>"${log_dir}/bench_overhead.log"; then
+    record "bench_overhead" pass
+else
+    record "bench_overhead" fail
+fi
+cat "${log_dir}/bench_overhead.log"
+
+summary

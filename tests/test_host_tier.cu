@@ -1,0 +1,437 @@
+// The pinned host tier against a model written here: slot bytes laid out layer by layer, K then V, from the formulas;
+// round trips byte for byte for every data type, two page sizes and both methods, device lists replayed in a CUDA
+// graph, a transfer on another stream waiting for one in flight on the same slot, sequence files over slots, and the
+// checks made before anything is enqueued.
+
+#include "kvcache/errors.h"
+#include "kvcache/host_tier.h"
+#include "kvcache/kv_cache_manager.h"
+#include "kvcache/page_ops.h"
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "support/config_builder.h"
+#include "support/cuda_raii.h"
+#include "support/error_matchers.h"
+#include "support/gpu_test.h"
+#include "support/layout_model.h"
+
+namespace
+{
+
+namespace rt = kvcache::rt;
+using kvcache::test::CudaStream;
+using kvcache::test::DeviceArray;
+using kvcache::test::throwsNaming;
+
+constexpr uint8_t kPOISON = 0xAB;
+
+//! Two KV layers around a latent one: K and V distinct, halves of different sizes.
+std::vector<rt::KVLayerConfig> mixedLayers()
+{
+    return {{2, 64, 0, rt::KVLayerKind::kKV}, {1, 96, 0, rt::KVLayerKind::kLATENT}, {4, 32, 0, rt::KVLayerKind::kKV}};
+}
+
+//! The byte at `offset` of page `page` of layer `layer`'s half `half` before any transfer.
+uint8_t initialByte(int64_t layer, int64_t half, int64_t page, int64_t offset)
+{
+    uint64_t h = static_cast<uint64_t>(layer) * 0x9E3779B97F4A7C15ULL
+        ^ static_cast<uint64_t>(half) * 0xC2B2AE3D27D4EB4FULL ^ static_cast<uint64_t>(page) * 0x165667B19E3779F9ULL
+        ^ static_cast<uint64_t>(offset) * 0x27D4EB2F165667C5ULL;
+    h ^= h >> 29;
+    h *= 0xBF58476D1CE4E5B9ULL;
+    h ^= h >> 32;
+    return static_cast<uint8_t>(h);
+}
+
+//! A cache whose pools hold initialByte, with the model's page sizes computed from the config by hand.
+class TierCase
+{
+public:
+    TierCase(rt::DataType type, int32_t tokensPerPage, int32_t extraPages = 24)
+    {
+        rt::KVCacheConfig config = kvcache::test::ConfigBuilder(mixedLayers())
+                                       .maxBatchSize(2)
+                                       .maxSequenceLength(256)
+                                       .tokensPerPage(tokensPerPage)
+                                       .dataType(type);
+        // Pages above the minimum: retained pages beyond what the slot views cover.
+        minPages = 2 * 256 / tokensPerPage;
+        numPages = minPages + extraPages;
+        config.numPages = numPages;
+        cache = std::make_unique<rt::KVCacheManager>(config, stream.get());
+        for (rt::KVLayerConfig const& layer : mixedLayers())
+        {
+            halves.push_back(layer.kind == rt::KVLayerKind::kLATENT ? 1 : 2);
+            pageBytes.push_back(
+                int64_t{tokensPerPage} * layer.numKVHeads * layer.headDim * kvcache::test::elementBytesByHand(type));
+        }
+        for (size_t l = 0; l < pageBytes.size(); ++l)
+        {
+            slotBytes += halves[l] * pageBytes[l];
+        }
+        for (int32_t l = 0; l < 3; ++l)
+        {
+            for (int32_t h = 0; h < halves[static_cast<size_t>(l)]; ++h)
+            {
+                std::vector<uint8_t> bytes(static_cast<size_t>(numPages * pageBytes[static_cast<size_t>(l)]));
+                for (int64_t p = 0; p < numPages; ++p)
+                {
+                    for (int64_t b = 0; b < pageBytes[static_cast<size_t>(l)]; ++b)
+                    {
+                        bytes[static_cast<size_t>(p * pageBytes[static_cast<size_t>(l)] + b)] = initialByte(l, h, p, b);
+                    }
+                }
+                kvcache::test::uploadBytes(pool(l, h), bytes, stream.get());
+            }
+        }
+    }
+
+    void* pool(int32_t layer, int32_t half) const
+    {
+        return half == 0 ? cache->kPoolPtr(layer) : cache->vPoolPtr(layer);
+    }
+    //! The bytes a slot holds after offloading page `page` of the initial pools, laid out by the model.
+    std::vector<uint8_t> expectedSlot(int64_t page) const
+    {
+        std::vector<uint8_t> slot;
+        for (int32_t l = 0; l < 3; ++l)
+        {
+            for (int32_t h = 0; h < halves[static_cast<size_t>(l)]; ++h)
+            {
+                for (int64_t b = 0; b < pageBytes[static_cast<size_t>(l)]; ++b)
+                {
+                    slot.push_back(initialByte(l, h, page, b));
+                }
+            }
+        }
+        return slot;
+    }
+    //! Sets every pool byte to kPOISON.
+    void poisonDevice()
+    {
+        for (int32_t l = 0; l < 3; ++l)
+        {
+            for (int32_t h = 0; h < halves[static_cast<size_t>(l)]; ++h)
+            {
+                KVCACHE_CUDA_TRY(cudaMemsetAsync(pool(l, h), kPOISON,
+                    static_cast<size_t>(numPages * pageBytes[static_cast<size_t>(l)]), stream.get()));
+            }
+        }
+        stream.synchronize();
+    }
+    //! Returns device page `page` of every layer and half, in slot order.
+    std::vector<uint8_t> devicePage(int64_t page) const
+    {
+        std::vector<uint8_t> out;
+        for (int32_t l = 0; l < 3; ++l)
+        {
+            int64_t const bytes = pageBytes[static_cast<size_t>(l)];
+            for (int32_t h = 0; h < halves[static_cast<size_t>(l)]; ++h)
+            {
+                auto const part =
+                    kvcache::test::downloadBytes(static_cast<char*>(pool(l, h)) + page * bytes, bytes, stream.get());
+                out.insert(out.end(), part.begin(), part.end());
+            }
+        }
+        return out;
+    }
+    std::vector<uint8_t> poisonPage() const
+    {
+        return std::vector<uint8_t>(static_cast<size_t>(slotBytes), kPOISON);
+    }
+
+    CudaStream stream;
+    std::unique_ptr<rt::KVCacheManager> cache;
+    int32_t minPages = 0;
+    int32_t numPages = 0;
+    std::vector<int64_t> halves;
+    std::vector<int64_t> pageBytes;
+    int64_t slotBytes = 0;
+};
+
+std::vector<uint8_t> slotContents(rt::HostTier& tier, int32_t slot)
+{
+    auto const* data = static_cast<uint8_t const*>(tier.slotData(slot));
+    return std::vector<uint8_t>(data, data + tier.slotBytes());
+}
+
+void poisonSlot(rt::HostTier& tier, int32_t slot)
+{
+    std::memset(tier.slotData(slot), kPOISON, static_cast<size_t>(tier.slotBytes()));
+}
+
+using RoundTripParams = std::tuple<rt::DataType, int32_t, rt::HostTierMethod>;
+
+class HostTierRoundTripTest : public kvcache::test::GpuTest, public ::testing::WithParamInterface<RoundTripParams>
+{
+};
+
+TEST_P(HostTierRoundTripTest, OffloadAndOnboardAreByteExact)
+{
+    auto const [type, tokensPerPage, method] = GetParam();
+    TierCase setup(type, tokensPerPage);
+    rt::HostTier tier(*setup.cache, 0, 8);
+    ASSERT_EQ(tier.slotBytes(), setup.slotBytes);
+    for (int32_t s = 0; s < 8; ++s)
+    {
+        poisonSlot(tier, s);
+    }
+    int32_t const last = setup.numPages - 1;
+    // Scattered, and pages above the minimum; minPages + 5 and + 6 adjacent on both sides.
+    std::vector<rt::HostTierEntry> const out{
+        {last, 3}, {0, 0}, {setup.minPages + 5, 6}, {setup.minPages + 6, 7}, {setup.minPages + 1, 1}};
+    EXPECT_EQ(tier.offload(*setup.cache, out, setup.stream.get(), method), method);
+    for (rt::HostTierEntry const& entry : out)
+    {
+        EXPECT_EQ(slotContents(tier, entry.slot), setup.expectedSlot(entry.page)) << "slot " << entry.slot;
+    }
+    for (int32_t const untouched : {2, 4, 5})
+    {
+        EXPECT_EQ(slotContents(tier, untouched), setup.poisonPage()) << "slot " << untouched;
+    }
+
+    setup.poisonDevice();
+    std::vector<rt::HostTierEntry> const in{{2, 3}, {last, 0}, {9, 6}, {10, 7}, {setup.minPages + 2, 1}};
+    EXPECT_EQ(tier.onboard(*setup.cache, in, setup.stream.get(), method), method);
+    setup.stream.synchronize();
+    for (size_t i = 0; i < in.size(); ++i)
+    {
+        EXPECT_EQ(setup.devicePage(in[i].page), setup.expectedSlot(out[i].page)) << "page " << in[i].page;
+    }
+    for (int32_t const untouched : {1, 3, 4, 11})
+    {
+        EXPECT_EQ(setup.devicePage(untouched), setup.poisonPage()) << "page " << untouched;
+    }
+}
+
+std::string roundTripName(::testing::TestParamInfo<RoundTripParams> const& info)
+{
+    auto const [type, tokensPerPage, method] = info.param;
+    return std::string(rt::dataTypeName(type)) + "_" + std::to_string(tokensPerPage) + "_"
+        + (method == rt::HostTierMethod::kKERNEL ? "kernel" : "copy_engine");
+}
+
+INSTANTIATE_TEST_SUITE_P(EveryTypeAndPageSize, HostTierRoundTripTest,
+    ::testing::Combine(::testing::Values(rt::DataType::kFLOAT, rt::DataType::kHALF, rt::DataType::kBF16,
+                           rt::DataType::kFP8_E4M3, rt::DataType::kFP8_E5M2, rt::DataType::kINT8, rt::DataType::kUINT8),
+        ::testing::Values(16, 128), ::testing::Values(rt::HostTierMethod::kCOPY_ENGINE, rt::HostTierMethod::kKERNEL)),
+    roundTripName);
+
+using HostTierTest = kvcache::test::GpuTest;
+
+TEST_F(HostTierTest, DeviceListsReplayInAGraph)
+{
+    TierCase setup(rt::DataType::kHALF, 16);
+    rt::HostTier tier(*setup.cache, 0, 6);
+    for (int32_t s = 0; s < 6; ++s)
+    {
+        poisonSlot(tier, s);
+    }
+    constexpr int32_t kCAPACITY = 4;
+    DeviceArray<rt::HostTierEntry> list(kCAPACITY);
+    DeviceArray<int32_t> count(std::vector<int32_t>{2}, setup.stream.get());
+    DeviceArray<int32_t> errors(std::vector<int32_t>{0}, setup.stream.get());
+    kvcache::test::CapturedGraph graph(setup.stream.get(),
+        [&]
+        { tier.offloadDevice(*setup.cache, list.get(), kCAPACITY, count.get(), setup.stream.get(), errors.get()); });
+
+    // First replay: two entries of the count, the rest of the list ignored.
+    list.upload({{7, 1}, {3, 4}, {8, 0}, {9, 2}}, setup.stream.get());
+    graph.launch(setup.stream.get());
+    setup.stream.synchronize();
+    EXPECT_EQ(slotContents(tier, 1), setup.expectedSlot(7));
+    EXPECT_EQ(slotContents(tier, 4), setup.expectedSlot(3));
+    EXPECT_EQ(slotContents(tier, 0), setup.poisonPage());
+
+    // Second replay: new list, unused entries skipped, bad ids counted once each.
+    count.upload({4}, setup.stream.get());
+    list.upload({{12, 0}, {rt::kUNUSED_PAGE_ENTRY, 2}, {setup.numPages, 3}, {1, 6}}, setup.stream.get());
+    graph.launch(setup.stream.get());
+    setup.stream.synchronize();
+    EXPECT_EQ(slotContents(tier, 0), setup.expectedSlot(12));
+    EXPECT_EQ(slotContents(tier, 2), setup.poisonPage());
+    EXPECT_EQ(slotContents(tier, 3), setup.poisonPage());
+    EXPECT_EQ(errors.download(setup.stream.get())[0], 2);
+
+    // Onboard from a device list, captured too.
+    setup.poisonDevice();
+    DeviceArray<rt::HostTierEntry> back(std::vector<rt::HostTierEntry>{{20, 0}, {21, 1}}, setup.stream.get());
+    kvcache::test::CapturedGraph onboard(
+        setup.stream.get(), [&] { tier.onboardDevice(*setup.cache, back.get(), 2, nullptr, setup.stream.get()); });
+    onboard.launch(setup.stream.get());
+    setup.stream.synchronize();
+    EXPECT_EQ(setup.devicePage(20), setup.expectedSlot(12));
+    EXPECT_EQ(setup.devicePage(21), setup.expectedSlot(7));
+}
+
+__global__ void spinKernel(long long cycles)
+{
+    long long const start = clock64();
+    while (clock64() - start < cycles)
+    {
+    }
+}
+
+TEST_F(HostTierTest, ATransferOnAnotherStreamWaitsForOneInFlightOnItsSlot)
+{
+    for (rt::HostTierMethod const method : {rt::HostTierMethod::kCOPY_ENGINE, rt::HostTierMethod::kKERNEL})
+    {
+        TierCase setup(rt::DataType::kHALF, 16);
+        rt::HostTier tier(*setup.cache, 0, 4);
+        poisonSlot(tier, 2);
+        CudaStream other;
+        // Stream A is held back, so the offload into slot 2 is still queued when stream B onboards slot 2.
+        spinKernel<<<1, 1, 0, setup.stream.get()>>>(200'000'000LL);
+        KVCACHE_TEST_CUDA(cudaGetLastError());
+        cudaEvent_t spinDone = nullptr;
+        KVCACHE_TEST_CUDA(cudaEventCreateWithFlags(&spinDone, cudaEventDisableTiming));
+        KVCACHE_TEST_CUDA(cudaEventRecord(spinDone, setup.stream.get()));
+        tier.offload(*setup.cache, {{5, 2}}, setup.stream.get(), method);
+        // Under a sanitizer the spin may already be over; the slot may read idle only if it is.
+        bool const busy = tier.isSlotBusy(2);
+        EXPECT_TRUE(busy || cudaEventQuery(spinDone) == cudaSuccess);
+        tier.onboard(*setup.cache, {{14, 2}}, other.get(), method);
+        other.synchronize();
+        // Had B not waited, page 14 would hold the poisoned slot.
+        EXPECT_EQ(setup.devicePage(14), setup.expectedSlot(5));
+        setup.stream.synchronize();
+        EXPECT_FALSE(tier.isSlotBusy(2));
+        ASSERT_NE(tier.lastEvent(), nullptr);
+        EXPECT_EQ(cudaEventQuery(tier.lastEvent()), cudaSuccess);
+        KVCACHE_TEST_CUDA(cudaEventDestroy(spinDone));
+    }
+}
+
+TEST_F(HostTierTest, CapacityGrowsToTheTargetChunkByChunk)
+{
+    TierCase setup(rt::DataType::kHALF, 16);
+    rt::HostTierOptions options;
+    options.chunkBytes = setup.slotBytes; // one slot a chunk
+    rt::HostTier tier(*setup.cache, 0, 12, options);
+    EXPECT_GE(tier.capacity(), 1);
+    EXPECT_EQ(tier.targetCapacity(), 12);
+    tier.waitUntilReady();
+    EXPECT_EQ(tier.capacity(), 12);
+    poisonSlot(tier, 11);
+    tier.offload(*setup.cache, {{4, 11}, {3, 0}}, setup.stream.get());
+    EXPECT_EQ(slotContents(tier, 11), setup.expectedSlot(4));
+    EXPECT_EQ(slotContents(tier, 0), setup.expectedSlot(3));
+}
+
+TEST_F(HostTierTest, SequenceFilesRoundTripThroughSlots)
+{
+    TierCase setup(rt::DataType::kBF16, 16);
+    rt::HostTier tier(*setup.cache, 0, 8);
+    tier.offload(*setup.cache, {{1, 0}, {9, 1}, {4, 2}}, setup.stream.get());
+    std::string const path =
+        (std::filesystem::temp_directory_path() / ("kvcache_host_tier_" + std::to_string(::getpid()) + ".kvseq"))
+            .string();
+    std::vector<int32_t> const saved{0, 1, 2};
+    rt::saveSequence(path, tier, saved.data(), 3, 40);
+    std::vector<int32_t> const loaded{5, 7, 6};
+    for (int32_t const slot : loaded)
+    {
+        poisonSlot(tier, slot);
+    }
+    EXPECT_EQ(rt::loadSequence(path, tier, loaded.data(), 3), 40);
+    EXPECT_EQ(slotContents(tier, 5), setup.expectedSlot(1));
+    EXPECT_EQ(slotContents(tier, 7), setup.expectedSlot(9));
+    EXPECT_EQ(slotContents(tier, 6), setup.expectedSlot(4));
+
+    // A tier of another geometry refuses the file and keeps its slots.
+    TierCase other(rt::DataType::kHALF, 16);
+    rt::HostTier otherTier(*other.cache, 0, 4);
+    for (int32_t s = 0; s < 3; ++s)
+    {
+        poisonSlot(otherTier, s);
+    }
+    std::vector<int32_t> const three{0, 1, 2};
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
+        [&] { rt::loadSequence(path, otherTier, three.data(), 3); }, {"dataType"}));
+    for (int32_t s = 0; s < 3; ++s)
+    {
+        EXPECT_EQ(slotContents(otherTier, s), other.poisonPage());
+    }
+    std::filesystem::remove(path);
+}
+
+TEST_F(HostTierTest, BadInputIsRefusedBeforeAnythingIsEnqueued)
+{
+    TierCase setup(rt::DataType::kHALF, 16);
+    rt::HostTier tier(*setup.cache, 0, 4);
+    for (int32_t s = 0; s < 4; ++s)
+    {
+        poisonSlot(tier, s);
+    }
+    cudaStream_t const stream = setup.stream.get();
+    int32_t const n = setup.numPages;
+    EXPECT_TRUE(throwsNaming<rt::OutOfRangeError>(
+        [&] {
+            tier.offload(*setup.cache, {{1, 0}, {n, 1}}, stream);
+        },
+        {"entries[1].page", std::to_string(n), "[0, " + std::to_string(n) + ")"}));
+    EXPECT_TRUE(throwsNaming<rt::OutOfRangeError>(
+        [&] {
+            tier.offload(*setup.cache, {{1, 0}, {2, 4}}, stream);
+        },
+        {"entries[1].slot", "4", "[0, 4)"}));
+    EXPECT_TRUE(throwsNaming<rt::OutOfRangeError>(
+        [&] {
+            tier.onboard(*setup.cache, {{-1, 0}}, stream);
+        },
+        {"entries[0].page", "-1"}));
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
+        [&] {
+            tier.offload(*setup.cache, {{1, 0}, {2, 0}}, stream);
+        },
+        {"slot 0", "more than once"}));
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
+        [&] {
+            tier.onboard(*setup.cache, {{3, 0}, {3, 1}}, stream);
+        },
+        {"page 3", "more than once"}));
+    EXPECT_TRUE(
+        throwsNaming<rt::InvalidArgumentError>([&] { tier.offload(*setup.cache, nullptr, 2, stream); }, {"null", "2"}));
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
+        [&] { tier.offloadDevice(*setup.cache, nullptr, -1, nullptr, stream); }, {"capacity", "-1"}));
+    TierCase other(rt::DataType::kFLOAT, 16);
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
+        [&] {
+            tier.offload(*other.cache, {{1, 0}}, stream);
+        },
+        {"another geometry"}));
+    EXPECT_TRUE(throwsNaming<rt::OutOfRangeError>([&] { rt::HostTier(*setup.cache, 1, 4); }, {"group", "1"}));
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>([&] { rt::HostTier(*setup.cache, 0, 0); }, {"numSlots", "0"}));
+    setup.stream.synchronize();
+    for (int32_t s = 0; s < 4; ++s)
+    {
+        EXPECT_EQ(slotContents(tier, s), setup.poisonPage()) << "a refused call wrote slot " << s;
+    }
+
+    // A full tier: nothing handed out when the request does not fit.
+    std::vector<int32_t> const three = tier.allocateSlots(3);
+    EXPECT_EQ(three, (std::vector<int32_t>{0, 1, 2}));
+    EXPECT_TRUE(throwsNaming<rt::OutOfMemoryError>([&] { tier.allocateSlots(2); }, {"count is 2", "1 free"}));
+    EXPECT_EQ(tier.freeSlots(), 1);
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
+        [&]
+        {
+            std::vector<int32_t> const twice{1, 1};
+            tier.releaseSlots(twice.data(), 2);
+        },
+        {"slot 1", "more than once"}));
+    EXPECT_EQ(tier.freeSlots(), 1);
+    tier.releaseSlots(&three[1], 1);
+    EXPECT_EQ(tier.allocateSlots(2), (std::vector<int32_t>{1, 3}));
+}
+
+} // namespace

@@ -1,0 +1,312 @@
+// Sequence files on plain host buffers (no GPU): round trips, and every kind of bad file refused before any page is
+// written.
+
+#include "kvcache/errors.h"
+#include "kvcache/kv_cache_layout.h"
+#include "kvcache/sequence_file.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "support/config_builder.h"
+#include "support/error_matchers.h"
+
+namespace
+{
+
+namespace rt = kvcache::rt;
+namespace fs = std::filesystem;
+using kvcache::test::throwsNaming;
+
+constexpr uint8_t kPOISON = 0xAB;
+
+//! Two KV layers and one latent layer, bfloat16, 16 tokens a page; page bytes worked out by hand below.
+rt::SequenceFileGeometry mixedGeometry()
+{
+    rt::SequenceFileGeometry geometry;
+    geometry.dataType = rt::DataType::kBF16;
+    geometry.tokensPerPage = 16;
+    geometry.layers = {{rt::KVLayerKind::kKV, 2, 64}, {rt::KVLayerKind::kLATENT, 1, 96}, {rt::KVLayerKind::kKV, 4, 32}};
+    // K and V: 2 * 16 * 2 * 64 * 2 = 8192; latent, one half: 16 * 96 * 2 = 3072; K and V: 2 * 16 * 4 * 32 * 2 = 8192.
+    geometry.bytesPerPage = 8192 + 3072 + 8192;
+    return geometry;
+}
+
+class SequenceFileTest : public ::testing::Test
+{
+protected:
+    void SetUp() override
+    {
+        mDir = fs::temp_directory_path()
+            / ("kvcache_sequence_file_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_"
+                + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+        fs::remove_all(mDir);
+        fs::create_directories(mDir);
+        mPath = (mDir / "sequence.kvseq").string();
+    }
+    void TearDown() override
+    {
+        fs::remove_all(mDir);
+    }
+
+    //! `count` pages of distinct pseudo-random bytes.
+    static std::vector<std::vector<uint8_t>> randomPages(
+        rt::SequenceFileGeometry const& geometry, int count, uint32_t seed)
+    {
+        std::mt19937 generator(seed);
+        std::vector<std::vector<uint8_t>> pages(static_cast<size_t>(count));
+        for (auto& page : pages)
+        {
+            page.resize(static_cast<size_t>(geometry.bytesPerPage));
+            for (auto& byte : page)
+            {
+                byte = static_cast<uint8_t>(generator());
+            }
+        }
+        return pages;
+    }
+    static std::vector<void const*> pointers(std::vector<std::vector<uint8_t>> const& pages)
+    {
+        std::vector<void const*> out;
+        for (auto const& page : pages)
+        {
+            out.push_back(page.data());
+        }
+        return out;
+    }
+    static std::vector<void*> pointers(std::vector<std::vector<uint8_t>>& pages)
+    {
+        std::vector<void*> out;
+        for (auto& page : pages)
+        {
+            out.push_back(page.data());
+        }
+        return out;
+    }
+    static std::vector<std::vector<uint8_t>> poisoned(rt::SequenceFileGeometry const& geometry, int count)
+    {
+        return std::vector<std::vector<uint8_t>>(
+            static_cast<size_t>(count), std::vector<uint8_t>(static_cast<size_t>(geometry.bytesPerPage), kPOISON));
+    }
+    static bool allPoison(std::vector<std::vector<uint8_t>> const& pages)
+    {
+        for (auto const& page : pages)
+        {
+            for (uint8_t const byte : page)
+            {
+                if (byte != kPOISON)
+                {
+                    return false;
+                }
+            }
+        }
+        return true;
+    }
+    std::vector<char> fileBytes() const
+    {
+        std::ifstream in(mPath, std::ios::binary);
+        return std::vector<char>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    void writeBytes(std::vector<char> const& bytes) const
+    {
+        std::ofstream out(mPath, std::ios::binary | std::ios::trunc);
+        out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    }
+
+    fs::path mDir;
+    std::string mPath;
+};
+
+TEST_F(SequenceFileTest, RoundTripsPagesAndTokenCount)
+{
+    rt::SequenceFileGeometry const geometry = mixedGeometry();
+    auto const pages = randomPages(geometry, 5, 1);
+    rt::writeSequenceFile(mPath, geometry, 70, pointers(pages).data(), 5);
+
+    rt::SequenceFileInfo const info = rt::readSequenceFileInfo(mPath);
+    EXPECT_EQ(info.version, rt::kSEQUENCE_FILE_VERSION);
+    EXPECT_EQ(info.pageCount, 5);
+    EXPECT_EQ(info.tokenCount, 70);
+    EXPECT_EQ(info.geometry.bytesPerPage, geometry.bytesPerPage);
+    ASSERT_EQ(info.geometry.layers.size(), 3U);
+    EXPECT_EQ(info.geometry.layers[1].kind, rt::KVLayerKind::kLATENT);
+    EXPECT_EQ(info.geometry.layers[2].numKVHeads, 4);
+
+    auto loaded = poisoned(geometry, 5);
+    EXPECT_EQ(rt::readSequenceFile(mPath, geometry, pointers(loaded).data(), 5), 70);
+    EXPECT_EQ(loaded, pages);
+    // No temporary file is left beside the target.
+    EXPECT_EQ(std::distance(fs::directory_iterator(mDir), fs::directory_iterator()), 1);
+}
+
+TEST_F(SequenceFileTest, EmptySequenceRoundTrips)
+{
+    rt::SequenceFileGeometry const geometry = mixedGeometry();
+    rt::writeSequenceFile(mPath, geometry, 0, nullptr, 0);
+    EXPECT_EQ(rt::readSequenceFile(mPath, geometry, nullptr, 0), 0);
+}
+
+TEST_F(SequenceFileTest, GeometryOfALayoutMatchesTheFormulas)
+{
+    rt::KVCacheConfig const config = kvcache::test::ConfigBuilder(
+        {{2, 64, 0, rt::KVLayerKind::kKV}, {1, 96, 0, rt::KVLayerKind::kLATENT}, {4, 32, 0, rt::KVLayerKind::kKV}})
+                                         .tokensPerPage(16)
+                                         .dataType(rt::DataType::kBF16);
+    rt::SequenceFileGeometry const geometry = rt::sequenceFileGeometry(rt::computeLayout(config), 0);
+    rt::SequenceFileGeometry const expected = mixedGeometry();
+    EXPECT_EQ(geometry.bytesPerPage, expected.bytesPerPage);
+    ASSERT_EQ(geometry.layers.size(), expected.layers.size());
+    for (size_t i = 0; i < geometry.layers.size(); ++i)
+    {
+        EXPECT_EQ(geometry.layers[i].kind, expected.layers[i].kind);
+        EXPECT_EQ(geometry.layers[i].numKVHeads, expected.layers[i].numKVHeads);
+        EXPECT_EQ(geometry.layers[i].headDim, expected.layers[i].headDim);
+    }
+    EXPECT_TRUE(throwsNaming<rt::OutOfRangeError>(
+        [&] { rt::sequenceFileGeometry(rt::computeLayout(config), 1); }, {"group", "1"}));
+}
+
+TEST_F(SequenceFileTest, AFlippedByteAnywhereIsRefusedAndWritesNoPage)
+{
+    rt::SequenceFileGeometry const geometry = mixedGeometry();
+    auto const pages = randomPages(geometry, 3, 2);
+    rt::writeSequenceFile(mPath, geometry, 40, pointers(pages).data(), 3);
+    std::vector<char> const good = fileBytes();
+    int64_t const headerBytes = 56 + 3 * 16 + 8;
+    int64_t const checksumBytes = 3 * 8;
+    // Header fields, the header checksum, the page checksums, the first, a middle and the last page byte.
+    std::vector<int64_t> const offsets{0, 9, 17, 33, 41, 49, 60, headerBytes - 1, headerBytes, headerBytes + 15,
+        headerBytes + checksumBytes, headerBytes + checksumBytes + geometry.bytesPerPage + 123,
+        static_cast<int64_t>(good.size()) - 1};
+    for (int64_t const offset : offsets)
+    {
+        std::vector<char> bad = good;
+        bad[static_cast<size_t>(offset)] = static_cast<char>(bad[static_cast<size_t>(offset)] ^ 0x10);
+        writeBytes(bad);
+        auto loaded = poisoned(geometry, 3);
+        EXPECT_THROW(rt::readSequenceFile(mPath, geometry, pointers(loaded).data(), 3), rt::InvalidArgumentError)
+            << "byte " << offset;
+        EXPECT_TRUE(allPoison(loaded)) << "byte " << offset << " let a page be written";
+    }
+    // The message of a corrupt page names the page.
+    std::vector<char> bad = good;
+    bad[static_cast<size_t>(headerBytes + checksumBytes + 2 * geometry.bytesPerPage + 5)] ^= 0x01;
+    writeBytes(bad);
+    auto loaded = poisoned(geometry, 3);
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
+        [&] { rt::readSequenceFile(mPath, geometry, pointers(loaded).data(), 3); }, {"page 2 of 3", "corrupt"}));
+}
+
+TEST_F(SequenceFileTest, TruncatedOrLongerFilesAreRefused)
+{
+    rt::SequenceFileGeometry const geometry = mixedGeometry();
+    auto const pages = randomPages(geometry, 2, 3);
+    rt::writeSequenceFile(mPath, geometry, 20, pointers(pages).data(), 2);
+    std::vector<char> const good = fileBytes();
+    for (size_t const length : {size_t{0}, size_t{7}, size_t{55}, size_t{100}, good.size() / 2, good.size() - 1})
+    {
+        writeBytes(std::vector<char>(good.begin(), good.begin() + static_cast<std::ptrdiff_t>(length)));
+        auto loaded = poisoned(geometry, 2);
+        EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
+            [&] { rt::readSequenceFile(mPath, geometry, pointers(loaded).data(), 2); }, {"truncated"}))
+            << length << " bytes";
+        EXPECT_TRUE(allPoison(loaded));
+    }
+    std::vector<char> longer = good;
+    longer.push_back(0);
+    writeBytes(longer);
+    auto loaded = poisoned(geometry, 2);
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>([&]
+        { rt::readSequenceFile(mPath, geometry, pointers(loaded).data(), 2); },
+        {"file size is " + std::to_string(good.size() + 1), std::to_string(good.size())}));
+    EXPECT_TRUE(allPoison(loaded));
+}
+
+TEST_F(SequenceFileTest, AnotherGeometryIsRefusedNamingTheField)
+{
+    rt::SequenceFileGeometry const geometry = mixedGeometry();
+    auto const pages = randomPages(geometry, 1, 4);
+    rt::writeSequenceFile(mPath, geometry, 16, pointers(pages).data(), 1);
+
+    rt::SequenceFileGeometry otherDim = geometry;
+    otherDim.layers[2].headDim = 64;
+    otherDim.bytesPerPage += 8192;
+    auto loaded = poisoned(otherDim, 1);
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
+        [&] { rt::readSequenceFile(mPath, otherDim, pointers(loaded).data(), 1); }, {"layers[2].headDim", "32", "64"}));
+    EXPECT_TRUE(allPoison(loaded));
+
+    rt::SequenceFileGeometry otherType = geometry;
+    otherType.dataType = rt::DataType::kHALF;
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
+        [&] { rt::readSequenceFile(mPath, otherType, pointers(loaded).data(), 1); }, {"dataType"}));
+    rt::SequenceFileGeometry otherPage = geometry;
+    otherPage.tokensPerPage = 32;
+    otherPage.bytesPerPage *= 2;
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
+        [&] { rt::readSequenceFile(mPath, otherPage, pointers(loaded).data(), 1); }, {"tokensPerPage", "16", "32"}));
+    EXPECT_TRUE(allPoison(loaded));
+
+    auto two = poisoned(geometry, 2);
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
+        [&] { rt::readSequenceFile(mPath, geometry, pointers(two).data(), 2); }, {"1 pages", "2"}));
+    EXPECT_TRUE(allPoison(two));
+}
+
+TEST_F(SequenceFileTest, NotASequenceFileOrAnotherVersionIsRefused)
+{
+    writeBytes(std::vector<char>(200, 'x'));
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>([&] { rt::readSequenceFileInfo(mPath); }, {"magic"}));
+
+    rt::SequenceFileGeometry const geometry = mixedGeometry();
+    rt::writeSequenceFile(mPath, geometry, 0, nullptr, 0);
+    std::vector<char> bytes = fileBytes();
+    bytes[8] = 2; // version, little-endian, right after the magic
+    writeBytes(bytes);
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>([&] { rt::readSequenceFileInfo(mPath); }, {"version 2", "1"}));
+    EXPECT_THROW(rt::readSequenceFileInfo((mDir / "missing").string()), rt::Error);
+}
+
+TEST_F(SequenceFileTest, BadWriteArgumentsAreRefusedAndLeaveNoFile)
+{
+    rt::SequenceFileGeometry geometry = mixedGeometry();
+    auto const pages = randomPages(geometry, 2, 5);
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
+        [&] { rt::writeSequenceFile(mPath, geometry, 33, pointers(pages).data(), 2); }, {"tokenCount", "33", "32"}));
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
+        [&] { rt::writeSequenceFile(mPath, geometry, 1, pointers(pages).data(), -1); }, {"pageCount", "-1"}));
+    std::vector<void const*> withNull{pages[0].data(), nullptr};
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
+        [&] { rt::writeSequenceFile(mPath, geometry, 1, withNull.data(), 2); }, {"pages[1]"}));
+    geometry.bytesPerPage += 1;
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>([&]
+        { rt::writeSequenceFile(mPath, geometry, 1, pointers(pages).data(), 2); },
+        {"bytesPerPage", std::to_string(geometry.bytesPerPage), std::to_string(geometry.bytesPerPage - 1)}));
+    EXPECT_FALSE(fs::exists(mPath));
+    // A folder that does not exist: an I/O error, no temporary left anywhere.
+    EXPECT_THROW(rt::writeSequenceFile((mDir / "no" / "file").string(), mixedGeometry(), 1, pointers(pages).data(), 2),
+        rt::Error);
+    EXPECT_EQ(std::distance(fs::directory_iterator(mDir), fs::directory_iterator()), 0);
+}
+
+TEST_F(SequenceFileTest, RewritingReplacesTheWholeFile)
+{
+    rt::SequenceFileGeometry const geometry = mixedGeometry();
+    auto const first = randomPages(geometry, 3, 6);
+    rt::writeSequenceFile(mPath, geometry, 48, pointers(first).data(), 3);
+    auto const second = randomPages(geometry, 1, 7);
+    rt::writeSequenceFile(mPath, geometry, 9, pointers(second).data(), 1);
+    auto loaded = poisoned(geometry, 1);
+    EXPECT_EQ(rt::readSequenceFile(mPath, geometry, pointers(loaded).data(), 1), 9);
+    EXPECT_EQ(loaded, second);
+    EXPECT_EQ(std::distance(fs::directory_iterator(mDir), fs::directory_iterator()), 1);
+}
+
+} // namespace
