@@ -216,6 +216,14 @@ public:
         return mBytes + kPAGE_HEADER_BYTES;
     }
 
+    //! hash() of a kXXH3_128 message of a size known when compiling: XXH3 takes its path for that length.
+    template <size_t MESSAGE_BYTES>
+    PageHash xxh3() const noexcept
+    {
+        XXH128_hash_t const hash = XXH3_128bits(mBytes, MESSAGE_BYTES);
+        return PageHash{hash.low64, hash.high64};
+    }
+
     PageHash hash() const
     {
         if (mAlgorithm == PageHashAlgorithm::kSHA256)
@@ -252,6 +260,34 @@ PageHash hashLongPage(PageHashAlgorithm algorithm, PageHash parent, int32_t cons
     stream.update(tokens, 4 * static_cast<size_t>(count));
     stream.update(extra, extraBytes);
     return stream.finish();
+}
+
+//! chain() for pages of TOKENS tokens. With the sizes known, the tokens are copied in 16-byte moves that the hash's
+//! 8-byte loads read straight from the store buffer, and XXH3 runs its path for that length; a runtime-sized memcpy
+//! and length made a 16-token page take three times as long (24 against 8 ns).
+template <int32_t TOKENS>
+void chainFixed(PageHashAlgorithm algorithm, PageHash parent, int32_t const* tokens, int32_t numPages, PageHash* out)
+{
+    constexpr size_t kTOKEN_BYTES = 4 * static_cast<size_t>(TOKENS);
+    PageMessage message(algorithm, TOKENS, 0);
+    auto const run = [&](auto hash)
+    {
+        for (int32_t page = 0; page < numPages; ++page)
+        {
+            message.setParent(parent);
+            std::memcpy(message.payload(), tokens + static_cast<size_t>(page) * TOKENS, kTOKEN_BYTES);
+            parent = hash();
+            out[page] = parent;
+        }
+    };
+    if (algorithm == PageHashAlgorithm::kXXH3_128)
+    {
+        run([&] { return message.xxh3<kPAGE_HEADER_BYTES + kTOKEN_BYTES>(); });
+    }
+    else
+    {
+        run([&] { return message.hash(); });
+    }
 }
 
 std::array<uint8_t, kSEED_BYTES> randomSeed()
@@ -397,6 +433,12 @@ void PageHasher::chain(
             out[page] = parent;
         }
         return;
+    }
+    switch (tokensPerPage)
+    {
+    case 16: chainFixed<16>(mAlgorithm, parent, tokens, numPages, out); return;
+    case 32: chainFixed<32>(mAlgorithm, parent, tokens, numPages, out); return;
+    default: break;
     }
     PageMessage message(mAlgorithm, tokensPerPage, 0);
     size_t const tokenBytes = 4 * pageTokens;

@@ -191,8 +191,10 @@ struct PageManager::State
     uint64_t stepCounter = 0;
     PageManagerStats stats;
     EvictionCallback onEvict;
-    //! Scratch: prompt page hashes for adoptPrefix, extra-key bytes of one page.
+    //! Scratch: prompt page hashes for adoptPrefix, the page each group has cached under them (kNONE: not looked
+    //! up, a windowed group's), extra-key bytes of one page.
     std::vector<PageHash> promptHashes;
+    std::vector<int32_t> promptPages;
     std::vector<uint8_t> keyBytes;
 
     State(KVCacheConfig const& config, PageManagerOptions const& opts)
@@ -263,6 +265,7 @@ struct PageManager::State
             freeSlots[static_cast<size_t>(i)] = maxSequences - 1 - i;
         }
         promptHashes.reserve(static_cast<size_t>(maxEntries));
+        promptPages.reserve(static_cast<size_t>(maxEntries) * groups.size());
         keyBytes.reserve(static_cast<size_t>(tokensPerPage) * 20);
     }
 
@@ -519,6 +522,47 @@ struct PageManager::State
 
     void step(SequenceAppend const* appends, int32_t count);
     int32_t adoptPrefix(int32_t slot, int32_t const* tokens, int32_t count, PageExtraKey const* keys, int32_t numKeys);
+
+    int32_t hashNextPages(
+        int32_t slot, int32_t const* tokens, int32_t count, PageHash* out, PageExtraKey const* keys, int32_t numKeys)
+    {
+        SequenceState const& sequence = sequences[static_cast<size_t>(slot)];
+        if ((sequence.length & pageMask) != 0)
+        {
+            throw InvalidArgumentError(
+                fmt::format("PageManager::hashNextPages: sequence {} has {} tokens; it must hold whole pages of {}",
+                    idOf(slot), sequence.length, tokensPerPage));
+        }
+        int32_t const room = maxSequenceLength - sequence.length;
+        if (count < 0 || count > room)
+        {
+            throw InvalidArgumentError(fmt::format("PageManager::hashNextPages: count is {}; it must be in [0, {}] "
+                                                   "(maxSequenceLength {} less the sequence's {} tokens)",
+                count, room, maxSequenceLength, sequence.length));
+        }
+        int32_t const pages = count / tokensPerPage;
+        if ((count > 0 && tokens == nullptr) || (pages > 0 && out == nullptr))
+        {
+            throw InvalidArgumentError(fmt::format(
+                "PageManager::hashNextPages: tokens is {} and out is {} with count {}; they must point to count token "
+                "ids and count / tokensPerPage ({}) hashes",
+                tokens == nullptr ? "null" : "non-null", out == nullptr ? "null" : "non-null", count, pages));
+        }
+        checkExtraKeys("hashNextPages", keys, numKeys, sequence.length, int64_t{sequence.length} + count);
+        if (numKeys == 0)
+        {
+            hasher.chain(sequence.lastHash, tokens, pages, tokensPerPage, out);
+            return pages;
+        }
+        PageHash parent = sequence.lastHash;
+        for (int32_t p = 0; p < pages; ++p)
+        {
+            parent = hashPage(parent, tokens + int64_t{p} * tokensPerPage, sequence.length + p * tokensPerPage, keys,
+                numKeys);
+            out[p] = parent;
+        }
+        return pages;
+    }
     void appendOne(SequenceAppend const& append, int32_t slot);
     void checkInvariants() const;
 };
@@ -801,6 +845,7 @@ int32_t PageManager::State::adoptPrefix(
     int32_t const maxPages = (count - 1) / tokensPerPage;
     // Hash page by page while every full-attention group has the page cached.
     promptHashes.clear();
+    promptPages.clear();
     PageHash parent = sequence.root;
     int32_t numWindowed = 0;
     for (PageGroupState const& group : groups)
@@ -840,11 +885,13 @@ int32_t PageManager::State::adoptPrefix(
         bool found = true;
         for (PageGroupState const& group : groups)
         {
-            if (group.slidingWindow == 0 && group.cache.find(hash) == kNONE)
+            int32_t const page = group.slidingWindow == 0 ? group.cache.find(hash) : kNONE;
+            if (group.slidingWindow == 0 && page == kNONE)
             {
                 found = false;
                 break;
             }
+            promptPages.push_back(page);
         }
         if (!found)
         {
@@ -890,7 +937,11 @@ int32_t PageManager::State::adoptPrefix(
         int32_t const first = firstNeeded(group, int64_t{pages} * tokensPerPage);
         for (int32_t p = first; p < pages; ++p)
         {
-            int32_t const page = group.cache.find(promptHashes[static_cast<size_t>(p)]);
+            int32_t page = promptPages[static_cast<size_t>(p) * groups.size() + g];
+            if (page == kNONE)
+            {
+                page = group.cache.find(promptHashes[static_cast<size_t>(p)]);
+            }
             retainPage(group, page);
             entries[p] = page;
         }
@@ -1070,6 +1121,13 @@ void PageManager::append(SequenceAppend const& append)
 void PageManager::step(SequenceAppend const* appends, int32_t count)
 {
     mState->step(appends, count);
+}
+
+int32_t PageManager::hashNextPages(SequenceId sequence, int32_t const* tokens, int32_t count, PageHash* out,
+    PageExtraKey const* extraKeys, int32_t numExtraKeys) const
+{
+    return mState->hashNextPages(
+        mState->slotOf(sequence, "hashNextPages"), tokens, count, out, extraKeys, numExtraKeys);
 }
 
 SequenceId PageManager::fork(SequenceId parent)

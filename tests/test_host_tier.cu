@@ -1,11 +1,12 @@
 // The pinned host tier against a model written here: slot bytes laid out layer by layer, K then V, from the formulas;
 // round trips byte for byte for every data type, two page sizes and both methods, device lists replayed in a CUDA
-// graph, a transfer on another stream waiting for one in flight on the same slot, sequence files over slots, and the
-// checks made before anything is enqueued.
+// graph, a transfer on another stream waiting for one in flight on the same slot, an evicted prefix onboarded on a
+// prefix hit through a PageManager, sequence files over slots, and the checks made before anything is enqueued.
 
 #include "kvcache/errors.h"
 #include "kvcache/host_tier.h"
 #include "kvcache/kv_cache_manager.h"
+#include "kvcache/page_manager.h"
 #include "kvcache/page_ops.h"
 
 #include <cuda_runtime_api.h>
@@ -14,8 +15,10 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "support/config_builder.h"
@@ -67,6 +70,7 @@ public:
         minPages = 2 * 256 / tokensPerPage;
         numPages = minPages + extraPages;
         config.numPages = numPages;
+        cacheConfig = config;
         cache = std::make_unique<rt::KVCacheManager>(config, stream.get());
         for (rt::KVLayerConfig const& layer : mixedLayers())
         {
@@ -150,6 +154,7 @@ public:
     }
 
     CudaStream stream;
+    rt::KVCacheConfig cacheConfig;
     std::unique_ptr<rt::KVCacheManager> cache;
     int32_t minPages = 0;
     int32_t numPages = 0;
@@ -279,6 +284,89 @@ __global__ void spinKernel(long long cycles)
     while (clock64() - start < cycles)
     {
     }
+}
+
+// The tier under a PageManager, as a runtime wires them: eviction offloads each page to a slot and remembers its hash;
+// a later request of the same prompt misses on the GPU, finds the next pages' hashes (hashNextPages) in the tier,
+// appends those tokens (fresh pages registered under the same hashes) and onboards the slots into them. The device is
+// poisoned in between, so every byte checked came back through the tier; a third request then adopts the pages.
+TEST_F(HostTierTest, AnEvictedPrefixIsOnboardedIntoFreshPagesOnAPrefixHit)
+{
+    TierCase setup(rt::DataType::kHALF, 16);
+    rt::PageManagerOptions options;
+    options.maxSequences = 4;
+    rt::PageManager manager(setup.cacheConfig, options);
+    rt::HostTier tier(*setup.cache, 0, 8);
+    std::map<std::pair<uint64_t, uint64_t>, int32_t> slotOfHash;
+    std::map<int32_t, int32_t> evictedPageOfSlot;
+    manager.setEvictionCallback(
+        [&](int32_t group, int32_t page, rt::PageHash hash)
+        {
+            ASSERT_EQ(group, 0);
+            int32_t const slot = tier.allocateSlots(1)[0];
+            poisonSlot(tier, slot);
+            tier.offload(*setup.cache, {{page, slot}}, setup.stream.get());
+            slotOfHash[{hash.lo, hash.hi}] = slot;
+            evictedPageOfSlot[slot] = page;
+        });
+    std::vector<int32_t> prompt(4 * 16 + 5);
+    for (size_t i = 0; i < prompt.size(); ++i)
+    {
+        prompt[i] = static_cast<int32_t>(1000 + 7 * i);
+    }
+    auto const count = static_cast<int32_t>(prompt.size());
+
+    rt::SequenceId const donor = manager.create();
+    manager.append({donor, prompt.data(), count});
+    manager.free(donor);
+    ASSERT_EQ(manager.evictCached(0, 4), 4);
+    setup.stream.synchronize();
+    ASSERT_EQ(evictedPageOfSlot.size(), 4u);
+    for (auto const& [slot, page] : evictedPageOfSlot)
+    {
+        EXPECT_EQ(slotContents(tier, slot), setup.expectedSlot(page)) << "slot " << slot;
+    }
+    setup.poisonDevice();
+
+    rt::SequenceId const request = manager.create();
+    ASSERT_EQ(manager.adoptPrefix(request, prompt.data(), count), 0);
+    std::vector<rt::PageHash> hashes(4);
+    ASSERT_EQ(manager.hashNextPages(request, prompt.data(), count, hashes.data()), 4);
+    std::vector<int32_t> slots;
+    for (rt::PageHash const& hash : hashes)
+    {
+        auto const found = slotOfHash.find({hash.lo, hash.hi});
+        if (found == slotOfHash.end())
+        {
+            break;
+        }
+        slots.push_back(found->second);
+    }
+    ASSERT_EQ(slots.size(), 4u);
+    manager.append({request, prompt.data(), 4 * 16});
+    rt::SequencePages const pages = manager.pages(request, 0);
+    ASSERT_EQ(pages.numPages, 4);
+    std::vector<rt::HostTierEntry> entries;
+    for (int32_t i = 0; i < 4; ++i)
+    {
+        entries.push_back({pages.pages[i], slots[static_cast<size_t>(i)]});
+    }
+    tier.onboard(*setup.cache, entries, setup.stream.get());
+    setup.stream.synchronize();
+    std::vector<int32_t> const onboarded(pages.pages, pages.pages + 4);
+    for (int32_t i = 0; i < 4; ++i)
+    {
+        int32_t const slot = slots[static_cast<size_t>(i)];
+        EXPECT_EQ(setup.devicePage(onboarded[static_cast<size_t>(i)]), setup.expectedSlot(evictedPageOfSlot[slot]))
+            << "page " << i << " of the prompt";
+    }
+
+    manager.free(request);
+    rt::SequenceId const next = manager.create();
+    EXPECT_EQ(manager.adoptPrefix(next, prompt.data(), count), 4 * 16);
+    rt::SequencePages const adopted = manager.pages(next, 0);
+    EXPECT_EQ(std::vector<int32_t>(adopted.pages, adopted.pages + adopted.numPages), onboarded);
+    EXPECT_NO_THROW(manager.checkInvariants());
 }
 
 TEST_F(HostTierTest, ATransferOnAnotherStreamWaitsForOneInFlightOnItsSlot)

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <set>
 #include <string>
@@ -451,6 +452,76 @@ TEST(PageManager, CachedPagesAreEvictedLeastRecentlyReleasedFirstWithTheCallback
     EXPECT_EQ(pair.evict(0, 5), 0); // page 2 is used again: nothing cached
     EXPECT_EQ(pair.evicted.size(), 2u);
     (void)hashesB;
+}
+
+// The prefix hit on another tier: hashNextPages() gives, before anything is appended, the hashes the eviction
+// callback later reports for those pages, and appending the tokens registers fresh pages under them again.
+TEST(PageManager, HashNextPagesAreTheHashesAppendRegistersAndEvictionReports)
+{
+    Pair pair(singleGroupConfig(), optionsWith(4));
+    std::vector<int32_t> const prompt = tokensFrom(500, 13);       // pages of 4: 0-3, 4-7, 8-11, one token left
+    std::vector<PageExtraKey> const keys = {{5, PageHash{3, 4}}}; // in the second page, at offset 1
+    char const salt[] = "tenant";
+    PageHasher const& hasher = pair.manager.hasher();
+    uint8_t keyBytes[20];
+    int32_t const offset = 1;
+    std::memcpy(keyBytes, &offset, 4);
+    std::memcpy(keyBytes + 4, &keys[0].key.lo, 8);
+    std::memcpy(keyBytes + 12, &keys[0].key.hi, 8);
+    std::vector<PageHash> byHand(3);
+    byHand[0] = hasher.next(hasher.root(salt, sizeof(salt)), prompt.data(), P, nullptr, 0);
+    byHand[1] = hasher.next(byHand[0], prompt.data() + 4, P, keyBytes, sizeof(keyBytes));
+    byHand[2] = hasher.next(byHand[1], prompt.data() + 8, P, nullptr, 0);
+
+    SequenceId const a = pair.create(salt, sizeof(salt));
+    std::vector<PageHash> next(4, PageHash{99, 99}); // poison: written entries must differ
+    EXPECT_EQ(pair.manager.hashNextPages(a, prompt.data(), 13, next.data(), keys.data(), 1), 3);
+    EXPECT_EQ(std::vector<PageHash>(next.begin(), next.begin() + 3), byHand);
+    EXPECT_EQ(next[3], (PageHash{99, 99}));
+    pair.append(a, prompt, keys);
+    pair.free(a);
+    EXPECT_EQ(pair.evict(0, 3), 3); // released last page first: evicted 2, 1, 0
+    ASSERT_EQ(pair.evicted.size(), 3u);
+    for (size_t i = 0; i < 3; ++i)
+    {
+        EXPECT_EQ(pair.evicted[i].hash, byHand[2 - i]) << "eviction " << i;
+    }
+
+    // A new request of the same prompt finds nothing on the GPU; the hashes name the evicted pages; appending the
+    // run found elsewhere registers fresh pages under them, so a third request adopts those.
+    SequenceId const b = pair.create(salt, sizeof(salt));
+    EXPECT_EQ(pair.adopt(b, prompt, keys), 0);
+    std::fill(next.begin(), next.end(), PageHash{99, 99});
+    EXPECT_EQ(pair.manager.hashNextPages(b, prompt.data(), 13, next.data(), keys.data(), 1), 3);
+    EXPECT_EQ(std::vector<PageHash>(next.begin(), next.begin() + 3), byHand);
+    pair.append(b, std::vector<int32_t>(prompt.begin(), prompt.begin() + 8), keys);
+    std::vector<int32_t> const onboarded = pair.pages(b);
+    pair.free(b);
+    SequenceId const c = pair.create(salt, sizeof(salt));
+    EXPECT_EQ(pair.adopt(c, prompt, keys), 8);
+    EXPECT_EQ(pair.pages(c), onboarded);
+    // After a prefix the chain continues from its last page; keys before the sequence's length are refused.
+    EXPECT_EQ(pair.manager.hashNextPages(c, prompt.data() + 8, 5, next.data()), 1);
+    EXPECT_EQ(next[0], byHand[2]);
+    std::vector<PageExtraKey> const early = {{7, PageHash{1, 1}}};
+    EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
+        [&] { (void)pair.manager.hashNextPages(c, prompt.data() + 8, 5, next.data(), early.data(), 1); },
+        {"extraKeys[0].position", "7", "[8, 13)"}));
+    // A partial last page, too many tokens, null pointers: refused, nothing written.
+    SequenceId const d = pair.create();
+    pair.append(d, tokensFrom(0, 2));
+    std::fill(next.begin(), next.end(), PageHash{99, 99});
+    EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
+        [&] { (void)pair.manager.hashNextPages(d, prompt.data(), 4, next.data()); }, {"2 tokens", "4"}));
+    EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
+        [&] { (void)pair.manager.hashNextPages(c, prompt.data(), 25, next.data()); }, {"25", "[0, 24]"}));
+    EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
+        [&] { (void)pair.manager.hashNextPages(c, prompt.data(), 4, nullptr); }, {"out is null"}));
+    EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
+        [&] { (void)pair.manager.hashNextPages(c, nullptr, 4, next.data()); }, {"tokens is null"}));
+    EXPECT_EQ(next[0], (PageHash{99, 99}));
+    EXPECT_EQ(pair.manager.hashNextPages(c, nullptr, 0, nullptr), 0);
+    pair.expectMatch();
 }
 
 TEST(PageManager, TakingPagesEvictsCachedOnesOnlyWhenNoneIsFree)

@@ -160,6 +160,16 @@ public:
     int32_t adoptPrefix(SequenceId sequence, int32_t const* tokens, int32_t count,
         PageExtraKey const* extraKeys = nullptr, int32_t numExtraKeys = 0);
 
+    //! Writes to out[0, count / tokensPerPage) the hashes the full pages of `tokens[0, count)` would be registered
+    //! under if they were appended to `sequence` now, returns how many it wrote, and changes nothing. This is the
+    //! prefix hit on another tier: after adoptPrefix(), look these hashes up where evicted pages went (the eviction
+    //! callback's hashes, e.g. a HostTier's slots), append() the tokens of the run found (fresh pages, registered
+    //! under these same hashes) and fill those pages (HostTier::onboard) before the step's kernels read them. extraKeys
+    //! as append() takes them (positions in [length, length + count)). Throws InvalidArgumentError for an unknown
+    //! sequence, a length that is not a multiple of tokensPerPage, count outside [0, maxSequenceLength - length],
+    //! null pointers with nonzero lengths, extra keys out of order or outside the positions.
+    int32_t hashNextPages(SequenceId sequence, int32_t const* tokens, int32_t count, PageHash* out,
+        PageExtraKey const* extraKeys = nullptr, int32_t numExtraKeys = 0) const;
     //! Appends tokens to one sequence: step() with one entry.
     void append(SequenceAppend const& append);
 
