@@ -43,7 +43,21 @@ constexpr int32_t kCOUNTS[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
 
 int32_t gReps = 20;
 
-//! Median seconds of `reps` runs of `enqueue` on `stream`, each timed with events.
+//! Spins one thread for `cycles` clock cycles.
+__global__ void spinKernel(long long cycles)
+{
+    long long const start = clock64();
+    while (clock64() - start < cycles)
+    {
+    }
+}
+
+//! About a millisecond of spinning: longer than any call here takes to enqueue.
+constexpr long long kSPIN_CYCLES = 2'000'000;
+
+//! Median seconds of `reps` runs of `enqueue` on `stream`, each timed with events. A spin kernel ahead of the start
+//! event keeps the stream busy while the host enqueues, so the events time the GPU's work alone, not the host's
+//! (host time is reported apart).
 double medianSeconds(cudaStream_t stream, std::function<void()> const& enqueue)
 {
     cudaEvent_t start = nullptr;
@@ -53,6 +67,8 @@ double medianSeconds(cudaStream_t stream, std::function<void()> const& enqueue)
     std::vector<double> times;
     for (int32_t r = 0; r < gReps + 2; ++r)
     {
+        spinKernel<<<1, 1, 0, stream>>>(kSPIN_CYCLES);
+        KVCACHE_CUDA_TRY(cudaGetLastError());
         KVCACHE_CUDA_TRY(cudaEventRecord(start, stream));
         enqueue();
         KVCACHE_CUDA_TRY(cudaEventRecord(stop, stream));
@@ -159,6 +175,27 @@ int run(int64_t tierGib)
                         }
                     });
                 seconds[method == rt::HostTierMethod::kKERNEL ? 1 : 0] = s;
+                if (count == 1 || count == 256)
+                {
+                    std::vector<double> host;
+                    for (int32_t r = 0; r < gReps; ++r)
+                    {
+                        auto const begin = std::chrono::steady_clock::now();
+                        if (toHost)
+                        {
+                            tier.offload(cache, entries, stream.get(), method);
+                        }
+                        else
+                        {
+                            tier.onboard(cache, entries, stream.get(), method);
+                        }
+                        host.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count());
+                        stream.synchronize();
+                    }
+                    std::sort(host.begin(), host.end());
+                    std::printf("host_enqueue/%s/%s/%d: %.1f us a call\n", direction, methodName(method), count,
+                        host[host.size() / 2] * 1e6);
+                }
                 std::printf("%s/%s/%d: %.2f GB/s, contiguous %.2f GB/s, ratio %.3f\n", direction, methodName(method),
                     count, static_cast<double>(bytes) / s * 1e-9, static_cast<double>(bytes) / contiguous * 1e-9,
                     contiguous / s);
@@ -204,33 +241,53 @@ int run(int64_t tierGib)
             static_cast<double>(bytes) / alone * 1e-9, static_cast<double>(bytes) / aloneIn * 1e-9);
     }
 
-    // A compute kernel on all SMs, alone and with transfers running on another stream for its whole duration.
+    // A compute kernel alone and with transfers running on another stream for its whole duration, in three shapes:
+    // one wave filling every multiprocessor (8 blocks of 256 threads each: the worst case, any block the transfer
+    // holds pushes compute blocks into a second wave), 64 such waves of shorter blocks (most kernels), and one
+    // block of 1024 threads a multiprocessor (a persistent kernel, as many GEMMs are).
     int multiprocessors = 0;
     KVCACHE_CUDA_TRY(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, cache.device()));
-    int32_t const blocks = multiprocessors * 8;
-    kvcache::test::DeviceArray<float> sink(static_cast<size_t>(blocks) * 256);
-    int32_t const iterations = 1 << 18;
-    double const computeAlone =
-        medianSeconds(stream.get(), [&] { computeKernel<<<blocks, 256, 0, stream.get()>>>(sink.get(), iterations); });
-    for (auto const method : {rt::HostTierMethod::kCOPY_ENGINE, rt::HostTierMethod::kKERNEL})
+    struct ComputeShape
     {
-        auto const entries = scattered(256, 7);
-        double const oneTransfer =
-            medianSeconds(second.get(), [&] { tier.onboard(cache, entries, second.get(), method); });
-        auto const transfers = static_cast<int32_t>(computeAlone / oneTransfer) + 2;
-        double const computeShared = medianSeconds(stream.get(),
-            [&]
-            {
-                for (int32_t t = 0; t < transfers; ++t)
+        char const* name;
+        int32_t blocks;
+        int32_t threads;
+        int32_t iterations;
+    };
+    ComputeShape const shapes[] = {{"one_wave", multiprocessors * 8, 256, 1 << 18},
+        {"many_waves", multiprocessors * 8 * 64, 256, 1 << 15}, {"persistent", multiprocessors, 1024, 1 << 18}};
+    kvcache::test::DeviceArray<float> sink(static_cast<size_t>(multiprocessors) * 8 * 64 * 256);
+    for (ComputeShape const& shape : shapes)
+    {
+        auto const compute = [&]
+        {
+            computeKernel<<<shape.blocks, shape.threads, 0, stream.get()>>>(sink.get(), shape.iterations);
+            KVCACHE_CUDA_TRY(cudaGetLastError());
+        };
+        double const computeAlone = medianSeconds(stream.get(), compute);
+        for (auto const method : {rt::HostTierMethod::kCOPY_ENGINE, rt::HostTierMethod::kKERNEL})
+        {
+            auto const entries = scattered(256, 7);
+            double const oneTransfer =
+                medianSeconds(second.get(), [&] { tier.onboard(cache, entries, second.get(), method); });
+            auto const transfers = static_cast<int32_t>(computeAlone / oneTransfer) + 2;
+            // Each run first enqueues the transfers on the other stream, then (after the spin that hides the
+            // host's enqueueing) the timed compute kernel, which they outlast.
+            double const computeShared = medianSeconds(stream.get(),
+                [&]
                 {
-                    tier.onboard(cache, entries, second.get(), method);
-                }
-                computeKernel<<<blocks, 256, 0, stream.get()>>>(sink.get(), iterations);
-                KVCACHE_CUDA_TRY(cudaGetLastError());
-            });
-        KVCACHE_CUDA_TRY(cudaStreamSynchronize(second.get()));
-        std::printf("compute_slowdown/%s: compute alone %.3f ms, beside onboard transfers %.3f ms, slowdown %.1f%%\n",
-            methodName(method), computeAlone * 1e3, computeShared * 1e3, (computeShared / computeAlone - 1.0) * 100.0);
+                    for (int32_t t = 0; t < transfers; ++t)
+                    {
+                        tier.onboard(cache, entries, second.get(), method);
+                    }
+                    compute();
+                });
+            KVCACHE_CUDA_TRY(cudaStreamSynchronize(second.get()));
+            std::printf("compute_slowdown/%s/%s: compute alone %.3f ms, beside onboard transfers %.3f ms, slowdown "
+                        "%.1f%%\n",
+                shape.name, methodName(method), computeAlone * 1e3, computeShared * 1e3,
+                (computeShared / computeAlone - 1.0) * 100.0);
+        }
     }
     KVCACHE_CUDA_LOG(cudaFreeHost(pinned));
 

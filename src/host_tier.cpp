@@ -39,6 +39,8 @@ namespace
 constexpr int64_t kHUGE_PAGE_BYTES = int64_t{2} << 20;
 //! Descriptors one cudaMemcpyBatchAsync call takes at most; longer lists take several calls.
 constexpr size_t kMAX_BATCH_DESCRIPTORS = 8192;
+//! Blocks of 1024 threads a multiprocessor for the kCOPY_ENGINE path's gather and scatter kernel (device memory only).
+constexpr int32_t kSTAGING_BLOCKS_PER_SM = 2;
 //! mbind's MPOL_PREFERRED (linux/mempolicy.h), spelled here so no NUMA header or library is needed.
 constexpr int kMPOL_PREFERRED = 1;
 
@@ -104,6 +106,41 @@ int32_t listCount(char const* what, size_t size)
     return static_cast<int32_t>(size);
 }
 
+//! Enqueues the copies dsts[i] <- srcs[i] of sizes[i] bytes on `stream` through the copy engine.
+void copyDescriptors(std::vector<void*> const& dsts, std::vector<void const*> const& srcs,
+    std::vector<size_t> const& sizes, cudaMemcpyKind kind, cudaStream_t stream)
+{
+#if CUDART_VERSION >= 12080
+    // The batch call refuses the legacy default stream; that stream gets one cudaMemcpyAsync a descriptor.
+    bool const legacy = stream == nullptr || stream == cudaStreamLegacy;
+    if (!legacy)
+    {
+        cudaMemcpyAttributes attributes{};
+        attributes.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+        attributes.flags = cudaMemcpyFlagPreferOverlapWithCompute;
+        for (size_t first = 0; first < sizes.size(); first += kMAX_BATCH_DESCRIPTORS)
+        {
+            size_t const part = std::min(kMAX_BATCH_DESCRIPTORS, sizes.size() - first);
+            size_t attributeIndex = 0;
+#if CUDART_VERSION >= 13000
+            KVCACHE_CUDA_TRY(cudaMemcpyBatchAsync(dsts.data() + first, srcs.data() + first, sizes.data() + first, part,
+                &attributes, &attributeIndex, 1, stream));
+#else
+            size_t failIndex = 0;
+            KVCACHE_CUDA_TRY(cudaMemcpyBatchAsync(const_cast<void**>(dsts.data() + first),
+                const_cast<void**>(srcs.data() + first), const_cast<size_t*>(sizes.data() + first), part, &attributes,
+                &attributeIndex, 1, &failIndex, stream));
+#endif
+        }
+        return;
+    }
+#endif
+    for (size_t i = 0; i < sizes.size(); ++i)
+    {
+        KVCACHE_CUDA_TRY(cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], kind, stream));
+    }
+}
+
 } // namespace
 
 HostTier::HostTier(KVCacheManager const& cache, int32_t group, int64_t numSlots, HostTierOptions const& options)
@@ -121,6 +158,11 @@ HostTier::HostTier(KVCacheManager const& cache, int32_t group, int64_t numSlots,
     if (options.chunkBytes <= 0)
     {
         throw InvalidArgumentError(fmt::format("{}: chunkBytes is {}; it must be > 0", kWHAT, options.chunkBytes));
+    }
+    if (options.stagingBytes < 0)
+    {
+        throw InvalidArgumentError(
+            fmt::format("{}: stagingBytes is {}; it must be >= 0", kWHAT, options.stagingBytes));
     }
     mGroup = group;
     mDevice = cache.device();
@@ -159,7 +201,8 @@ HostTier::HostTier(KVCacheManager const& cache, int32_t group, int64_t numSlots,
     int multiprocessors = 0;
     KVCACHE_CUDA_TRY(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, mDevice));
     mMultiprocessors = multiprocessors;
-    mKernelBlocksPerSm = std::min(kHOST_TIER_MAX_BLOCKS_PER_SM, detail::hostTierKernelBlocksPerSm());
+    mStagingSlots = static_cast<int32_t>(std::clamp<int64_t>(
+        options.stagingBytes / 2 / slotBytesValue, 1, std::min<int64_t>(numSlots, kMAX_INLINE_PAGE_OPS)));
 
     void* deviceOffsets = nullptr;
     size_t const offsetBytes = mLayerOffsets.size() * sizeof(int64_t);
@@ -168,10 +211,22 @@ HostTier::HostTier(KVCacheManager const& cache, int32_t group, int64_t numSlots,
     try
     {
         KVCACHE_CUDA_TRY(cudaMemcpy(mDeviceLayerOffsets, mLayerOffsets.data(), offsetBytes, cudaMemcpyHostToDevice));
+        int64_t const stagingBytes = 2 * int64_t{mStagingSlots} * slotBytesValue;
+        void* staging = nullptr;
+        cudaError_t const status = cudaMalloc(&staging, static_cast<size_t>(stagingBytes));
+        if (status == cudaErrorMemoryAllocation)
+        {
+            cudaGetLastError();
+            throw OutOfMemoryError(fmt::format("{}: the staging buffer of {} slots ({} bytes) does not fit on device {}",
+                kWHAT, mStagingSlots, stagingBytes, mDevice));
+        }
+        KVCACHE_CUDA_TRY(status);
+        mStaging = static_cast<char*>(staging);
         pinChunk(0);
     }
     catch (...)
     {
+        KVCACHE_CUDA_LOG(cudaFree(mStaging));
         KVCACHE_CUDA_LOG(cudaFree(mDeviceLayerOffsets));
         throw;
     }
@@ -208,6 +263,7 @@ HostTier::~HostTier() noexcept
             ::munmap(chunk.host, static_cast<size_t>(chunk.bytes));
         }
     }
+    KVCACHE_CUDA_LOG(cudaFree(mStaging));
     KVCACHE_CUDA_LOG(cudaFree(mDeviceLayerOffsets));
 }
 
@@ -519,6 +575,11 @@ HostTierMethod HostTier::transfer(char const* what, Direction direction, KVCache
         consider(mSlotLast[static_cast<size_t>(entries[i].slot)]);
         consider(mPageLast[static_cast<size_t>(entries[i].page)]);
     }
+    size_t const half = direction == Direction::kTO_HOST ? 0 : 1;
+    if (method == HostTierMethod::kCOPY_ENGINE)
+    {
+        consider(mStagingLast[half]);
+    }
     for (TransferRecord const* record : waits)
     {
         KVCACHE_CUDA_TRY(cudaStreamWaitEvent(stream, record->event, 0));
@@ -527,7 +588,7 @@ HostTierMethod HostTier::transfer(char const* what, Direction direction, KVCache
     if (method == HostTierMethod::kKERNEL)
     {
         detail::HostTierKernelParams const params = kernelParams(cache, capacityNow, nullptr);
-        int32_t const maxGrid = std::min(mMultiprocessors, kHOST_TIER_MAX_SMS) * mKernelBlocksPerSm;
+        int32_t const maxGrid = std::min(mMultiprocessors, kHOST_TIER_MAX_SMS);
         detail::launchHostTierKernel(params, direction == Direction::kTO_HOST, entries, count, maxGrid, stream);
     }
     else
@@ -544,75 +605,75 @@ HostTierMethod HostTier::transfer(char const* what, Direction direction, KVCache
         mPageLast[static_cast<size_t>(entries[i].page)] = record;
     }
     mLast = record;
+    if (method == HostTierMethod::kCOPY_ENGINE)
+    {
+        mStagingLast[half] = record;
+    }
     return method;
 }
 
 void HostTier::copyEngine(
     Direction direction, KVCacheManager const& cache, HostTierEntry const* entries, int32_t count, cudaStream_t stream)
 {
-    // One descriptor per page of a layer half, merged with the previous one where both ends continue it.
+    // Scattered pages make descriptors of one layer half each (tens of KiB), which the copy engine moves at half the
+    // link's speed; whole slots (MiB) move at its full speed. So a kernel on the whole GPU gathers the pages into
+    // slots of the staging buffer at HBM speed, or scatters them from it, and the copy engine moves slots.
+    bool const toHost = direction == Direction::kTO_HOST;
+    char* const buffer = mStaging + (toHost ? 0 : int64_t{mStagingSlots} * slotBytes());
+    detail::HostTierKernelParams const staging = stagingParams(cache, buffer);
+    int32_t const gatherGrid = mMultiprocessors * kSTAGING_BLOCKS_PER_SM;
+    size_t const slotBytesValue = static_cast<size_t>(slotBytes());
+    thread_local std::vector<HostTierEntry> staged;
     thread_local std::vector<void*> dsts;
     thread_local std::vector<void const*> srcs;
     thread_local std::vector<size_t> sizes;
-    dsts.clear();
-    srcs.clear();
-    sizes.clear();
-    std::vector<int32_t> const& layers = cache.group(mGroup).layers;
-    for (int32_t i = 0; i < count; ++i)
+    for (int32_t first = 0; first < count; first += mStagingSlots)
     {
-        char* const slot = slotHost(entries[i].slot);
-        for (size_t l = 0; l < layers.size(); ++l)
+        int32_t const n = std::min(mStagingSlots, count - first);
+        staged.clear();
+        dsts.clear();
+        srcs.clear();
+        sizes.clear();
+        for (int32_t i = 0; i < n; ++i)
         {
-            int32_t const layer = layers[l];
-            KVLayerLayout const& layout = cache.layout().layers[static_cast<size_t>(layer)];
-            for (int32_t half = 0; half < layout.numHalves; ++half)
+            staged.push_back(HostTierEntry{entries[first + i].page, i});
+            char* const host = slotHost(entries[first + i].slot);
+            char* const device = buffer + static_cast<size_t>(i) * slotBytesValue;
+            char* const dst = toHost ? host : device;
+            char const* const src = toHost ? device : host;
+            // Slots adjacent on both sides (in one pinned chunk) make one descriptor.
+            if (!sizes.empty() && static_cast<char*>(dsts.back()) + sizes.back() == dst
+                && static_cast<char const*>(srcs.back()) + sizes.back() == src)
             {
-                char* const pool = static_cast<char*>(half == 0 ? cache.kPoolPtr(layer) : cache.vPoolPtr(layer));
-                char* const devicePage = pool + int64_t{entries[i].page} * layout.pageBytes;
-                char* const hostPage = slot + mLayerOffsets[l] + half * layout.pageBytes;
-                char* const dst = direction == Direction::kTO_HOST ? hostPage : devicePage;
-                char const* const src = direction == Direction::kTO_HOST ? devicePage : hostPage;
-                if (!sizes.empty() && static_cast<char*>(dsts.back()) + sizes.back() == dst
-                    && static_cast<char const*>(srcs.back()) + sizes.back() == src)
-                {
-                    sizes.back() += static_cast<size_t>(layout.pageBytes);
-                    continue;
-                }
-                dsts.push_back(dst);
-                srcs.push_back(src);
-                sizes.push_back(static_cast<size_t>(layout.pageBytes));
+                sizes.back() += slotBytesValue;
+                continue;
             }
+            dsts.push_back(dst);
+            srcs.push_back(src);
+            sizes.push_back(slotBytesValue);
         }
-    }
-    cudaMemcpyKind const kind = direction == Direction::kTO_HOST ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
-#if CUDART_VERSION >= 12080
-    // The batch call refuses the legacy default stream; that stream gets one cudaMemcpyAsync a descriptor.
-    bool const legacy = stream == nullptr || stream == cudaStreamLegacy;
-    if (!legacy)
-    {
-        cudaMemcpyAttributes attributes{};
-        attributes.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-        attributes.flags = cudaMemcpyFlagPreferOverlapWithCompute;
-        for (size_t first = 0; first < sizes.size(); first += kMAX_BATCH_DESCRIPTORS)
+        if (toHost)
         {
-            size_t const part = std::min(kMAX_BATCH_DESCRIPTORS, sizes.size() - first);
-            size_t attributeIndex = 0;
-#if CUDART_VERSION >= 13000
-            KVCACHE_CUDA_TRY(cudaMemcpyBatchAsync(dsts.data() + first, srcs.data() + first, sizes.data() + first, part,
-                &attributes, &attributeIndex, 1, stream));
-#else
-            size_t failIndex = 0;
-            KVCACHE_CUDA_TRY(cudaMemcpyBatchAsync(dsts.data() + first, const_cast<void**>(srcs.data() + first),
-                sizes.data() + first, part, &attributes, &attributeIndex, 1, &failIndex, stream));
-#endif
+            detail::launchHostTierKernel(staging, true, staged.data(), n, gatherGrid, stream);
+            copyDescriptors(dsts, srcs, sizes, cudaMemcpyDeviceToHost, stream);
         }
-        return;
+        else
+        {
+            copyDescriptors(dsts, srcs, sizes, cudaMemcpyHostToDevice, stream);
+            detail::launchHostTierKernel(staging, false, staged.data(), n, gatherGrid, stream);
+        }
     }
-#endif
-    for (size_t i = 0; i < sizes.size(); ++i)
-    {
-        KVCACHE_CUDA_TRY(cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], kind, stream));
-    }
+}
+
+detail::HostTierKernelParams HostTier::stagingParams(KVCacheManager const& cache, char* staging) const
+{
+    // A staging half as a tier of stagingSlots() slots in one chunk: the kernel's slot addressing serves both.
+    detail::HostTierKernelParams params = kernelParams(cache, mStagingSlots, nullptr);
+    params.numSlots = mStagingSlots;
+    params.slotsPerChunk = static_cast<uint32_t>(mStagingSlots);
+    std::fill(std::begin(params.chunks), std::end(params.chunks), nullptr);
+    params.chunks[0] = staging;
+    return params;
 }
 
 detail::HostTierKernelParams HostTier::kernelParams(
@@ -667,7 +728,7 @@ void HostTier::transferDevice(char const* what, Direction direction, KVCacheMana
             std::numeric_limits<uint32_t>::max() / detail::hostTierItemsPerEntry(params)));
     }
     detail::ScopedDevice const scoped(mDevice);
-    int32_t const maxGrid = std::min(mMultiprocessors, kHOST_TIER_MAX_SMS) * mKernelBlocksPerSm;
+    int32_t const maxGrid = std::min(mMultiprocessors, kHOST_TIER_MAX_SMS);
     detail::launchHostTierKernelDevice(
         params, direction == Direction::kTO_HOST, deviceEntries, capacityOfList, deviceCount, maxGrid, stream);
 }

@@ -181,17 +181,6 @@ int64_t hostTierItemsPerEntry(HostTierKernelParams const& params)
     return int64_t{params.numLayers} * 2 * params.chunksPerHalf;
 }
 
-int32_t hostTierKernelBlocksPerSm()
-{
-    int toHost = 0;
-    int toDevice = 0;
-    KVCACHE_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &toHost, hostTierKernel<true, DeviceEntries>, kHOST_TIER_KERNEL_THREADS, 0));
-    KVCACHE_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &toDevice, hostTierKernel<false, DeviceEntries>, kHOST_TIER_KERNEL_THREADS, 0));
-    return std::max(1, std::min(toHost, toDevice));
-}
-
 void launchHostTierKernel(HostTierKernelParams const& params, bool toHost, HostTierEntry const* entries, int32_t count,
     int32_t maxGrid, cudaStream_t stream)
 {

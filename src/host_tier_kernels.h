@@ -13,10 +13,11 @@
 namespace kvcache::rt::detail
 {
 
-//! Bytes one block moves per work item: 256 threads, four 16-byte vectors each, all loads issued before the stores so
-//! that each thread keeps four PCIe reads in flight.
-constexpr int64_t kHOST_TIER_KERNEL_CHUNK_BYTES = 16 * 1024;
-constexpr int32_t kHOST_TIER_KERNEL_THREADS = 256;
+//! Bytes one block moves per work item: 1024 threads, two 16-byte vectors each, both loads issued before the stores.
+//! A transfer runs one such block on each of at most kHOST_TIER_MAX_SMS multiprocessors; measured on an H200, this
+//! moved as much as 64 blocks of 256 threads but slowed a concurrent compute kernel least (docs/benchmarks.md).
+constexpr int64_t kHOST_TIER_KERNEL_CHUNK_BYTES = 32 * 1024;
+constexpr int32_t kHOST_TIER_KERNEL_THREADS = 1024;
 
 //! Everything the kernel needs besides its list, passed by value (graph-safe: chunk addresses never change).
 struct HostTierKernelParams
@@ -32,9 +33,6 @@ struct HostTierKernelParams
     int32_t* errorCount;
     char* chunks[kHOST_TIER_MAX_CHUNKS]; //!< device addresses of the pinned chunks (null: not pinned at the call)
 };
-
-//! Returns the blocks of the kernel one multiprocessor runs at once (the occupancy calculator's figure).
-int32_t hostTierKernelBlocksPerSm();
 
 //! Moves the host list `entries[0, count)` (validated) in launches of kMAX_INLINE_PAGE_OPS entries carried as kernel
 //! parameters, each with at most `maxGrid` blocks.

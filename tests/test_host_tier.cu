@@ -184,8 +184,16 @@ TEST_P(HostTierRoundTripTest, OffloadAndOnboardAreByteExact)
 {
     auto const [type, tokensPerPage, method] = GetParam();
     TierCase setup(type, tokensPerPage);
-    rt::HostTier tier(*setup.cache, 0, 8);
+    // 16-token pages stage two slots at a time, so the five entries take three rounds through the staging buffer;
+    // 128-token pages stage them all at once (the default staging holds every slot of this small tier).
+    rt::HostTierOptions options;
+    if (tokensPerPage == 16)
+    {
+        options.stagingBytes = 2 * (2 * setup.slotBytes + setup.slotBytes / 2);
+    }
+    rt::HostTier tier(*setup.cache, 0, 8, options);
     ASSERT_EQ(tier.slotBytes(), setup.slotBytes);
+    ASSERT_EQ(tier.stagingSlots(), tokensPerPage == 16 ? 2 : 8);
     for (int32_t s = 0; s < 8; ++s)
     {
         poisonSlot(tier, s);
@@ -399,6 +407,43 @@ TEST_F(HostTierTest, ATransferOnAnotherStreamWaitsForOneInFlightOnItsSlot)
     }
 }
 
+// Copy-engine transfers of one direction share a staging half: one on another stream waits for the one in flight
+// even when their slots and pages differ; the other direction has its own half.
+TEST_F(HostTierTest, CopyEngineTransfersOfOneDirectionTakeTurnsWithTheirStagingHalf)
+{
+    TierCase setup(rt::DataType::kHALF, 16);
+    rt::HostTierOptions options;
+    options.stagingBytes = 2 * setup.slotBytes; // one slot a direction: every transfer below takes two rounds
+    rt::HostTier tier(*setup.cache, 0, 6, options);
+    ASSERT_EQ(tier.stagingSlots(), 1);
+    for (int32_t s = 0; s < 6; ++s)
+    {
+        poisonSlot(tier, s);
+    }
+    CudaStream other;
+    CudaStream third;
+    spinKernel<<<1, 1, 0, setup.stream.get()>>>(200'000'000LL);
+    KVCACHE_TEST_CUDA(cudaGetLastError());
+    cudaEvent_t spinDone = nullptr;
+    KVCACHE_TEST_CUDA(cudaEventCreateWithFlags(&spinDone, cudaEventDisableTiming));
+    KVCACHE_TEST_CUDA(cudaEventRecord(spinDone, setup.stream.get()));
+    tier.offload(*setup.cache, {{5, 0}, {6, 1}}, setup.stream.get(), rt::HostTierMethod::kCOPY_ENGINE);
+    tier.offload(*setup.cache, {{7, 2}, {8, 3}}, other.get(), rt::HostTierMethod::kCOPY_ENGINE);
+    // Under a sanitizer the spin may already be over; the second offload may be done only if it is.
+    bool const waited = cudaEventQuery(tier.lastEvent()) == cudaErrorNotReady;
+    EXPECT_TRUE(waited || cudaEventQuery(spinDone) == cudaSuccess);
+    tier.onboard(*setup.cache, {{20, 4}}, third.get(), rt::HostTierMethod::kCOPY_ENGINE);
+    third.synchronize();
+    other.synchronize();
+    setup.stream.synchronize();
+    for (int32_t s = 0; s < 4; ++s)
+    {
+        EXPECT_EQ(slotContents(tier, s), setup.expectedSlot(5 + s)) << "slot " << s;
+    }
+    EXPECT_EQ(setup.devicePage(20), setup.poisonPage());
+    KVCACHE_TEST_CUDA(cudaEventDestroy(spinDone));
+}
+
 TEST_F(HostTierTest, CapacityGrowsToTheTargetChunkByChunk)
 {
     TierCase setup(rt::DataType::kHALF, 16);
@@ -499,6 +544,13 @@ TEST_F(HostTierTest, BadInputIsRefusedBeforeAnythingIsEnqueued)
         {"another geometry"}));
     EXPECT_TRUE(throwsNaming<rt::OutOfRangeError>([&] { rt::HostTier(*setup.cache, 1, 4); }, {"group", "1"}));
     EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>([&] { rt::HostTier(*setup.cache, 0, 0); }, {"numSlots", "0"}));
+    rt::HostTierOptions negativeStaging;
+    negativeStaging.stagingBytes = -1;
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
+        [&] { rt::HostTier(*setup.cache, 0, 4, negativeStaging); }, {"stagingBytes", "-1"}));
+    rt::HostTierOptions tooMuchStaging;
+    tooMuchStaging.stagingBytes = int64_t{1} << 50; // clamped to the tier's slots: 4
+    EXPECT_EQ(rt::HostTier(*setup.cache, 0, 4, tooMuchStaging).stagingSlots(), 4);
     setup.stream.synchronize();
     for (int32_t s = 0; s < 4; ++s)
     {

@@ -35,21 +35,23 @@ enum class HostTierMethod : int32_t
 {
     //! The kernel for small transfers, the copy engine for large ones (HostTier::offload gives the rule).
     kAUTO = 0,
-    //! cudaMemcpyBatchAsync (cudaMemcpyAsync a run on the legacy default stream): no SM is used.
+    //! Staged through device memory: a kernel on every multiprocessor gathers the pages into whole slots in the
+    //! tier's staging buffer (or scatters them from it), and the copy engine moves each slot as one descriptor
+    //! (cudaMemcpyBatchAsync; cudaMemcpyAsync a slot on the legacy default stream). Scattered page ids move at
+    //! close to a contiguous copy's speed; the gather kernel takes the whole GPU for about 2% of the transfer's time.
     kCOPY_ENGINE = 1,
-    //! A kernel on at most kHOST_TIER_MAX_SMS multiprocessors reading or writing the mapped pinned memory.
+    //! A kernel of one block a multiprocessor on at most kHOST_TIER_MAX_SMS multiprocessors, reading or writing the
+    //! mapped pinned memory directly: the least interference with concurrent compute, a few percent less bandwidth.
     kKERNEL = 2,
 };
 
-//! kAUTO takes the kernel for transfers of at most this many bytes and the copy engine above. On an H200 over PCIe
-//! Gen5 the kernel beat the copy engine at every size kvcache-bench-host-tier measures (1 to 256 pages of 2 MiB,
-//! both directions; docs/benchmarks.md), so the bound sits above the largest measured transfer.
-inline constexpr int64_t kHOST_TIER_KERNEL_MAX_BYTES = int64_t{1} << 30;
-//! The kernel path's grid spans at most this many multiprocessors' worth of blocks, so it leaves the rest of the GPU
-//! to concurrent compute.
+//! kAUTO takes the kernel for transfers of at most this many bytes and the copy engine above: on an H200 over PCIe
+//! Gen5 the kernel moved one 2 MiB page faster than the staged copy engine, which was faster from 8 pages
+//! (kvcache-bench-host-tier prints the crossover; docs/benchmarks.md).
+inline constexpr int64_t kHOST_TIER_KERNEL_MAX_BYTES = int64_t{4} << 20;
+//! The kernel path's grid: one block of 1024 threads on each of at most this many multiprocessors, so it leaves the
+//! rest of the GPU to concurrent compute.
 inline constexpr int32_t kHOST_TIER_MAX_SMS = 8;
-//! ... and at most this many blocks a multiprocessor (fewer when occupancy allows fewer).
-inline constexpr int32_t kHOST_TIER_MAX_BLOCKS_PER_SM = 8;
 //! The most pinned chunks a tier has; a larger tier pins larger chunks.
 inline constexpr int32_t kHOST_TIER_MAX_CHUNKS = 256;
 
@@ -63,6 +65,10 @@ struct HostTierOptions
     //! (MPOL_PREFERRED through the mbind system call, no libnuma); memory comes from another node when that one is
     //! full.
     bool preferGpuNumaNode = true;
+    //! Device memory of the kCOPY_ENGINE path, half for each direction so offloads and onboards can overlap, each
+    //! half rounded down to whole slots (at least one): a transfer is staged there that many slots at a time.
+    //! Allocated by the constructor, outside the cache's memory.
+    int64_t stagingBytes = int64_t{128} << 20;
 };
 
 //! Pinned host memory for pages of one page group of a cache's geometry, in slots: a slot holds one page id's bytes
@@ -88,8 +94,8 @@ class HostTier
 public:
     //! Sizes the tier for `numSlots` slots of page group `group` of `cache`'s geometry on the cache's device, pins the
     //! first chunk and starts a thread pinning the rest. Throws OutOfRangeError for a bad group, InvalidArgumentError
-    //! for numSlots outside [1, INT32_MAX] or chunkBytes <= 0, OutOfMemoryError when the first chunk cannot be mapped
-    //! or pinned, CudaError for other CUDA failures.
+    //! for numSlots outside [1, INT32_MAX], chunkBytes <= 0 or stagingBytes < 0, OutOfMemoryError when the staging
+    //! buffer cannot be allocated or the first chunk cannot be mapped or pinned, CudaError for other CUDA failures.
     HostTier(KVCacheManager const& cache, int32_t group, int64_t numSlots, HostTierOptions const& options = {});
     //! Stops the pinning thread, waits for the tier's transfers, then unpins and frees everything; never throws.
     ~HostTier() noexcept;
@@ -115,6 +121,11 @@ public:
     int64_t slotBytes() const noexcept
     {
         return mGeometry.bytesPerPage;
+    }
+    //! Returns the slots the kCOPY_ENGINE path stages at a time in each direction (HostTierOptions::stagingBytes).
+    int32_t stagingSlots() const noexcept
+    {
+        return mStagingSlots;
     }
     //! Returns the page group the tier holds pages of.
     int32_t group() const noexcept
@@ -222,6 +233,7 @@ private:
     char* slotHost(int64_t slot) const noexcept;
     detail::HostTierKernelParams kernelParams(
         KVCacheManager const& cache, int64_t capacityNow, int32_t* deviceErrorCount) const;
+    detail::HostTierKernelParams stagingParams(KVCacheManager const& cache, char* staging) const;
     RecordPtr acquireRecord();
     void checkSlot(char const* what, int64_t slot, int64_t limit) const;
 
@@ -230,7 +242,8 @@ private:
     int32_t mNumaNode = -1;
     int32_t mNumPages = 0; //!< the group's pages: the device id range
     int32_t mMultiprocessors = 0;
-    int32_t mKernelBlocksPerSm = 0;
+    char* mStaging = nullptr; //!< device memory of 2 * stagingSlots() slots, for kCOPY_ENGINE: offloads, onboards
+    int32_t mStagingSlots = 0;
     SequenceFileGeometry mGeometry{};
     std::vector<int64_t> mLayerOffsets{}; //!< bytes from a slot's start to each layer's K page
     int64_t* mDeviceLayerOffsets = nullptr;
@@ -250,6 +263,7 @@ private:
     std::vector<RecordPtr> mSlotLast{}; //!< per slot: its latest transfer (null: none in flight, as far as known)
     std::vector<RecordPtr> mPageLast{}; //!< per device page id of the group
     RecordPtr mLast{};
+    RecordPtr mStagingLast[2]{}; //!< per direction: the latest kCOPY_ENGINE transfer, which used its staging half
 
     std::vector<int32_t> mReleased{}; //!< released slots, most recent last
     int64_t mNeverUsed = 0;           //!< slots [mNeverUsed, capacity) were never handed out
