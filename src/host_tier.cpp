@@ -527,7 +527,8 @@ HostTierMethod HostTier::transfer(char const* what, Direction direction, KVCache
     int64_t const bytes = int64_t{count} * slotBytes();
     if (method == HostTierMethod::kAUTO)
     {
-        method = bytes <= kHOST_TIER_KERNEL_MAX_BYTES ? HostTierMethod::kKERNEL : HostTierMethod::kCOPY_ENGINE;
+        method = direction == Direction::kTO_DEVICE && bytes <= kHOST_TIER_KERNEL_MAX_BYTES ? HostTierMethod::kKERNEL
+                                                                                             : HostTierMethod::kCOPY_ENGINE;
     }
     if (method == HostTierMethod::kKERNEL)
     {

@@ -313,7 +313,8 @@ TEST_F(HostTierTest, AnEvictedPrefixIsOnboardedIntoFreshPagesOnAPrefixHit)
             ASSERT_EQ(group, 0);
             int32_t const slot = tier.allocateSlots(1)[0];
             poisonSlot(tier, slot);
-            tier.offload(*setup.cache, {{page, slot}}, setup.stream.get());
+            // kAUTO offloads through the staged copy engine and onboards small lists with the kernel.
+            EXPECT_EQ(tier.offload(*setup.cache, {{page, slot}}, setup.stream.get()), rt::HostTierMethod::kCOPY_ENGINE);
             slotOfHash[{hash.lo, hash.hi}] = slot;
             evictedPageOfSlot[slot] = page;
         });
@@ -359,7 +360,7 @@ TEST_F(HostTierTest, AnEvictedPrefixIsOnboardedIntoFreshPagesOnAPrefixHit)
     {
         entries.push_back({pages.pages[i], slots[static_cast<size_t>(i)]});
     }
-    tier.onboard(*setup.cache, entries, setup.stream.get());
+    EXPECT_EQ(tier.onboard(*setup.cache, entries, setup.stream.get()), rt::HostTierMethod::kKERNEL);
     setup.stream.synchronize();
     std::vector<int32_t> const onboarded(pages.pages, pages.pages + 4);
     for (int32_t i = 0; i < 4; ++i)

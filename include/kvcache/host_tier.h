@@ -41,13 +41,15 @@ enum class HostTierMethod : int32_t
     //! close to a contiguous copy's speed; the gather kernel takes the whole GPU for about 2% of the transfer's time.
     kCOPY_ENGINE = 1,
     //! A kernel of one block a multiprocessor on at most kHOST_TIER_MAX_SMS multiprocessors, reading or writing the
-    //! mapped pinned memory directly: the least interference with concurrent compute, a few percent less bandwidth.
+    //! mapped pinned memory directly: the fastest for one or two pages, and what device lists (graph capture) use;
+    //! it holds those multiprocessors for the whole transfer, which slows concurrent compute that fills the GPU.
     kKERNEL = 2,
 };
 
-//! kAUTO takes the kernel for transfers of at most this many bytes and the copy engine above: on an H200 over PCIe
-//! Gen5 the kernel moved one 2 MiB page faster than the staged copy engine, which was faster from 8 pages
-//! (kvcache-bench-host-tier prints the crossover; docs/benchmarks.md).
+//! kAUTO takes the kernel for onboards of at most this many bytes and the copy engine for larger onboards and for
+//! every offload. On an H200 over PCIe Gen5 the staged copy engine offloaded one 2 MiB page at 98% of a contiguous
+//! copy but onboarded it at 88% (its copy and its scatter run one after the other), where the kernel reached 103%;
+//! from 8 pages the copy engine was faster both ways, and it slows concurrent compute least (docs/benchmarks.md).
 inline constexpr int64_t kHOST_TIER_KERNEL_MAX_BYTES = int64_t{4} << 20;
 //! The kernel path's grid: one block of 1024 threads on each of at most this many multiprocessors, so it leaves the
 //! rest of the GPU to concurrent compute.
@@ -162,8 +164,8 @@ public:
     int64_t freeSlots() const noexcept;
 
     //! Copies each entry's device page of the group in `cache` to its slot, all layers and halves, on `stream`.
-    //! `cache` must have the tier's geometry (a cache built from the same config). kAUTO picks the kernel for at
-    //! most kHOST_TIER_KERNEL_MAX_BYTES (count * slotBytes()) and the copy engine above. Returns the method used.
+    //! `cache` must have the tier's geometry (a cache built from the same config). kAUTO picks the copy engine (the
+    //! kernel only for onboards of at most kHOST_TIER_KERNEL_MAX_BYTES, count * slotBytes()). Returns the method used.
     //! Throws, before enqueuing anything: InvalidArgumentError for another geometry, a negative count, a null list
     //! with a positive count, a page or a slot listed twice, or a capturing stream (capture offloadDevice instead:
     //! host-list calls query events); OutOfRangeError for a page outside [0, the group's numPages) or a slot outside
