@@ -239,6 +239,10 @@ void launchPack(std::vector<HalfRef> const& halves, HalfRef const* deviceHalves,
     {
         aligned = aligned && half.pageBytes % 16 == 0 && reinterpret_cast<uintptr_t>(half.pool) % 16 == 0;
     }
+    // NCCL's own runtime calls can fail by design (it probes kernels with cudaFuncGetAttributes) and leave their
+    // error as the thread's last one; clear it so the check after each launch sees only the launch's own. An error
+    // that poisons the context would come back from the launch itself.
+    static_cast<void>(cudaGetLastError());
     for (size_t first = 0; first < halves.size(); first += kMAX_LAYER_HALVES_PER_LAUNCH)
     {
         auto const numHalves =

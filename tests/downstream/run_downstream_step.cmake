@@ -11,13 +11,21 @@ if(CONFIG)
   set(config_args --config ${CONFIG})
 endif()
 
+set(transfer_files)
+set(transfer_args)
+if(KVCACHE_WITH_TRANSFER)
+  set(transfer_files ${KVCACHE_INSTALL_CMAKE_DIR}/kvcacheTransferTargets.cmake ${KVCACHE_INSTALL_CMAKE_DIR}/FindNCCL.cmake)
+  set(transfer_args -DKVCACHE_CONSUMER_TRANSFER=ON -DNCCL_INCLUDE_DIR=${KVCACHE_NCCL_INCLUDE_DIR}
+    -DNCCL_LIBRARY=${KVCACHE_NCCL_LIBRARY})
+endif()
+
 if(STEP STREQUAL "install")
   file(REMOVE_RECURSE ${KVCACHE_INSTALL_PREFIX})
   execute_process(COMMAND ${CMAKE_COMMAND} --install ${KVCACHE_BINARY_DIR} --prefix ${KVCACHE_INSTALL_PREFIX}
     ${config_args} COMMAND_ERROR_IS_FATAL ANY)
   foreach(required IN ITEMS include/kvcache/kvcache.h include/kvcache/version.h
       ${KVCACHE_INSTALL_CMAKE_DIR}/kvcacheConfig.cmake ${KVCACHE_INSTALL_CMAKE_DIR}/kvcacheConfigVersion.cmake
-      ${KVCACHE_INSTALL_CMAKE_DIR}/kvcacheTargets.cmake)
+      ${KVCACHE_INSTALL_CMAKE_DIR}/kvcacheTargets.cmake ${transfer_files})
     if(NOT EXISTS ${KVCACHE_INSTALL_PREFIX}/${required})
       message(FATAL_ERROR "the install lacks ${required}")
     endif()
@@ -70,6 +78,7 @@ execute_process(COMMAND ${CMAKE_COMMAND} -S ${KVCACHE_CONSUMER_SOURCE_DIR} -B ${
     ${generator_args} ${find_arg} -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF
     -DCMAKE_CXX_COMPILER=${KVCACHE_CXX_COMPILER} -DCMAKE_CUDA_COMPILER=${KVCACHE_CUDA_COMPILER}
     "-DCMAKE_CUDA_ARCHITECTURES=${KVCACHE_CUDA_ARCHITECTURES}" -DCUDAToolkit_ROOT=${KVCACHE_CUDA_TOOLKIT_ROOT}
+    ${transfer_args}
   COMMAND_ERROR_IS_FATAL ANY)
 
 file(STRINGS ${binary_dir}/CMakeCache.txt found_line REGEX "^kvcache_DIR:")
@@ -93,4 +102,16 @@ if(NOT result EQUAL 0)
 endif()
 if(NOT output MATCHES "kvcache ${KVCACHE_VERSION}\n")
   message(FATAL_ERROR "the consumer did not print kvcache ${KVCACHE_VERSION}")
+endif()
+
+if(KVCACHE_WITH_TRANSFER)
+  set(transfer_app ${binary_dir}/transfer_app)
+  if(NOT EXISTS ${transfer_app} AND CONFIG)
+    set(transfer_app ${binary_dir}/${CONFIG}/transfer_app)
+  endif()
+  execute_process(COMMAND ${transfer_app} OUTPUT_VARIABLE output ERROR_VARIABLE output RESULT_VARIABLE result)
+  message("${output}")
+  if(NOT result EQUAL 0 OR NOT output MATCHES "kvcache::transfer ok\n")
+    message(FATAL_ERROR "the transfer consumer failed (${result})")
+  endif()
 endif()
