@@ -294,6 +294,34 @@ __global__ void spinKernel(long long cycles)
     }
 }
 
+//! Holds `stream` back with a spin of about a tenth of a second, so work enqueued after it is still in flight when
+//! the test looks; released() says whether the spin is over (under a sanitizer it may be, early).
+class HeldStream
+{
+public:
+    explicit HeldStream(cudaStream_t stream)
+    {
+        spinKernel<<<1, 1, 0, stream>>>(200'000'000LL);
+        KVCACHE_CUDA_TRY(cudaGetLastError());
+        KVCACHE_CUDA_TRY(cudaEventCreateWithFlags(&mSpinDone, cudaEventDisableTiming));
+        KVCACHE_CUDA_TRY(cudaEventRecord(mSpinDone, stream));
+    }
+    ~HeldStream()
+    {
+        KVCACHE_CUDA_LOG(cudaEventDestroy(mSpinDone));
+    }
+    HeldStream(HeldStream const&) = delete;
+    HeldStream& operator=(HeldStream const&) = delete;
+
+    bool released() const
+    {
+        return cudaEventQuery(mSpinDone) == cudaSuccess;
+    }
+
+private:
+    cudaEvent_t mSpinDone = nullptr;
+};
+
 // The tier under a PageManager, as a runtime wires them: eviction offloads each page to a slot and remembers its hash;
 // a later request of the same prompt misses on the GPU, finds the next pages' hashes (hashNextPages) in the tier,
 // appends those tokens (fresh pages registered under the same hashes) and onboards the slots into them. The device is
@@ -387,15 +415,11 @@ TEST_F(HostTierTest, ATransferOnAnotherStreamWaitsForOneInFlightOnItsSlot)
         poisonSlot(tier, 2);
         CudaStream other;
         // Stream A is held back, so the offload into slot 2 is still queued when stream B onboards slot 2.
-        spinKernel<<<1, 1, 0, setup.stream.get()>>>(200'000'000LL);
-        KVCACHE_TEST_CUDA(cudaGetLastError());
-        cudaEvent_t spinDone = nullptr;
-        KVCACHE_TEST_CUDA(cudaEventCreateWithFlags(&spinDone, cudaEventDisableTiming));
-        KVCACHE_TEST_CUDA(cudaEventRecord(spinDone, setup.stream.get()));
+        HeldStream const held(setup.stream.get());
         tier.offload(*setup.cache, {{5, 2}}, setup.stream.get(), method);
-        // Under a sanitizer the spin may already be over; the slot may read idle only if it is.
+        // The slot may read idle only if the spin is over.
         bool const busy = tier.isSlotBusy(2);
-        EXPECT_TRUE(busy || cudaEventQuery(spinDone) == cudaSuccess);
+        EXPECT_TRUE(busy || held.released());
         tier.onboard(*setup.cache, {{14, 2}}, other.get(), method);
         other.synchronize();
         // Had B not waited, page 14 would hold the poisoned slot.
@@ -404,7 +428,6 @@ TEST_F(HostTierTest, ATransferOnAnotherStreamWaitsForOneInFlightOnItsSlot)
         EXPECT_FALSE(tier.isSlotBusy(2));
         ASSERT_NE(tier.lastEvent(), nullptr);
         EXPECT_EQ(cudaEventQuery(tier.lastEvent()), cudaSuccess);
-        KVCACHE_TEST_CUDA(cudaEventDestroy(spinDone));
     }
 }
 
@@ -423,16 +446,12 @@ TEST_F(HostTierTest, CopyEngineTransfersOfOneDirectionTakeTurnsWithTheirStagingH
     }
     CudaStream other;
     CudaStream third;
-    spinKernel<<<1, 1, 0, setup.stream.get()>>>(200'000'000LL);
-    KVCACHE_TEST_CUDA(cudaGetLastError());
-    cudaEvent_t spinDone = nullptr;
-    KVCACHE_TEST_CUDA(cudaEventCreateWithFlags(&spinDone, cudaEventDisableTiming));
-    KVCACHE_TEST_CUDA(cudaEventRecord(spinDone, setup.stream.get()));
+    HeldStream const held(setup.stream.get());
     tier.offload(*setup.cache, {{5, 0}, {6, 1}}, setup.stream.get(), rt::HostTierMethod::kCOPY_ENGINE);
     tier.offload(*setup.cache, {{7, 2}, {8, 3}}, other.get(), rt::HostTierMethod::kCOPY_ENGINE);
-    // Under a sanitizer the spin may already be over; the second offload may be done only if it is.
+    // The second offload may be done only if the spin is over.
     bool const waited = cudaEventQuery(tier.lastEvent()) == cudaErrorNotReady;
-    EXPECT_TRUE(waited || cudaEventQuery(spinDone) == cudaSuccess);
+    EXPECT_TRUE(waited || held.released());
     tier.onboard(*setup.cache, {{20, 4}}, third.get(), rt::HostTierMethod::kCOPY_ENGINE);
     third.synchronize();
     other.synchronize();
@@ -442,7 +461,6 @@ TEST_F(HostTierTest, CopyEngineTransfersOfOneDirectionTakeTurnsWithTheirStagingH
         EXPECT_EQ(slotContents(tier, s), setup.expectedSlot(5 + s)) << "slot " << s;
     }
     EXPECT_EQ(setup.devicePage(20), setup.poisonPage());
-    KVCACHE_TEST_CUDA(cudaEventDestroy(spinDone));
 }
 
 TEST_F(HostTierTest, CapacityGrowsToTheTargetChunkByChunk)
