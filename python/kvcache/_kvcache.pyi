@@ -756,6 +756,11 @@ class PageManager:
         Gives an empty sequence the longest cached prefix of `tokens`; returns its length in tokens.
         """
 
+    def hash_next_pages(self, sequence: int, tokens: PageIds, extra_keys: Sequence[tuple[int, int, int]] | None = None) -> list[tuple[int, int]]:
+        """
+        Returns, as (lo, hi) tuples, the hashes the full pages of `tokens` would be registered under if appended to the sequence now (its length a whole number of pages); the eviction callback reports the same hashes, so a prefix evicted to another tier can be found and onboarded.
+        """
+
     def append(self, sequence: int, tokens: PageIds, extra_keys: Sequence[tuple[int, int, int]] | None = None) -> None:
         """Appends tokens to one sequence (step() with one entry)."""
 

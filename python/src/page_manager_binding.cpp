@@ -147,6 +147,25 @@ void bindPageManager(nb::module_& m)
             nb::arg("sequence"), nb::arg("tokens"), nb::arg("extra_keys") = nb::none(),
             "Gives an empty sequence the longest cached prefix of `tokens`; returns its length in tokens.")
         .def(
+            "hash_next_pages",
+            [](PageManagerHandle& h, int64_t sequence, nb::handle tokens, nb::handle extraKeys)
+            {
+                rt::SequenceAppend const next = appendOf(h, 0, sequence, tokens, extraKeys);
+                std::vector<rt::PageHash> hashes(static_cast<size_t>(std::max(next.count, 0)));
+                int32_t const pages = h.manager.hashNextPages(
+                    sequence, next.tokens, next.count, hashes.data(), next.extraKeys, next.numExtraKeys);
+                nb::list out;
+                for (int32_t p = 0; p < pages; ++p)
+                {
+                    out.append(nb::make_tuple(hashes[static_cast<size_t>(p)].lo, hashes[static_cast<size_t>(p)].hi));
+                }
+                return out;
+            },
+            nb::arg("sequence"), nb::arg("tokens"), nb::arg("extra_keys") = nb::none(),
+            "Returns, as (lo, hi) tuples, the hashes the full pages of `tokens` would be registered under if appended "
+            "to the sequence now (its length a whole number of pages); the eviction callback reports the same hashes, "
+            "so a prefix evicted to another tier can be found and onboarded.")
+        .def(
             "append",
             [](PageManagerHandle& h, int64_t sequence, nb::handle tokens, nb::handle extraKeys)
             {

@@ -53,6 +53,30 @@ def test_a_later_prompt_adopts_whole_cached_pages():
     assert (stats.prefix_query_tokens, stats.prefix_hit_tokens) == (2 * len(prompt), 2 * P)
 
 
+def test_hash_next_pages_names_what_eviction_reports_and_append_registers():
+    manager = make_manager(hash_algorithm=kvcache.PageHashAlgorithm.XXH3_128, hash_seed=bytes(range(32)))
+    evicted = []
+    manager.set_eviction_callback(lambda group, page, page_hash: evicted.append(page_hash))
+    prompt = list(range(300, 311))  # two full pages and three tokens
+    donor = manager.create()
+    hashes = manager.hash_next_pages(donor, prompt)
+    assert len(hashes) == 2 and hashes[0] != hashes[1]
+    manager.append(donor, prompt)
+    manager.free(donor)
+    assert manager.evict_cached(0, 2) == 2
+    assert sorted(evicted) == sorted(hashes)
+    request = manager.create()
+    assert manager.adopt_prefix(request, prompt) == 0
+    assert manager.hash_next_pages(request, prompt) == hashes  # found elsewhere: append, then onboard
+    manager.append(request, prompt[: 2 * P])
+    manager.free(request)
+    assert manager.adopt_prefix(manager.create(), prompt) == 2 * P
+    partial = manager.create()
+    manager.append(partial, [1])
+    with pytest.raises(ValueError):
+        manager.hash_next_pages(partial, prompt)
+
+
 def test_a_step_that_does_not_fit_changes_nothing():
     manager = make_manager(max_sequences=5)
     full = [manager.create() for _ in range(4)]
