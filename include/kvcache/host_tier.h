@@ -33,7 +33,7 @@ struct HostTierEntry
 //! How a transfer moves its bytes.
 enum class HostTierMethod : int32_t
 {
-    //! The kernel for small transfers, the copy engine for large ones (HostTier::offload gives the rule).
+    //! The kernel for small onboards, the copy engine otherwise (HostTier::offload gives the rule).
     kAUTO = 0,
     //! Staged through device memory: a kernel on every multiprocessor gathers the pages into whole slots in the
     //! tier's staging buffer (or scatters them from it), and the copy engine moves each slot as one descriptor
