@@ -24,6 +24,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support/config_builder.h"
@@ -84,6 +85,57 @@ double medianSeconds(cudaStream_t stream, std::function<void()> const& enqueue)
     KVCACHE_CUDA_LOG(cudaEventDestroy(stop));
     std::sort(times.begin(), times.end());
     return times[times.size() / 2];
+}
+
+//! Median seconds of `compute` on `stream` while `transfers` run on `other`, and the transfers' own median seconds.
+//! The transfers start first: a long spin hides the host's enqueueing of both, then `other` is released and a short
+//! spin later the compute kernel starts, so it meets transfer blocks already resident, as a forward pass meets a
+//! transfer begun between two of its kernels.
+std::pair<double, double> sharedSeconds(cudaStream_t stream, cudaStream_t other, std::function<void()> const& transfers,
+    std::function<void()> const& compute)
+{
+    cudaEvent_t go = nullptr;
+    cudaEvent_t start = nullptr;
+    cudaEvent_t stop = nullptr;
+    cudaEvent_t transfersDone = nullptr;
+    KVCACHE_CUDA_TRY(cudaEventCreateWithFlags(&go, cudaEventDisableTiming));
+    KVCACHE_CUDA_TRY(cudaEventCreate(&start));
+    KVCACHE_CUDA_TRY(cudaEventCreate(&stop));
+    KVCACHE_CUDA_TRY(cudaEventCreate(&transfersDone));
+    std::vector<double> times;
+    std::vector<double> transferTimes;
+    for (int32_t r = 0; r < gReps + 2; ++r)
+    {
+        spinKernel<<<1, 1, 0, stream>>>(kSPIN_CYCLES * 30);
+        KVCACHE_CUDA_TRY(cudaGetLastError());
+        KVCACHE_CUDA_TRY(cudaEventRecord(go, stream));
+        spinKernel<<<1, 1, 0, stream>>>(kSPIN_CYCLES / 5);
+        KVCACHE_CUDA_TRY(cudaGetLastError());
+        KVCACHE_CUDA_TRY(cudaEventRecord(start, stream));
+        KVCACHE_CUDA_TRY(cudaStreamWaitEvent(other, go, 0));
+        transfers();
+        KVCACHE_CUDA_TRY(cudaEventRecord(transfersDone, other));
+        compute();
+        KVCACHE_CUDA_TRY(cudaEventRecord(stop, stream));
+        KVCACHE_CUDA_TRY(cudaEventSynchronize(stop));
+        KVCACHE_CUDA_TRY(cudaEventSynchronize(transfersDone));
+        float ms = 0;
+        float transferMs = 0;
+        KVCACHE_CUDA_TRY(cudaEventElapsedTime(&ms, start, stop));
+        KVCACHE_CUDA_TRY(cudaEventElapsedTime(&transferMs, start, transfersDone));
+        if (r >= 2)
+        {
+            times.push_back(ms * 1e-3);
+            transferTimes.push_back(transferMs * 1e-3);
+        }
+    }
+    for (cudaEvent_t event : {go, start, stop, transfersDone})
+    {
+        KVCACHE_CUDA_LOG(cudaEventDestroy(event));
+    }
+    std::sort(times.begin(), times.end());
+    std::sort(transferTimes.begin(), transferTimes.end());
+    return {times[times.size() / 2], transferTimes[transferTimes.size() / 2]};
 }
 
 __global__ void computeKernel(float* out, int32_t iterations)
@@ -244,7 +296,8 @@ int run(int64_t tierGib)
     // A compute kernel alone and with transfers running on another stream for its whole duration, in three shapes:
     // one wave filling every multiprocessor (8 blocks of 256 threads each: the worst case, any block the transfer
     // holds pushes compute blocks into a second wave), 64 such waves of shorter blocks (most kernels), and one
-    // block of 1024 threads a multiprocessor (a persistent kernel, as many GEMMs are).
+    // block of 1024 threads a multiprocessor (a persistent kernel, as many GEMMs are). The transfers: 256-page
+    // onboards by each method, and one-page onboards by kAUTO (which takes the kernel for them) back to back.
     int multiprocessors = 0;
     KVCACHE_CUDA_TRY(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, cache.device()));
     struct ComputeShape
@@ -256,6 +309,14 @@ int run(int64_t tierGib)
     };
     ComputeShape const shapes[] = {{"one_wave", multiprocessors * 8, 256, 1 << 18},
         {"many_waves", multiprocessors * 8 * 64, 256, 1 << 15}, {"persistent", multiprocessors, 1024, 1 << 18}};
+    struct TransferCase
+    {
+        char const* name;
+        int32_t pages;
+        rt::HostTierMethod method;
+    };
+    TransferCase const cases[] = {{"copy_engine/256", 256, rt::HostTierMethod::kCOPY_ENGINE},
+        {"kernel/256", 256, rt::HostTierMethod::kKERNEL}, {"auto/1", 1, rt::HostTierMethod::kAUTO}};
     kvcache::test::DeviceArray<float> sink(static_cast<size_t>(multiprocessors) * 8 * 64 * 256);
     for (ComputeShape const& shape : shapes)
     {
@@ -265,28 +326,28 @@ int run(int64_t tierGib)
             KVCACHE_CUDA_TRY(cudaGetLastError());
         };
         double const computeAlone = medianSeconds(stream.get(), compute);
-        for (auto const method : {rt::HostTierMethod::kCOPY_ENGINE, rt::HostTierMethod::kKERNEL})
+        for (TransferCase const& transfer : cases)
         {
-            auto const entries = scattered(256, 7);
-            double const oneTransfer =
-                medianSeconds(second.get(), [&] { tier.onboard(cache, entries, second.get(), method); });
-            auto const transfers = static_cast<int32_t>(computeAlone / oneTransfer) + 2;
-            // Each run first enqueues the transfers on the other stream, then (after the spin that hides the
-            // host's enqueueing) the timed compute kernel, which they outlast.
-            double const computeShared = medianSeconds(stream.get(),
+            auto const entries = scattered(transfer.pages, 7);
+            rt::HostTierMethod used = transfer.method;
+            double const oneTransfer = medianSeconds(
+                second.get(), [&] { used = tier.onboard(cache, entries, second.get(), transfer.method); });
+            // Enough transfers to outlast the compute kernel and the spin before it.
+            auto const transfers = static_cast<int32_t>((computeAlone + 2e-4) / oneTransfer) + 2;
+            auto const [computeShared, transfersShared] = sharedSeconds(
+                stream.get(), second.get(),
                 [&]
                 {
                     for (int32_t t = 0; t < transfers; ++t)
                     {
-                        tier.onboard(cache, entries, second.get(), method);
+                        tier.onboard(cache, entries, second.get(), transfer.method);
                     }
-                    compute();
-                });
-            KVCACHE_CUDA_TRY(cudaStreamSynchronize(second.get()));
-            std::printf("compute_slowdown/%s/%s: compute alone %.3f ms, beside onboard transfers %.3f ms, slowdown "
-                        "%.1f%%\n",
-                shape.name, methodName(method), computeAlone * 1e3, computeShared * 1e3,
-                (computeShared / computeAlone - 1.0) * 100.0);
+                },
+                compute);
+            std::printf("compute_slowdown/%s/%s: compute alone %.3f ms, beside %d onboards (%s) %.3f ms, slowdown "
+                        "%.1f%%; the onboards took %.3f ms (%.3f ms alone)\n",
+                shape.name, transfer.name, computeAlone * 1e3, transfers, methodName(used), computeShared * 1e3,
+                (computeShared / computeAlone - 1.0) * 100.0, transfersShared * 1e3, transfers * oneTransfer * 1e3);
         }
     }
     KVCACHE_CUDA_LOG(cudaFreeHost(pinned));

@@ -39,8 +39,8 @@ namespace
 constexpr int64_t kHUGE_PAGE_BYTES = int64_t{2} << 20;
 //! Descriptors one cudaMemcpyBatchAsync call takes at most; longer lists take several calls.
 constexpr size_t kMAX_BATCH_DESCRIPTORS = 8192;
-//! Blocks of 1024 threads a multiprocessor for the kCOPY_ENGINE path's gather and scatter kernel (device memory only).
-constexpr int32_t kSTAGING_BLOCKS_PER_SM = 2;
+//! Blocks a multiprocessor for the kCOPY_ENGINE path's gather and scatter kernel (device memory only): 2048 threads.
+constexpr int32_t kSTAGING_BLOCKS_PER_SM = 2048 / detail::kHOST_TIER_STAGING_THREADS;
 //! mbind's MPOL_PREFERRED (linux/mempolicy.h), spelled here so no NUMA header or library is needed.
 constexpr int kMPOL_PREFERRED = 1;
 
@@ -527,8 +527,7 @@ HostTierMethod HostTier::transfer(char const* what, Direction direction, KVCache
     int64_t const bytes = int64_t{count} * slotBytes();
     if (method == HostTierMethod::kAUTO)
     {
-        method = direction == Direction::kTO_DEVICE && bytes <= kHOST_TIER_KERNEL_MAX_BYTES ? HostTierMethod::kKERNEL
-                                                                                             : HostTierMethod::kCOPY_ENGINE;
+        method = bytes <= kHOST_TIER_KERNEL_MAX_BYTES ? HostTierMethod::kKERNEL : HostTierMethod::kCOPY_ENGINE;
     }
     if (method == HostTierMethod::kKERNEL)
     {
@@ -655,13 +654,13 @@ void HostTier::copyEngine(
         }
         if (toHost)
         {
-            detail::launchHostTierKernel(staging, true, staged.data(), n, gatherGrid, stream);
+            detail::launchStagingKernel(staging, true, staged.data(), n, gatherGrid, stream);
             copyDescriptors(dsts, srcs, sizes, cudaMemcpyDeviceToHost, stream);
         }
         else
         {
             copyDescriptors(dsts, srcs, sizes, cudaMemcpyHostToDevice, stream);
-            detail::launchHostTierKernel(staging, false, staged.data(), n, gatherGrid, stream);
+            detail::launchStagingKernel(staging, false, staged.data(), n, gatherGrid, stream);
         }
     }
 }

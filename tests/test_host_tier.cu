@@ -1,6 +1,7 @@
 // The pinned host tier against a model written here: slot bytes laid out layer by layer, K then V, from the formulas;
 // round trips byte for byte for every data type, two page sizes and both methods, device lists replayed in a CUDA
-// graph, a transfer on another stream waiting for one in flight on the same slot, an evicted prefix onboarded on a
+// graph, kernel transfers of several launches, a transfer on another stream waiting for one in flight on the same
+// slot, an evicted prefix onboarded on a
 // prefix hit through a PageManager, sequence files over slots, and the checks made before anything is enqueued.
 
 #include "kvcache/errors.h"
@@ -59,9 +60,10 @@ uint8_t initialByte(int64_t layer, int64_t half, int64_t page, int64_t offset)
 class TierCase
 {
 public:
-    TierCase(rt::DataType type, int32_t tokensPerPage, int32_t extraPages = 24)
+    TierCase(rt::DataType type, int32_t tokensPerPage, int32_t extraPages = 24,
+        std::vector<rt::KVLayerConfig> const& layers = mixedLayers())
     {
-        rt::KVCacheConfig config = kvcache::test::ConfigBuilder(mixedLayers())
+        rt::KVCacheConfig config = kvcache::test::ConfigBuilder(layers)
                                        .maxBatchSize(2)
                                        .maxSequenceLength(256)
                                        .tokensPerPage(tokensPerPage)
@@ -72,7 +74,7 @@ public:
         config.numPages = numPages;
         cacheConfig = config;
         cache = std::make_unique<rt::KVCacheManager>(config, stream.get());
-        for (rt::KVLayerConfig const& layer : mixedLayers())
+        for (rt::KVLayerConfig const& layer : layers)
         {
             halves.push_back(layer.kind == rt::KVLayerKind::kLATENT ? 1 : 2);
             pageBytes.push_back(
@@ -82,7 +84,7 @@ public:
         {
             slotBytes += halves[l] * pageBytes[l];
         }
-        for (int32_t l = 0; l < 3; ++l)
+        for (int32_t l = 0; l < numLayers(); ++l)
         {
             for (int32_t h = 0; h < halves[static_cast<size_t>(l)]; ++h)
             {
@@ -99,6 +101,10 @@ public:
         }
     }
 
+    int32_t numLayers() const
+    {
+        return static_cast<int32_t>(pageBytes.size());
+    }
     void* pool(int32_t layer, int32_t half) const
     {
         return half == 0 ? cache->kPoolPtr(layer) : cache->vPoolPtr(layer);
@@ -107,7 +113,7 @@ public:
     std::vector<uint8_t> expectedSlot(int64_t page) const
     {
         std::vector<uint8_t> slot;
-        for (int32_t l = 0; l < 3; ++l)
+        for (int32_t l = 0; l < numLayers(); ++l)
         {
             for (int32_t h = 0; h < halves[static_cast<size_t>(l)]; ++h)
             {
@@ -122,7 +128,7 @@ public:
     //! Sets every pool byte to kPOISON.
     void poisonDevice()
     {
-        for (int32_t l = 0; l < 3; ++l)
+        for (int32_t l = 0; l < numLayers(); ++l)
         {
             for (int32_t h = 0; h < halves[static_cast<size_t>(l)]; ++h)
             {
@@ -136,7 +142,7 @@ public:
     std::vector<uint8_t> devicePage(int64_t page) const
     {
         std::vector<uint8_t> out;
-        for (int32_t l = 0; l < 3; ++l)
+        for (int32_t l = 0; l < numLayers(); ++l)
         {
             int64_t const bytes = pageBytes[static_cast<size_t>(l)];
             for (int32_t h = 0; h < halves[static_cast<size_t>(l)]; ++h)
@@ -286,6 +292,85 @@ TEST_F(HostTierTest, DeviceListsReplayInAGraph)
     EXPECT_EQ(setup.devicePage(21), setup.expectedSlot(7));
 }
 
+TEST_F(HostTierTest, KernelTransfersOfManyLaunchesAreByteExact)
+{
+    // 4 MiB slots: the kernel path moves 16 MiB a launch, so ten entries take three launches (4 + 4 + 2) and a
+    // device list of capacity 12 three launches too, the last cut short by the count. Then kAUTO at its boundary.
+    std::vector<rt::KVLayerConfig> const layers(4, rt::KVLayerConfig{8, 128});
+    TierCase setup(rt::DataType::kFLOAT, 128, 20, layers);
+    ASSERT_EQ(setup.slotBytes, int64_t{4} << 20);
+    rt::HostTier tier(*setup.cache, 0, 14);
+    for (int32_t s = 0; s < 14; ++s)
+    {
+        poisonSlot(tier, s);
+    }
+    std::vector<rt::HostTierEntry> out;
+    for (int32_t i = 0; i < 10; ++i)
+    {
+        out.push_back({setup.numPages - 1 - 2 * i, (5 * i + 3) % 14});
+    }
+    EXPECT_EQ(tier.offload(*setup.cache, out, setup.stream.get(), rt::HostTierMethod::kKERNEL),
+        rt::HostTierMethod::kKERNEL);
+    for (rt::HostTierEntry const& entry : out)
+    {
+        EXPECT_EQ(slotContents(tier, entry.slot), setup.expectedSlot(entry.page)) << "slot " << entry.slot;
+    }
+    // (5i + 3) mod 14 for i < 10 misses slots 2, 7, 11 and 12.
+    for (int32_t const untouched : {2, 7, 11, 12})
+    {
+        EXPECT_EQ(slotContents(tier, untouched), setup.poisonPage()) << "slot " << untouched;
+    }
+
+    setup.poisonDevice();
+    std::vector<rt::HostTierEntry> in;
+    for (int32_t i = 0; i < 10; ++i)
+    {
+        in.push_back({i, out[static_cast<size_t>(9 - i)].slot});
+    }
+    tier.onboard(*setup.cache, in, setup.stream.get(), rt::HostTierMethod::kKERNEL);
+    setup.stream.synchronize();
+    for (int32_t i = 0; i < 10; ++i)
+    {
+        EXPECT_EQ(setup.devicePage(i), setup.expectedSlot(out[static_cast<size_t>(9 - i)].page)) << "page " << i;
+    }
+    EXPECT_EQ(setup.devicePage(10), setup.poisonPage());
+
+    // A device list: a bad slot in the second launch counted once, positions past the count left alone.
+    setup.poisonDevice();
+    std::vector<rt::HostTierEntry> deviceIn;
+    for (int32_t i = 0; i < 12; ++i)
+    {
+        deviceIn.push_back({12 + i, out[static_cast<size_t>(i % 10)].slot});
+    }
+    deviceIn[5].slot = 14;
+    DeviceArray<rt::HostTierEntry> list(deviceIn, setup.stream.get());
+    DeviceArray<int32_t> count(std::vector<int32_t>{10}, setup.stream.get());
+    DeviceArray<int32_t> errors(std::vector<int32_t>{0}, setup.stream.get());
+    tier.onboardDevice(*setup.cache, list.get(), 12, count.get(), setup.stream.get(), errors.get());
+    setup.stream.synchronize();
+    EXPECT_EQ(errors.download(setup.stream.get())[0], 1);
+    for (int32_t i = 0; i < 12; ++i)
+    {
+        bool const moved = i < 10 && i != 5;
+        EXPECT_EQ(setup.devicePage(12 + i),
+            moved ? setup.expectedSlot(out[static_cast<size_t>(i)].page) : setup.poisonPage())
+            << "position " << i;
+    }
+
+    // kAUTO's rule at its boundary: one slot of kHOST_TIER_KERNEL_MAX_BYTES by the kernel, two by the copy engine.
+    ASSERT_EQ(setup.slotBytes, rt::kHOST_TIER_KERNEL_MAX_BYTES);
+    for (int32_t const s : {2, 7, 11})
+    {
+        poisonSlot(tier, s);
+    }
+    EXPECT_EQ(tier.offload(*setup.cache, {{12, 2}}, setup.stream.get()), rt::HostTierMethod::kKERNEL);
+    EXPECT_EQ(tier.offload(*setup.cache, {{13, 7}, {14, 11}}, setup.stream.get()), rt::HostTierMethod::kCOPY_ENGINE);
+    setup.stream.synchronize();
+    EXPECT_EQ(slotContents(tier, 2), setup.expectedSlot(out[0].page));
+    EXPECT_EQ(slotContents(tier, 7), setup.expectedSlot(out[1].page));
+    EXPECT_EQ(slotContents(tier, 11), setup.expectedSlot(out[2].page));
+}
+
 __global__ void spinKernel(long long cycles)
 {
     long long const start = clock64();
@@ -341,8 +426,8 @@ TEST_F(HostTierTest, AnEvictedPrefixIsOnboardedIntoFreshPagesOnAPrefixHit)
             ASSERT_EQ(group, 0);
             int32_t const slot = tier.allocateSlots(1)[0];
             poisonSlot(tier, slot);
-            // kAUTO offloads through the staged copy engine and onboards small lists with the kernel.
-            EXPECT_EQ(tier.offload(*setup.cache, {{page, slot}}, setup.stream.get()), rt::HostTierMethod::kCOPY_ENGINE);
+            // kAUTO moves a list this small with the kernel.
+            EXPECT_EQ(tier.offload(*setup.cache, {{page, slot}}, setup.stream.get()), rt::HostTierMethod::kKERNEL);
             slotOfHash[{hash.lo, hash.hi}] = slot;
             evictedPageOfSlot[slot] = page;
         });

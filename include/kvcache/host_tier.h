@@ -33,26 +33,27 @@ struct HostTierEntry
 //! How a transfer moves its bytes.
 enum class HostTierMethod : int32_t
 {
-    //! The kernel for small onboards, the copy engine otherwise (HostTier::offload gives the rule).
+    //! The kernel for small transfers, the copy engine otherwise (kHOST_TIER_KERNEL_MAX_BYTES gives the rule).
     kAUTO = 0,
     //! Staged through device memory: a kernel on every multiprocessor gathers the pages into whole slots in the
     //! tier's staging buffer (or scatters them from it), and the copy engine moves each slot as one descriptor
     //! (cudaMemcpyBatchAsync; cudaMemcpyAsync a slot on the legacy default stream). Scattered page ids move at
     //! close to a contiguous copy's speed; the gather kernel takes the whole GPU for about 2% of the transfer's time.
     kCOPY_ENGINE = 1,
-    //! A kernel of one block a multiprocessor on at most kHOST_TIER_MAX_SMS multiprocessors, reading or writing the
-    //! mapped pinned memory directly: the fastest for one or two pages, and what device lists (graph capture) use;
-    //! it holds those multiprocessors for the whole transfer, which slows concurrent compute that fills the GPU.
+    //! A kernel of one 256-thread block a multiprocessor on at most kHOST_TIER_MAX_SMS multiprocessors, reading or
+    //! writing the mapped pinned memory directly, in launches of at most 16 MiB (at least one slot) so compute
+    //! kernels waiting for room get it between launches: the fastest for one or two pages, and what device lists
+    //! (graph capture) use.
     kKERNEL = 2,
 };
 
-//! kAUTO takes the kernel for onboards of at most this many bytes and the copy engine for larger onboards and for
-//! every offload. On an H200 over PCIe Gen5 the staged copy engine offloaded one 2 MiB page at 98% of a contiguous
-//! copy but onboarded it at 88% (its copy and its scatter run one after the other), where the kernel reached 103%;
-//! from 8 pages the copy engine was faster both ways, and it slows concurrent compute least (docs/benchmarks.md).
+//! kAUTO takes the kernel for transfers of at most this many bytes (count * slotBytes()) and the copy engine for
+//! larger ones. On an H200 over PCIe Gen5 the kernel moved one or two 2 MiB pages at 94-103% of a contiguous copy
+//! where the staged copy engine, whose copy and gather or scatter run one after the other, reached 82-96%; from
+//! 8 pages the copy engine was faster both ways (docs/benchmarks.md).
 inline constexpr int64_t kHOST_TIER_KERNEL_MAX_BYTES = int64_t{4} << 20;
-//! The kernel path's grid: one block of 1024 threads on each of at most this many multiprocessors, so it leaves the
-//! rest of the GPU to concurrent compute.
+//! The kernel path's grid: one block on each of at most this many multiprocessors, so it leaves the rest of the GPU
+//! to concurrent compute.
 inline constexpr int32_t kHOST_TIER_MAX_SMS = 8;
 //! The most pinned chunks a tier has; a larger tier pins larger chunks.
 inline constexpr int32_t kHOST_TIER_MAX_CHUNKS = 256;
@@ -164,8 +165,8 @@ public:
     int64_t freeSlots() const noexcept;
 
     //! Copies each entry's device page of the group in `cache` to its slot, all layers and halves, on `stream`.
-    //! `cache` must have the tier's geometry (a cache built from the same config). kAUTO picks the copy engine (the
-    //! kernel only for onboards of at most kHOST_TIER_KERNEL_MAX_BYTES, count * slotBytes()). Returns the method used.
+    //! `cache` must have the tier's geometry (a cache built from the same config). kAUTO picks the kernel for at most
+    //! kHOST_TIER_KERNEL_MAX_BYTES (count * slotBytes()), the copy engine above. Returns the method used.
     //! Throws, before enqueuing anything: InvalidArgumentError for another geometry, a negative count, a null list
     //! with a positive count, a page or a slot listed twice, or a capturing stream (capture offloadDevice instead:
     //! host-list calls query events); OutOfRangeError for a page outside [0, the group's numPages) or a slot outside
@@ -182,7 +183,7 @@ public:
     HostTierMethod onboard(KVCacheManager const& cache, std::vector<HostTierEntry> const& entries, cudaStream_t stream,
         HostTierMethod method = HostTierMethod::kAUTO);
 
-    //! Offloads entries listed in device memory with the kernel, in one launch on `stream`, so a graph that captured
+    //! Offloads entries listed in device memory with the kernel, in launches on `stream`, so a graph that captured
     //! the call replays with whatever the list holds then. `deviceEntries` holds `capacity` entries; the kernel reads
     //! `*deviceCount` of them (all when it is nullptr; clamped to [0, capacity]). Entries with a kUNUSED_PAGE_ENTRY
     //! field are skipped; an entry with a page outside [0, numPages) or a slot outside [0, capacity() at the call)
