@@ -48,9 +48,9 @@ enum class HostTierMethod : int32_t
 };
 
 //! kAUTO takes the kernel for transfers of at most this many bytes (count * slotBytes()) and the copy engine for
-//! larger ones. On an H200 over PCIe Gen5 the kernel moved one or two 2 MiB pages at 94-103% of a contiguous copy
-//! where the staged copy engine, whose copy and gather or scatter run one after the other, reached 82-96%; from
-//! 8 pages the copy engine was faster both ways (docs/benchmarks.md).
+//! larger ones. On an H200 over PCIe Gen5, across runs, the kernel moved one or two 2 MiB pages at 94-108% of a
+//! contiguous copy and the staged copy engine at 82-103% (onboards lowest: its copy and its scatter run one after
+//! the other); from 8 pages the copy engine was faster both ways (docs/benchmarks.md).
 inline constexpr int64_t kHOST_TIER_KERNEL_MAX_BYTES = int64_t{4} << 20;
 //! The kernel path's grid: one block on each of at most this many multiprocessors, so it leaves the rest of the GPU
 //! to concurrent compute.
