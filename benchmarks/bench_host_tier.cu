@@ -1,7 +1,7 @@
 // Host tier transfer rates against one contiguous cudaMemcpyAsync of the same bytes, the kernel/copy-engine
-// crossover, both directions at once, the slowdown of a concurrent compute kernel, and the time a large tier takes
-// to construct and to pin fully. Geometry: 32 layers, 8 KV heads x 128 dims, float16, 16 tokens a page, K and V
-// (a slot is 2 MiB). Prints one line a measurement; exits 77 without a GPU.
+// crossover, a device list replayed in a graph, both directions at once, the slowdown of a concurrent compute kernel,
+// and the time a large tier takes to construct and to pin fully. Geometry: 32 layers, 8 KV heads x 128 dims, float16,
+// 16 tokens a page, K and V (a slot is 2 MiB). Prints one line a measurement; exits 77 without a GPU.
 //
 // Flags: --tier-gib=N (default 64) sizes the construction run (halved until it fits in half the machine's memory);
 // --reps=N (default 20) timed repetitions, the median reported.
@@ -261,6 +261,26 @@ int run(int64_t tierGib)
                     "%lld\n",
             direction, static_cast<long long>(crossoverBytes[d]), static_cast<long long>(crossoverBytes[d] / slotBytes),
             static_cast<long long>(rt::kHOST_TIER_KERNEL_MAX_BYTES));
+    }
+
+    // A device list replayed in a CUDA graph: 256 positions (16 launches), one of them counted or all of them, against
+    // the same pages by a host list through the kernel.
+    {
+        auto const entries = scattered(256, 5);
+        kvcache::test::DeviceArray<rt::HostTierEntry> list(entries, stream.get());
+        kvcache::test::DeviceArray<int32_t> count(std::vector<int32_t>{1}, stream.get());
+        kvcache::test::CapturedGraph graph(
+            stream.get(), [&] { tier.onboardDevice(cache, list.get(), 256, count.get(), stream.get()); });
+        for (int32_t const counted : {1, 256})
+        {
+            count.upload({counted}, stream.get());
+            double const replay = medianSeconds(stream.get(), [&] { graph.launch(stream.get()); });
+            std::vector<rt::HostTierEntry> const first(entries.begin(), entries.begin() + counted);
+            double const hostList = medianSeconds(
+                stream.get(), [&] { tier.onboard(cache, first, stream.get(), rt::HostTierMethod::kKERNEL); });
+            std::printf("device_list/onboard/capacity 256/count %d: %.1f us a graph replay, host list %.1f us\n",
+                counted, replay * 1e6, hostList * 1e6);
+        }
     }
 
     // Both directions at once: disjoint pages and slots, offload on one stream, onboard on another.

@@ -64,6 +64,6 @@ fi
 echo
 echo "logs: ${log_dir}"
 printf '%s\n' "${rows[@]}"
-grep -hE '^(offload|onboard|crossover|bidirectional|compute_slowdown|construction)' "${log_dir}/bench_host_tier.log" \
+grep -hE '^(offload|onboard|crossover|device_list|bidirectional|compute_slowdown|construction)' "${log_dir}/bench_host_tier.log" \
     2>/dev/null
 exit "${failed}"

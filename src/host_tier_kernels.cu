@@ -219,7 +219,8 @@ void launchHostTierKernel(HostTierKernelParams const& params, bool toHost, HostT
 void launchHostTierKernelDevice(HostTierKernelParams const& params, bool toHost, HostTierEntry const* entries,
     int32_t capacity, int32_t const* deviceCount, int32_t maxGrid, cudaStream_t stream)
 {
-    int32_t const step = hostTierEntriesPerLaunch(params.slotBytes);
+    int32_t const step = std::max(hostTierEntriesPerLaunch(params.slotBytes),
+        (capacity + kHOST_TIER_DEVICE_LIST_MAX_LAUNCHES - 1) / kHOST_TIER_DEVICE_LIST_MAX_LAUNCHES);
     for (int32_t first = 0; first < capacity; first += step)
     {
         int32_t const positions = std::min(step, capacity - first);

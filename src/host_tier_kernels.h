@@ -29,6 +29,9 @@ constexpr int32_t kHOST_TIER_STAGING_THREADS = 1024;
 //! H200 a compute kernel that filled every multiprocessor, launched while a long transfer ran, took 12.8% longer with
 //! the transfer in one launch and 1.0% longer with 16 MiB launches, which cost 1% of the transfer's speed (8 MiB: 2%).
 constexpr int64_t kHOST_TIER_KERNEL_LAUNCH_BYTES = int64_t{16} << 20;
+//! A device list takes at most this many launches: positions past the count still cost a launch each (a graph
+//! replays them all), so a long list gets longer launches instead of more of them.
+constexpr int32_t kHOST_TIER_DEVICE_LIST_MAX_LAUNCHES = 16;
 
 //! Everything the kernel needs besides its list, passed by value (graph-safe: chunk addresses never change).
 struct HostTierKernelParams
@@ -51,8 +54,9 @@ void launchHostTierKernel(HostTierKernelParams const& params, bool toHost, HostT
     int32_t maxGrid, cudaStream_t stream);
 
 //! The kernel path for a device list of `capacity` entries (`*deviceCount` of them read), in launches of
-//! hostTierEntriesPerLaunch(params.slotBytes) list positions, each of at most `maxGrid` blocks; launches past the count
-//! end at once.
+//! hostTierEntriesPerLaunch(params.slotBytes) list positions (more where that would take over
+//! kHOST_TIER_DEVICE_LIST_MAX_LAUNCHES launches), each of at most `maxGrid` blocks; launches past the count end at
+//! once.
 void launchHostTierKernelDevice(HostTierKernelParams const& params, bool toHost, HostTierEntry const* entries,
     int32_t capacity, int32_t const* deviceCount, int32_t maxGrid, cudaStream_t stream);
 

@@ -1,8 +1,8 @@
 // The pinned host tier against a model written here: slot bytes laid out layer by layer, K then V, from the formulas;
 // round trips byte for byte for every data type, two page sizes and both methods, device lists replayed in a CUDA
 // graph, kernel transfers of several launches, a transfer on another stream waiting for one in flight on the same
-// slot, an evicted prefix onboarded on a
-// prefix hit through a PageManager, sequence files over slots, and the checks made before anything is enqueued.
+// slot, an evicted prefix onboarded on a prefix hit through a PageManager, sequence files over slots, and the checks
+// made before anything is enqueued.
 
 #include "kvcache/errors.h"
 #include "kvcache/host_tier.h"
@@ -295,7 +295,8 @@ TEST_F(HostTierTest, DeviceListsReplayInAGraph)
 TEST_F(HostTierTest, KernelTransfersOfManyLaunchesAreByteExact)
 {
     // 4 MiB slots: the kernel path moves 16 MiB a launch, so ten entries take three launches (4 + 4 + 2) and a
-    // device list of capacity 12 three launches too, the last cut short by the count. Then kAUTO at its boundary.
+    // device list of capacity 12 three launches too, the last cut short by the count; a list of 100 positions takes
+    // longer launches. Then kAUTO at its boundary.
     std::vector<rt::KVLayerConfig> const layers(4, rt::KVLayerConfig{8, 128});
     TierCase setup(rt::DataType::kFLOAT, 128, 20, layers);
     ASSERT_EQ(setup.slotBytes, int64_t{4} << 20);
@@ -357,14 +358,29 @@ TEST_F(HostTierTest, KernelTransfersOfManyLaunchesAreByteExact)
             << "position " << i;
     }
 
+    // A long device list: 100 positions of 4 MiB take 15 launches of 7 (not 25 of 4); three real entries far apart.
+    setup.poisonDevice();
+    std::vector<rt::HostTierEntry> sparse(100, rt::HostTierEntry{rt::kUNUSED_PAGE_ENTRY, rt::kUNUSED_PAGE_ENTRY});
+    sparse[0] = {3, out[0].slot};
+    sparse[50] = {4, out[1].slot};
+    sparse[99] = {5, out[2].slot};
+    DeviceArray<rt::HostTierEntry> longList(sparse, setup.stream.get());
+    tier.onboardDevice(*setup.cache, longList.get(), 100, nullptr, setup.stream.get());
+    setup.stream.synchronize();
+    for (int32_t i = 0; i < 3; ++i)
+    {
+        EXPECT_EQ(setup.devicePage(3 + i), setup.expectedSlot(out[static_cast<size_t>(i)].page)) << "page " << 3 + i;
+    }
+    EXPECT_EQ(setup.devicePage(6), setup.poisonPage());
+
     // kAUTO's rule at its boundary: one slot of kHOST_TIER_KERNEL_MAX_BYTES by the kernel, two by the copy engine.
     ASSERT_EQ(setup.slotBytes, rt::kHOST_TIER_KERNEL_MAX_BYTES);
     for (int32_t const s : {2, 7, 11})
     {
         poisonSlot(tier, s);
     }
-    EXPECT_EQ(tier.offload(*setup.cache, {{12, 2}}, setup.stream.get()), rt::HostTierMethod::kKERNEL);
-    EXPECT_EQ(tier.offload(*setup.cache, {{13, 7}, {14, 11}}, setup.stream.get()), rt::HostTierMethod::kCOPY_ENGINE);
+    EXPECT_EQ(tier.offload(*setup.cache, {{3, 2}}, setup.stream.get()), rt::HostTierMethod::kKERNEL);
+    EXPECT_EQ(tier.offload(*setup.cache, {{4, 7}, {5, 11}}, setup.stream.get()), rt::HostTierMethod::kCOPY_ENGINE);
     setup.stream.synchronize();
     EXPECT_EQ(slotContents(tier, 2), setup.expectedSlot(out[0].page));
     EXPECT_EQ(slotContents(tier, 7), setup.expectedSlot(out[1].page));

@@ -183,7 +183,8 @@ public:
     HostTierMethod onboard(KVCacheManager const& cache, std::vector<HostTierEntry> const& entries, cudaStream_t stream,
         HostTierMethod method = HostTierMethod::kAUTO);
 
-    //! Offloads entries listed in device memory with the kernel, in launches on `stream`, so a graph that captured
+    //! Offloads entries listed in device memory with the kernel, in launches on `stream` (16 MiB of list positions
+    //! each, more where that would take over 16 launches; launches past the count end at once), so a graph that captured
     //! the call replays with whatever the list holds then. `deviceEntries` holds `capacity` entries; the kernel reads
     //! `*deviceCount` of them (all when it is nullptr; clamped to [0, capacity]). Entries with a kUNUSED_PAGE_ENTRY
     //! field are skipped; an entry with a page outside [0, numPages) or a slot outside [0, capacity() at the call)
