@@ -529,9 +529,12 @@ HostTierMethod HostTier::transfer(char const* what, Direction direction, KVCache
     {
         method = bytes <= kHOST_TIER_KERNEL_MAX_BYTES ? HostTierMethod::kKERNEL : HostTierMethod::kCOPY_ENGINE;
     }
+    // The kernel's parameters, built once for the check below and the launch.
+    detail::HostTierKernelParams kernel{};
     if (method == HostTierMethod::kKERNEL)
     {
-        int64_t const perEntry = detail::hostTierItemsPerEntry(kernelParams(cache, capacityNow, nullptr));
+        kernel = kernelParams(cache, capacityNow, nullptr);
+        int64_t const perEntry = detail::hostTierItemsPerEntry(kernel);
         if (int64_t{kMAX_INLINE_PAGE_OPS} * perEntry > std::numeric_limits<uint32_t>::max())
         {
             throw InvalidArgumentError(
@@ -587,9 +590,8 @@ HostTierMethod HostTier::transfer(char const* what, Direction direction, KVCache
 
     if (method == HostTierMethod::kKERNEL)
     {
-        detail::HostTierKernelParams const params = kernelParams(cache, capacityNow, nullptr);
         int32_t const maxGrid = std::min(mMultiprocessors, kHOST_TIER_MAX_SMS);
-        detail::launchHostTierKernel(params, direction == Direction::kTO_HOST, entries, count, maxGrid, stream);
+        detail::launchHostTierKernel(kernel, direction == Direction::kTO_HOST, entries, count, maxGrid, stream);
     }
     else
     {
