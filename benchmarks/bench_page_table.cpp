@@ -13,7 +13,7 @@
 // Host wall time (steady clock) around the timed calls. Counters: ns_per_op and us_per_call. Exits 77 without a GPU,
 // 1 under KVCACHE_REQUIRE_GPU=1. See docs/benchmarks.md.
 
-#include "page_table_build.h"
+#include "paging/page_table_build.h"
 
 #include "kvcache/errors.h"
 #include "kvcache/page_table.h"

@@ -3,7 +3,7 @@
 // the limit; lists longer than the stack table take the thread_local one; random lists must get the verdict of an
 // independent std::set reference.
 
-#include "page_list_validation.h"
+#include "memory/page_list_validation.h"
 
 #include "kvcache/errors.h"
 #include "kvcache/page_ops.h"

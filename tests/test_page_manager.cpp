@@ -3,7 +3,7 @@
 // rejection for its type, its message and a full snapshot left as it was, copy-on-write, prefix reuse, eviction order,
 // windowed groups and the page lists handed to the page table builder.
 
-#include "page_table_build.h"
+#include "paging/page_table_build.h"
 
 #include "kvcache/errors.h"
 #include "kvcache/page_hash.h"

@@ -4,7 +4,7 @@
 // the first upload, failed builds, moves, destruction with an upload in flight, builds refused inside a capture, and a
 // captured kernel that reads the block table replaying with the rebuilt tables.
 
-#include "page_table_build.h"
+#include "paging/page_table_build.h"
 
 #include "kvcache/errors.h"
 #include "kvcache/page_ops.h"

@@ -1,17 +1,28 @@
 #pragma once
 
-//! Umbrella header: everything a runtime needs to own and bind its KV cache.
-#include "kvcache/data_type.h"
-#include "kvcache/device_allocation.h"
-#include "kvcache/errors.h"
-#include "kvcache/kv_cache_config.h"
-#include "kvcache/kv_cache_layout.h"
-#include "kvcache/kv_cache_manager.h"
-#include "kvcache/layer_ref.h"
-#include "kvcache/page_allocator.h"
-#include "kvcache/page_hash.h"
-#include "kvcache/page_manager.h"
-#include "kvcache/page_ops.h"
-#include "kvcache/page_table.h"
-#include "kvcache/tensor.h"
+//! Umbrella header: every public header of the core library (kvcache::kvcache). The optional transfer component
+//! (kvcache::transfer) has its own: kvcache/dist/page_transfer.h.
+
+// core: errors, data types, config, layout, the device allocation owner, tensor views
+#include "kvcache/core/data_type.h"
+#include "kvcache/core/device_allocation.h"
+#include "kvcache/core/errors.h"
+#include "kvcache/core/kv_cache_config.h"
+#include "kvcache/core/kv_cache_layout.h"
+#include "kvcache/core/tensor.h"
+// memory: the cache, layer references for kernels, page operations
+#include "kvcache/memory/kv_cache_manager.h"
+#include "kvcache/memory/layer_ref.h"
+#include "kvcache/memory/page_ops.h"
+// paging: page ids, page hashes, the page manager, page tables
+#include "kvcache/paging/page_allocator.h"
+#include "kvcache/paging/page_hash.h"
+#include "kvcache/paging/page_manager.h"
+#include "kvcache/paging/page_table.h"
+// tiers: the pinned host tier and sequence files
+#include "kvcache/tiers/host_tier.h"
+#include "kvcache/tiers/sequence_file.h"
+// dist: tensor-parallel shards
+#include "kvcache/dist/tensor_parallel.h"
+
 #include "kvcache/version.h"

@@ -1,6 +1,6 @@
 #include "dlpack_view.h"
 
-#include "scoped_device.h"
+#include "core/scoped_device.h"
 
 #include <kvcache/errors.h>
 

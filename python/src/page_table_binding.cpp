@@ -1,7 +1,7 @@
 #include "bindings.h"
 #include "cuda_arguments.h"
 #include "dlpack_view.h"
-#include "scoped_device.h"
+#include "core/scoped_device.h"
 
 #include <kvcache/errors.h>
 #include <kvcache/page_table.h>

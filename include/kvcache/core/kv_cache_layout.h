@@ -1,0 +1,97 @@
+#pragma once
+
+#include "kvcache/core/kv_cache_config.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace kvcache::rt
+{
+
+//! Sizes of one layer's buffer; element counts are per half (K or V; a latent layer has one half, K).
+struct KVLayerLayout
+{
+    int32_t numKVHeads = {};
+    int32_t headDim = {};
+    KVLayerKind kind = KVLayerKind::kKV;
+    int32_t slidingWindow = {}; //!< 0 for full attention
+    int32_t group = {};         //!< index into KVCacheLayout::groups
+    int32_t numHalves = {};     //!< 2 (K and V), or 1 for a latent layer
+    int32_t capacity = {};      //!< tokens of one slot of the slot view: the group's pagesPerSequence * tokensPerPage
+    int32_t numPages = {};      //!< pages per half: the group's numPages
+    int64_t pageElems = {};     //!< tokensPerPage * numKVHeads * headDim
+    int64_t pageBytes = {};     //!< pageElems * element size
+    int64_t halfElems = {};     //!< numPages * pageElems; the V pool starts this many elements after K
+    int64_t layerBytes = {};    //!< numHalves * halfElems * element size: the whole allocation
+};
+
+//! Layers that share one page-id space: the same pages-per-sequence rule. Full-attention layers (KV and latent) form
+//! group 0; each distinct sliding window forms another, in ascending order of window. A page id means nothing
+//! outside its group.
+struct KVPageGroupLayout
+{
+    int32_t slidingWindow = {};    //!< 0 for full attention
+    int32_t pagesPerSequence = {}; //!< the most pages one sequence holds at once
+    int32_t capacity = {};         //!< pagesPerSequence * tokensPerPage: tokens one slot holds (a ring when windowed)
+    int32_t minPages = {};         //!< maxBatchSize * pagesPerSequence
+    int32_t numPages = {};         //!< pages per half of each of its layers: numPagesPerGroup's entry, or minPages
+    std::vector<int32_t> layers = {}; //!< its layers, ascending
+    int64_t bytesPerPage = {};        //!< one page id across its layers and their halves
+    int64_t cacheBytes = {};          //!< its layers' allocations together
+};
+
+//! The layout maths of a validated config: what every view, kernel and accounting figure derives from.
+//!
+//! A layer with sliding window W keeps pagesPerSequence = min(ceil(S / P), ceil((W - 1 + C) / P) + 1) pages a
+//! sequence (S = maxSequenceLength, P = tokensPerPage, C = maxTokensPerStep): attending from the first of C tokens
+//! appended in one step reaches W - 1 tokens back, so W - 1 + C consecutive tokens must be resident at once; they
+//! start anywhere in a page, so covering them can take one page more than their length rounds up to; and a sequence
+//! never needs more pages than a full-length one. Token s of a slot lives at ring position s % capacity.
+struct KVCacheLayout
+{
+    int32_t maxBatchSize = {};
+    DataType dataType = DataType::kHALF;
+    int32_t tokensPerPage = {};
+    int32_t maxTokensPerStep = {}; //!< C above: the config's, or maxSequenceLength when it is 0
+    int32_t capPadded = {};        //!< the largest layer capacity: maxSequenceLength rounded up to whole pages when
+                                   //!< any layer has full attention (or there are no layers)
+    int32_t pagesPerSlot = {};     //!< group 0's pagesPerSequence
+    int32_t minPages = {};         //!< group 0's minPages
+    int32_t numPages = {};         //!< group 0's numPages
+    int64_t elementBytes = {};
+    std::vector<KVLayerLayout> layers = {};
+    std::vector<KVPageGroupLayout> groups = {};
+    int64_t cacheBytes = {};   //!< sum of layerBytes
+    int64_t bytesPerPage = {}; //!< the sum of the groups' bytesPerPage: one page id in every layer (one group: K and V
+                               //!< of one page id across all layers)
+};
+
+//! Validates `config` and returns its layout; throws InvalidConfigError naming the field, value and limit of the
+//! first broken rule. Needs no GPU and allocates no device memory.
+KVCacheLayout computeLayout(KVCacheConfig const& config);
+
+//! Returns the largest numPages whose cache fits in `budgetBytes` (capped by the int32 page-id limit), which may be
+//! below the minimum; throws InvalidConfigError if `config` (numPages aside) is invalid or has several page groups
+//! (use splitBudget), and InvalidArgumentError for a negative budget.
+int64_t maxPagesForBudget(KVCacheConfig const& config, int64_t budgetBytes);
+
+//! A budget split across page groups (splitBudget).
+struct BudgetSplit
+{
+    //! Full-length sequences every group can hold at once.
+    int64_t sequences = {};
+    //! Pages per half for each group: sequences * pagesPerSequence (may be below a group's minimum).
+    std::vector<int64_t> numPagesPerGroup = {};
+    //! Bytes the cache takes with those pages.
+    int64_t bytes = {};
+};
+
+//! Splits `budgetBytes` across the page groups of `config` so that every group holds the same number of concurrent
+//! full-length sequences, the most that fit (capped by the int32 page-id limit); closed form, no GPU. Throws
+//! InvalidConfigError if `config` (page counts aside) is invalid and InvalidArgumentError for a negative budget.
+BudgetSplit splitBudget(KVCacheConfig const& config, int64_t budgetBytes);
+
+//! Largest numPages: V page ids in a flat [2 * numPages, ...] pool must fit in int32.
+inline constexpr int32_t kMAX_NUM_PAGES = INT32_MAX / 2;
+
+} // namespace kvcache::rt

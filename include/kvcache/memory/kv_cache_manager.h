@@ -1,0 +1,153 @@
+#pragma once
+
+#include "kvcache/core/device_allocation.h"
+#include "kvcache/core/kv_cache_config.h"
+#include "kvcache/core/kv_cache_layout.h"
+#include "kvcache/memory/layer_ref.h"
+#include "kvcache/core/tensor.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+namespace kvcache::rt
+{
+namespace detail
+{
+struct ManagerInternals;
+} // namespace detail
+
+//! Owns one device buffer per attention layer and hands out zero-copy views of it: the slot view
+//! [2, maxBatchSize, capPadded, H, D] and the pool view [2, numPages, tokensPerPage, H, D].
+class KVCacheManager
+{
+public:
+    using KVLayerConfig = rt::KVLayerConfig;
+    using Config = KVCacheConfig;
+
+    //! An empty manager: no layers, nothing allocated.
+    KVCacheManager() noexcept = default;
+    //! Validates `config`, then allocates each layer with cudaMallocAsync on `stream` (never reallocated); `stream`
+    //! must outlive the manager, which frees its memory on it.
+    //! Throws InvalidConfigError for a bad config (before allocating anything), OutOfMemoryError when a layer
+    //! cannot be allocated (after freeing the layers already allocated) and CudaError for other CUDA failures.
+    KVCacheManager(Config const& config, cudaStream_t stream);
+    //! Returns all memory with cudaFreeAsync on the constructor's stream and device; never throws.
+    ~KVCacheManager() noexcept = default;
+
+    KVCacheManager(KVCacheManager const&) = delete;
+    KVCacheManager& operator=(KVCacheManager const&) = delete;
+    //! Takes `other`'s memory; `other` is left with no layers.
+    KVCacheManager(KVCacheManager&& other) noexcept = default;
+    //! Frees this manager's memory (stream-ordered), then takes `other`'s; `other` is left with no layers (a
+    //! self-move gives the memory up).
+    KVCacheManager& operator=(KVCacheManager&& other) noexcept = default;
+
+    //! Validates `config` without a GPU; returns its layout or throws InvalidConfigError.
+    static KVCacheLayout validate(Config const& config)
+    {
+        return computeLayout(config);
+    }
+
+    //! Returns the slot view [2, maxBatchSize, capacity, H, D] of `layerIdx` ([1, ...] for a latent layer; capacity
+    //! is capPadded for full attention and the ring's length for a sliding window: token s at s % capacity). Throws
+    //! std::out_of_range for a bad index and InvalidConfigError when the layer's group has more pages than its
+    //! minimum (the view's V half would be wrong).
+    Tensor& getCombinedKVCache(int32_t layerIdx);
+    //! Returns the pool view [2, numPages, tokensPerPage, H, D] of `layerIdx` ([1, ...] for a latent layer; numPages is
+    //! the layer's group's); aborts on a bad index.
+    Tensor& getCombinedKVCachePoolView(int32_t layerIdx) noexcept;
+    //! Returns K and V, each [maxBatchSize, capacity, H, D] at kPoolPtr / vPoolPtr (for a latent layer V is empty:
+    //! null, [0, capacity, H, D]); aborts on a bad index.
+    std::pair<Tensor, Tensor> getSeparateKVCache(int32_t layerIdx) const noexcept;
+
+    //! Returns the largest layer capacity: maxSequenceLength rounded up to whole pages when any layer has full
+    //! attention, else the longest sliding-window ring.
+    int32_t maxCapPadded() const noexcept
+    {
+        return mLayout.capPadded;
+    }
+    //! Returns the pages per half of group 0's layers (of every layer when there is one group).
+    int32_t numPages() const noexcept
+    {
+        return mLayout.numPages;
+    }
+    //! Returns group 0's minimum pages, maxBatchSize * pagesPerSequence: the pages its slot views cover.
+    int32_t minPages() const noexcept
+    {
+        return mLayout.minPages;
+    }
+    //! Returns the number of page groups (0 with no layers).
+    int32_t numGroups() const noexcept
+    {
+        return static_cast<int32_t>(mLayout.groups.size());
+    }
+    //! Returns page group `groupIdx`: its layers, pagesPerSequence, numPages and bytes per page id; aborts on a bad
+    //! index.
+    KVPageGroupLayout const& group(int32_t groupIdx) const noexcept;
+    //! Returns the page group of layer `layerIdx`; aborts on a bad index.
+    int32_t groupOf(int32_t layerIdx) const noexcept;
+    //! Returns the tokens per page.
+    int32_t tokensPerPage() const noexcept
+    {
+        return mLayout.tokensPerPage;
+    }
+    //! Returns the start of layer `layerIdx`'s K pool; aborts on a bad index.
+    void* kPoolPtr(int32_t layerIdx) const noexcept;
+    //! Returns the start of layer `layerIdx`'s V pool (nullptr for a latent layer); aborts on a bad index.
+    void* vPoolPtr(int32_t layerIdx) const noexcept;
+    //! Returns layer `layerIdx`'s pools as a kernel addresses them (pass it by value); aborts on a bad index.
+    LayerRef layerRef(int32_t layerIdx) const noexcept;
+    //! Returns layer `layerIdx`'s head shape; aborts on a bad index.
+    KVLayerConfig const& getLayerConfig(int32_t layerIdx) const noexcept;
+    //! Returns the number of attention layers.
+    int32_t numLayers() const noexcept
+    {
+        return static_cast<int32_t>(mBuffers.size());
+    }
+    //! Returns true when every layer has the same numKVHeads and headDim (also for zero layers); kinds and windows may
+    //! differ.
+    bool isUniform() const noexcept;
+    //! Returns the config the manager was built from.
+    Config const& getConfig() const noexcept
+    {
+        return mConfig;
+    }
+    //! Returns the layout maths (sizes per layer and in total): the one source of every shape the manager reports.
+    KVCacheLayout const& layout() const noexcept
+    {
+        return mLayout;
+    }
+    //! Returns the device bytes the manager holds: layout().cacheBytes plus the table of 16 bytes a layer that the
+    //! page kernels read.
+    int64_t allocatedBytes() const noexcept;
+    //! Returns the stream the memory was allocated on and will be freed on.
+    cudaStream_t stream() const noexcept
+    {
+        return mStream;
+    }
+    //! Returns the device the memory lives on.
+    int32_t device() const noexcept
+    {
+        return mDevice;
+    }
+
+private:
+    friend struct detail::ManagerInternals;
+
+    void checkIndex(int32_t layerIdx, char const* what) const noexcept;
+
+    Config mConfig{};
+    KVCacheLayout mLayout{};
+    cudaStream_t mStream{nullptr};
+    int32_t mDevice{0};
+    std::vector<DeviceAllocation> mBuffers{};
+    std::vector<Tensor> mSlotViews{};
+    std::vector<Tensor> mPoolViews{};
+    //! One entry a layer, group by group, read by the page kernels (see src/layer_table.h).
+    DeviceAllocation mLayerTable{};
+};
+
+} // namespace kvcache::rt

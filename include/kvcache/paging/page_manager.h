@@ -1,0 +1,249 @@
+#pragma once
+
+#include "kvcache/core/kv_cache_config.h"
+#include "kvcache/core/kv_cache_layout.h"
+#include "kvcache/paging/page_hash.h"
+#include "kvcache/memory/page_ops.h"
+#include "kvcache/paging/page_table.h"
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+namespace kvcache::rt
+{
+
+//! Names a sequence of a PageManager. The low 32 bits are a slot, the high bits a generation, so an id is never
+//! reused: an id of a freed sequence is refused, even after its slot serves a new one.
+using SequenceId = int64_t;
+
+//! How a PageManager hashes pages and how many sequences it holds.
+struct PageManagerOptions
+{
+    //! Sequences alive at once, forks included; 0 means the config's maxBatchSize.
+    int32_t maxSequences = 0;
+    //! Whether full pages are hashed, kept after their last holder lets go, and adopted by new sequences.
+    bool enablePrefixCaching = true;
+    //! The hash of page contents. SHA-256 (the default) is collision resistant; XXH3-128 is faster but an adversary
+    //! who knows the seed can make two prompts collide: use it only when every prompt is trusted.
+    PageHashAlgorithm hashAlgorithm = PageHashAlgorithm::kSHA256;
+    //! The hash seed; absent, a random one per process. Give one to reuse pages across processes (e.g. saved files).
+    std::optional<std::array<uint8_t, 32>> hashSeed = {};
+};
+
+//! Mixes `key` (e.g. a multimodal item's hash) into the hash of the page that holds token `position`.
+struct PageExtraKey
+{
+    //! A token position of the sequence, [0, maxSequenceLength).
+    int32_t position = 0;
+    PageHash key = {};
+};
+
+//! What a sequence is created with.
+struct SequenceOptions
+{
+    //! Bytes mixed into the start of the hash chain (per-tenant salt, LoRA adapter id, ...): sequences with different
+    //! salts never share a page through prefix reuse. May be null when saltBytes is 0.
+    void const* salt = nullptr;
+    size_t saltBytes = 0;
+};
+
+//! Tokens to append to one sequence in a step.
+struct SequenceAppend
+{
+    SequenceId sequence = -1;
+    //! count token ids (null when count is 0).
+    int32_t const* tokens = nullptr;
+    //! [0, maxTokensPerStep]; the sequence's length after the append must stay within maxSequenceLength.
+    int32_t count = 0;
+    //! Extra hash keys of pages these tokens complete, positions within [old length, new length); may be null.
+    PageExtraKey const* extraKeys = nullptr;
+    int32_t numExtraKeys = 0;
+};
+
+//! Pages of one page group, by state. Every page is in exactly one state: free (no holder, no cached content),
+//! used (held by one or more sequences) or cached (no holder, its hash kept for prefix reuse until evicted).
+struct PageGroupCounts
+{
+    int32_t numPages = 0;
+    int32_t free = 0;
+    int32_t used = 0;
+    int32_t cached = 0;
+    //! Used pages with more than one holder (forks, adopted prefixes); a part of `used`.
+    int32_t shared = 0;
+};
+
+//! Prefix reuse and copy-on-write since construction (or resetStats()).
+struct PageManagerStats
+{
+    //! Tokens offered to adoptPrefix() and tokens it found cached.
+    int64_t prefixQueryTokens = 0;
+    int64_t prefixHitTokens = 0;
+    //! Cached pages whose content was dropped to reuse the page, all groups.
+    int64_t evictedPages = 0;
+    //! Copies queued because a sequence wrote to a page it shared, all groups.
+    int64_t copyOnWritePages = 0;
+};
+
+//! Called once for each cached page about to lose its content (evicted to be reused, or by evictCached()): its
+//! group, page id and hash. The page's device bytes are still intact when it is called; work the callback enqueues
+//! (e.g. an offload to host memory) must be ordered before the kernels of the step that reuses the page. It must
+//! not call back into the PageManager and should not throw (an exception propagates out of the call that evicted,
+//! with that call's other changes already made).
+using EvictionCallback = std::function<void(int32_t group, int32_t page, PageHash hash)>;
+
+//! The page lifecycle of one cache, on the host: which page ids each sequence holds in each page group, sharing
+//! between forks with copy-on-write, prefix reuse through chained page hashes with least-recently-used eviction, and
+//! the page lists attention kernels read. It never touches device memory: the copies it asks for are returned as
+//! one PageCopy list per group (copies()), to run with copyPages before the step's kernels write; it allocates
+//! nothing after construction except in checkInvariants().
+//!
+//! Sequences: a sequence holds, in each group, one entry per page of its tokens in token order. In a group with a
+//! sliding window W, pages whose tokens all lie more than W - 1 tokens before the first token being appended are
+//! released, their entries becoming kUNUSED_PAGE_ENTRY; at most the group's pagesPerSequence pages stay held. A
+//! sequence's last page is partial when its length is not a multiple of tokensPerPage. fork() shares every page with
+//! the parent (reference counts); the first append to a shared partial page by any of its holders moves that
+//! holder to a fresh page and queues a copy of the shared one (copy-on-write). Full pages are never written again.
+//!
+//! Prefix reuse (enablePrefixCaching): when a page becomes full its hash is chained from the previous page's hash
+//! (the first from the sequence's root, made from the seed and the salt), its token ids and its extra keys, and the
+//! page is registered in its group's cache unless that hash is already there. A page that loses its last holder
+//! stays cached if it is registered, and is free otherwise. adoptPrefix() gives an empty sequence the longest run of
+//! whole pages of a prompt found cached in every group (for a windowed group, the pages covering the window before
+//! the first token to compute), at most the prompt's length minus one token, so a runtime always computes at least
+//! the last prompt token.
+//!
+//! Extra keys enter the hash of the page holding their position: 20 bytes each, in position order (the position's
+//! offset in the page as int32, then key.lo and key.hi as uint64, little-endian), as PageHasher::next's extra bytes.
+//! Keys given for a page that is not full yet are kept until it fills (more than four on one page allocate).
+//!
+//! Order, so that page ids are predictable: a group's pages are taken from its free pages first, most recently freed
+//! first (a new manager hands out 0, 1, 2, ...), then from its cached pages, least recently released first (evicting
+//! them). step() and append() skip entries of 0 tokens (no window release either); for the others they first
+//! release every entry's out-of-window pages (entries in list order, groups ascending, pages ascending), so that a
+//! page one sequence lets go of can serve another in the same step; then, entry by entry in list order and, within
+//! an entry, group by group: a shared partial last page is replaced (new page taken, copy queued, shared page
+//! released), then new pages are taken in token order; after all of an entry's pages are taken, the pages it filled
+//! are hashed and registered in every group. free() releases a sequence's entries last page first, group by group
+//! (so a prompt's later pages are evicted before its earlier ones). adoptPrefix() and fork() take pages in token
+//! order. evictCached() puts the pages it empties on top of the free pages, in the order it evicts them.
+//!
+//! Every call validates everything before it changes anything: a rejected call throws and leaves the state as it
+//! was. Not thread-safe: one owner at a time. Movable, not copyable.
+class PageManager
+{
+public:
+    //! Validates `config` (computeLayout) and `options` and sizes everything for them: each group's numPages,
+    //! maxSequences sequences of up to maxSequenceLength tokens. Throws InvalidConfigError for a bad config,
+    //! InvalidArgumentError for a bad option (maxSequences < 0) or a config with no layers, std::bad_alloc.
+    explicit PageManager(KVCacheConfig const& config, PageManagerOptions const& options = {});
+    ~PageManager();
+    PageManager(PageManager&&) noexcept;
+    PageManager& operator=(PageManager&&) noexcept;
+    PageManager(PageManager const&) = delete;
+    PageManager& operator=(PageManager const&) = delete;
+
+    //! Returns a new empty sequence. Throws InvalidArgumentError when maxSequences are alive or for a null salt with
+    //! saltBytes > 0.
+    SequenceId create(SequenceOptions const& options = {});
+
+    //! Gives the empty sequence `sequence` the longest cached prefix of `tokens[0, count)` (whole pages, at most
+    //! count - 1 tokens) and returns its length in tokens (0 when nothing is cached or prefix caching is off). The
+    //! sequence then holds those pages and has that length; the runtime appends the remaining tokens. extraKeys are
+    //! those of the prompt's pages (positions in [0, count)). Counts count query tokens and the result as hit tokens
+    //! in stats(). Throws InvalidArgumentError for an unknown or non-empty sequence, count outside
+    //! [0, maxSequenceLength], null pointers with nonzero lengths, extra keys out of order or outside [0, count).
+    int32_t adoptPrefix(SequenceId sequence, int32_t const* tokens, int32_t count,
+        PageExtraKey const* extraKeys = nullptr, int32_t numExtraKeys = 0);
+
+    //! Writes to out[0, count / tokensPerPage) the hashes the full pages of `tokens[0, count)` would be registered
+    //! under if they were appended to `sequence` now, returns how many it wrote, and changes nothing. This is the
+    //! prefix hit on another tier: after adoptPrefix(), look these hashes up where evicted pages went (the eviction
+    //! callback's hashes, e.g. a HostTier's slots), append() the tokens of the run found (fresh pages, registered
+    //! under these same hashes) and fill those pages (HostTier::onboard) before the step's kernels read them. extraKeys
+    //! as append() takes them (positions in [length, length + count)). Throws InvalidArgumentError for an unknown
+    //! sequence, a length that is not a multiple of tokensPerPage, count outside [0, maxSequenceLength - length],
+    //! null pointers with nonzero lengths, extra keys out of order or outside the positions.
+    int32_t hashNextPages(SequenceId sequence, int32_t const* tokens, int32_t count, PageHash* out,
+        PageExtraKey const* extraKeys = nullptr, int32_t numExtraKeys = 0) const;
+    //! Appends tokens to one sequence: step() with one entry.
+    void append(SequenceAppend const& append);
+
+    //! Appends tokens to each listed sequence (each at most once), all or nothing: first every entry is checked and
+    //! the pages the whole step needs are counted (new pages, copy-on-write pages) against the free and cached pages
+    //! of each group (windowed groups counting the pages the step releases that no other sequence holds); then
+    //! out-of-window pages are released, shared partial pages are copied, new pages taken, and pages that become
+    //! full hashed and registered, in the order the class comment gives. Copies are added to copies(). Throws
+    //! InvalidArgumentError for an unknown or repeated sequence, a count outside [0, maxTokensPerStep], a length past
+    //! maxSequenceLength, null pointers, extra keys out of order or outside the appended positions; OutOfMemoryError
+    //! naming the group, the pages needed and the pages available; nothing changes then.
+    void step(SequenceAppend const* appends, int32_t count);
+
+    //! Returns a new sequence holding the same pages as `parent` (each one more holder), with its length, its hash
+    //! chain and its salt. Throws InvalidArgumentError for an unknown parent or when maxSequences are alive.
+    SequenceId fork(SequenceId parent);
+
+    //! Lets go of every page of `sequence` (a registered page left with no holder becomes cached, others free) and
+    //! forgets it. Throws InvalidArgumentError for an unknown sequence (never created, or freed already).
+    void free(SequenceId sequence);
+
+    //! Returns whether `sequence` is alive.
+    bool contains(SequenceId sequence) const noexcept;
+    //! Returns the sequence's length in tokens. Throws InvalidArgumentError for an unknown sequence.
+    int32_t length(SequenceId sequence) const;
+    //! Returns the sequence's page entries in `group` (its length's pages, kUNUSED_PAGE_ENTRY for those a window
+    //! released) and its length, as PageTableBuffers::build takes them. Entries cover the whole length in every
+    //! group, so a table's maxPagesPerSequence must be ceil(maxSequenceLength / tokensPerPage) for windowed groups
+    //! too (not the group's pagesPerSequence). The pointer stays valid until the sequence
+    //! changes or is freed. Throws InvalidArgumentError for an unknown sequence, OutOfRangeError for a bad group.
+    SequencePages pages(SequenceId sequence, int32_t group) const;
+
+    //! Returns the copies queued since the last clearCopies() in `group`, in the order they must run (a page may
+    //! be the destination of one copy and later the source of another only through distinct steps, never within
+    //! one list). Throws OutOfRangeError for a bad group.
+    std::vector<PageCopy> const& copies(int32_t group) const;
+    //! Forgets the queued copies of every group (after they were enqueued with copyPages).
+    void clearCopies() noexcept;
+
+    //! Drops the content of up to `count` cached pages of `group`, least recently released first (calling the
+    //! eviction callback and counting them in stats().evictedPages), making them free; returns how many it dropped.
+    //! Throws OutOfRangeError for a bad group, InvalidArgumentError for a negative count.
+    int32_t evictCached(int32_t group, int32_t count);
+    //! Sets the function called for each evicted page (empty: none).
+    void setEvictionCallback(EvictionCallback callback);
+
+    //! Returns the page counts of `group`. Throws OutOfRangeError for a bad group.
+    PageGroupCounts counts(int32_t group) const;
+    //! Returns the prefix and copy-on-write counters.
+    PageManagerStats stats() const noexcept;
+    //! Sets every counter of stats() to 0.
+    void resetStats() noexcept;
+
+    //! Returns normally when the state is consistent; throws std::logic_error describing the first broken invariant:
+    //! every page is free xor used xor cached; a page's reference count equals the number of entries that hold it
+    //! across live sequences; free pages appear once in the free list, cached pages once in the LRU list, and exactly
+    //! the registered pages have a hash, each hash once in its group's cache; no sequence holds more pages of a
+    //! windowed group than the group allows. Linear time; allocates scratch memory.
+    void checkInvariants() const;
+
+    //! Returns the number of page groups (as in the cache's layout).
+    int32_t numGroups() const noexcept;
+    //! Returns the layout the manager was sized from.
+    KVCacheLayout const& layout() const noexcept;
+    //! Returns the most sequences alive at once.
+    int32_t maxSequences() const noexcept;
+    //! Returns the number of live sequences.
+    int32_t numSequences() const noexcept;
+    //! Returns the hasher of page contents (its algorithm and seed).
+    PageHasher const& hasher() const noexcept;
+
+private:
+    struct State;
+    std::unique_ptr<State> mState;
+};
+
+} // namespace kvcache::rt

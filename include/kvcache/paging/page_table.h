@@ -1,0 +1,142 @@
+#pragma once
+
+#include "kvcache/core/device_allocation.h"
+#include "kvcache/memory/page_ops.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace kvcache::rt
+{
+
+//! One sequence's pages in token order and its length in tokens, as a page table is built from.
+struct SequencePages
+{
+    //! numPages page ids of the table's page group, in token order (may be null when numPages is 0).
+    int32_t const* pages = nullptr;
+    //! Pages the sequence holds: [0, maxPagesPerSequence].
+    int32_t numPages = 0;
+    //! Tokens in those pages: [(numPages - 1) * tokensPerPage + 1, numPages * tokensPerPage], or 0 with 0 pages.
+    int32_t numTokens = 0;
+};
+
+//! Device page tables for a batch of sequences of one page group, in the two forms attention kernels read, at device
+//! addresses that never change (so a captured CUDA graph keeps reading them):
+//!  - CSR (FlashInfer's paged_kv layout): indptr [count + 1], indices [indptr[count]], lastPageLen [count];
+//!  - dense block table [maxBatchSize, maxPagesPerSequence] of int32, row b holding sequence b's pages then
+//!    kUNUSED_PAGE_ENTRY.
+//!
+//! The tables always describe maxBatchSize sequences, those from `count` on empty: indptr[b] = indptr[count] for
+//! b > count, lastPageLen[b] = 0 and row b all kUNUSED_PAGE_ENTRY for b >= count (so a graph captured for the largest
+//! batch reads valid tables); only indices past indptr[count] are unspecified. lastPageLen[b] is the tokens in the
+//! last page, in [1, tokensPerPage], or 0 for an empty sequence. Before the first build() the tables are those of
+//! count 0.
+//!
+//! The four arrays share one device allocation, in the order indptr, lastPageLen, block table, indices, each starting
+//! a multiple of 128 bytes from its start; the pinned host staging has the same layout. build() writes the staging
+//! and enqueues ONE cudaMemcpyAsync of its first bytes, up to the last index in use: indptr, lastPageLen and the whole
+//! block table (its unused rows included, which keeps them valid on the device) and indices [0, indptr[count]).
+//! Copying only what is in use saves the device the unused indices (up to half the region when sequences are short
+//! beside maxPagesPerSequence); one contiguous copy cannot also skip the block table's unused rows without a second
+//! copy, whose fixed cost would outweigh them. On the host, a row of the block table is rewritten only over its new
+//! pages and the pages it held in the previous build, so a build writes O(maxBatchSize + pages in use + pages
+//! dropped), not the whole table.
+//!
+//! Ordering: the upload is ordered on build()'s stream. Kernels reading the tables must be ordered after it, and a
+//! kernel still reading the previous tables must be ordered before it, by the caller when they run on other streams.
+//! The device memory is allocated (stream-ordered) and the empty tables uploaded on the constructor's stream, which
+//! must outlive the object and be ordered before work on other streams. The stream must belong to the device current
+//! at construction. Not thread-safe: one thread builds at a time. Move-only.
+class PageTableBuffers
+{
+public:
+    //! Owns nothing: every pointer is null, every size 0, and build() throws InvalidArgumentError.
+    PageTableBuffers() noexcept = default;
+    //! Allocates pinned staging (cudaHostAlloc) and one stream-ordered device allocation (rt::DeviceAllocation) for
+    //! all four arrays, laid out contiguously so one copy moves them, and uploads the tables of count 0 on `stream`.
+    //! Throws InvalidArgumentError (before any CUDA call) for a non-positive size or a table of more than INT32_MAX
+    //! entries (maxBatchSize * maxPagesPerSequence: indptr holds int32), OutOfMemoryError / CudaError from CUDA.
+    PageTableBuffers(int32_t maxBatchSize, int32_t maxPagesPerSequence, int32_t tokensPerPage, cudaStream_t stream);
+    //! Waits on the host for the last upload, then frees the staging (cudaFreeHost) and the device memory
+    //! (stream-ordered on the constructor's stream); never throws (CUDA failures are logged).
+    ~PageTableBuffers() noexcept;
+
+    PageTableBuffers(PageTableBuffers const&) = delete;
+    PageTableBuffers& operator=(PageTableBuffers const&) = delete;
+    //! Takes `other`'s tables (the same device addresses); `other` owns nothing afterwards.
+    PageTableBuffers(PageTableBuffers&& other) noexcept;
+    //! Frees this object's tables as the destructor does, then takes `other`'s (a self-move leaves it owning nothing).
+    PageTableBuffers& operator=(PageTableBuffers&& other) noexcept;
+
+    //! Builds the tables of `count` sequences and enqueues their upload on `stream`; never synchronises the device.
+    //! Validates everything first and throws InvalidArgumentError (count outside [0, maxBatchSize], a null list with
+    //! count > 0, a sequence of numPages outside [0, maxPagesPerSequence], numTokens inconsistent with numPages, a
+    //! null pages pointer with numPages > 0, `stream` capturing a graph, an object that owns nothing), naming the
+    //! sequence index, the field, the value and the limit; the previous tables (host and device) are then untouched.
+    //! Page ids are copied as given. Staging is reused: before writing it, build() waits for the previous upload's
+    //! event (a host wait only if that copy has not finished yet), so an in-flight copy is never overwritten. Throws
+    //! CudaError when CUDA fails (the staging may then hold the new tables while the device holds the old).
+    void build(SequencePages const* sequences, int32_t count, cudaStream_t stream);
+
+    //! Returns the device CSR row pointers: maxBatchSize + 1 entries, indptr[0] = 0 (null when owning nothing).
+    int32_t const* deviceIndptr() const noexcept;
+    //! Returns the device CSR page ids: indptr[count] in use, room for maxBatchSize * maxPagesPerSequence.
+    int32_t const* deviceIndices() const noexcept;
+    //! Returns the device tokens in each sequence's last page: maxBatchSize entries.
+    int32_t const* deviceLastPageLen() const noexcept;
+    //! Returns the device dense block table: [maxBatchSize, maxPagesPerSequence], row-major.
+    int32_t const* deviceBlockTable() const noexcept;
+    //! Returns the staging copy of deviceIndptr() as last built (rewritten by the next build).
+    int32_t const* hostIndptr() const noexcept;
+    //! Returns the staging copy of deviceIndices() as last built (rewritten by the next build).
+    int32_t const* hostIndices() const noexcept;
+    //! Returns the staging copy of deviceLastPageLen() as last built (rewritten by the next build).
+    int32_t const* hostLastPageLen() const noexcept;
+    //! Returns the staging copy of deviceBlockTable() as last built (rewritten by the next build).
+    int32_t const* hostBlockTable() const noexcept;
+
+    //! Returns the sequences of the last build (0 before the first).
+    int32_t count() const noexcept
+    {
+        return mCount;
+    }
+    //! Returns the most sequences a build takes (0 when owning nothing).
+    int32_t maxBatchSize() const noexcept
+    {
+        return mMaxBatchSize;
+    }
+    //! Returns the most pages a sequence may hold: the block table's row length (0 when owning nothing).
+    int32_t maxPagesPerSequence() const noexcept
+    {
+        return mMaxPagesPerSequence;
+    }
+    //! Returns the tokens a page holds, by which numTokens is checked and lastPageLen computed (0 when owning nothing).
+    int32_t tokensPerPage() const noexcept
+    {
+        return mTokensPerPage;
+    }
+    //! Returns the bytes the last upload copied to the device (the constructor's included).
+    int64_t uploadBytes() const noexcept
+    {
+        return mUploadBytes;
+    }
+
+private:
+    int32_t* deviceArray(int64_t offset) const noexcept;
+    int32_t* hostArray(int64_t offset) const noexcept;
+    void waitForUpload() const;
+    void upload(int64_t bytes, cudaStream_t stream);
+    void release() noexcept;
+
+    DeviceAllocation mDeviceTables;
+    int32_t* mStaging{nullptr};
+    cudaEvent_t mUploaded{nullptr};
+    int32_t mMaxBatchSize{0};
+    int32_t mMaxPagesPerSequence{0};
+    int32_t mTokensPerPage{0};
+    int32_t mCount{0};
+    int64_t mUploadBytes{0};
+};
+
+} // namespace kvcache::rt

@@ -1,0 +1,332 @@
+#include "kvcache/core/kv_cache_layout.h"
+
+#include "kvcache/core/errors.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+#include <string>
+
+namespace kvcache::rt
+{
+namespace
+{
+
+std::string supportedTypeNames()
+{
+    std::string names;
+    for (DataType const type : {DataType::kFLOAT, DataType::kHALF, DataType::kBF16, DataType::kFP8_E4M3,
+             DataType::kFP8_E5M2, DataType::kINT8, DataType::kUINT8})
+    {
+        names += names.empty() ? "" : ", ";
+        names += dataTypeName(type);
+    }
+    return names;
+}
+
+//! a * b, or InvalidConfigError naming `what` when the product leaves int64.
+int64_t checkedMul(int64_t a, int64_t b, std::string const& what)
+{
+    int64_t product = 0;
+    if (__builtin_mul_overflow(a, b, &product))
+    {
+        throw InvalidConfigError(fmt::format("KVCacheConfig: {} = {} x {} overflows 64-bit sizes (limit {})", what, a,
+            b, std::numeric_limits<int64_t>::max()));
+    }
+    return product;
+}
+
+int64_t checkedAdd(int64_t a, int64_t b, std::string const& what)
+{
+    int64_t sum = 0;
+    if (__builtin_add_overflow(a, b, &sum))
+    {
+        throw InvalidConfigError(fmt::format("KVCacheConfig: {} = {} + {} overflows 64-bit sizes (limit {})", what, a,
+            b, std::numeric_limits<int64_t>::max()));
+    }
+    return sum;
+}
+
+} // namespace
+
+KVCacheLayout computeLayout(KVCacheConfig const& config)
+{
+    if (!isKVCacheDataType(config.kvCacheType))
+    {
+        throw InvalidConfigError(fmt::format("KVCacheConfig.kvCacheType is {} (value {}), which a KV cache does not "
+                                             "support; supported: {}",
+            dataTypeName(config.kvCacheType), static_cast<int32_t>(config.kvCacheType), supportedTypeNames()));
+    }
+    if (config.numAttentionLayers < 0)
+    {
+        throw InvalidConfigError(
+            fmt::format("KVCacheConfig.numAttentionLayers is {}; it must be >= 0", config.numAttentionLayers));
+    }
+    if (config.maxBatchSize <= 0)
+    {
+        throw InvalidConfigError(fmt::format("KVCacheConfig.maxBatchSize is {}; it must be > 0", config.maxBatchSize));
+    }
+    if (config.maxSequenceLength <= 0)
+    {
+        throw InvalidConfigError(
+            fmt::format("KVCacheConfig.maxSequenceLength is {}; it must be > 0", config.maxSequenceLength));
+    }
+    int32_t const tokensPerPage = config.tokensPerPage;
+    if (tokensPerPage < 1 || tokensPerPage > kMAX_TOKENS_PER_PAGE || (tokensPerPage & (tokensPerPage - 1)) != 0)
+    {
+        throw InvalidConfigError(fmt::format("KVCacheConfig.tokensPerPage is {}; it must be a power of two in [1, {}]",
+            tokensPerPage, kMAX_TOKENS_PER_PAGE));
+    }
+    if (config.layerConfigs.size() != static_cast<size_t>(config.numAttentionLayers))
+    {
+        throw InvalidConfigError(
+            fmt::format("KVCacheConfig.layerConfigs has {} entries; it must have numAttentionLayers = {}",
+                config.layerConfigs.size(), config.numAttentionLayers));
+    }
+    for (size_t i = 0; i < config.layerConfigs.size(); ++i)
+    {
+        KVLayerConfig const& layer = config.layerConfigs[i];
+        if (layer.numKVHeads <= 0)
+        {
+            throw InvalidConfigError(
+                fmt::format("KVCacheConfig.layerConfigs[{}].numKVHeads is {}; it must be > 0", i, layer.numKVHeads));
+        }
+        if (layer.headDim <= 0)
+        {
+            throw InvalidConfigError(
+                fmt::format("KVCacheConfig.layerConfigs[{}].headDim is {}; it must be > 0", i, layer.headDim));
+        }
+        if (layer.slidingWindow < 0)
+        {
+            throw InvalidConfigError(fmt::format(
+                "KVCacheConfig.layerConfigs[{}].slidingWindow is {}; it must be >= 0 (0 means full attention)", i,
+                layer.slidingWindow));
+        }
+        if (layer.kind != KVLayerKind::kKV && layer.kind != KVLayerKind::kLATENT)
+        {
+            throw InvalidConfigError(fmt::format("KVCacheConfig.layerConfigs[{}].kind is {}; it must be kKV (0) or "
+                                                 "kLATENT (1)",
+                i, static_cast<int32_t>(layer.kind)));
+        }
+        if (layer.kind == KVLayerKind::kLATENT && layer.numKVHeads != 1)
+        {
+            throw InvalidConfigError(fmt::format("KVCacheConfig.layerConfigs[{}].numKVHeads is {}; a latent layer "
+                                                 "(kind kLATENT) caches one vector a token, so it must be 1",
+                i, layer.numKVHeads));
+        }
+    }
+
+    if (config.maxTokensPerStep < 0 || config.maxTokensPerStep > config.maxSequenceLength)
+    {
+        throw InvalidConfigError(fmt::format("KVCacheConfig.maxTokensPerStep is {}; it must be in [0, "
+                                             "maxSequenceLength = {}] (0 means maxSequenceLength)",
+            config.maxTokensPerStep, config.maxSequenceLength));
+    }
+
+    int64_t const fullPages = (int64_t{config.maxSequenceLength} + tokensPerPage - 1) / tokensPerPage;
+    int64_t const capPadded = fullPages * tokensPerPage;
+    if (capPadded > std::numeric_limits<int32_t>::max())
+    {
+        throw InvalidConfigError(fmt::format("KVCacheConfig.maxSequenceLength is {}; rounded up to whole pages of {} "
+                                             "tokens it is {}, over the int32 limit {}",
+            config.maxSequenceLength, tokensPerPage, capPadded, std::numeric_limits<int32_t>::max()));
+    }
+    int64_t const stepTokens = config.maxTokensPerStep == 0 ? config.maxSequenceLength : config.maxTokensPerStep;
+
+    // Groups: full attention first, then each distinct window in ascending order.
+    std::vector<int32_t> windows;
+    for (KVLayerConfig const& layer : config.layerConfigs)
+    {
+        windows.push_back(layer.slidingWindow);
+    }
+    std::sort(windows.begin(), windows.end());
+    windows.erase(std::unique(windows.begin(), windows.end()), windows.end());
+    if (windows.empty())
+    {
+        windows.push_back(0); // no layers: the scalar fields still describe a full-attention slot
+    }
+    if (config.numPages != 0 && windows.size() > 1)
+    {
+        throw InvalidConfigError(fmt::format("KVCacheConfig.numPages is {}; it must be 0 for a model of {} page groups "
+                                             "(layers of different sliding windows): use numPagesPerGroup",
+            config.numPages, windows.size()));
+    }
+    if (config.layerConfigs.empty() && !config.numPagesPerGroup.empty())
+    {
+        throw InvalidConfigError(fmt::format("KVCacheConfig.numPagesPerGroup has {} entries; it must be empty for a "
+                                             "config of no layers, which has no page groups",
+            config.numPagesPerGroup.size()));
+    }
+    if (!config.numPagesPerGroup.empty() && config.numPagesPerGroup.size() != windows.size())
+    {
+        throw InvalidConfigError(fmt::format("KVCacheConfig.numPagesPerGroup has {} entries; it must be empty or have "
+                                             "one per page group ({})",
+            config.numPagesPerGroup.size(), windows.size()));
+    }
+    if (config.numPages != 0 && !config.numPagesPerGroup.empty())
+    {
+        throw InvalidConfigError(fmt::format("KVCacheConfig.numPages is {} and numPagesPerGroup is given; set only "
+                                             "one of them",
+            config.numPages));
+    }
+
+    KVCacheLayout layout;
+    layout.maxBatchSize = config.maxBatchSize;
+    layout.dataType = config.kvCacheType;
+    layout.tokensPerPage = tokensPerPage;
+    layout.maxTokensPerStep = static_cast<int32_t>(stepTokens);
+    layout.elementBytes = dataTypeSize(config.kvCacheType);
+    layout.capPadded = 0;
+    for (size_t g = 0; g < windows.size(); ++g)
+    {
+        int64_t const window = windows[g];
+        int64_t pagesPerSequence = fullPages;
+        if (window > 0)
+        {
+            pagesPerSequence = std::min(fullPages, (window - 1 + stepTokens + tokensPerPage - 1) / tokensPerPage + 1);
+        }
+        std::string const where = windows.size() == 1 && config.numPagesPerGroup.empty()
+            ? std::string("numPages")
+            : fmt::format("numPagesPerGroup[{}]", g);
+        int64_t const minPages = int64_t{config.maxBatchSize} * pagesPerSequence;
+        if (minPages > kMAX_NUM_PAGES)
+        {
+            throw InvalidConfigError(
+                fmt::format("KVCacheConfig: the minimum page count of page group {} (sliding "
+                            "window {}): maxBatchSize ({}) x pagesPerSequence ({}) = {} exceeds {}, "
+                            "the largest count whose V page ids fit in int32",
+                    g, window, config.maxBatchSize, pagesPerSequence, minPages, kMAX_NUM_PAGES));
+        }
+        int32_t const asked = config.numPagesPerGroup.empty() ? config.numPages : config.numPagesPerGroup[g];
+        if (asked < 0 || asked > kMAX_NUM_PAGES)
+        {
+            throw InvalidConfigError(fmt::format("KVCacheConfig.{} is {}; it must be in [0, {}] so that 2 * numPages "
+                                                 "fits in int32",
+                where, asked, kMAX_NUM_PAGES));
+        }
+        if (asked != 0 && asked < minPages)
+        {
+            throw InvalidConfigError(fmt::format("KVCacheConfig.{} is {}; it must be 0 or at least the minimum {} "
+                                                 "(maxBatchSize {} x {} pages per sequence)",
+                where, asked, minPages, config.maxBatchSize, pagesPerSequence));
+        }
+        KVPageGroupLayout group;
+        group.slidingWindow = static_cast<int32_t>(window);
+        group.pagesPerSequence = static_cast<int32_t>(pagesPerSequence);
+        group.capacity = static_cast<int32_t>(pagesPerSequence * tokensPerPage);
+        group.minPages = static_cast<int32_t>(minPages);
+        group.numPages = asked == 0 ? group.minPages : asked;
+        layout.capPadded = std::max(layout.capPadded, group.capacity);
+        if (config.layerConfigs.empty())
+        {
+            break; // the scalar fields only
+        }
+        layout.groups.push_back(group);
+    }
+    KVPageGroupLayout const first = layout.groups.empty()
+        ? KVPageGroupLayout{0, static_cast<int32_t>(fullPages), static_cast<int32_t>(capPadded),
+            static_cast<int32_t>(config.maxBatchSize * fullPages),
+            config.numPages == 0 ? static_cast<int32_t>(config.maxBatchSize * fullPages) : config.numPages, {}, 0, 0}
+        : layout.groups.front();
+    layout.pagesPerSlot = first.pagesPerSequence;
+    layout.minPages = first.minPages;
+    layout.numPages = first.numPages;
+    if (layout.groups.empty())
+    {
+        layout.capPadded = static_cast<int32_t>(capPadded);
+    }
+
+    layout.layers.reserve(config.layerConfigs.size());
+    for (size_t i = 0; i < config.layerConfigs.size(); ++i)
+    {
+        KVLayerConfig const& layerConfig = config.layerConfigs[i];
+        std::string const where = fmt::format("layer {} ", i);
+        auto const groupIndex = static_cast<int32_t>(
+            std::lower_bound(windows.begin(), windows.end(), layerConfig.slidingWindow) - windows.begin());
+        KVPageGroupLayout& group = layout.groups[static_cast<size_t>(groupIndex)];
+        KVLayerLayout layer;
+        layer.numKVHeads = layerConfig.numKVHeads;
+        layer.headDim = layerConfig.headDim;
+        layer.kind = layerConfig.kind;
+        layer.slidingWindow = layerConfig.slidingWindow;
+        layer.group = groupIndex;
+        layer.numHalves = layerConfig.kind == KVLayerKind::kLATENT ? 1 : 2;
+        layer.capacity = group.capacity;
+        layer.numPages = group.numPages;
+        layer.pageElems = checkedMul(checkedMul(tokensPerPage, layerConfig.numKVHeads, where + "page elements"),
+            layerConfig.headDim, where + "page elements");
+        layer.pageBytes = checkedMul(layer.pageElems, layout.elementBytes, where + "page bytes");
+        layer.halfElems = checkedMul(group.numPages, layer.pageElems, where + "elements per half");
+        layer.layerBytes = checkedMul(
+            checkedMul(layer.numHalves, layer.halfElems, where + "elements"), layout.elementBytes, where + "bytes");
+        group.layers.push_back(static_cast<int32_t>(i));
+        group.bytesPerPage = checkedAdd(group.bytesPerPage, layer.numHalves * layer.pageBytes, "bytes per page");
+        group.cacheBytes = checkedAdd(group.cacheBytes, layer.layerBytes, "group bytes");
+        layout.cacheBytes = checkedAdd(layout.cacheBytes, layer.layerBytes, "total cache bytes");
+        layout.bytesPerPage = checkedAdd(layout.bytesPerPage, layer.numHalves * layer.pageBytes, "bytes per page");
+        layout.layers.push_back(layer);
+    }
+    return layout;
+}
+
+namespace
+{
+
+//! Checks a budget and returns the layout of `config` at its minimum pages, whatever page counts it asks for.
+KVCacheLayout layoutForBudget(char const* what, KVCacheConfig const& config, int64_t budgetBytes)
+{
+    if (budgetBytes < 0)
+    {
+        throw InvalidArgumentError(fmt::format("{}: budgetBytes is {}; it must be >= 0", what, budgetBytes));
+    }
+    KVCacheConfig minimal = config;
+    minimal.numPages = 0;
+    minimal.numPagesPerGroup.clear();
+    return computeLayout(minimal);
+}
+
+} // namespace
+
+int64_t maxPagesForBudget(KVCacheConfig const& config, int64_t budgetBytes)
+{
+    KVCacheLayout const layout = layoutForBudget("maxPagesForBudget", config, budgetBytes);
+    if (layout.groups.size() > 1)
+    {
+        throw InvalidConfigError(fmt::format("maxPagesForBudget: the config has {} page groups, which need a page "
+                                             "count each; use splitBudget",
+            layout.groups.size()));
+    }
+    if (layout.bytesPerPage == 0)
+    {
+        return kMAX_NUM_PAGES;
+    }
+    return std::min<int64_t>(budgetBytes / layout.bytesPerPage, kMAX_NUM_PAGES);
+}
+
+BudgetSplit splitBudget(KVCacheConfig const& config, int64_t budgetBytes)
+{
+    KVCacheLayout const layout = layoutForBudget("splitBudget", config, budgetBytes);
+    // One full-length sequence takes pagesPerSequence pages of every group.
+    int64_t bytesPerSequence = 0;
+    int64_t sequences = std::numeric_limits<int64_t>::max();
+    for (KVPageGroupLayout const& group : layout.groups)
+    {
+        bytesPerSequence = checkedAdd(bytesPerSequence,
+            checkedMul(group.pagesPerSequence, group.bytesPerPage, "bytes per sequence"), "bytes per sequence");
+        sequences = std::min<int64_t>(sequences, kMAX_NUM_PAGES / group.pagesPerSequence);
+    }
+    BudgetSplit split;
+    if (bytesPerSequence > 0)
+    {
+        split.sequences = std::min(sequences, budgetBytes / bytesPerSequence);
+    }
+    for (KVPageGroupLayout const& group : layout.groups)
+    {
+        split.numPagesPerGroup.push_back(split.sequences * group.pagesPerSequence);
+    }
+    split.bytes = split.sequences * bytesPerSequence;
+    return split;
+}
+
+} // namespace kvcache::rt

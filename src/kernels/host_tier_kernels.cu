@@ -1,0 +1,238 @@
+// The host tier's kernels walk (entry, layer, half, chunk) work items, moving each between a cache page and its place
+// in a slot: a mapped pinned slot (the kernel path: a small grid, in launches of bounded size) or a device staging
+// slot (the copy-engine path's gather and scatter, on the whole GPU).
+
+#include "kernels/host_tier_kernels.h"
+
+#include "kernels/cache_hints.cuh"
+
+#include "kvcache/core/errors.h"
+#include "kvcache/memory/page_ops.h"
+
+#include <algorithm>
+#include <type_traits>
+
+namespace kvcache::rt::detail
+{
+namespace
+{
+
+template <int32_t THREADS>
+constexpr int32_t kVECTORS_PER_THREAD = static_cast<int32_t>(kHOST_TIER_KERNEL_CHUNK_BYTES / (16 * int64_t{THREADS}));
+static_assert(kVECTORS_PER_THREAD<kHOST_TIER_MAPPED_THREADS> * 16 * kHOST_TIER_MAPPED_THREADS
+    == kHOST_TIER_KERNEL_CHUNK_BYTES);
+static_assert(kVECTORS_PER_THREAD<kHOST_TIER_STAGING_THREADS> * 16 * kHOST_TIER_STAGING_THREADS
+    == kHOST_TIER_KERNEL_CHUNK_BYTES);
+
+template <int32_t N>
+struct InlineEntries
+{
+    HostTierEntry items[N];
+    int32_t count;
+
+    __device__ int32_t size() const
+    {
+        return count;
+    }
+    __device__ HostTierEntry operator[](int32_t i) const
+    {
+        return items[i];
+    }
+};
+
+//! Positions [first, first + capacity) of a device list whose length is read on the device.
+struct DeviceEntries
+{
+    HostTierEntry const* items; //!< the list's position `first`
+    int32_t const* count;       //!< the whole list's length (null: every position)
+    int32_t first;
+    int32_t capacity;
+
+    __device__ int32_t size() const
+    {
+        return count == nullptr ? capacity : min(max(loadWord(count) - first, 0), capacity);
+    }
+    __device__ HostTierEntry operator[](int32_t i) const
+    {
+        return HostTierEntry{loadWord(&items[i].page), loadWord(&items[i].slot)};
+    }
+};
+
+//! Moves `bytes` bytes; `vectorised` when both ends and the length are whole 16-byte vectors. Host memory is read
+//! and written with streaming hints: it is touched once and should not displace the L2's working set.
+template <int32_t THREADS>
+__device__ void moveChunk(char const* __restrict__ src, char* __restrict__ dst, int64_t bytes, bool vectorised)
+{
+    if (vectorised && bytes == kHOST_TIER_KERNEL_CHUNK_BYTES)
+    {
+        // A whole chunk: every thread issues all its loads before its first store.
+        auto const* from = reinterpret_cast<int4 const*>(src) + threadIdx.x;
+        auto* to = reinterpret_cast<int4*>(dst) + threadIdx.x;
+        int4 staged[kVECTORS_PER_THREAD<THREADS>];
+#pragma unroll
+        for (int32_t k = 0; k < kVECTORS_PER_THREAD<THREADS>; ++k)
+        {
+            staged[k] = __ldcs(from + k * THREADS);
+        }
+#pragma unroll
+        for (int32_t k = 0; k < kVECTORS_PER_THREAD<THREADS>; ++k)
+        {
+            __stcs(to + k * THREADS, staged[k]);
+        }
+    }
+    else if (vectorised)
+    {
+        auto const* from = reinterpret_cast<int4 const*>(src);
+        auto* to = reinterpret_cast<int4*>(dst);
+        for (int64_t i = threadIdx.x; i < bytes / 16; i += THREADS)
+        {
+            __stcs(to + i, __ldcs(from + i));
+        }
+    }
+    else
+    {
+        for (int64_t i = threadIdx.x; i < bytes; i += THREADS)
+        {
+            dst[i] = src[i];
+        }
+    }
+}
+
+// The explicit minimum of one block lets ptxas use the registers it needs: left to itself it spilled one on sm_80.
+template <bool TO_HOST, int32_t THREADS, typename List>
+__global__ void __launch_bounds__(THREADS, 1) hostTierKernel(HostTierKernelParams params, List list)
+{
+    // 32-bit indices: 64-bit division is a slow helper call; the host keeps every launch below 2^32 items.
+    auto const itemsPerHalf = static_cast<uint32_t>(params.chunksPerHalf);
+    uint32_t const itemsPerEntry = static_cast<uint32_t>(params.numLayers) * 2 * itemsPerHalf;
+    uint32_t const items = static_cast<uint32_t>(list.size()) * itemsPerEntry;
+    for (uint32_t item = blockIdx.x; item < items; item += gridDim.x)
+    {
+        auto const position = static_cast<int32_t>(item / itemsPerEntry);
+        uint32_t const withinEntry = item - static_cast<uint32_t>(position) * itemsPerEntry;
+        uint32_t const layerIndex = withinEntry / (2 * itemsPerHalf);
+        uint32_t const withinLayer = withinEntry - layerIndex * 2 * itemsPerHalf;
+        uint32_t const halfIndex = withinLayer / itemsPerHalf;
+        auto const layer = static_cast<int32_t>(layerIndex);
+        auto const half = static_cast<int32_t>(halfIndex);
+        int64_t const chunkStart = int64_t{withinLayer - halfIndex * itemsPerHalf} * kHOST_TIER_KERNEL_CHUNK_BYTES;
+
+        HostTierEntry const entry = list[position];
+        if (entry.page == kUNUSED_PAGE_ENTRY || entry.slot == kUNUSED_PAGE_ENTRY)
+        {
+            continue;
+        }
+        bool const valid = entry.page >= 0 && entry.page < params.numPages && entry.slot >= 0
+            && entry.slot < params.numSlots
+            && params.chunks[static_cast<uint32_t>(entry.slot) / params.slotsPerChunk] != nullptr;
+        if (!valid)
+        {
+            // Counted once per entry: by the block holding its first item.
+            if (withinEntry == 0 && threadIdx.x == 0 && params.errorCount != nullptr)
+            {
+                atomicAdd(params.errorCount, 1);
+            }
+            continue;
+        }
+        LayerTableEntry const layerEntry = loadLayer(params.table + layer);
+        int64_t const pageBytes = layerEntry.pageBytesAndV >> 1;
+        bool const hasV = (layerEntry.pageBytesAndV & 1) != 0;
+        if ((half == 1 && !hasV) || chunkStart >= pageBytes)
+        {
+            continue;
+        }
+        int64_t const bytes = min(kHOST_TIER_KERNEL_CHUNK_BYTES, pageBytes - chunkStart);
+        char* const devicePage =
+            layerEntry.kBase + (int64_t{half} * params.numPages + entry.page) * pageBytes + chunkStart;
+        uint32_t const chunk = static_cast<uint32_t>(entry.slot) / params.slotsPerChunk;
+        char* const hostPage = params.chunks[chunk]
+            + int64_t{static_cast<uint32_t>(entry.slot) - chunk * params.slotsPerChunk} * params.slotBytes
+            + params.layerOffsets[layer] + half * pageBytes + chunkStart;
+        // Pools are 256-byte aligned and chunks page aligned; offsets inside are multiples of a page or a slot.
+        bool const vectorised = (reinterpret_cast<uintptr_t>(devicePage) % 16 == 0)
+            && (reinterpret_cast<uintptr_t>(hostPage) % 16 == 0) && bytes % 16 == 0;
+        if constexpr (TO_HOST)
+        {
+            moveChunk<THREADS>(devicePage, hostPage, bytes, vectorised);
+        }
+        else
+        {
+            moveChunk<THREADS>(hostPage, devicePage, bytes, vectorised);
+        }
+    }
+}
+
+template <int32_t THREADS, typename List>
+void launch(HostTierKernelParams const& params, bool toHost, List const& list, int64_t items, int32_t maxGrid,
+    cudaStream_t stream)
+{
+    if (items == 0)
+    {
+        return;
+    }
+    auto const grid = static_cast<uint32_t>(std::max<int64_t>(1, std::min<int64_t>(items, maxGrid)));
+    if (toHost)
+    {
+        hostTierKernel<true, THREADS, List><<<grid, THREADS, 0, stream>>>(params, list);
+    }
+    else
+    {
+        hostTierKernel<false, THREADS, List><<<grid, THREADS, 0, stream>>>(params, list);
+    }
+    KVCACHE_CUDA_TRY(cudaGetLastError());
+}
+
+//! Moves a host list in launches of `step` entries carried as kernel parameters.
+template <int32_t THREADS>
+void launchInline(HostTierKernelParams const& params, bool toHost, HostTierEntry const* entries, int32_t count,
+    int32_t step, int32_t maxGrid, cudaStream_t stream)
+{
+    for (int32_t first = 0; first < count; first += step)
+    {
+        InlineEntries<kMAX_INLINE_PAGE_OPS> list;
+        list.count = std::min(step, count - first);
+        std::copy(entries + first, entries + first + list.count, list.items);
+        launch<THREADS>(params, toHost, list, list.count * hostTierItemsPerEntry(params), maxGrid, stream);
+    }
+}
+
+} // namespace
+
+int64_t hostTierItemsPerEntry(HostTierKernelParams const& params)
+{
+    return int64_t{params.numLayers} * 2 * params.chunksPerHalf;
+}
+
+int32_t hostTierEntriesPerLaunch(int64_t slotBytes)
+{
+    return static_cast<int32_t>(
+        std::clamp<int64_t>(kHOST_TIER_KERNEL_LAUNCH_BYTES / std::max<int64_t>(slotBytes, 1), 1, kMAX_INLINE_PAGE_OPS));
+}
+
+void launchHostTierKernel(HostTierKernelParams const& params, bool toHost, HostTierEntry const* entries, int32_t count,
+    int32_t maxGrid, cudaStream_t stream)
+{
+    launchInline<kHOST_TIER_MAPPED_THREADS>(
+        params, toHost, entries, count, hostTierEntriesPerLaunch(params.slotBytes), maxGrid, stream);
+}
+
+void launchHostTierKernelDevice(HostTierKernelParams const& params, bool toHost, HostTierEntry const* entries,
+    int32_t capacity, int32_t const* deviceCount, int32_t maxGrid, cudaStream_t stream)
+{
+    int32_t const step = std::max(hostTierEntriesPerLaunch(params.slotBytes),
+        (capacity + kHOST_TIER_DEVICE_LIST_MAX_LAUNCHES - 1) / kHOST_TIER_DEVICE_LIST_MAX_LAUNCHES);
+    for (int32_t first = 0; first < capacity; first += step)
+    {
+        int32_t const positions = std::min(step, capacity - first);
+        launch<kHOST_TIER_MAPPED_THREADS>(params, toHost, DeviceEntries{entries + first, deviceCount, first, positions},
+            positions * hostTierItemsPerEntry(params), maxGrid, stream);
+    }
+}
+
+void launchStagingKernel(HostTierKernelParams const& params, bool toHost, HostTierEntry const* entries, int32_t count,
+    int32_t grid, cudaStream_t stream)
+{
+    launchInline<kHOST_TIER_STAGING_THREADS>(params, toHost, entries, count, kMAX_INLINE_PAGE_OPS, grid, stream);
+}
+
+} // namespace kvcache::rt::detail

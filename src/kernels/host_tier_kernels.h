@@ -1,0 +1,75 @@
+#pragma once
+
+// The host tier's kernels: whole slots between the cache's pages and mapped pinned memory (the kernel path) or device
+// staging slots (the copy-engine path's gather and scatter).
+
+#include "memory/layer_table.h"
+
+#include "kvcache/tiers/host_tier.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace kvcache::rt::detail
+{
+
+//! Bytes one block moves per work item, every thread issuing all its 16-byte loads before its stores.
+constexpr int64_t kHOST_TIER_KERNEL_CHUNK_BYTES = 32 * 1024;
+//! The kernel path's block: one on each of at most kHOST_TIER_MAX_SMS multiprocessors. Measured on an H200: as fast
+//! as one 1024-thread block a multiprocessor, and a small block leaves room beside it, so a persistent compute kernel
+//! of 1024-thread blocks launched while a transfer ran kept one block a multiprocessor (3.4% slower) instead of
+//! doubling up on some (101%).
+constexpr int32_t kHOST_TIER_MAPPED_THREADS = 256;
+//! The copy-engine path's gather and scatter block (device memory only, on every multiprocessor, for a short time),
+//! the shape that path was measured with; a one-page offload was no faster with 256-thread blocks.
+constexpr int32_t kHOST_TIER_STAGING_THREADS = 1024;
+//! The kernel path moves at most this many bytes a launch (whole slots, at least one). Its blocks hold their
+//! multiprocessors until the launch ends; between launches, compute blocks waiting for room are placed first. On an
+//! H200 a compute kernel that filled every multiprocessor, launched while a long transfer ran, took 12.8% longer with
+//! the transfer in one launch and 1.0% longer with 16 MiB launches, which cost 1% of the transfer's speed (8 MiB: 2%).
+constexpr int64_t kHOST_TIER_KERNEL_LAUNCH_BYTES = int64_t{16} << 20;
+//! A device list takes at most this many launches: positions past the count still cost a launch each (a graph
+//! replays them all), so a long list gets longer launches instead of more of them.
+constexpr int32_t kHOST_TIER_DEVICE_LIST_MAX_LAUNCHES = 16;
+
+//! Everything the kernel needs besides its list, passed by value (graph-safe: chunk addresses never change).
+struct HostTierKernelParams
+{
+    LayerTableEntry const* table; //!< the group's layers in the cache's device table
+    int64_t const* layerOffsets;  //!< device: bytes from a slot's start to each layer's K page
+    int32_t numLayers;
+    int32_t numPages;      //!< the group's page-id range
+    int32_t chunksPerHalf; //!< work items per layer half: the largest page in kHOST_TIER_KERNEL_CHUNK_BYTES pieces
+    int32_t numSlots;      //!< the slot-id range: capacity at the call
+    uint32_t slotsPerChunk;
+    int64_t slotBytes;
+    int32_t* errorCount;
+    char* chunks[kHOST_TIER_MAX_CHUNKS]; //!< device addresses of the pinned chunks (null: not pinned at the call)
+};
+
+//! The kernel path: moves the host list `entries[0, count)` (validated) in launches of
+//! hostTierEntriesPerLaunch(params.slotBytes) entries carried as kernel parameters, each of at most `maxGrid` blocks.
+void launchHostTierKernel(HostTierKernelParams const& params, bool toHost, HostTierEntry const* entries, int32_t count,
+    int32_t maxGrid, cudaStream_t stream);
+
+//! The kernel path for a device list of `capacity` entries (`*deviceCount` of them read), in launches of
+//! hostTierEntriesPerLaunch(params.slotBytes) list positions (more where that would take over
+//! kHOST_TIER_DEVICE_LIST_MAX_LAUNCHES launches), each of at most `maxGrid` blocks; launches past the count end at
+//! once.
+void launchHostTierKernelDevice(HostTierKernelParams const& params, bool toHost, HostTierEntry const* entries,
+    int32_t capacity, int32_t const* deviceCount, int32_t maxGrid, cudaStream_t stream);
+
+//! The copy-engine path's gather (toHost) or scatter between the cache and the staging slots `params` describes, in
+//! launches of kMAX_INLINE_PAGE_OPS entries of `grid` blocks.
+void launchStagingKernel(HostTierKernelParams const& params, bool toHost, HostTierEntry const* entries, int32_t count,
+    int32_t grid, cudaStream_t stream);
+
+//! Returns the work items of one list entry; a launch covers fewer than 2^32 items (the host checks before launching).
+int64_t hostTierItemsPerEntry(HostTierKernelParams const& params);
+
+//! Returns the kernel path's entries a launch: kHOST_TIER_KERNEL_LAUNCH_BYTES in whole slots, from 1 to
+//! kMAX_INLINE_PAGE_OPS.
+int32_t hostTierEntriesPerLaunch(int64_t slotBytes);
+
+} // namespace kvcache::rt::detail

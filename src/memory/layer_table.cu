@@ -1,0 +1,63 @@
+#include "memory/layer_table.h"
+
+#include "kvcache/core/errors.h"
+
+#include <algorithm>
+
+namespace kvcache::rt::detail
+{
+namespace
+{
+
+constexpr int32_t kENTRIES_PER_UPLOAD = 64;
+
+//! Entries that travel as kernel parameters, so the upload needs no pageable host copy and no host sync.
+struct UploadBatch
+{
+    LayerTableEntry entries[kENTRIES_PER_UPLOAD];
+    int32_t count;
+};
+
+__global__ void uploadLayerTableKernel(LayerTableEntry* dst, UploadBatch batch)
+{
+    if (static_cast<int32_t>(threadIdx.x) < batch.count)
+    {
+        dst[threadIdx.x] = batch.entries[threadIdx.x];
+    }
+}
+
+} // namespace
+
+DeviceAllocation makeLayerTable(
+    std::vector<DeviceAllocation> const& buffers, KVCacheLayout const& layout, cudaStream_t stream, cudaMemPool_t pool)
+{
+    auto const count = static_cast<int32_t>(buffers.size());
+    if (count == 0)
+    {
+        return {};
+    }
+    DeviceAllocation table(int64_t{count} * static_cast<int64_t>(sizeof(LayerTableEntry)), stream, pool);
+    auto* const dst = static_cast<LayerTableEntry*>(table.data());
+    std::vector<LayerTableEntry> entries;
+    entries.reserve(buffers.size());
+    for (KVPageGroupLayout const& group : layout.groups)
+    {
+        for (int32_t const index : group.layers)
+        {
+            KVLayerLayout const& layer = layout.layers[static_cast<size_t>(index)];
+            entries.push_back(makeLayerTableEntry(
+                static_cast<char*>(buffers[static_cast<size_t>(index)].data()), layer.pageBytes, layer.numHalves == 2));
+        }
+    }
+    for (int32_t first = 0; first < count; first += kENTRIES_PER_UPLOAD)
+    {
+        UploadBatch batch{};
+        batch.count = std::min(kENTRIES_PER_UPLOAD, count - first);
+        std::copy(entries.begin() + first, entries.begin() + first + batch.count, batch.entries);
+        uploadLayerTableKernel<<<1, kENTRIES_PER_UPLOAD, 0, stream>>>(dst + first, batch);
+        KVCACHE_CUDA_TRY(cudaGetLastError());
+    }
+    return table;
+}
+
+} // namespace kvcache::rt::detail

@@ -1,0 +1,157 @@
+// The public page operations: validate, plan, then launch the page kernels over host or device lists.
+
+#include "kvcache/memory/page_ops.h"
+
+#include "kernels/page_kernels.cuh"
+#include "memory/page_list_validation.h"
+#include "memory/page_op_plan.h"
+
+#include "kvcache/core/errors.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+
+namespace kvcache::rt
+{
+namespace detail
+{
+namespace
+{
+
+// Short host lists travel in a small parameter block: a launch copies its whole parameter block.
+constexpr int32_t kSMALL_INLINE_LIST = 32;
+
+PageOpParams kernelParams(PageOpPlan const& plan, int32_t listSize)
+{
+    return PageOpParams{plan.table, plan.firstLayer, plan.halfBits, plan.firstHalf, plan.numPages, 0,
+        keepsSourcesInL2(plan, listSize), plan.pattern, plan.errorCount};
+}
+
+//! Launches over `listSize` entries of `list` (the capacity, for device lists): one launch per kMAX_GRID_YZ entries.
+template <typename Shape, typename Op, typename List>
+void launchShaped(PageOpPlan const& plan, List const& list, int32_t listSize, cudaStream_t stream)
+{
+    PageOpParams params = kernelParams(plan, listSize);
+    auto const chunks = static_cast<uint32_t>(chunksPerPage(plan.maxPageBytes, Shape::kCHUNK_BYTES));
+    for (int64_t first = 0; first < listSize; first += kMAX_GRID_YZ)
+    {
+        params.firstPosition = static_cast<int32_t>(first);
+        dim3 const grid(chunks, static_cast<uint32_t>(std::min(kMAX_GRID_YZ, listSize - first)), plan.gridZ);
+        pageOpKernel<Shape, Op, List><<<grid, Shape::kTHREADS, 0, stream>>>(params, list);
+        KVCACHE_CUDA_TRY(cudaGetLastError());
+    }
+}
+
+template <typename Op, typename List>
+void launch(PageOpPlan const& plan, List const& list, int32_t listSize, cudaStream_t stream)
+{
+    if (listSize == 0 || plan.gridZ == 0)
+    {
+        return;
+    }
+    if (usesWideBlocks(plan, listSize))
+    {
+        launchShaped<WideShape, Op>(plan, list, listSize, stream);
+    }
+    else
+    {
+        launchShaped<NarrowShape, Op>(plan, list, listSize, stream);
+    }
+}
+
+template <typename Op, int32_t N, typename Item>
+void launchInline(PageOpPlan const& plan, Item const* items, int32_t count, cudaStream_t stream)
+{
+    InlineList<Item, N> list;
+    list.count = count;
+    std::copy(items, items + count, list.items);
+    launch<Op>(plan, list, count, stream);
+}
+
+//! Launches a validated host list as kernel parameters, kMAX_INLINE_PAGE_OPS entries a launch.
+template <typename Op, typename Item>
+void launchHostList(PageOpPlan const& plan, Item const* items, int32_t count, cudaStream_t stream)
+{
+    for (int32_t first = 0; first < count; first += kMAX_INLINE_PAGE_OPS)
+    {
+        int32_t const part = std::min(kMAX_INLINE_PAGE_OPS, count - first);
+        if (part <= kSMALL_INLINE_LIST)
+        {
+            launchInline<Op, kSMALL_INLINE_LIST>(plan, items + first, part, stream);
+        }
+        else
+        {
+            launchInline<Op, kMAX_INLINE_PAGE_OPS>(plan, items + first, part, stream);
+        }
+    }
+}
+
+//! Returns `list.size()` as int32, or throws InvalidArgumentError naming `what`.
+template <typename Item>
+int32_t listCount(char const* what, std::vector<Item> const& list)
+{
+    if (list.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
+    {
+        throw InvalidArgumentError(fmt::format(
+            "{}: the list has {} entries; the limit is {}", what, list.size(), std::numeric_limits<int32_t>::max()));
+    }
+    return static_cast<int32_t>(list.size());
+}
+
+} // namespace
+} // namespace detail
+
+void copyPages(
+    KVCacheManager const& cache, PageCopy const* pairs, int32_t count, cudaStream_t stream, PageOpTarget const& target)
+{
+    constexpr char const* kWHAT = "copyPages";
+    detail::PageOpPlan const plan = detail::planPageOp(kWHAT, cache, target, 0, nullptr);
+    detail::validateCopyList(kWHAT, pairs, count, plan.numPages);
+    detail::launchHostList<detail::CopyOp>(plan, pairs, count, stream);
+}
+
+void copyPages(
+    KVCacheManager const& cache, std::vector<PageCopy> const& pairs, cudaStream_t stream, PageOpTarget const& target)
+{
+    copyPages(cache, pairs.data(), detail::listCount("copyPages", pairs), stream, target);
+}
+
+void copyPagesDevice(KVCacheManager const& cache, PageCopy const* devicePairs, int32_t capacity,
+    int32_t const* deviceCount, cudaStream_t stream, PageOpTarget const& target, int32_t* deviceErrorCount)
+{
+    constexpr char const* kWHAT = "copyPagesDevice";
+    detail::validateDeviceListArguments(kWHAT, devicePairs, capacity);
+    detail::PageOpPlan const plan = detail::planPageOp(kWHAT, cache, target, 0, deviceErrorCount);
+    detail::launch<detail::CopyOp>(
+        plan, detail::DeviceList<PageCopy>{devicePairs, deviceCount, capacity}, capacity, stream);
+}
+
+void resetPages(KVCacheManager const& cache, int32_t const* pages, int32_t count, cudaStream_t stream, uint32_t pattern,
+    PageOpTarget const& target)
+{
+    constexpr char const* kWHAT = "resetPages";
+    detail::PageOpPlan const plan = detail::planPageOp(kWHAT, cache, target, pattern, nullptr);
+    detail::validateResetList(kWHAT, pages, count, plan.numPages);
+    detail::launchHostList<detail::ResetOp>(plan, pages, count, stream);
+}
+
+void resetPages(KVCacheManager const& cache, std::vector<int32_t> const& pages, cudaStream_t stream, uint32_t pattern,
+    PageOpTarget const& target)
+{
+    resetPages(cache, pages.data(), detail::listCount("resetPages", pages), stream, pattern, target);
+}
+
+void resetPagesDevice(KVCacheManager const& cache, int32_t const* devicePages, int32_t capacity,
+    int32_t const* deviceCount, cudaStream_t stream, uint32_t pattern, PageOpTarget const& target,
+    int32_t* deviceErrorCount)
+{
+    constexpr char const* kWHAT = "resetPagesDevice";
+    detail::validateDeviceListArguments(kWHAT, devicePages, capacity);
+    detail::PageOpPlan const plan = detail::planPageOp(kWHAT, cache, target, pattern, deviceErrorCount);
+    detail::launch<detail::ResetOp>(
+        plan, detail::DeviceList<int32_t>{devicePages, deviceCount, capacity}, capacity, stream);
+}
+
+} // namespace kvcache::rt

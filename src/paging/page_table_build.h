@@ -1,0 +1,83 @@
+#pragma once
+
+#include "kvcache/paging/page_table.h"
+
+#include <cstdint>
+
+namespace kvcache::rt::detail
+{
+
+//! Each array of a page table region starts a multiple of this many bytes from the region's start, so a kernel can
+//! read it with aligned vector loads and whole cache lines.
+inline constexpr int64_t kPAGE_TABLE_ALIGNMENT_BYTES = 128;
+
+//! The sizes of a page table region and where its four arrays sit, in int32 elements from its start: indptr,
+//! lastPageLen, block table, indices (the order that lets one copy of a prefix move everything in use).
+struct PageTableShape
+{
+    int32_t maxBatchSize = 0;
+    int32_t maxPagesPerSequence = 0;
+    int32_t tokensPerPage = 0;
+
+    //! Returns maxBatchSize * maxPagesPerSequence: the block table's entries and the indices' room.
+    int64_t entries() const noexcept
+    {
+        return int64_t{maxBatchSize} * maxPagesPerSequence;
+    }
+    //! Returns the offset of indptr (maxBatchSize + 1 entries).
+    int64_t indptrOffset() const noexcept
+    {
+        return 0;
+    }
+    //! Returns the offset of lastPageLen (maxBatchSize entries).
+    int64_t lastPageLenOffset() const noexcept
+    {
+        return aligned(int64_t{maxBatchSize} + 1);
+    }
+    //! Returns the offset of the block table (entries()).
+    int64_t blockTableOffset() const noexcept
+    {
+        return lastPageLenOffset() + aligned(maxBatchSize);
+    }
+    //! Returns the offset of indices (room for entries()).
+    int64_t indicesOffset() const noexcept
+    {
+        return blockTableOffset() + aligned(entries());
+    }
+    //! Returns the elements of the whole region.
+    int64_t elements() const noexcept
+    {
+        return indicesOffset() + aligned(entries());
+    }
+
+private:
+    static int64_t aligned(int64_t elements) noexcept
+    {
+        int64_t const step = kPAGE_TABLE_ALIGNMENT_BYTES / static_cast<int64_t>(sizeof(int32_t));
+        return (elements + step - 1) / step * step;
+    }
+};
+
+//! Returns the shape of tables of these sizes; throws InvalidArgumentError naming the field, its value and the limit
+//! for a non-positive size or more than INT32_MAX entries.
+PageTableShape makePageTableShape(int32_t maxBatchSize, int32_t maxPagesPerSequence, int32_t tokensPerPage);
+
+//! Throws InvalidArgumentError, naming the sequence index, the field, the value and the limit, unless `count`
+//! sequences make tables of `shape` (the rules of PageTableBuffers::build); touches nothing.
+void validateSequences(PageTableShape const& shape, SequencePages const* sequences, int32_t count);
+
+//! Writes the tables of count 0 over the whole `region` (shape.elements() entries), padding included.
+void writeEmptyPageTables(PageTableShape const& shape, int32_t* region) noexcept;
+
+//! Writes the tables of `count` validated sequences into `region`, which holds tables of `shape` (its indptr, not yet
+//! rewritten, says how many pages each block table row holds: only those and the new pages are written), in one pass
+//! over the sequences; returns the elements one upload must copy from the region's start (indicesOffset() +
+//! indptr[count]).
+int64_t writePageTables(
+    PageTableShape const& shape, SequencePages const* sequences, int32_t count, int32_t* region) noexcept;
+
+//! Validates `count` sequences (throwing as validateSequences, `region` then untouched), then writes their tables into
+//! `region`, which holds tables of `shape`; returns the elements one upload must copy from the region's start.
+int64_t buildPageTables(PageTableShape const& shape, SequencePages const* sequences, int32_t count, int32_t* region);
+
+} // namespace kvcache::rt::detail
