@@ -184,6 +184,12 @@ void baselineBenchmark(benchmark::State& state, bool nccl)
     state.SetBytesProcessed(state.iterations() * bytes);
 }
 
+//! Runs `bench` for 1, 8, 64 and 256 pages, timed by the benchmark itself, in microseconds.
+void withPageCounts(benchmark::internal::Benchmark* bench)
+{
+    bench->Arg(1)->Arg(8)->Arg(64)->Arg(256)->UseManualTime()->Unit(benchmark::kMicrosecond);
+}
+
 void registerAll()
 {
     std::vector<std::pair<std::string, TransferPath>> const paths = {
@@ -192,27 +198,15 @@ void registerAll()
     {
         for (auto const& [name, path] : paths)
         {
-            benchmark::RegisterBenchmark(
+            withPageCounts(benchmark::RegisterBenchmark(
                 ("transfer/" + std::string(scattered ? "scattered/" : "contiguous/") + name).c_str(),
-                [path = path, scattered](benchmark::State& state) { transferBenchmark(state, path, scattered); })
-                ->Arg(1)
-                ->Arg(8)
-                ->Arg(64)
-                ->Arg(256)
-                ->UseManualTime()
-                ->Unit(benchmark::kMicrosecond);
+                [path = path, scattered](benchmark::State& state) { transferBenchmark(state, path, scattered); }));
         }
     }
     for (bool const nccl : {true, false})
     {
-        benchmark::RegisterBenchmark(nccl ? "baseline/nccl_contiguous" : "baseline/memcpy_peer",
-            [nccl](benchmark::State& state) { baselineBenchmark(state, nccl); })
-            ->Arg(1)
-            ->Arg(8)
-            ->Arg(64)
-            ->Arg(256)
-            ->UseManualTime()
-            ->Unit(benchmark::kMicrosecond);
+        withPageCounts(benchmark::RegisterBenchmark(nccl ? "baseline/nccl_contiguous" : "baseline/memcpy_peer",
+            [nccl](benchmark::State& state) { baselineBenchmark(state, nccl); }));
     }
 }
 

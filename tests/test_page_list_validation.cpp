@@ -7,6 +7,7 @@
 
 #include "kvcache/errors.h"
 #include "kvcache/page_ops.h"
+#include "kvcache/tiers/host_tier.h"
 
 #include <gtest/gtest.h>
 
@@ -551,6 +552,144 @@ TEST(PageListValidationTest, RandomListsGetTheVerdictOfASetBasedReference)
         EXPECT_GE(seen[static_cast<int32_t>(verdict)][0], 100) << nameOf(verdict) << " in short lists";
         EXPECT_GE(seen[static_cast<int32_t>(verdict)][1], 10) << nameOf(verdict) << " in long lists";
     }
+}
+
+//! Runs the host tier's entry check as HostTier does: the tier's note after the slot limit.
+void checkEntries(std::vector<rt::HostTierEntry> const& entries, int32_t numPages, int64_t numSlots)
+{
+    rt::detail::validateHostTierEntries("offload", entries.data(), static_cast<int32_t>(entries.size()), numPages,
+        numSlots, "(capacity 4 of target 8)");
+}
+
+TEST(PageListValidationTest, HostTierEntriesInRangeAndDistinctAreAccepted)
+{
+    rt::HostTierEntry const entry{5, 0};
+    EXPECT_NO_THROW(rt::detail::validateHostTierEntries("offload", nullptr, 0, 2, 2));
+    EXPECT_NO_THROW(rt::detail::validateHostTierEntries("offload", &entry, 0, 2, 2)) << "page 5 of 2 must go unread";
+    EXPECT_NO_THROW(checkEntries({{0, 3}, {6, 0}}, 7, 4)) << "both ends of both ranges";
+    EXPECT_NO_THROW(checkEntries({{2, 1}, {1, 2}}, 7, 4)) << "a page id may equal another entry's slot id";
+    EXPECT_NO_THROW(checkEntries({{kINT32_MAX - 1, 0}}, kINT32_MAX, 1));
+    EXPECT_NO_THROW(checkEntries({{0, kINT32_MAX - 1}}, 1, int64_t{kINT32_MAX} + 5)) << "the slot range is 64-bit";
+}
+
+TEST(PageListValidationTest, HostTierEntriesNameTheFieldTheValueAndTheLimit)
+{
+    rt::HostTierEntry const entry{0, 0};
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
+        [&] { rt::detail::validateHostTierEntries("offload", &entry, -1, 2, 2); }, {"offload", "count is -1", ">= 0"}));
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
+        [&] { rt::detail::validateHostTierEntries("onboard", nullptr, 3, 2, 2); }, {"onboard", "null", "count is 3"}));
+    EXPECT_TRUE(throwsNaming<rt::OutOfRangeError>(
+        [&] {
+            checkEntries({{1, 0}, {9, 1}}, 9, 4);
+        },
+        {"offload", "entries[1].page", "page 9", "[0, 9)"}));
+    EXPECT_TRUE(throwsNaming<rt::OutOfRangeError>(
+        [&] {
+            checkEntries({{-1, 0}}, 9, 4);
+        },
+        {"entries[0].page", "page -1", "[0, 9)"}));
+    EXPECT_TRUE(throwsNaming<rt::OutOfRangeError>(
+        [&] {
+            checkEntries({{1, 0}, {2, 4}}, 9, 4);
+        },
+        {"entries[1].slot", "slot 4", "[0, 4) (capacity 4 of target 8)"}));
+    EXPECT_TRUE(throwsNaming<rt::OutOfRangeError>(
+        [&] {
+            checkEntries({{kINT32_MIN, kINT32_MIN}}, 9, 4);
+        },
+        {"entries[0].page", std::to_string(kINT32_MIN)}))
+        << "the page is checked before the slot";
+    EXPECT_TRUE(throwsNaming<rt::OutOfRangeError>(
+        [&] { rt::detail::validateHostTierEntries("offload", &entry, 1, 2, 0); }, {"entries[0].slot", "[0, 0)"}))
+        << "without a note the message ends at the limit";
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
+        [&] {
+            checkEntries({{3, 0}, {1, 1}, {3, 2}}, 9, 4);
+        },
+        {"offload", "page 3", "listed more than once"}));
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
+        [&] {
+            checkEntries({{1, 0}, {2, 0}}, 9, 4);
+        },
+        {"offload", "slot 0", "listed more than once"}));
+    EXPECT_TRUE(throwsNaming<rt::OutOfRangeError>(
+        [&] {
+            checkEntries({{1, 0}, {1, 0}, {2, 7}}, 9, 4);
+        },
+        {"entries[2].slot"}))
+        << "every range is checked before any repeat";
+}
+
+TEST(PageListValidationTest, HostTierEntriesGetTheVerdictOfASetBasedReference)
+{
+    std::mt19937_64 rng(20261201);
+    int64_t seen[3] = {}; // accepted, out of range, repeated
+    for (int32_t trial = 0; trial < 2000; ++trial)
+    {
+        // Long lists run past the stack table; small ranges make repeats likely.
+        int32_t const count =
+            trial % 10 == 0 ? 200 + static_cast<int32_t>(rng() % 3000) : static_cast<int32_t>(rng() % 40);
+        auto const numPages = static_cast<int32_t>(count + rng() % (count + 3));
+        auto const numSlots = static_cast<int64_t>(count + rng() % (count + 3));
+        std::vector<rt::HostTierEntry> entries(static_cast<size_t>(count));
+        std::vector<int32_t> pages(static_cast<size_t>(numPages));
+        std::vector<int32_t> slots(static_cast<size_t>(numSlots));
+        std::iota(pages.begin(), pages.end(), 0);
+        std::iota(slots.begin(), slots.end(), 0);
+        std::shuffle(pages.begin(), pages.end(), rng);
+        std::shuffle(slots.begin(), slots.end(), rng);
+        for (size_t i = 0; i < entries.size(); ++i)
+        {
+            entries[i] = rt::HostTierEntry{pages[i], slots[i]};
+        }
+        if (count > 0 && trial % 3 != 0)
+        {
+            rt::HostTierEntry& broken = entries[rng() % entries.size()];
+            rt::HostTierEntry const& other = entries[rng() % entries.size()];
+            switch (rng() % 4)
+            {
+            case 0: broken.page = other.page; break;
+            case 1: broken.slot = other.slot; break;
+            case 2: broken.page = rng() % 2 == 0 ? -1 - static_cast<int32_t>(rng() % 5) : numPages; break;
+            default: broken.slot = static_cast<int32_t>(numSlots + static_cast<int64_t>(rng() % 5)); break;
+            }
+        }
+        // The reference: ranges first, then repeats, with std::set.
+        int32_t expected = 0;
+        std::set<int32_t> usedPages;
+        std::set<int32_t> usedSlots;
+        for (rt::HostTierEntry const& e : entries)
+        {
+            if (e.page < 0 || e.page >= numPages || e.slot < 0 || e.slot >= numSlots)
+            {
+                expected = 1;
+            }
+            if (!usedPages.insert(e.page).second || !usedSlots.insert(e.slot).second)
+            {
+                expected = expected == 0 ? 2 : expected;
+            }
+        }
+        int32_t actual = 0;
+        try
+        {
+            checkEntries(entries, numPages, numSlots);
+        }
+        catch (rt::OutOfRangeError const&)
+        {
+            actual = 1;
+        }
+        catch (rt::InvalidArgumentError const&)
+        {
+            actual = 2;
+        }
+        ++seen[expected];
+        ASSERT_EQ(actual, expected) << "trial " << trial << ": " << count << " entries, " << numPages << " pages, "
+                                    << numSlots << " slots";
+    }
+    EXPECT_GE(seen[0], 100);
+    EXPECT_GE(seen[1], 100);
+    EXPECT_GE(seen[2], 100);
 }
 
 } // namespace

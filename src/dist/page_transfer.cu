@@ -11,8 +11,9 @@
 #include <thread>
 #include <vector>
 
-#include "memory/page_list_validation.h"
 #include "core/scoped_device.h"
+#include "kernels/page_mover.cuh"
+#include "memory/page_list_validation.h"
 
 namespace kvcache::rt
 {
@@ -216,16 +217,13 @@ __global__ void packPagesKernel(HalfRef const* halves, int32_t const* pages, int
         auto* const pool = reinterpret_cast<Word*>(half.pool + int64_t{pages[entry]} * half.pageBytes);
         auto* const packed = reinterpret_cast<Word*>(staging + half.stagingOffset + int64_t{entry} * half.pageBytes);
         int64_t const words = half.pageBytes / static_cast<int64_t>(sizeof(Word));
-        for (int64_t w = threadIdx.x; w < words; w += blockDim.x)
+        if constexpr (kPACK)
         {
-            if constexpr (kPACK)
-            {
-                packed[w] = pool[w];
-            }
-            else
-            {
-                pool[w] = packed[w];
-            }
+            detail::moveWords<detail::PlainAccess>(pool, packed, threadIdx.x, words, blockDim.x);
+        }
+        else
+        {
+            detail::moveWords<detail::PlainAccess>(packed, pool, threadIdx.x, words, blockDim.x);
         }
     }
 }

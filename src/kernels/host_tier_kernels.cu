@@ -4,7 +4,10 @@
 
 #include "kernels/host_tier_kernels.h"
 
+#include "kernels/block_shape.h"
 #include "kernels/cache_hints.cuh"
+#include "kernels/page_lists.cuh"
+#include "kernels/page_mover.cuh"
 
 #include "kvcache/core/errors.h"
 #include "kvcache/memory/page_ops.h"
@@ -17,86 +20,11 @@ namespace kvcache::rt::detail
 namespace
 {
 
+//! The block shape of THREADS threads over the kernel's chunk.
 template <int32_t THREADS>
-constexpr int32_t kVECTORS_PER_THREAD = static_cast<int32_t>(kHOST_TIER_KERNEL_CHUNK_BYTES / (16 * int64_t{THREADS}));
-static_assert(kVECTORS_PER_THREAD<kHOST_TIER_MAPPED_THREADS> * 16 * kHOST_TIER_MAPPED_THREADS
-    == kHOST_TIER_KERNEL_CHUNK_BYTES);
-static_assert(kVECTORS_PER_THREAD<kHOST_TIER_STAGING_THREADS> * 16 * kHOST_TIER_STAGING_THREADS
-    == kHOST_TIER_KERNEL_CHUNK_BYTES);
-
-template <int32_t N>
-struct InlineEntries
-{
-    HostTierEntry items[N];
-    int32_t count;
-
-    __device__ int32_t size() const
-    {
-        return count;
-    }
-    __device__ HostTierEntry operator[](int32_t i) const
-    {
-        return items[i];
-    }
-};
-
-//! Positions [first, first + capacity) of a device list whose length is read on the device.
-struct DeviceEntries
-{
-    HostTierEntry const* items; //!< the list's position `first`
-    int32_t const* count;       //!< the whole list's length (null: every position)
-    int32_t first;
-    int32_t capacity;
-
-    __device__ int32_t size() const
-    {
-        return count == nullptr ? capacity : min(max(loadWord(count) - first, 0), capacity);
-    }
-    __device__ HostTierEntry operator[](int32_t i) const
-    {
-        return HostTierEntry{loadWord(&items[i].page), loadWord(&items[i].slot)};
-    }
-};
-
-//! Moves `bytes` bytes; `vectorised` when both ends and the length are whole 16-byte vectors. Host memory is read
-//! and written with streaming hints: it is touched once and should not displace the L2's working set.
-template <int32_t THREADS>
-__device__ void moveChunk(char const* __restrict__ src, char* __restrict__ dst, int64_t bytes, bool vectorised)
-{
-    if (vectorised && bytes == kHOST_TIER_KERNEL_CHUNK_BYTES)
-    {
-        // A whole chunk: every thread issues all its loads before its first store.
-        auto const* from = reinterpret_cast<int4 const*>(src) + threadIdx.x;
-        auto* to = reinterpret_cast<int4*>(dst) + threadIdx.x;
-        int4 staged[kVECTORS_PER_THREAD<THREADS>];
-#pragma unroll
-        for (int32_t k = 0; k < kVECTORS_PER_THREAD<THREADS>; ++k)
-        {
-            staged[k] = __ldcs(from + k * THREADS);
-        }
-#pragma unroll
-        for (int32_t k = 0; k < kVECTORS_PER_THREAD<THREADS>; ++k)
-        {
-            __stcs(to + k * THREADS, staged[k]);
-        }
-    }
-    else if (vectorised)
-    {
-        auto const* from = reinterpret_cast<int4 const*>(src);
-        auto* to = reinterpret_cast<int4*>(dst);
-        for (int64_t i = threadIdx.x; i < bytes / 16; i += THREADS)
-        {
-            __stcs(to + i, __ldcs(from + i));
-        }
-    }
-    else
-    {
-        for (int64_t i = threadIdx.x; i < bytes; i += THREADS)
-        {
-            dst[i] = src[i];
-        }
-    }
-}
+using HostTierShape = BlockShapeOfChunk<THREADS, kHOST_TIER_KERNEL_CHUNK_BYTES>;
+static_assert(HostTierShape<kHOST_TIER_MAPPED_THREADS>::kCHUNK_BYTES == kHOST_TIER_KERNEL_CHUNK_BYTES);
+static_assert(HostTierShape<kHOST_TIER_STAGING_THREADS>::kCHUNK_BYTES == kHOST_TIER_KERNEL_CHUNK_BYTES);
 
 // The explicit minimum of one block lets ptxas use the registers it needs: left to itself it spilled one on sm_80.
 template <bool TO_HOST, int32_t THREADS, typename List>
@@ -151,13 +79,15 @@ __global__ void __launch_bounds__(THREADS, 1) hostTierKernel(HostTierKernelParam
         // Pools are 256-byte aligned and chunks page aligned; offsets inside are multiples of a page or a slot.
         bool const vectorised = (reinterpret_cast<uintptr_t>(devicePage) % 16 == 0)
             && (reinterpret_cast<uintptr_t>(hostPage) % 16 == 0) && bytes % 16 == 0;
+        // Host memory is read and written with streaming hints: it is touched once and should not displace the L2's
+        // working set.
         if constexpr (TO_HOST)
         {
-            moveChunk<THREADS>(devicePage, hostPage, bytes, vectorised);
+            moveChunk<HostTierShape<THREADS>>(devicePage, hostPage, bytes, vectorised, StreamingAccess{});
         }
         else
         {
-            moveChunk<THREADS>(hostPage, devicePage, bytes, vectorised);
+            moveChunk<HostTierShape<THREADS>>(hostPage, devicePage, bytes, vectorised, StreamingAccess{});
         }
     }
 }
@@ -189,10 +119,9 @@ void launchInline(HostTierKernelParams const& params, bool toHost, HostTierEntry
 {
     for (int32_t first = 0; first < count; first += step)
     {
-        InlineEntries<kMAX_INLINE_PAGE_OPS> list;
-        list.count = std::min(step, count - first);
-        std::copy(entries + first, entries + first + list.count, list.items);
-        launch<THREADS>(params, toHost, list, list.count * hostTierItemsPerEntry(params), maxGrid, stream);
+        int32_t const part = std::min(step, count - first);
+        launch<THREADS>(params, toHost, makeInlineList<kMAX_INLINE_PAGE_OPS>(entries + first, part),
+            part * hostTierItemsPerEntry(params), maxGrid, stream);
     }
 }
 
@@ -224,7 +153,8 @@ void launchHostTierKernelDevice(HostTierKernelParams const& params, bool toHost,
     for (int32_t first = 0; first < capacity; first += step)
     {
         int32_t const positions = std::min(step, capacity - first);
-        launch<kHOST_TIER_MAPPED_THREADS>(params, toHost, DeviceEntries{entries + first, deviceCount, first, positions},
+        launch<kHOST_TIER_MAPPED_THREADS>(params, toHost,
+            DeviceList<HostTierEntry>{entries + first, deviceCount, first, positions},
             positions * hostTierItemsPerEntry(params), maxGrid, stream);
     }
 }

@@ -16,18 +16,18 @@ namespace kvcache::rt::detail
 
 //! Bytes one block moves per work item, every thread issuing all its 16-byte loads before its stores.
 constexpr int64_t kHOST_TIER_KERNEL_CHUNK_BYTES = 32 * 1024;
-//! The kernel path's block: one on each of at most kHOST_TIER_MAX_SMS multiprocessors. Measured on an H200: as fast
-//! as one 1024-thread block a multiprocessor, and a small block leaves room beside it, so a persistent compute kernel
-//! of 1024-thread blocks launched while a transfer ran kept one block a multiprocessor (3.4% slower) instead of
-//! doubling up on some (101%).
+//! The kernel path's block: one on each of at most kHOST_TIER_MAX_SMS multiprocessors. It moves data as fast as a
+//! 1024-thread block, and a small block leaves room beside it: a persistent compute kernel of 1024-thread blocks
+//! launched while a transfer runs keeps one block a multiprocessor instead of doubling up on some, which would about
+//! double its time (docs/benchmarks.md).
 constexpr int32_t kHOST_TIER_MAPPED_THREADS = 256;
-//! The copy-engine path's gather and scatter block (device memory only, on every multiprocessor, for a short time),
-//! the shape that path was measured with; a one-page offload was no faster with 256-thread blocks.
+//! The copy-engine path's gather and scatter block (device memory only, on every multiprocessor, for a short time):
+//! the shape that path was measured with; smaller blocks do not speed up short lists (docs/benchmarks.md).
 constexpr int32_t kHOST_TIER_STAGING_THREADS = 1024;
 //! The kernel path moves at most this many bytes a launch (whole slots, at least one). Its blocks hold their
-//! multiprocessors until the launch ends; between launches, compute blocks waiting for room are placed first. On an
-//! H200 a compute kernel that filled every multiprocessor, launched while a long transfer ran, took 12.8% longer with
-//! the transfer in one launch and 1.0% longer with 16 MiB launches, which cost 1% of the transfer's speed (8 MiB: 2%).
+//! multiprocessors until the launch ends; between launches, compute blocks waiting for room are placed first. So
+//! bounded launches keep a long transfer from holding back a compute kernel that fills the GPU, and 16 MiB launches
+//! cost the transfer little of its speed, where smaller ones cost more (docs/benchmarks.md).
 constexpr int64_t kHOST_TIER_KERNEL_LAUNCH_BYTES = int64_t{16} << 20;
 //! A device list takes at most this many launches: positions past the count still cost a launch each (a graph
 //! replays them all), so a long list gets longer launches instead of more of them.

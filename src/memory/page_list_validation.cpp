@@ -1,6 +1,7 @@
 #include "memory/page_list_validation.h"
 
 #include "kvcache/core/errors.h"
+#include "kvcache/tiers/host_tier.h"
 
 #include <fmt/format.h>
 
@@ -35,9 +36,11 @@ void checkId(char const* what, char const* field, int32_t index, int32_t id, int
 }
 
 //! Rejects a page written twice in one call, and (for copies) a page that is both read and written. `writtenAt(i)`
-//! and `readAt(i)` return the i-th written and read page ids, already checked to be in range.
+//! and `readAt(i)` return the i-th written and read page ids, already checked to be in range. A repeated written id
+//! is reported as "<noun> <id> <repeated>".
 template <typename WrittenAt, typename ReadAt>
-void checkDisjoint(char const* what, int32_t writtenCount, WrittenAt writtenAt, int32_t readCount, ReadAt readAt)
+void checkDisjoint(char const* what, int32_t writtenCount, WrittenAt writtenAt, int32_t readCount, ReadAt readAt,
+    char const* noun = "page", char const* repeated = "is a destination more than once")
 {
     // An open-addressing set of the written ids, at most half full: linear time, where sorting the list cost more
     // than the launch itself. Lists up to one launch's size use a stack table, so the common call allocates nothing.
@@ -76,7 +79,7 @@ void checkDisjoint(char const* what, int32_t writtenCount, WrittenAt writtenAt, 
         size_t const slot = probe(id);
         if (table[slot] == id)
         {
-            throw InvalidArgumentError(fmt::format("{}: page {} is a destination more than once", what, id));
+            throw InvalidArgumentError(fmt::format("{}: {} {} {}", what, noun, id, repeated));
         }
         table[slot] = id;
     }
@@ -119,6 +122,30 @@ void validateResetList(char const* what, int32_t const* pages, int32_t count, in
 void validateDeviceListArguments(char const* what, void const* list, int32_t capacity)
 {
     checkLength(what, "capacity", list, capacity);
+}
+
+void validateHostTierEntries(char const* what, HostTierEntry const* entries, int32_t count, int32_t numPages,
+    int64_t numSlots, std::string_view slotNote)
+{
+    checkLength(what, "count", entries, count);
+    for (int32_t i = 0; i < count; ++i)
+    {
+        if (entries[i].page < 0 || entries[i].page >= numPages)
+        {
+            throw OutOfRangeError(fmt::format(
+                "{}: entries[{}].page is page {}; page ids must be in [0, {})", what, i, entries[i].page, numPages));
+        }
+        if (entries[i].slot < 0 || entries[i].slot >= numSlots)
+        {
+            throw OutOfRangeError(fmt::format("{}: entries[{}].slot is slot {}; slots must be in [0, {}){}{}", what, i,
+                entries[i].slot, numSlots, slotNote.empty() ? "" : " ", slotNote));
+        }
+    }
+    auto const pageAt = [entries](int32_t i) { return entries[i].page; };
+    auto const slotAt = [entries](int32_t i) { return entries[i].slot; };
+    auto const nothing = [](int32_t) { return 0; };
+    checkDisjoint(what, count, pageAt, 0, nothing, "page", "is listed more than once");
+    checkDisjoint(what, count, slotAt, 0, nothing, "slot", "is listed more than once");
 }
 
 } // namespace kvcache::rt::detail

@@ -3,6 +3,12 @@
 #include "kvcache/memory/page_ops.h"
 
 #include <cstdint>
+#include <string_view>
+
+namespace kvcache::rt
+{
+struct HostTierEntry;
+}
 
 namespace kvcache::rt::detail
 {
@@ -19,5 +25,13 @@ void validateResetList(char const* what, int32_t const* pages, int32_t count, in
 //! Checks a device list's host-side arguments: throws InvalidArgumentError for a negative capacity or a null list with
 //! a positive capacity.
 void validateDeviceListArguments(char const* what, void const* list, int32_t capacity);
+
+//! Checks a host tier transfer list before anything is enqueued: throws InvalidArgumentError for a negative count or a
+//! null list with a positive count; OutOfRangeError for an entries[i].page outside [0, numPages) or an entries[i].slot
+//! outside [0, numSlots) (its message ends with `slotNote`, when not empty, to say where numSlots comes from); and
+//! InvalidArgumentError for a page or a slot listed twice. Checks entry by entry, page before slot, then repeats.
+//! Messages start with `what`. Linear time; allocates nothing for lists of up to kMAX_INLINE_PAGE_OPS entries.
+void validateHostTierEntries(char const* what, HostTierEntry const* entries, int32_t count, int32_t numPages,
+    int64_t numSlots, std::string_view slotNote = {});
 
 } // namespace kvcache::rt::detail

@@ -1,5 +1,6 @@
 #pragma once
 
+#include "kernels/block_shape.h"
 #include "memory/layer_table.h"
 
 #include "kvcache/memory/kv_cache_manager.h"
@@ -10,17 +11,6 @@
 namespace kvcache::rt::detail
 {
 
-//! Bytes each thread moves per load or store.
-constexpr int64_t kVECTOR_BYTES = 16;
-
-//! A block of THREADS threads, each moving VECTORS 16-byte vectors of one chunk of a page.
-template <int32_t THREADS, int32_t VECTORS>
-struct BlockShape
-{
-    static constexpr int32_t kTHREADS = THREADS;
-    static constexpr int32_t kVECTORS = VECTORS;
-    static constexpr int64_t kCHUNK_BYTES = int64_t{THREADS} * VECTORS * kVECTOR_BYTES;
-};
 // Wide blocks copy long lists fastest; short lists finish sooner in narrow blocks, which start and exit cheaply and
 // spread a few pages over every multiprocessor. Narrow blocks also serve layers of mixed page sizes, where the grid
 // holds idle blocks and a wide one would hold half a multiprocessor while it starts and exits (docs/benchmarks.md).

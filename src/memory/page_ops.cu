@@ -25,21 +25,35 @@ constexpr int32_t kSMALL_INLINE_LIST = 32;
 
 PageOpParams kernelParams(PageOpPlan const& plan, int32_t listSize)
 {
-    return PageOpParams{plan.table, plan.firstLayer, plan.halfBits, plan.firstHalf, plan.numPages, 0,
+    return PageOpParams{plan.table, plan.firstLayer, plan.halfBits, plan.firstHalf, plan.numPages,
         keepsSourcesInL2(plan, listSize), plan.pattern, plan.errorCount};
+}
+
+//! Returns the part of a host list a launch covers: all of it (host lists are split before they are carried).
+template <typename Item, int32_t N>
+InlineList<Item, N> const& partOf(InlineList<Item, N> const& list, int64_t /*first*/, int32_t /*positions*/)
+{
+    return list;
+}
+
+//! Returns positions [first, first + positions) of a device list.
+template <typename Item>
+DeviceList<Item> partOf(DeviceList<Item> const& list, int64_t first, int32_t positions)
+{
+    return DeviceList<Item>{list.items + first, list.count, static_cast<int32_t>(first), positions};
 }
 
 //! Launches over `listSize` entries of `list` (the capacity, for device lists): one launch per kMAX_GRID_YZ entries.
 template <typename Shape, typename Op, typename List>
 void launchShaped(PageOpPlan const& plan, List const& list, int32_t listSize, cudaStream_t stream)
 {
-    PageOpParams params = kernelParams(plan, listSize);
+    PageOpParams const params = kernelParams(plan, listSize);
     auto const chunks = static_cast<uint32_t>(chunksPerPage(plan.maxPageBytes, Shape::kCHUNK_BYTES));
     for (int64_t first = 0; first < listSize; first += kMAX_GRID_YZ)
     {
-        params.firstPosition = static_cast<int32_t>(first);
-        dim3 const grid(chunks, static_cast<uint32_t>(std::min(kMAX_GRID_YZ, listSize - first)), plan.gridZ);
-        pageOpKernel<Shape, Op, List><<<grid, Shape::kTHREADS, 0, stream>>>(params, list);
+        auto const positions = static_cast<int32_t>(std::min(kMAX_GRID_YZ, listSize - first));
+        dim3 const grid(chunks, static_cast<uint32_t>(positions), plan.gridZ);
+        pageOpKernel<Shape, Op, List><<<grid, Shape::kTHREADS, 0, stream>>>(params, partOf(list, first, positions));
         KVCACHE_CUDA_TRY(cudaGetLastError());
     }
 }
@@ -61,15 +75,6 @@ void launch(PageOpPlan const& plan, List const& list, int32_t listSize, cudaStre
     }
 }
 
-template <typename Op, int32_t N, typename Item>
-void launchInline(PageOpPlan const& plan, Item const* items, int32_t count, cudaStream_t stream)
-{
-    InlineList<Item, N> list;
-    list.count = count;
-    std::copy(items, items + count, list.items);
-    launch<Op>(plan, list, count, stream);
-}
-
 //! Launches a validated host list as kernel parameters, kMAX_INLINE_PAGE_OPS entries a launch.
 template <typename Op, typename Item>
 void launchHostList(PageOpPlan const& plan, Item const* items, int32_t count, cudaStream_t stream)
@@ -79,11 +84,11 @@ void launchHostList(PageOpPlan const& plan, Item const* items, int32_t count, cu
         int32_t const part = std::min(kMAX_INLINE_PAGE_OPS, count - first);
         if (part <= kSMALL_INLINE_LIST)
         {
-            launchInline<Op, kSMALL_INLINE_LIST>(plan, items + first, part, stream);
+            launch<Op>(plan, makeInlineList<kSMALL_INLINE_LIST>(items + first, part), part, stream);
         }
         else
         {
-            launchInline<Op, kMAX_INLINE_PAGE_OPS>(plan, items + first, part, stream);
+            launch<Op>(plan, makeInlineList<kMAX_INLINE_PAGE_OPS>(items + first, part), part, stream);
         }
     }
 }
@@ -125,7 +130,7 @@ void copyPagesDevice(KVCacheManager const& cache, PageCopy const* devicePairs, i
     detail::validateDeviceListArguments(kWHAT, devicePairs, capacity);
     detail::PageOpPlan const plan = detail::planPageOp(kWHAT, cache, target, 0, deviceErrorCount);
     detail::launch<detail::CopyOp>(
-        plan, detail::DeviceList<PageCopy>{devicePairs, deviceCount, capacity}, capacity, stream);
+        plan, detail::DeviceList<PageCopy>{devicePairs, deviceCount, 0, capacity}, capacity, stream);
 }
 
 void resetPages(KVCacheManager const& cache, int32_t const* pages, int32_t count, cudaStream_t stream, uint32_t pattern,
@@ -151,7 +156,7 @@ void resetPagesDevice(KVCacheManager const& cache, int32_t const* devicePages, i
     detail::validateDeviceListArguments(kWHAT, devicePages, capacity);
     detail::PageOpPlan const plan = detail::planPageOp(kWHAT, cache, target, pattern, deviceErrorCount);
     detail::launch<detail::ResetOp>(
-        plan, detail::DeviceList<int32_t>{devicePages, deviceCount, capacity}, capacity, stream);
+        plan, detail::DeviceList<int32_t>{devicePages, deviceCount, 0, capacity}, capacity, stream);
 }
 
 } // namespace kvcache::rt
