@@ -579,46 +579,36 @@ TEST(PageListValidationTest, HostTierEntriesNameTheFieldTheValueAndTheLimit)
         [&] { rt::detail::validateHostTierEntries("offload", &entry, -1, 2, 2); }, {"offload", "count is -1", ">= 0"}));
     EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
         [&] { rt::detail::validateHostTierEntries("onboard", nullptr, 3, 2, 2); }, {"onboard", "null", "count is 3"}));
+    std::string message;
     EXPECT_TRUE(throwsNaming<rt::OutOfRangeError>(
-        [&] {
-            checkEntries({{1, 0}, {9, 1}}, 9, 4);
-        },
-        {"offload", "entries[1].page", "page 9", "[0, 9)"}));
-    EXPECT_TRUE(throwsNaming<rt::OutOfRangeError>(
-        [&] {
-            checkEntries({{-1, 0}}, 9, 4);
-        },
-        {"entries[0].page", "page -1", "[0, 9)"}));
-    EXPECT_TRUE(throwsNaming<rt::OutOfRangeError>(
-        [&] {
-            checkEntries({{1, 0}, {2, 4}}, 9, 4);
-        },
-        {"entries[1].slot", "slot 4", "[0, 4) (capacity 4 of target 8)"}));
-    EXPECT_TRUE(throwsNaming<rt::OutOfRangeError>(
-        [&] {
-            checkEntries({{kINT32_MIN, kINT32_MIN}}, 9, 4);
-        },
-        {"entries[0].page", std::to_string(kINT32_MIN)}))
-        << "the page is checked before the slot";
-    EXPECT_TRUE(throwsNaming<rt::OutOfRangeError>(
-        [&] { rt::detail::validateHostTierEntries("offload", &entry, 1, 2, 0); }, {"entries[0].slot", "[0, 0)"}))
-        << "without a note the message ends at the limit";
-    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
-        [&] {
-            checkEntries({{3, 0}, {1, 1}, {3, 2}}, 9, 4);
-        },
-        {"offload", "page 3", "listed more than once"}));
-    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
-        [&] {
-            checkEntries({{1, 0}, {2, 0}}, 9, 4);
-        },
-        {"offload", "slot 0", "listed more than once"}));
-    EXPECT_TRUE(throwsNaming<rt::OutOfRangeError>(
-        [&] {
-            checkEntries({{1, 0}, {1, 0}, {2, 7}}, 9, 4);
-        },
-        {"entries[2].slot"}))
-        << "every range is checked before any repeat";
+        [&] { rt::detail::validateHostTierEntries("offload", &entry, 1, 2, 0); }, {"entries[0].slot"}, &message));
+    EXPECT_EQ(message, "offload: entries[0].slot is slot 0; slots must be in [0, 0)") << "no note, nothing after it";
+
+    // Lists over 9 pages and 4 slots; each must be refused with these words.
+    struct Refused
+    {
+        std::vector<rt::HostTierEntry> entries;
+        bool outOfRange;
+        std::vector<std::string> words;
+    };
+    std::vector<Refused> const cases = {
+        {{{1, 0}, {9, 1}}, true, {"offload", "entries[1].page", "page 9", "[0, 9)"}},
+        {{{-1, 0}}, true, {"entries[0].page", "page -1", "[0, 9)"}},
+        {{{1, 0}, {2, 4}}, true, {"entries[1].slot", "slot 4", "[0, 4) (capacity 4 of target 8)"}},
+        // The page is checked before the slot, and every range before any repeat.
+        {{{kINT32_MIN, kINT32_MIN}}, true, {"entries[0].page", std::to_string(kINT32_MIN)}},
+        {{{1, 0}, {1, 0}, {2, 7}}, true, {"entries[2].slot", "slot 7"}},
+        {{{3, 0}, {1, 1}, {3, 2}}, false, {"offload", "page 3", "listed more than once"}},
+        {{{1, 0}, {2, 0}}, false, {"offload", "slot 0", "listed more than once"}},
+    };
+    for (size_t i = 0; i < cases.size(); ++i)
+    {
+        Refused const& refused = cases[i];
+        auto const check = [&] { checkEntries(refused.entries, 9, 4); };
+        EXPECT_TRUE(refused.outOfRange ? throwsNaming<rt::OutOfRangeError>(check, refused.words)
+                                       : throwsNaming<rt::InvalidArgumentError>(check, refused.words))
+            << "case " << i;
+    }
 }
 
 TEST(PageListValidationTest, HostTierEntriesGetTheVerdictOfASetBasedReference)
