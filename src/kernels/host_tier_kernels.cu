@@ -13,7 +13,6 @@
 #include "kvcache/memory/page_ops.h"
 
 #include <algorithm>
-#include <type_traits>
 
 namespace kvcache::rt::detail
 {
@@ -79,7 +78,7 @@ __global__ void __launch_bounds__(THREADS, 1) hostTierKernel(HostTierKernelParam
         // Pools are 256-byte aligned and chunks page aligned; offsets inside are multiples of a page or a slot.
         bool const vectorised = (reinterpret_cast<uintptr_t>(devicePage) % 16 == 0)
             && (reinterpret_cast<uintptr_t>(hostPage) % 16 == 0) && bytes % 16 == 0;
-        // Host memory is read and written with streaming hints: it is touched once and should not displace the L2's
+        // Streaming hints: a slot, mapped host memory or staging, is touched once and should not displace the L2's
         // working set.
         if constexpr (TO_HOST)
         {
