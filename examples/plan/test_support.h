@@ -35,6 +35,12 @@ inline std::vector<std::pair<int32_t, int32_t>> headShapes(ModelDescription cons
     return shapes;
 }
 
+//! The head shapes of `count` layers of `heads` x `headDim`, as headShapes gives them.
+inline std::vector<std::pair<int32_t, int32_t>> uniformHeads(size_t count, int32_t heads, int32_t headDim)
+{
+    return std::vector<std::pair<int32_t, int32_t>>(count, {heads, headDim});
+}
+
 //! The sliding window of each cache layer (0 for full attention).
 inline std::vector<int32_t> windows(ModelDescription const& model)
 {

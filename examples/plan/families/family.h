@@ -77,6 +77,9 @@ std::vector<bool> attentionLayers(ConfigReader const& reader, int32_t numLayers)
 //! came from in the note. Throws ModelConfigError when there is no sliding_window.
 void applyWindowPattern(AttentionContext& context, int32_t period, std::string const& source);
 
+//! Returns the window as notes give it: the field's full name and its value, e.g. "sliding_window 4096".
+std::string windowText(AttentionContext const& context);
+
 //! Returns "2nd", "4th", "21st", ...
 std::string ordinal(int32_t n);
 

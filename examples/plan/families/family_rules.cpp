@@ -37,9 +37,13 @@ void applyWindowPattern(AttentionContext& context, int32_t period, std::string c
         context, [&](int32_t i) { return (i + 1) % period == 0 ? AttentionKind::kFULL : AttentionKind::kSLIDING; });
     context.notes.push_back(period == 1
             ? fmt::format("{}: every layer is a full-attention layer", source)
-            : fmt::format("{}: every {} layer ({}, {}, ...) is full, the others slide over {} {}", source,
-                ordinal(period), period - 1, 2 * period - 1, context.reader.name("sliding_window"),
-                context.attention.slidingWindow));
+            : fmt::format("{}: every {} layer ({}, {}, ...) is full, the others slide over {}", source, ordinal(period),
+                period - 1, 2 * period - 1, windowText(context)));
+}
+
+std::string windowText(AttentionContext const& context)
+{
+    return fmt::format("{} {}", context.reader.name("sliding_window"), context.attention.slidingWindow);
 }
 
 std::string ordinal(int32_t n)

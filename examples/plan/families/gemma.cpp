@@ -11,8 +11,8 @@ namespace
 //! transformers' Gemma3TextConfig.
 constexpr int32_t kGEMMA3_DEFAULT_WINDOW_PATTERN = 6;
 
-//! Gemma-3 without sliding_window_pattern: every 6th layer full. Gemma-2: even layers slide, odd layers are full.
-bool gemmaAttention(AttentionContext& context)
+//! Gemma-3 without sliding_window_pattern: every 6th layer full.
+bool gemma3DefaultPattern(AttentionContext& context)
 {
     for (std::string_view const type : {"gemma3", "gemma3_text"})
     {
@@ -23,16 +23,27 @@ bool gemmaAttention(AttentionContext& context)
             return true;
         }
     }
+    return false;
+}
+
+//! Gemma-2 without layer_types: even layers slide, odd layers are full.
+bool gemma2AlternatingLayers(AttentionContext& context)
+{
     if (!context.types.is("gemma2"))
     {
         return false;
     }
     requireWindow(context, "Gemma-2 layers alternate sliding and full attention");
     fillKinds(context, [](int32_t i) { return i % 2 == 0 ? AttentionKind::kSLIDING : AttentionKind::kFULL; });
-    context.notes.push_back(fmt::format("Gemma-2 without layer_types: even layers (0, 2, ...) slide over {} {}, odd "
-                                        "layers are full",
-        context.reader.name("sliding_window"), context.attention.slidingWindow));
+    context.notes.push_back(
+        fmt::format("Gemma-2 without layer_types: even layers (0, 2, ...) slide over {}, odd layers are full",
+            windowText(context)));
     return true;
+}
+
+bool gemmaAttention(AttentionContext& context)
+{
+    return gemma3DefaultPattern(context) || gemma2AlternatingLayers(context);
 }
 
 } // namespace

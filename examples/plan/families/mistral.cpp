@@ -16,9 +16,8 @@ bool mistralSlidingLayers(AttentionContext& context)
     }
     fillKinds(context, [](int32_t) { return AttentionKind::kSLIDING; });
     context.notes.push_back(
-        fmt::format("{} {} with no layer_types or sliding_window_pattern: every layer slides (as in "
-                    "Mistral-7B-v0.1)",
-            context.reader.name("sliding_window"), context.attention.slidingWindow));
+        fmt::format("{} with no layer_types or sliding_window_pattern: every layer slides (as in Mistral-7B-v0.1)",
+            windowText(context)));
     return true;
 }
 

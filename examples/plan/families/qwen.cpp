@@ -18,9 +18,8 @@ bool qwenSlidingLayers(AttentionContext& context)
     requireWindow(context, "needed when use_sliding_window is true");
     int32_t const firstSliding = reader.optionalInteger("max_window_layers", 0).value_or(0);
     fillKinds(context, [&](int32_t i) { return i >= firstSliding ? AttentionKind::kSLIDING : AttentionKind::kFULL; });
-    context.notes.push_back(fmt::format("{} is true: layers from {} = {} on slide over {} {}, the ones before are full",
-        reader.name("use_sliding_window"), reader.name("max_window_layers"), firstSliding,
-        reader.name("sliding_window"), context.attention.slidingWindow));
+    context.notes.push_back(fmt::format("{} is true: layers from {} = {} on slide over {}, the ones before are full",
+        reader.name("use_sliding_window"), reader.name("max_window_layers"), firstSliding, windowText(context)));
     return true;
 }
 
