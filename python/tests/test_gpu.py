@@ -117,7 +117,7 @@ def test_host_list_copy_moves_every_byte_of_every_layer(torch):
     # On the cache's stream; the next from_dlpack orders torch's stream after it with an event (no host sync).
     numpy = pytest.importorskip("numpy")
     current.synchronize()
-    kvcache.copy_pages(cache, numpy.array([[7, 4]], dtype=numpy.int32))
+    cache.copy_pages(numpy.array([[7, 4]], dtype=numpy.int32))
     again = torch.from_dlpack(cache.pool_view(0))
     assert torch.equal(again.view(torch.int16)[:, 4], before[0][:, 7])
 
