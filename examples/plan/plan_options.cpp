@@ -95,6 +95,34 @@ std::optional<int64_t> unitBytes(std::string_view unit)
     return std::nullopt;
 }
 
+//! A flag that takes a whole number of at least `minimum`, and where it goes.
+struct CountFlag
+{
+    std::string_view flag;
+    int32_t minimum;
+    void (*set)(PlanOptions& options, int32_t value);
+};
+
+constexpr std::array<CountFlag, 9> kCOUNT_FLAGS = {{
+    {"--batch", 1, [](PlanOptions& options, int32_t value) { options.maxBatchSize = value; }},
+    {"--seq-len", 1, [](PlanOptions& options, int32_t value) { options.maxSequenceLength = value; }},
+    {"--page-size", 1, [](PlanOptions& options, int32_t value) { options.tokensPerPage = value; }},
+    {"--pages", 0, [](PlanOptions& options, int32_t value) { options.numPages = value; }},
+    {"--step-tokens", 0, [](PlanOptions& options, int32_t value) { options.maxTokensPerStep = value; }},
+    {"--tp", 1, [](PlanOptions& options, int32_t value) { options.tp = value; }},
+    {"--layers", 1, [](PlanOptions& options, int32_t value) { options.numLayers = value; }},
+    {"--kv-heads", 1, [](PlanOptions& options, int32_t value) { options.numKVHeads = value; }},
+    {"--head-dim", 1, [](PlanOptions& options, int32_t value) { options.headDim = value; }},
+}};
+
+//! Returns the count flag named `flag`, or nullptr.
+CountFlag const* findCountFlag(std::string_view flag)
+{
+    auto const it = std::find_if(
+        kCOUNT_FLAGS.begin(), kCOUNT_FLAGS.end(), [&](CountFlag const& count) { return count.flag == flag; });
+    return it == kCOUNT_FLAGS.end() ? nullptr : &*it;
+}
+
 } // namespace
 
 int64_t parseByteSize(std::string_view flag, std::string_view text)
@@ -249,49 +277,17 @@ PlanOptions parseArguments(std::vector<std::string> const& args)
             noValue();
             options.json = true;
         }
-        else if (flag == "--batch")
+        else if (CountFlag const* count = findCountFlag(flag))
         {
-            options.maxBatchSize = parseCount(flag, value(), 1);
-        }
-        else if (flag == "--seq-len")
-        {
-            options.maxSequenceLength = parseCount(flag, value(), 1);
+            count->set(options, parseCount(flag, value(), count->minimum));
         }
         else if (flag == "--dtype")
         {
             options.dataType = parseDataType(flag, value());
         }
-        else if (flag == "--page-size")
-        {
-            options.tokensPerPage = parseCount(flag, value(), 1);
-        }
-        else if (flag == "--pages")
-        {
-            options.numPages = parseCount(flag, value(), 0);
-        }
-        else if (flag == "--step-tokens")
-        {
-            options.maxTokensPerStep = parseCount(flag, value(), 0);
-        }
         else if (flag == "--budget")
         {
             options.budgetBytes = parseByteSize(flag, value());
-        }
-        else if (flag == "--tp")
-        {
-            options.tp = parseCount(flag, value(), 1);
-        }
-        else if (flag == "--layers")
-        {
-            options.numLayers = parseCount(flag, value(), 1);
-        }
-        else if (flag == "--kv-heads")
-        {
-            options.numKVHeads = parseCount(flag, value(), 1);
-        }
-        else if (flag == "--head-dim")
-        {
-            options.headDim = parseCount(flag, value(), 1);
         }
         else if (flag == "--layer-heads")
         {

@@ -2,7 +2,7 @@
 
 Each attention layer gets its own device buffer; views of it implement the DLPack protocol, so
 ``torch.from_dlpack(cache.pool_view(layer))`` shares the cache's memory without a copy. Page operations
-(``copy_pages``, ``reset_pages``) take host lists or device arrays and run across all layers in one launch.
+(``cache.copy_pages``, ``cache.reset_pages``) take host lists or device arrays and run across all layers in one launch.
 Importing this package needs neither torch nor NumPy.
 """
 
@@ -38,12 +38,10 @@ from ._kvcache import (
     View,
     __version__,
     compute_layout,
-    copy_pages,
     data_type_name,
     data_type_size,
     gpu_unavailable_reason,
     max_pages_for_budget,
-    reset_pages,
     split_budget,
 )
 
@@ -79,11 +77,9 @@ __all__ = [
     "View",
     "__version__",
     "compute_layout",
-    "copy_pages",
     "data_type_name",
     "data_type_size",
     "gpu_unavailable_reason",
     "max_pages_for_budget",
-    "reset_pages",
     "split_budget",
 ]

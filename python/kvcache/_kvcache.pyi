@@ -136,7 +136,7 @@ class KVLayerConfig:
 
 class Config:
     """
-    What a KVCacheManager allocates: one buffer per attention layer, each [2, num_pages, tokens_per_page, H_i, D_i]. Every field is checked by validate() / compute_layout(), which raise InvalidConfigError.
+    What a KVCacheManager allocates: one buffer per attention layer, each [2, num_pages, tokens_per_page, H_i, D_i]. Every field is checked by compute_layout(), which raises InvalidConfigError.
     """
 
     def __init__(self, *, layer_configs: Sequence[KVLayerConfig | tuple[Any, ...]] = [], num_attention_layers: int | None = None, max_batch_size: int = 0, max_sequence_length: int = 0, kv_cache_type: DataType = DataType.FLOAT16, num_pages: int = 0, tokens_per_page: int = 128, max_tokens_per_step: int = 0, num_pages_per_group: Sequence[int] = [], mem_pool: int = 0) -> None:
@@ -219,9 +219,6 @@ class Config:
 
     @mem_pool.setter
     def mem_pool(self, arg: int, /) -> None: ...
-
-    def validate(self) -> KVCacheLayout:
-        """Returns the layout of this config or raises InvalidConfigError."""
 
     def __repr__(self) -> str: ...
 
@@ -488,10 +485,6 @@ class KVCacheManager:
         Validates `config` (InvalidConfigError) and allocates the cache on `stream` (int handle or object with __cuda_stream__ / cuda_stream, kept referenced; None creates a non-blocking stream the manager owns) on the current device. Raises OutOfMemoryError when the memory cannot be had.
         """
 
-    @staticmethod
-    def validate(config: Config) -> KVCacheLayout:
-        """Returns the layout of `config` (no GPU)."""
-
     def pool_view(self, layer: int) -> View:
         """
         Pool view [2, num_pages, tokens_per_page, H, D] ([1, ...] for a latent layer).
@@ -510,7 +503,7 @@ class KVCacheManager:
         V pool [num_pages, tokens_per_page, H, D]; raises InvalidArgumentError for a latent layer.
         """
 
-    def separate_kv_cache(self, layer: int) -> tuple[View, View]:
+    def separate_view(self, layer: int) -> tuple[View, View]:
         """
         K and V views, each [max_batch_size, capacity, H, D] (V empty for a latent layer).
         """
@@ -579,21 +572,6 @@ class KVCacheManager:
         Fills each listed page with the 4-byte little-endian pattern (0 clears) in every targeted layer and half;
         pages as for copy_pages (host list or device int32 array).
         """
-
-def copy_pages(cache: KVCacheManager, pairs: PagePairs, stream: StreamLike | None = None, *, target: PageOpTarget | None = None, group: int | None = None, count: DeviceArray | None = None, error_count: DeviceArray | None = None) -> None:
-    """
-    Copies each (src, dst) page in every targeted layer and half, stream-ordered (default: the cache's stream).
-    pairs: a host list (sequence of pairs, [n, 2] int array) validated before launch, or a device int32 array
-    ([n, 2] or [2n], __dlpack__ or __cuda_array_interface__) read by the kernel, so a CUDA graph that captured
-    the call replays with its current contents; count / error_count: optional one-element device int32 arrays
-    (device lists only). stream: int handle or object with __cuda_stream__ / cuda_stream.
-    """
-
-def reset_pages(cache: KVCacheManager, pages: PageIds, stream: StreamLike | None = None, *, pattern: int = 0, target: PageOpTarget | None = None, group: int | None = None, count: DeviceArray | None = None, error_count: DeviceArray | None = None) -> None:
-    """
-    Fills each listed page with the 4-byte little-endian pattern (0 clears) in every targeted layer and half;
-    pages as for copy_pages (host list or device int32 array).
-    """
 
 class PageAllocator:
     """

@@ -7,6 +7,20 @@ namespace kvcache::python
 
 namespace nb = nanobind;
 
+//! Adds nothing: ends the list of readOnlyFields.
+template <typename Class>
+void readOnlyFields(Class&)
+{
+}
+
+//! Adds a read-only attribute to `cls` for each (Python name, member pointer) pair, in order.
+template <typename Class, typename Member, typename... Rest>
+void readOnlyFields(Class& cls, char const* name, Member member, Rest... rest)
+{
+    cls.def_ro(name, member);
+    readOnlyFields(cls, rest...);
+}
+
 //! Registers the exception types and the translation of kvcache's C++ errors to them.
 void bindErrors(nb::module_& m);
 //! Registers the enums, KVLayerConfig, Config, the layout types and the budget functions.

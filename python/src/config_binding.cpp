@@ -151,7 +151,7 @@ void bindConfig(nb::module_& m)
 
     nb::class_<rt::KVCacheConfig> config(m, "Config",
         "What a KVCacheManager allocates: one buffer per attention layer, each [2, num_pages, tokens_per_page, H_i, "
-        "D_i]. Every field is checked by validate() / compute_layout(), which raise InvalidConfigError.");
+        "D_i]. Every field is checked by compute_layout(), which raises InvalidConfigError.");
     config.def(
         "__init__",
         [](rt::KVCacheConfig* self, nb::handle layerConfigs, nb::handle numAttentionLayers, int64_t maxBatchSize,
@@ -206,7 +206,6 @@ void bindConfig(nb::module_& m)
             "mem_pool", [](rt::KVCacheConfig const& self) { return reinterpret_cast<uintptr_t>(self.memPool); },
             [](rt::KVCacheConfig& self, uintptr_t pool) { self.memPool = reinterpret_cast<cudaMemPool_t>(pool); },
             "cudaMemPool_t handle to allocate from; 0 means the device's current pool.")
-        .def("validate", &rt::computeLayout, "Returns the layout of this config or raises InvalidConfigError.")
         .def("__repr__",
             [](rt::KVCacheConfig const& self)
             {
@@ -223,49 +222,34 @@ void bindConfig(nb::module_& m)
                     layers);
             });
 
-    nb::class_<rt::KVLayerLayout>(m, "KVLayerLayout", "Sizes of one layer's buffer (element counts per half).")
-        .def_ro("num_kv_heads", &rt::KVLayerLayout::numKVHeads)
-        .def_ro("head_dim", &rt::KVLayerLayout::headDim)
-        .def_ro("kind", &rt::KVLayerLayout::kind)
-        .def_ro("sliding_window", &rt::KVLayerLayout::slidingWindow)
-        .def_ro("group", &rt::KVLayerLayout::group)
-        .def_ro("num_halves", &rt::KVLayerLayout::numHalves)
-        .def_ro("capacity", &rt::KVLayerLayout::capacity)
-        .def_ro("num_pages", &rt::KVLayerLayout::numPages)
-        .def_ro("page_elems", &rt::KVLayerLayout::pageElems)
-        .def_ro("page_bytes", &rt::KVLayerLayout::pageBytes)
-        .def_ro("half_elems", &rt::KVLayerLayout::halfElems)
-        .def_ro("layer_bytes", &rt::KVLayerLayout::layerBytes);
+    nb::class_<rt::KVLayerLayout> layerLayout(
+        m, "KVLayerLayout", "Sizes of one layer's buffer (element counts per half).");
+    readOnlyFields(layerLayout, "num_kv_heads", &rt::KVLayerLayout::numKVHeads, "head_dim", &rt::KVLayerLayout::headDim,
+        "kind", &rt::KVLayerLayout::kind, "sliding_window", &rt::KVLayerLayout::slidingWindow, "group",
+        &rt::KVLayerLayout::group, "num_halves", &rt::KVLayerLayout::numHalves, "capacity",
+        &rt::KVLayerLayout::capacity, "num_pages", &rt::KVLayerLayout::numPages, "page_elems",
+        &rt::KVLayerLayout::pageElems, "page_bytes", &rt::KVLayerLayout::pageBytes, "half_elems",
+        &rt::KVLayerLayout::halfElems, "layer_bytes", &rt::KVLayerLayout::layerBytes);
 
-    nb::class_<rt::KVPageGroupLayout>(m, "KVPageGroupLayout", "Layers that share one page-id space.")
-        .def_ro("sliding_window", &rt::KVPageGroupLayout::slidingWindow)
-        .def_ro("pages_per_sequence", &rt::KVPageGroupLayout::pagesPerSequence)
-        .def_ro("capacity", &rt::KVPageGroupLayout::capacity)
-        .def_ro("min_pages", &rt::KVPageGroupLayout::minPages)
-        .def_ro("num_pages", &rt::KVPageGroupLayout::numPages)
-        .def_ro("layers", &rt::KVPageGroupLayout::layers)
-        .def_ro("bytes_per_page", &rt::KVPageGroupLayout::bytesPerPage)
-        .def_ro("cache_bytes", &rt::KVPageGroupLayout::cacheBytes);
+    nb::class_<rt::KVPageGroupLayout> groupLayout(m, "KVPageGroupLayout", "Layers that share one page-id space.");
+    readOnlyFields(groupLayout, "sliding_window", &rt::KVPageGroupLayout::slidingWindow, "pages_per_sequence",
+        &rt::KVPageGroupLayout::pagesPerSequence, "capacity", &rt::KVPageGroupLayout::capacity, "min_pages",
+        &rt::KVPageGroupLayout::minPages, "num_pages", &rt::KVPageGroupLayout::numPages, "layers",
+        &rt::KVPageGroupLayout::layers, "bytes_per_page", &rt::KVPageGroupLayout::bytesPerPage, "cache_bytes",
+        &rt::KVPageGroupLayout::cacheBytes);
 
-    nb::class_<rt::KVCacheLayout>(m, "KVCacheLayout", "The layout maths of a validated config.")
-        .def_ro("max_batch_size", &rt::KVCacheLayout::maxBatchSize)
-        .def_ro("data_type", &rt::KVCacheLayout::dataType)
-        .def_ro("tokens_per_page", &rt::KVCacheLayout::tokensPerPage)
-        .def_ro("max_tokens_per_step", &rt::KVCacheLayout::maxTokensPerStep)
-        .def_ro("cap_padded", &rt::KVCacheLayout::capPadded)
-        .def_ro("pages_per_slot", &rt::KVCacheLayout::pagesPerSlot)
-        .def_ro("min_pages", &rt::KVCacheLayout::minPages)
-        .def_ro("num_pages", &rt::KVCacheLayout::numPages)
-        .def_ro("element_bytes", &rt::KVCacheLayout::elementBytes)
-        .def_ro("layers", &rt::KVCacheLayout::layers)
-        .def_ro("groups", &rt::KVCacheLayout::groups)
-        .def_ro("cache_bytes", &rt::KVCacheLayout::cacheBytes)
-        .def_ro("bytes_per_page", &rt::KVCacheLayout::bytesPerPage);
+    nb::class_<rt::KVCacheLayout> cacheLayout(m, "KVCacheLayout", "The layout maths of a validated config.");
+    readOnlyFields(cacheLayout, "max_batch_size", &rt::KVCacheLayout::maxBatchSize, "data_type",
+        &rt::KVCacheLayout::dataType, "tokens_per_page", &rt::KVCacheLayout::tokensPerPage, "max_tokens_per_step",
+        &rt::KVCacheLayout::maxTokensPerStep, "cap_padded", &rt::KVCacheLayout::capPadded, "pages_per_slot",
+        &rt::KVCacheLayout::pagesPerSlot, "min_pages", &rt::KVCacheLayout::minPages, "num_pages",
+        &rt::KVCacheLayout::numPages, "element_bytes", &rt::KVCacheLayout::elementBytes, "layers",
+        &rt::KVCacheLayout::layers, "groups", &rt::KVCacheLayout::groups, "cache_bytes", &rt::KVCacheLayout::cacheBytes,
+        "bytes_per_page", &rt::KVCacheLayout::bytesPerPage);
 
-    nb::class_<rt::BudgetSplit>(m, "BudgetSplit", "A budget split across page groups (split_budget).")
-        .def_ro("sequences", &rt::BudgetSplit::sequences)
-        .def_ro("num_pages_per_group", &rt::BudgetSplit::numPagesPerGroup)
-        .def_ro("bytes", &rt::BudgetSplit::bytes);
+    nb::class_<rt::BudgetSplit> budgetSplit(m, "BudgetSplit", "A budget split across page groups (split_budget).");
+    readOnlyFields(budgetSplit, "sequences", &rt::BudgetSplit::sequences, "num_pages_per_group",
+        &rt::BudgetSplit::numPagesPerGroup, "bytes", &rt::BudgetSplit::bytes);
 
     m.def("compute_layout", &rt::computeLayout, nb::arg("config"),
         "Validates `config` and returns its layout; raises InvalidConfigError naming the field, value and limit. No "

@@ -2,6 +2,9 @@
 
 #include <kvcache/errors.h>
 
+#include <exception>
+#include <string>
+
 namespace kvcache::python
 {
 namespace
@@ -26,6 +29,18 @@ PyObject* newException(nb::module_& m, char const* name, PyObject* base, char co
     return type;
 }
 
+//! Sets `type` with the message of `error` when `error` is an `Error`; returns whether it was.
+template <typename Error>
+bool translateAs(std::exception const& error, PyObject* type)
+{
+    if (dynamic_cast<Error const*>(&error) == nullptr)
+    {
+        return false;
+    }
+    PyErr_SetString(type, error.what());
+    return true;
+}
+
 } // namespace
 
 void bindErrors(nb::module_& m)
@@ -40,7 +55,6 @@ void bindErrors(nb::module_& m)
         newException(m, "OutOfMemoryError", PyExc_MemoryError, "Device memory or free pages could not be had.");
     gCudaError = newException(m, "CudaError", PyExc_RuntimeError, "A CUDA runtime call failed.");
 
-    // Most derived first: InvalidConfigError is an InvalidArgumentError.
     nb::register_exception_translator(
         [](std::exception_ptr const& error, void*)
         {
@@ -48,29 +62,19 @@ void bindErrors(nb::module_& m)
             {
                 std::rethrow_exception(error);
             }
-            catch (rt::InvalidConfigError const& e)
+            catch (std::exception const& e)
             {
-                PyErr_SetString(gInvalidConfigError, e.what());
-            }
-            catch (rt::InvalidArgumentError const& e)
-            {
-                PyErr_SetString(gInvalidArgumentError, e.what());
-            }
-            catch (rt::OutOfRangeError const& e)
-            {
-                PyErr_SetString(gOutOfRangeError, e.what());
-            }
-            catch (rt::OutOfMemoryError const& e)
-            {
-                PyErr_SetString(gOutOfMemoryError, e.what());
-            }
-            catch (rt::CudaError const& e)
-            {
-                PyErr_SetString(gCudaError, e.what());
-            }
-            catch (rt::Error const& e)
-            {
-                PyErr_SetString(PyExc_RuntimeError, e.what());
+                // Most derived first: InvalidConfigError is an InvalidArgumentError. Other standard exceptions go on
+                // to nanobind's own translation.
+                bool const translated = translateAs<rt::InvalidConfigError>(e, gInvalidConfigError)
+                    || translateAs<rt::InvalidArgumentError>(e, gInvalidArgumentError)
+                    || translateAs<rt::OutOfRangeError>(e, gOutOfRangeError)
+                    || translateAs<rt::OutOfMemoryError>(e, gOutOfMemoryError)
+                    || translateAs<rt::CudaError>(e, gCudaError) || translateAs<rt::Error>(e, PyExc_RuntimeError);
+                if (!translated)
+                {
+                    throw;
+                }
             }
         });
 }

@@ -1,7 +1,7 @@
 #include "bindings.h"
 #include "cuda_arguments.h"
 #include "dlpack_view.h"
-#include "core/scoped_device.h"
+#include "handle_stream.h"
 
 #include <kvcache/errors.h>
 #include <kvcache/kv_cache_manager.h>
@@ -25,41 +25,13 @@ namespace
 class CacheHandle
 {
 public:
+    //! Takes a config that computeLayout accepted, so that a bad one is reported as such even where there is no GPU.
     CacheHandle(rt::KVCacheConfig const& config, nb::handle stream)
+        : mStream(stream)
+        , mManager(std::make_unique<rt::KVCacheManager>(config, mStream.stream()))
     {
-        // A bad config is reported as such even where there is no GPU.
-        rt::computeLayout(config);
-        cudaStream_t cacheStream = nullptr;
-        if (stream.is_none())
-        {
-            KVCACHE_CUDA_TRY(cudaStreamCreateWithFlags(&mOwnedStream, cudaStreamNonBlocking));
-            cacheStream = mOwnedStream;
-        }
-        else
-        {
-            cacheStream = streamArgument(stream, nullptr);
-            mStreamObject = nb::borrow(stream);
-        }
-        try
-        {
-            mManager = std::make_unique<rt::KVCacheManager>(config, cacheStream);
-            rt::detail::ScopedDevice const scoped(mManager->device());
-            KVCACHE_CUDA_TRY(cudaEventCreateWithFlags(&mOrder.event, cudaEventDisableTiming));
-            mOrder.producer = cacheStream;
-            mOrder.device = mManager->device();
-        }
-        catch (...)
-        {
-            release();
-            throw;
-        }
+        mStream.createEvent(mManager->device());
     }
-    ~CacheHandle() noexcept
-    {
-        release();
-    }
-    CacheHandle(CacheHandle const&) = delete;
-    CacheHandle& operator=(CacheHandle const&) = delete;
 
     rt::KVCacheManager& manager() noexcept
     {
@@ -67,11 +39,11 @@ public:
     }
     StreamOrder const& order() const noexcept
     {
-        return mOrder;
+        return mStream.order();
     }
     cudaStream_t stream() const noexcept
     {
-        return mOrder.producer;
+        return mStream.stream();
     }
 
     //! Returns `layer` as int32 when it indexes a layer; throws OutOfRangeError naming the index and the count.
@@ -100,32 +72,46 @@ public:
     std::vector<int32_t> pages;
 
 private:
-    void release() noexcept
-    {
-        mManager.reset();
-        if (mOrder.event != nullptr)
-        {
-            KVCACHE_CUDA_LOG(cudaEventDestroy(mOrder.event));
-            mOrder.event = nullptr;
-        }
-        if (mOwnedStream != nullptr)
-        {
-            KVCACHE_CUDA_LOG(cudaStreamDestroy(mOwnedStream));
-            mOwnedStream = nullptr;
-        }
-    }
-
-    cudaStream_t mOwnedStream{nullptr};
-    nb::object mStreamObject;
-    StreamOrder mOrder;
+    HandleStream mStream;
     std::unique_ptr<rt::KVCacheManager> mManager;
 };
 
 using Self = nb::pointer_and_handle<CacheHandle>;
 
+//! Adds nothing: ends the list of managerAccessors.
+void managerAccessors(nb::class_<CacheHandle>&)
+{
+}
+
+//! Adds a method to `cls` for each (Python name, KVCacheManager accessor) pair: the accessor's value, copied.
+template <typename Accessor, typename... Rest>
+void managerAccessors(nb::class_<CacheHandle>& cls, char const* name, Accessor accessor, Rest... rest)
+{
+    cls.def(name, [accessor](CacheHandle& c) { return (c.manager().*accessor)(); });
+    managerAccessors(cls, rest...);
+}
+
 DLPackView viewOf(Self self, rt::Tensor const& tensor)
 {
     return DLPackView(tensor, kDLCUDA, self.p->manager().device(), &self.p->order(), nb::borrow(self.h));
+}
+
+//! Returns the K or V pool of `layer` as a view [num_pages, tokens_per_page, H, D]; throws InvalidArgumentError for
+//! the V pool of a latent layer.
+DLPackView poolHalfView(Self self, int64_t layer, rt::KVHalf half)
+{
+    rt::KVCacheManager& manager = self.p->manager();
+    int32_t const index = self.p->layer(layer);
+    rt::KVLayerLayout const& sizes = manager.layout().layers[static_cast<size_t>(index)];
+    if (half == rt::KVHalf::kV && sizes.kind == rt::KVLayerKind::kLATENT)
+    {
+        throw rt::InvalidArgumentError(
+            fmt::format("layer {} is a latent (KVLayerKind.LATENT) layer: it caches K only and has no V pool", index));
+    }
+    rt::Tensor const pool(half == rt::KVHalf::kK ? manager.kPoolPtr(index) : manager.vPoolPtr(index),
+        rt::Coords{sizes.numPages, manager.tokensPerPage(), sizes.numKVHeads, sizes.headDim}, manager.layout().dataType,
+        rt::DeviceType::kGPU);
+    return viewOf(self, pool);
 }
 
 rt::PageOpTarget targetOf(nb::handle target, nb::handle group)
@@ -158,13 +144,35 @@ int32_t* deviceScalar(nb::handle value, cudaStream_t stream, int32_t device, cha
     return array->data;
 }
 
+//! What both page operations take besides their list: the stream (default: the cache's), the target and the device.
+struct PageOpCall
+{
+    cudaStream_t stream = nullptr;
+    rt::PageOpTarget target = {};
+    int32_t device = 0;
+};
+
+PageOpCall pageOpCall(CacheHandle& cache, nb::handle stream, nb::handle target, nb::handle group)
+{
+    return PageOpCall{streamArgument(stream, cache.stream()), targetOf(target, group), cache.manager().device()};
+}
+
+//! Throws InvalidArgumentError unless count and error_count are None: they are device scalars for device lists, and
+//! `list` is a host list.
+void requireHostListArguments(nb::handle count, nb::handle errorCount, char const* list)
+{
+    if (!count.is_none() || !errorCount.is_none())
+    {
+        throw rt::InvalidArgumentError(
+            fmt::format("count and error_count are device int32 scalars for device lists; {} is a host list", list));
+    }
+}
+
 void copyPages(CacheHandle& cache, nb::handle pairs, nb::handle stream, nb::handle target, nb::handle group,
     nb::handle count, nb::handle errorCount)
 {
-    cudaStream_t const opStream = streamArgument(stream, cache.stream());
-    rt::PageOpTarget const opTarget = targetOf(target, group);
-    int32_t const device = cache.manager().device();
-    if (std::optional<DeviceInt32Array> const list = deviceInt32Array(pairs, opStream, device, "pairs"))
+    PageOpCall const call = pageOpCall(cache, stream, target, group);
+    if (std::optional<DeviceInt32Array> const list = deviceInt32Array(pairs, call.stream, call.device, "pairs"))
     {
         if (list->count % 2 != 0)
         {
@@ -173,17 +181,13 @@ void copyPages(CacheHandle& cache, nb::handle pairs, nb::handle stream, nb::hand
         }
         int32_t const capacity = toInt32(list->count / 2, "pairs capacity");
         rt::copyPagesDevice(cache.manager(), reinterpret_cast<rt::PageCopy const*>(list->data), capacity,
-            deviceScalar(count, opStream, device, "count"), opStream, opTarget,
-            deviceScalar(errorCount, opStream, device, "error_count"));
+            deviceScalar(count, call.stream, call.device, "count"), call.stream, call.target,
+            deviceScalar(errorCount, call.stream, call.device, "error_count"));
         return;
     }
-    if (!count.is_none() || !errorCount.is_none())
-    {
-        throw rt::InvalidArgumentError("count and error_count are device int32 scalars for device lists; pairs is a "
-                                       "host list");
-    }
+    requireHostListArguments(count, errorCount, "pairs");
     hostPagePairs(pairs, cache.pairs);
-    rt::copyPages(cache.manager(), cache.pairs, opStream, opTarget);
+    rt::copyPages(cache.manager(), cache.pairs, call.stream, call.target);
 }
 
 void resetPages(CacheHandle& cache, nb::handle pages, nb::handle stream, int64_t pattern, nb::handle target,
@@ -194,34 +198,18 @@ void resetPages(CacheHandle& cache, nb::handle pages, nb::handle stream, int64_t
         throw rt::InvalidArgumentError(fmt::format("pattern is {}; it must be in [0, {}]", pattern, UINT32_MAX));
     }
     uint32_t const fill = static_cast<uint32_t>(pattern);
-    cudaStream_t const opStream = streamArgument(stream, cache.stream());
-    rt::PageOpTarget const opTarget = targetOf(target, group);
-    int32_t const device = cache.manager().device();
-    if (std::optional<DeviceInt32Array> const list = deviceInt32Array(pages, opStream, device, "pages"))
+    PageOpCall const call = pageOpCall(cache, stream, target, group);
+    if (std::optional<DeviceInt32Array> const list = deviceInt32Array(pages, call.stream, call.device, "pages"))
     {
         rt::resetPagesDevice(cache.manager(), list->data, toInt32(list->count, "pages capacity"),
-            deviceScalar(count, opStream, device, "count"), opStream, fill, opTarget,
-            deviceScalar(errorCount, opStream, device, "error_count"));
+            deviceScalar(count, call.stream, call.device, "count"), call.stream, fill, call.target,
+            deviceScalar(errorCount, call.stream, call.device, "error_count"));
         return;
     }
-    if (!count.is_none() || !errorCount.is_none())
-    {
-        throw rt::InvalidArgumentError("count and error_count are device int32 scalars for device lists; pages is a "
-                                       "host list");
-    }
+    requireHostListArguments(count, errorCount, "pages");
     hostPageIds(pages, cache.pages);
-    rt::resetPages(cache.manager(), cache.pages, opStream, fill, opTarget);
+    rt::resetPages(cache.manager(), cache.pages, call.stream, fill, call.target);
 }
-
-// The Python signature of the page operations, shared by the methods and the module functions.
-#define KVCACHE_COPY_PAGES_ARGS                                                                                        \
-    nb::arg("pairs"), nb::arg("stream") = nb::none(), nb::kw_only(), nb::arg("target") = nb::none(),                   \
-                      nb::arg("group") = nb::none(), nb::arg("count") = nb::none(),                                    \
-                      nb::arg("error_count") = nb::none()
-#define KVCACHE_RESET_PAGES_ARGS                                                                                       \
-    nb::arg("pages"), nb::arg("stream") = nb::none(), nb::kw_only(), nb::arg("pattern") = 0,                           \
-                      nb::arg("target") = nb::none(), nb::arg("group") = nb::none(), nb::arg("count") = nb::none(),    \
-                      nb::arg("error_count") = nb::none()
 
 char const* const kCOPY_PAGES_DOC =
     "Copies each (src, dst) page in every targeted layer and half, stream-ordered (default: the cache's stream).\n"
@@ -257,17 +245,14 @@ void bindManager(nb::module_& m)
         .def_rw("half", &rt::PageOpTarget::half, "BOTH, K or V.")
         .def_rw("group", &rt::PageOpTarget::group, "Page group; -1 means the only one.");
 
-    nb::class_<rt::LayerRef>(m, "LayerRef", "One layer's pools as a kernel addresses them (addresses as ints).")
-        .def_prop_ro("k_pool", [](rt::LayerRef const& ref) { return reinterpret_cast<uintptr_t>(ref.kPool); })
-        .def_prop_ro("v_pool", [](rt::LayerRef const& ref) { return reinterpret_cast<uintptr_t>(ref.vPool); })
-        .def_ro("page_stride", &rt::LayerRef::pageStride)
-        .def_ro("token_stride", &rt::LayerRef::tokenStride)
-        .def_ro("head_stride", &rt::LayerRef::headStride)
-        .def_ro("element_bytes", &rt::LayerRef::elementBytes)
-        .def_ro("num_pages", &rt::LayerRef::numPages)
-        .def_ro("tokens_per_page", &rt::LayerRef::tokensPerPage)
-        .def_ro("num_kv_heads", &rt::LayerRef::numKVHeads)
-        .def_ro("head_dim", &rt::LayerRef::headDim);
+    nb::class_<rt::LayerRef> layerRef(
+        m, "LayerRef", "One layer's pools as a kernel addresses them (addresses as ints).");
+    layerRef.def_prop_ro("k_pool", [](rt::LayerRef const& ref) { return reinterpret_cast<uintptr_t>(ref.kPool); })
+        .def_prop_ro("v_pool", [](rt::LayerRef const& ref) { return reinterpret_cast<uintptr_t>(ref.vPool); });
+    readOnlyFields(layerRef, "page_stride", &rt::LayerRef::pageStride, "token_stride", &rt::LayerRef::tokenStride,
+        "head_stride", &rt::LayerRef::headStride, "element_bytes", &rt::LayerRef::elementBytes, "num_pages",
+        &rt::LayerRef::numPages, "tokens_per_page", &rt::LayerRef::tokensPerPage, "num_kv_heads",
+        &rt::LayerRef::numKVHeads, "head_dim", &rt::LayerRef::headDim);
 
     nb::class_<CacheHandle> cls(m, "KVCacheManager", nb::is_weak_referenceable(),
         "Owns one device buffer per attention layer (cudaMallocAsync on its stream) and hands out zero-copy DLPack "
@@ -275,63 +260,37 @@ void bindManager(nb::module_& m)
     cls.def(
            "__init__",
            [](CacheHandle* self, rt::KVCacheConfig const& config, nb::handle stream)
-           { new (self) CacheHandle(config, stream); },
+           {
+               rt::computeLayout(config);
+               new (self) CacheHandle(config, stream);
+           },
            nb::arg("config"), nb::arg("stream") = nb::none(),
            "Validates `config` (InvalidConfigError) and allocates the cache on `stream` (int handle or object with "
            "__cuda_stream__ / cuda_stream, kept referenced; None creates a non-blocking stream the manager owns) on "
            "the current device. Raises OutOfMemoryError when the memory cannot be had.")
-        .def_static("validate", &rt::computeLayout, nb::arg("config"), "Returns the layout of `config` (no GPU).")
         .def(
             "pool_view",
-            [](Self self, int64_t layer)
-            { return viewOf(self, self.p->manager().getCombinedKVCachePoolView(self.p->layer(layer))); },
+            [](Self self, int64_t layer) { return viewOf(self, self.p->manager().poolView(self.p->layer(layer))); },
             nb::arg("layer"), "Pool view [2, num_pages, tokens_per_page, H, D] ([1, ...] for a latent layer).")
         .def(
             "slot_view",
-            [](Self self, int64_t layer)
-            { return viewOf(self, self.p->manager().getCombinedKVCache(self.p->layer(layer))); },
+            [](Self self, int64_t layer) { return viewOf(self, self.p->manager().slotView(self.p->layer(layer))); },
             nb::arg("layer"),
             "Slot view [2, max_batch_size, capacity, H, D]; raises InvalidConfigError when the layer's group has "
             "retained pages.")
         .def(
-            "k_pool",
-            [](Self self, int64_t layer)
-            {
-                rt::KVCacheManager& manager = self.p->manager();
-                rt::KVLayerLayout const& sizes = manager.layout().layers[static_cast<size_t>(self.p->layer(layer))];
-                int32_t const index = self.p->layer(layer);
-                rt::Tensor const pool(manager.kPoolPtr(index),
-                    rt::Coords{sizes.numPages, manager.tokensPerPage(), sizes.numKVHeads, sizes.headDim},
-                    manager.layout().dataType, rt::DeviceType::kGPU);
-                return viewOf(self, pool);
-            },
+            "k_pool", [](Self self, int64_t layer) { return poolHalfView(self, layer, rt::KVHalf::kK); },
             nb::arg("layer"), "K pool [num_pages, tokens_per_page, H, D] of a layer.")
         .def(
-            "v_pool",
-            [](Self self, int64_t layer)
-            {
-                rt::KVCacheManager& manager = self.p->manager();
-                int32_t const index = self.p->layer(layer);
-                rt::KVLayerLayout const& sizes = manager.layout().layers[static_cast<size_t>(index)];
-                if (sizes.kind == rt::KVLayerKind::kLATENT)
-                {
-                    throw rt::InvalidArgumentError(fmt::format(
-                        "layer {} is a latent (KVLayerKind.LATENT) layer: it caches K only and has no V pool", index));
-                }
-                rt::Tensor const pool(manager.vPoolPtr(index),
-                    rt::Coords{sizes.numPages, manager.tokensPerPage(), sizes.numKVHeads, sizes.headDim},
-                    manager.layout().dataType, rt::DeviceType::kGPU);
-                return viewOf(self, pool);
-            },
+            "v_pool", [](Self self, int64_t layer) { return poolHalfView(self, layer, rt::KVHalf::kV); },
             nb::arg("layer"),
             "V pool [num_pages, tokens_per_page, H, D]; raises InvalidArgumentError for a latent "
             "layer.")
         .def(
-            "separate_kv_cache",
+            "separate_view",
             [](Self self, int64_t layer)
             {
-                std::pair<rt::Tensor, rt::Tensor> const halves =
-                    self.p->manager().getSeparateKVCache(self.p->layer(layer));
+                std::pair<rt::Tensor, rt::Tensor> const halves = self.p->manager().separateView(self.p->layer(layer));
                 return std::make_pair(viewOf(self, halves.first), viewOf(self, halves.second));
             },
             nb::arg("layer"), "K and V views, each [max_batch_size, capacity, H, D] (V empty for a latent layer).")
@@ -358,20 +317,14 @@ void bindManager(nb::module_& m)
         .def(
             "group_of", [](CacheHandle& c, int64_t layer) { return c.manager().groupOf(c.layer(layer)); },
             nb::arg("layer"), "The page group of a layer.")
-        .def("num_layers", [](CacheHandle& c) { return c.manager().numLayers(); })
         .def(
             "num_pages", [](CacheHandle& c) { return c.manager().numPages(); }, "Pages per half of group 0.")
         .def(
             "min_pages", [](CacheHandle& c) { return c.manager().minPages(); }, "Group 0's minimum pages.")
-        .def("max_cap_padded", [](CacheHandle& c) { return c.manager().maxCapPadded(); })
-        .def("tokens_per_page", [](CacheHandle& c) { return c.manager().tokensPerPage(); })
-        .def("num_groups", [](CacheHandle& c) { return c.manager().numGroups(); })
-        .def("is_uniform", [](CacheHandle& c) { return c.manager().isUniform(); })
         .def(
             "get_config", [](CacheHandle& c) { return c.manager().getConfig(); }, "A copy of the config.")
         .def(
             "layout", [](CacheHandle& c) { return c.manager().layout(); }, "A copy of the layout.")
-        .def("allocated_bytes", [](CacheHandle& c) { return c.manager().allocatedBytes(); })
         .def(
             "stream", [](CacheHandle& c) { return reinterpret_cast<uintptr_t>(c.stream()); },
             "The cache's stream handle.")
@@ -384,11 +337,16 @@ void bindManager(nb::module_& m)
                 KVCACHE_CUDA_TRY(cudaStreamSynchronize(c.stream()));
             },
             "Waits on the host for the work enqueued on the cache's stream.")
-        .def("copy_pages", &copyPages, KVCACHE_COPY_PAGES_ARGS, kCOPY_PAGES_DOC)
-        .def("reset_pages", &resetPages, KVCACHE_RESET_PAGES_ARGS, kRESET_PAGES_DOC);
-
-    m.def("copy_pages", &copyPages, nb::arg("cache"), KVCACHE_COPY_PAGES_ARGS, kCOPY_PAGES_DOC);
-    m.def("reset_pages", &resetPages, nb::arg("cache"), KVCACHE_RESET_PAGES_ARGS, kRESET_PAGES_DOC);
+        .def("copy_pages", &copyPages, nb::arg("pairs"), nb::arg("stream") = nb::none(), nb::kw_only(),
+            nb::arg("target") = nb::none(), nb::arg("group") = nb::none(), nb::arg("count") = nb::none(),
+            nb::arg("error_count") = nb::none(), kCOPY_PAGES_DOC)
+        .def("reset_pages", &resetPages, nb::arg("pages"), nb::arg("stream") = nb::none(), nb::kw_only(),
+            nb::arg("pattern") = 0, nb::arg("target") = nb::none(), nb::arg("group") = nb::none(),
+            nb::arg("count") = nb::none(), nb::arg("error_count") = nb::none(), kRESET_PAGES_DOC);
+    managerAccessors(cls, "num_layers", &rt::KVCacheManager::numLayers, "max_cap_padded",
+        &rt::KVCacheManager::maxCapPadded, "tokens_per_page", &rt::KVCacheManager::tokensPerPage, "num_groups",
+        &rt::KVCacheManager::numGroups, "is_uniform", &rt::KVCacheManager::isUniform, "allocated_bytes",
+        &rt::KVCacheManager::allocatedBytes);
 
     m.def(
         "_time_copy_pages_cpp",

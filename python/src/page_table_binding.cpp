@@ -1,7 +1,7 @@
 #include "bindings.h"
 #include "cuda_arguments.h"
 #include "dlpack_view.h"
-#include "core/scoped_device.h"
+#include "handle_stream.h"
 
 #include <kvcache/errors.h>
 #include <kvcache/page_table.h>
@@ -22,39 +22,14 @@ namespace
 class PageTableHandle
 {
 public:
-    PageTableHandle(int64_t maxBatchSize, int64_t maxPagesPerSequence, int64_t tokensPerPage, nb::handle stream)
+    PageTableHandle(int32_t maxBatchSize, int32_t maxPagesPerSequence, int32_t tokensPerPage, nb::handle stream)
+        : mStream(stream)
+        , mTables(std::make_unique<rt::PageTableBuffers>(
+              maxBatchSize, maxPagesPerSequence, tokensPerPage, mStream.stream()))
     {
-        int32_t const batch = toInt32(maxBatchSize, "max_batch_size");
-        int32_t const pagesPerSequence = toInt32(maxPagesPerSequence, "max_pages_per_sequence");
-        int32_t const tokens = toInt32(tokensPerPage, "tokens_per_page");
-        cudaStream_t tableStream = nullptr;
-        if (stream.is_none())
-        {
-            KVCACHE_CUDA_TRY(cudaStreamCreateWithFlags(&mOwnedStream, cudaStreamNonBlocking));
-            tableStream = mOwnedStream;
-        }
-        else
-        {
-            tableStream = streamArgument(stream, nullptr);
-            mStreamObject = nb::borrow(stream);
-        }
-        try
-        {
-            mTables = std::make_unique<rt::PageTableBuffers>(batch, pagesPerSequence, tokens, tableStream);
-            KVCACHE_CUDA_TRY(cudaGetDevice(&mOrder.device));
-            KVCACHE_CUDA_TRY(cudaEventCreateWithFlags(&mOrder.event, cudaEventDisableTiming));
-            mOrder.producer = tableStream;
-            mConstructionStream = tableStream;
-        }
-        catch (...)
-        {
-            release();
-            throw;
-        }
-    }
-    ~PageTableHandle() noexcept
-    {
-        release();
+        int32_t device = 0;
+        KVCACHE_CUDA_TRY(cudaGetDevice(&device));
+        mStream.createEvent(device);
     }
     PageTableHandle(PageTableHandle const&) = delete;
     PageTableHandle& operator=(PageTableHandle const&) = delete;
@@ -65,12 +40,12 @@ public:
     }
     StreamOrder const& order() const noexcept
     {
-        return mOrder;
+        return mStream.order();
     }
 
     void build(nb::handle sequences, nb::handle stream)
     {
-        cudaStream_t const buildStream = streamArgument(stream, mConstructionStream);
+        cudaStream_t const buildStream = streamArgument(stream, mStream.stream());
         size_t count = 0;
         for (nb::handle sequence : sequences)
         {
@@ -96,29 +71,11 @@ public:
             ++count;
         }
         mTables->build(mSequences.data(), toInt32(static_cast<int64_t>(count), "len(sequences)"), buildStream);
-        mOrder.producer = buildStream;
+        mStream.order().producer = buildStream;
     }
 
 private:
-    void release() noexcept
-    {
-        mTables.reset();
-        if (mOrder.event != nullptr)
-        {
-            KVCACHE_CUDA_LOG(cudaEventDestroy(mOrder.event));
-            mOrder.event = nullptr;
-        }
-        if (mOwnedStream != nullptr)
-        {
-            KVCACHE_CUDA_LOG(cudaStreamDestroy(mOwnedStream));
-            mOwnedStream = nullptr;
-        }
-    }
-
-    cudaStream_t mOwnedStream{nullptr};
-    cudaStream_t mConstructionStream{nullptr};
-    nb::object mStreamObject;
-    StreamOrder mOrder;
+    HandleStream mStream;
     std::unique_ptr<rt::PageTableBuffers> mTables;
     // Reused between builds, so that a steady batch allocates nothing.
     std::vector<std::vector<int32_t>> mPages;
@@ -150,7 +107,11 @@ void bindPageTable(nb::module_& m)
             "__init__",
             [](PageTableHandle* self, int64_t maxBatchSize, int64_t maxPagesPerSequence, int64_t tokensPerPage,
                 nb::handle stream)
-            { new (self) PageTableHandle(maxBatchSize, maxPagesPerSequence, tokensPerPage, stream); },
+            {
+                new (self) PageTableHandle(toInt32(maxBatchSize, "max_batch_size"),
+                    toInt32(maxPagesPerSequence, "max_pages_per_sequence"), toInt32(tokensPerPage, "tokens_per_page"),
+                    stream);
+            },
             nb::arg("max_batch_size"), nb::arg("max_pages_per_sequence"), nb::arg("tokens_per_page"),
             nb::arg("stream") = nb::none(), "Allocates the tables on the current device and uploads those of count 0.")
         .def("build", &PageTableHandle::build, nb::arg("sequences"), nb::arg("stream") = nb::none(),

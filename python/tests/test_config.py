@@ -66,7 +66,7 @@ def test_uniform_layout_matches_the_model(dtype):
 
 
 def test_retained_pages_extend_every_layer():
-    layout = make_config(num_pages=200).validate()
+    layout = kvcache.compute_layout(make_config(num_pages=200))
     assert layout.num_pages == 200
     assert all(layer.half_elems == 200 * layer.page_elems for layer in layout.layers)
 
@@ -137,7 +137,7 @@ def test_split_budget_gives_every_group_the_same_sequences():
 def test_bad_configs_raise_invalid_config_error_naming_field_value_and_limit(overrides, words):
     config = make_config(**overrides)
     with pytest.raises(kvcache.InvalidConfigError) as error:
-        config.validate()
+        kvcache.compute_layout(config)
     for word in words:
         assert word in str(error.value)
     with pytest.raises(ValueError):

@@ -88,6 +88,21 @@ def test_slot_view_addresses_the_pool_through_the_identity_page_table(torch):
         make_cache(torch.cuda.current_stream(), num_pages=MIN_PAGES + 4).slot_view(0)
 
 
+def test_separate_view_addresses_k_and_v_of_the_pool(torch):
+    cache = make_cache(torch.cuda.current_stream())
+    heads, dim = LAYERS[0]
+    k, v = (torch.from_dlpack(half) for half in cache.separate_view(0))
+    pool = torch.from_dlpack(cache.pool_view(0))
+    assert tuple(k.shape) == tuple(v.shape) == (BATCH, SEQ, heads, dim)
+    assert (k.data_ptr(), v.data_ptr()) == (cache.k_pool_ptr(0), cache.v_pool_ptr(0))
+    pool.fill_(-1.0)
+    k[1, 37, 1, 5] = 3.0  # slot 1, token 37: page 1 * 4 + 37 // 16 = 6, token 5
+    v[1, 37, 1, 5] = 5.0
+    assert pool[0, 6, 5, 1, 5].item() == 3.0
+    assert pool[1, 6, 5, 1, 5].item() == 5.0
+    assert int((pool != -1.0).sum().item()) == 2
+
+
 @pytest.mark.parametrize("dtype", [kvcache.DataType.FLOAT16, kvcache.DataType.BFLOAT16, kvcache.DataType.FLOAT32,
                                    kvcache.DataType.FP8_E4M3, kvcache.DataType.FP8_E5M2, kvcache.DataType.INT8,
                                    kvcache.DataType.UINT8])
@@ -117,7 +132,7 @@ def test_host_list_copy_moves_every_byte_of_every_layer(torch):
     # On the cache's stream; the next from_dlpack orders torch's stream after it with an event (no host sync).
     numpy = pytest.importorskip("numpy")
     current.synchronize()
-    kvcache.copy_pages(cache, numpy.array([[7, 4]], dtype=numpy.int32))
+    cache.copy_pages(numpy.array([[7, 4]], dtype=numpy.int32))
     again = torch.from_dlpack(cache.pool_view(0))
     assert torch.equal(again.view(torch.int16)[:, 4], before[0][:, 7])
 

@@ -25,26 +25,29 @@ std::string supportedTypeNames()
     return names;
 }
 
+//! Throws InvalidConfigError naming `what` and its operands when `a op b` left int64 (`overflowed`).
+void throwIfOverflowed(bool overflowed, std::string const& what, int64_t a, char op, int64_t b)
+{
+    if (overflowed)
+    {
+        throw InvalidConfigError(fmt::format("KVCacheConfig: {} = {} {} {} overflows 64-bit sizes (limit {})", what, a,
+            op, b, std::numeric_limits<int64_t>::max()));
+    }
+}
+
 //! a * b, or InvalidConfigError naming `what` when the product leaves int64.
 int64_t checkedMul(int64_t a, int64_t b, std::string const& what)
 {
     int64_t product = 0;
-    if (__builtin_mul_overflow(a, b, &product))
-    {
-        throw InvalidConfigError(fmt::format("KVCacheConfig: {} = {} x {} overflows 64-bit sizes (limit {})", what, a,
-            b, std::numeric_limits<int64_t>::max()));
-    }
+    throwIfOverflowed(__builtin_mul_overflow(a, b, &product), what, a, 'x', b);
     return product;
 }
 
+//! a + b, or InvalidConfigError naming `what` when the sum leaves int64.
 int64_t checkedAdd(int64_t a, int64_t b, std::string const& what)
 {
     int64_t sum = 0;
-    if (__builtin_add_overflow(a, b, &sum))
-    {
-        throw InvalidConfigError(fmt::format("KVCacheConfig: {} = {} + {} overflows 64-bit sizes (limit {})", what, a,
-            b, std::numeric_limits<int64_t>::max()));
-    }
+    throwIfOverflowed(__builtin_add_overflow(a, b, &sum), what, a, '+', b);
     return sum;
 }
 

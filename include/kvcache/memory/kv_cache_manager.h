@@ -45,7 +45,8 @@ public:
     //! self-move gives the memory up).
     KVCacheManager& operator=(KVCacheManager&& other) noexcept = default;
 
-    //! Validates `config` without a GPU; returns its layout or throws InvalidConfigError.
+    //! Exactly computeLayout(config), kept as the seed API's name: validates `config` without a GPU and returns its
+    //! layout; throws InvalidConfigError naming the field, the value and the limit.
     static KVCacheLayout validate(Config const& config)
     {
         return computeLayout(config);
@@ -62,6 +63,22 @@ public:
     //! Returns K and V, each [maxBatchSize, capacity, H, D] at kPoolPtr / vPoolPtr (for a latent layer V is empty:
     //! null, [0, capacity, H, D]); aborts on a bad index.
     std::pair<Tensor, Tensor> getSeparateKVCache(int32_t layerIdx) const noexcept;
+
+    //! The same view as getCombinedKVCache(layerIdx) (the Python name slot_view); throws as it does.
+    Tensor& slotView(int32_t layerIdx)
+    {
+        return getCombinedKVCache(layerIdx);
+    }
+    //! The same view as getCombinedKVCachePoolView(layerIdx) (the Python name pool_view); aborts on a bad index.
+    Tensor& poolView(int32_t layerIdx) noexcept
+    {
+        return getCombinedKVCachePoolView(layerIdx);
+    }
+    //! The same views as getSeparateKVCache(layerIdx) (the Python name separate_view); aborts on a bad index.
+    std::pair<Tensor, Tensor> separateView(int32_t layerIdx) const noexcept
+    {
+        return getSeparateKVCache(layerIdx);
+    }
 
     //! Returns the largest layer capacity: maxSequenceLength rounded up to whole pages when any layer has full
     //! attention, else the longest sliding-window ring.

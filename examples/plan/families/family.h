@@ -1,0 +1,97 @@
+#pragma once
+
+// What a model family contributes to the config reader. A family is one file in this folder defining one
+// `ModelFamily <name>Family()` and one line in registry.cpp; the reader (model_config.cpp) asks the families, in the
+// registry's order, which layers attend, how and with what cache shape, and falls back to the generic rules (every
+// layer attends, full attention, K and V of num_key_value_heads x head_dim) where none answers.
+
+#include "config_json.h"
+#include "model_config.h"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvcache::plan::families
+{
+
+//! How the cache layers of a model attend, as its config says.
+struct LayerAttention
+{
+    //! One entry per model layer: how it attends, or nothing for a layer without a KV cache.
+    std::vector<std::optional<AttentionKind>> kinds = {};
+    int32_t slidingWindow = 0; //!< tokens of a sliding layer's window (sliding_window; 0 when absent or null)
+    int32_t chunkSize = 0;     //!< tokens of a chunked layer's chunk (attention_chunk_size; 0 when absent)
+};
+
+//! What an attention rule reads and writes: the config, and the attention being built.
+struct AttentionContext
+{
+    ConfigReader const& reader;
+    ModelTypes const& types;
+    int32_t numLayers;
+    std::optional<bool> useSlidingWindow; //!< use_sliding_window; false means no layer slides
+    LayerAttention& attention;            //!< slidingWindow and chunkSize are read before the rules run
+    std::vector<std::string>& notes;      //!< how the config was read, one line a rule
+};
+
+//! Returns whether each model layer keeps a KV cache when the config says so in the family's fields; nothing when it
+//! does not. Throws ModelConfigError naming the field.
+using AttentionLayersRule = std::optional<std::vector<bool>> (*)(ConfigReader const& reader, int32_t numLayers);
+//! Sets context.attention.kinds (with fillKinds) and adds a note when the family's rule applies to this config;
+//! returns whether it did. Throws ModelConfigError naming the field.
+using AttentionRule = bool (*)(AttentionContext& context);
+//! Returns the cache shape of each model layer when the family's fields describe it; nothing when they do not.
+using ShapeRule = std::optional<std::vector<rt::KVLayerConfig>> (*)(
+    ConfigReader const& reader, int32_t numLayers, std::vector<std::string>& notes);
+
+//! A model family as the config reader sees it; every part is optional.
+struct ModelFamily
+{
+    std::string_view name;                              //!< e.g. "Gemma"
+    std::vector<std::string_view> uncachedLayerTypes{}; //!< its layer_types kinds that keep no KV cache
+    AttentionLayersRule attentionLayers = nullptr;      //!< which layers attend (without layer_types)
+    AttentionRule attention = nullptr;                  //!< how they attend (without layer_types)
+    ShapeRule shapes = nullptr;                         //!< the cache shape, when not K and V heads
+};
+
+//! Returns the families in the order their rules are tried (registry.cpp).
+std::vector<ModelFamily> const& modelFamilies();
+
+//! Throws ModelConfigError naming sliding_window (`why` says what needs it) when there is no window and
+//! use_sliding_window is not false.
+void requireWindow(AttentionContext const& context, std::string_view why);
+
+//! Sets context.attention.kinds: kindOf(i) for each layer that attends (see AttentionLayersRule), nothing for the
+//! others.
+template <typename KindOf>
+void fillKinds(AttentionContext& context, KindOf const& kindOf);
+
+//! Returns, for each model layer, whether it keeps a KV cache: the first family's AttentionLayersRule that answers,
+//! else every layer.
+std::vector<bool> attentionLayers(ConfigReader const& reader, int32_t numLayers);
+
+//! Makes every `period`-th layer full and the others slide (sliding_window_pattern); `source` says where the period
+//! came from in the note. Throws ModelConfigError when there is no sliding_window.
+void applyWindowPattern(AttentionContext& context, int32_t period, std::string const& source);
+
+//! Returns the window as notes give it: the field's full name and its value, e.g. "sliding_window 4096".
+std::string windowText(AttentionContext const& context);
+
+//! Returns "2nd", "4th", "21st", ...
+std::string ordinal(int32_t n);
+
+template <typename KindOf>
+void fillKinds(AttentionContext& context, KindOf const& kindOf)
+{
+    std::vector<bool> const cached = attentionLayers(context.reader, context.numLayers);
+    for (int32_t i = 0; i < context.numLayers; ++i)
+    {
+        context.attention.kinds.push_back(
+            cached[static_cast<size_t>(i)] ? std::optional<AttentionKind>{kindOf(i)} : std::nullopt);
+    }
+}
+
+} // namespace kvcache::plan::families
