@@ -1,5 +1,6 @@
 #include "kvcache/dist/page_transfer.h"
 
+#include "kvcache/core/device_allocation.h"
 #include "kvcache/core/errors.h"
 
 #include <fmt/format.h>
@@ -11,8 +12,8 @@
 #include <thread>
 #include <vector>
 
-#include "memory/page_list_validation.h"
 #include "core/scoped_device.h"
+#include "memory/page_list_validation.h"
 
 namespace kvcache::rt
 {
@@ -174,35 +175,21 @@ void endGroup(ncclComm_t comm, cudaStream_t stream, std::chrono::steady_clock::t
     }
 }
 
-//! Device scratch of one call, stream-ordered: freed on the stream whatever happens.
+//! Device scratch of one call, stream-ordered (a DeviceAllocation): freed on the stream whatever happens.
 class Scratch
 {
 public:
     Scratch(int64_t bytes, cudaStream_t stream)
-        : mStream(stream)
+        : mAllocation(bytes > 0 ? DeviceAllocation(bytes, stream) : DeviceAllocation())
     {
-        if (bytes > 0)
-        {
-            KVCACHE_CUDA_TRY(cudaMallocAsync(&mData, static_cast<size_t>(bytes), stream));
-        }
     }
-    ~Scratch() noexcept
-    {
-        if (mData != nullptr)
-        {
-            KVCACHE_CUDA_LOG(cudaFreeAsync(mData, mStream));
-        }
-    }
-    Scratch(Scratch const&) = delete;
-    Scratch& operator=(Scratch const&) = delete;
     char* data() const noexcept
     {
-        return static_cast<char*>(mData);
+        return static_cast<char*>(mAllocation.data());
     }
 
 private:
-    void* mData{nullptr};
-    cudaStream_t mStream;
+    DeviceAllocation mAllocation;
 };
 
 //! Copies whole pages between the pools and the staging buffer: blockIdx.x walks list entries, blockIdx.y layer

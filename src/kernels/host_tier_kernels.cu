@@ -4,13 +4,13 @@
 
 #include "kernels/host_tier_kernels.h"
 
-#include "kernels/cache_hints.cuh"
-
 #include "kvcache/core/errors.h"
 #include "kvcache/memory/page_ops.h"
 
 #include <algorithm>
 #include <type_traits>
+
+#include "kernels/cache_hints.cuh"
 
 namespace kvcache::rt::detail
 {
@@ -19,10 +19,10 @@ namespace
 
 template <int32_t THREADS>
 constexpr int32_t kVECTORS_PER_THREAD = static_cast<int32_t>(kHOST_TIER_KERNEL_CHUNK_BYTES / (16 * int64_t{THREADS}));
-static_assert(kVECTORS_PER_THREAD<kHOST_TIER_MAPPED_THREADS> * 16 * kHOST_TIER_MAPPED_THREADS
-    == kHOST_TIER_KERNEL_CHUNK_BYTES);
-static_assert(kVECTORS_PER_THREAD<kHOST_TIER_STAGING_THREADS> * 16 * kHOST_TIER_STAGING_THREADS
-    == kHOST_TIER_KERNEL_CHUNK_BYTES);
+static_assert(
+    kVECTORS_PER_THREAD<kHOST_TIER_MAPPED_THREADS> * 16 * kHOST_TIER_MAPPED_THREADS == kHOST_TIER_KERNEL_CHUNK_BYTES);
+static_assert(
+    kVECTORS_PER_THREAD<kHOST_TIER_STAGING_THREADS> * 16 * kHOST_TIER_STAGING_THREADS == kHOST_TIER_KERNEL_CHUNK_BYTES);
 
 template <int32_t N>
 struct InlineEntries
@@ -54,7 +54,7 @@ struct DeviceEntries
     }
     __device__ HostTierEntry operator[](int32_t i) const
     {
-        return HostTierEntry{loadWord(&items[i].page), loadWord(&items[i].slot)};
+        return HostTierEntry{loadWord(&items[i].page), loadWord(&items[i].hostPage)};
     }
 };
 
@@ -118,13 +118,13 @@ __global__ void __launch_bounds__(THREADS, 1) hostTierKernel(HostTierKernelParam
         int64_t const chunkStart = int64_t{withinLayer - halfIndex * itemsPerHalf} * kHOST_TIER_KERNEL_CHUNK_BYTES;
 
         HostTierEntry const entry = list[position];
-        if (entry.page == kUNUSED_PAGE_ENTRY || entry.slot == kUNUSED_PAGE_ENTRY)
+        if (entry.page == kUNUSED_PAGE_ENTRY || entry.hostPage == kUNUSED_PAGE_ENTRY)
         {
             continue;
         }
-        bool const valid = entry.page >= 0 && entry.page < params.numPages && entry.slot >= 0
-            && entry.slot < params.numSlots
-            && params.chunks[static_cast<uint32_t>(entry.slot) / params.slotsPerChunk] != nullptr;
+        bool const valid = entry.page >= 0 && entry.page < params.numPages && entry.hostPage >= 0
+            && entry.hostPage < params.numSlots
+            && params.chunks[static_cast<uint32_t>(entry.hostPage) / params.slotsPerChunk] != nullptr;
         if (!valid)
         {
             // Counted once per entry: by the block holding its first item.
@@ -144,9 +144,9 @@ __global__ void __launch_bounds__(THREADS, 1) hostTierKernel(HostTierKernelParam
         int64_t const bytes = min(kHOST_TIER_KERNEL_CHUNK_BYTES, pageBytes - chunkStart);
         char* const devicePage =
             layerEntry.kBase + (int64_t{half} * params.numPages + entry.page) * pageBytes + chunkStart;
-        uint32_t const chunk = static_cast<uint32_t>(entry.slot) / params.slotsPerChunk;
+        uint32_t const chunk = static_cast<uint32_t>(entry.hostPage) / params.slotsPerChunk;
         char* const hostPage = params.chunks[chunk]
-            + int64_t{static_cast<uint32_t>(entry.slot) - chunk * params.slotsPerChunk} * params.slotBytes
+            + int64_t{static_cast<uint32_t>(entry.hostPage) - chunk * params.slotsPerChunk} * params.slotBytes
             + params.layerOffsets[layer] + half * pageBytes + chunkStart;
         // Pools are 256-byte aligned and chunks page aligned; offsets inside are multiples of a page or a slot.
         bool const vectorised = (reinterpret_cast<uintptr_t>(devicePage) % 16 == 0)
