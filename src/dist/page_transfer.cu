@@ -12,8 +12,8 @@
 #include <thread>
 #include <vector>
 
-#include "core/scoped_device.h"
 #include "memory/page_list_validation.h"
+#include "core/scoped_device.h"
 
 namespace kvcache::rt
 {

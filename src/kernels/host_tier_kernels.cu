@@ -4,13 +4,13 @@
 
 #include "kernels/host_tier_kernels.h"
 
+#include "kernels/cache_hints.cuh"
+
 #include "kvcache/core/errors.h"
 #include "kvcache/memory/page_ops.h"
 
 #include <algorithm>
 #include <type_traits>
-
-#include "kernels/cache_hints.cuh"
 
 namespace kvcache::rt::detail
 {
@@ -19,10 +19,10 @@ namespace
 
 template <int32_t THREADS>
 constexpr int32_t kVECTORS_PER_THREAD = static_cast<int32_t>(kHOST_TIER_KERNEL_CHUNK_BYTES / (16 * int64_t{THREADS}));
-static_assert(
-    kVECTORS_PER_THREAD<kHOST_TIER_MAPPED_THREADS> * 16 * kHOST_TIER_MAPPED_THREADS == kHOST_TIER_KERNEL_CHUNK_BYTES);
-static_assert(
-    kVECTORS_PER_THREAD<kHOST_TIER_STAGING_THREADS> * 16 * kHOST_TIER_STAGING_THREADS == kHOST_TIER_KERNEL_CHUNK_BYTES);
+static_assert(kVECTORS_PER_THREAD<kHOST_TIER_MAPPED_THREADS> * 16 * kHOST_TIER_MAPPED_THREADS
+    == kHOST_TIER_KERNEL_CHUNK_BYTES);
+static_assert(kVECTORS_PER_THREAD<kHOST_TIER_STAGING_THREADS> * 16 * kHOST_TIER_STAGING_THREADS
+    == kHOST_TIER_KERNEL_CHUNK_BYTES);
 
 template <int32_t N>
 struct InlineEntries

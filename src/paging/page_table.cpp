@@ -1,5 +1,8 @@
 #include "kvcache/paging/page_table.h"
 
+#include "core/cuda_owners.h"
+#include "paging/page_table_build.h"
+
 #include "kvcache/core/errors.h"
 
 #include <fmt/format.h>
@@ -8,9 +11,6 @@
 #include <cstring>
 #include <limits>
 #include <utility>
-
-#include "core/cuda_owners.h"
-#include "paging/page_table_build.h"
 
 namespace kvcache::rt
 {
