@@ -35,7 +35,9 @@ namespace
 {
 
 namespace rt = kvcache::rt;
+using kvcache::test::CudaEvent;
 using kvcache::test::CudaStream;
+using kvcache::test::PinnedHostBuffer;
 
 constexpr int32_t kLAYERS = 32;
 constexpr int32_t kPAGES = 1024;
@@ -61,10 +63,10 @@ constexpr long long kSPIN_CYCLES = 2'000'000;
 //! (host time is reported apart).
 double medianSeconds(cudaStream_t stream, std::function<void()> const& enqueue)
 {
-    cudaEvent_t start = nullptr;
-    cudaEvent_t stop = nullptr;
-    KVCACHE_CUDA_TRY(cudaEventCreate(&start));
-    KVCACHE_CUDA_TRY(cudaEventCreate(&stop));
+    CudaEvent const startEvent(cudaEventDefault);
+    CudaEvent const stopEvent(cudaEventDefault);
+    cudaEvent_t const start = startEvent.get();
+    cudaEvent_t const stop = stopEvent.get();
     std::vector<double> times;
     for (int32_t r = 0; r < gReps + 2; ++r)
     {
@@ -81,8 +83,6 @@ double medianSeconds(cudaStream_t stream, std::function<void()> const& enqueue)
             times.push_back(ms * 1e-3);
         }
     }
-    KVCACHE_CUDA_LOG(cudaEventDestroy(start));
-    KVCACHE_CUDA_LOG(cudaEventDestroy(stop));
     std::sort(times.begin(), times.end());
     return times[times.size() / 2];
 }
@@ -94,14 +94,12 @@ double medianSeconds(cudaStream_t stream, std::function<void()> const& enqueue)
 std::pair<double, double> sharedSeconds(cudaStream_t stream, cudaStream_t other, std::function<void()> const& transfers,
     std::function<void()> const& compute)
 {
-    cudaEvent_t go = nullptr;
-    cudaEvent_t start = nullptr;
-    cudaEvent_t stop = nullptr;
-    cudaEvent_t transfersDone = nullptr;
-    KVCACHE_CUDA_TRY(cudaEventCreateWithFlags(&go, cudaEventDisableTiming));
-    KVCACHE_CUDA_TRY(cudaEventCreate(&start));
-    KVCACHE_CUDA_TRY(cudaEventCreate(&stop));
-    KVCACHE_CUDA_TRY(cudaEventCreate(&transfersDone));
+    CudaEvent const goEvent;
+    CudaEvent const timing[3] = {CudaEvent(cudaEventDefault), CudaEvent(cudaEventDefault), CudaEvent(cudaEventDefault)};
+    cudaEvent_t const go = goEvent.get();
+    cudaEvent_t const start = timing[0].get();
+    cudaEvent_t const stop = timing[1].get();
+    cudaEvent_t const transfersDone = timing[2].get();
     std::vector<double> times;
     std::vector<double> transferTimes;
     for (int32_t r = 0; r < gReps + 2; ++r)
@@ -128,10 +126,6 @@ std::pair<double, double> sharedSeconds(cudaStream_t stream, cudaStream_t other,
             times.push_back(ms * 1e-3);
             transferTimes.push_back(transferMs * 1e-3);
         }
-    }
-    for (cudaEvent_t event : {go, start, stop, transfersDone})
-    {
-        KVCACHE_CUDA_LOG(cudaEventDestroy(event));
     }
     std::sort(times.begin(), times.end());
     std::sort(transferTimes.begin(), transferTimes.end());
@@ -191,8 +185,8 @@ int run(int64_t tierGib)
     // The contiguous baseline: one cudaMemcpyAsync between a device buffer and a pinned buffer of the same size.
     int64_t const maxBytes = int64_t{256} * hostPageBytes;
     kvcache::test::DeviceArray<char> deviceBuffer(static_cast<size_t>(maxBytes));
-    void* pinned = nullptr;
-    KVCACHE_CUDA_TRY(cudaHostAlloc(&pinned, static_cast<size_t>(maxBytes), cudaHostAllocDefault));
+    PinnedHostBuffer pinnedBuffer(maxBytes);
+    void* const pinned = pinnedBuffer.data();
 
     int64_t crossoverBytes[2] = {-1, -1};
     for (int32_t d = 0; d < 2; ++d)
@@ -293,10 +287,10 @@ int run(int64_t tierGib)
         int64_t const bytes = 128 * hostPageBytes;
         double const alone = medianSeconds(stream.get(), [&] { tier.offload(cache, out, stream.get(), method); });
         double const aloneIn = medianSeconds(stream.get(), [&] { tier.onboard(cache, in, stream.get(), method); });
-        cudaEvent_t fork = nullptr;
-        cudaEvent_t join = nullptr;
-        KVCACHE_CUDA_TRY(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-        KVCACHE_CUDA_TRY(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+        CudaEvent const forkEvent;
+        CudaEvent const joinEvent;
+        cudaEvent_t const fork = forkEvent.get();
+        cudaEvent_t const join = joinEvent.get();
         double const both = medianSeconds(stream.get(),
             [&]
             {
@@ -307,8 +301,6 @@ int run(int64_t tierGib)
                 KVCACHE_CUDA_TRY(cudaEventRecord(join, second.get()));
                 KVCACHE_CUDA_TRY(cudaStreamWaitEvent(stream.get(), join, 0));
             });
-        KVCACHE_CUDA_LOG(cudaEventDestroy(fork));
-        KVCACHE_CUDA_LOG(cudaEventDestroy(join));
         std::printf("bidirectional/%s/128+128: combined %.2f GB/s; offload alone %.2f GB/s, onboard alone %.2f GB/s\n",
             methodName(method), 2.0 * static_cast<double>(bytes) / both * 1e-9,
             static_cast<double>(bytes) / alone * 1e-9, static_cast<double>(bytes) / aloneIn * 1e-9);
@@ -371,7 +363,8 @@ int run(int64_t tierGib)
                 (computeShared / computeAlone - 1.0) * 100.0, transfersShared * 1e3, transfers * oneTransfer * 1e3);
         }
     }
-    KVCACHE_CUDA_LOG(cudaFreeHost(pinned));
+
+    pinnedBuffer.reset();
 
     // Construction of a large tier: time to return and time to every host page pinned.
     int64_t const physical = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGE_SIZE);

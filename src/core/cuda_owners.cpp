@@ -4,7 +4,7 @@
 
 #include <fmt/format.h>
 
-#include <utility>
+#include <string>
 
 #include "core/scoped_device.h"
 
@@ -21,124 +21,41 @@ void checkBytes(char const* what, int64_t bytes)
     }
 }
 
-} // namespace
+//! Throws OutOfMemoryError with `message` for a failed allocation, CudaError naming `call` for any other failure.
+void checkAllocation(cudaError_t status, char const* call, std::string const& message)
+{
+    if (status == cudaErrorMemoryAllocation)
+    {
+        cudaGetLastError();
+        throw OutOfMemoryError(message);
+    }
+    if (status != cudaSuccess)
+    {
+        throwCudaError(status, call, __FILE__, __LINE__);
+    }
+}
 
-DeviceBuffer::DeviceBuffer(int64_t bytes, char const* what)
+DeviceMemory allocateDevice(int64_t bytes, char const* what)
 {
     checkBytes(what, bytes);
     int device = 0;
     KVCACHE_CUDA_TRY(cudaGetDevice(&device));
     void* data = nullptr;
-    cudaError_t const status = cudaMalloc(&data, static_cast<size_t>(bytes));
-    if (status == cudaErrorMemoryAllocation)
-    {
-        cudaGetLastError();
-        throw OutOfMemoryError(fmt::format("{}: {} bytes do not fit on device {}", what, bytes, device));
-    }
-    if (status != cudaSuccess)
-    {
-        throwCudaError(status, "cudaMalloc", __FILE__, __LINE__);
-    }
-    mData = data;
-    mBytes = bytes;
-    mDevice = device;
+    checkAllocation(cudaMalloc(&data, static_cast<size_t>(bytes)), "cudaMalloc",
+        fmt::format("{}: {} bytes do not fit on device {}", what, bytes, device));
+    return DeviceMemory{data, bytes, device};
 }
 
-DeviceBuffer::~DeviceBuffer() noexcept
-{
-    reset();
-}
-
-DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
-    : mData(std::exchange(other.mData, nullptr))
-    , mBytes(std::exchange(other.mBytes, 0))
-    , mDevice(std::exchange(other.mDevice, 0))
-{
-}
-
-DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept
-{
-    reset();
-    mData = std::exchange(other.mData, nullptr);
-    mBytes = std::exchange(other.mBytes, 0);
-    mDevice = std::exchange(other.mDevice, 0);
-    return *this;
-}
-
-void DeviceBuffer::reset() noexcept
-{
-    if (mData != nullptr)
-    {
-        ScopedDevice const onDevice(mDevice);
-        KVCACHE_CUDA_LOG(cudaFree(mData));
-    }
-    mData = nullptr;
-    mBytes = 0;
-    mDevice = 0;
-}
-
-PinnedHostBuffer::PinnedHostBuffer(int64_t bytes, unsigned int flags)
+HostMemory allocatePinned(int64_t bytes, unsigned int flags)
 {
     checkBytes("PinnedHostBuffer", bytes);
     void* data = nullptr;
-    cudaError_t const status = cudaHostAlloc(&data, static_cast<size_t>(bytes), flags);
-    if (status == cudaErrorMemoryAllocation)
-    {
-        cudaGetLastError();
-        throw OutOfMemoryError(fmt::format("PinnedHostBuffer: {} bytes of pinned host memory cannot be had", bytes));
-    }
-    if (status != cudaSuccess)
-    {
-        throwCudaError(status, "cudaHostAlloc", __FILE__, __LINE__);
-    }
-    mData = data;
-    mBytes = bytes;
+    checkAllocation(cudaHostAlloc(&data, static_cast<size_t>(bytes), flags), "cudaHostAlloc",
+        fmt::format("PinnedHostBuffer: {} bytes of pinned host memory cannot be had", bytes));
+    return HostMemory{data, bytes};
 }
 
-PinnedHostBuffer PinnedHostBuffer::adopt(void* data, int64_t bytes) noexcept
-{
-    PinnedHostBuffer buffer;
-    buffer.mData = data;
-    buffer.mBytes = data == nullptr ? 0 : bytes;
-    return buffer;
-}
-
-PinnedHostBuffer::~PinnedHostBuffer() noexcept
-{
-    reset();
-}
-
-PinnedHostBuffer::PinnedHostBuffer(PinnedHostBuffer&& other) noexcept
-    : mData(std::exchange(other.mData, nullptr))
-    , mBytes(std::exchange(other.mBytes, 0))
-{
-}
-
-PinnedHostBuffer& PinnedHostBuffer::operator=(PinnedHostBuffer&& other) noexcept
-{
-    reset();
-    mData = std::exchange(other.mData, nullptr);
-    mBytes = std::exchange(other.mBytes, 0);
-    return *this;
-}
-
-void* PinnedHostBuffer::release() noexcept
-{
-    mBytes = 0;
-    return std::exchange(mData, nullptr);
-}
-
-void PinnedHostBuffer::reset() noexcept
-{
-    if (mData != nullptr)
-    {
-        KVCACHE_CUDA_LOG(cudaFreeHost(mData));
-    }
-    mData = nullptr;
-    mBytes = 0;
-}
-
-RegisteredHostMemory::RegisteredHostMemory(void* data, int64_t bytes, unsigned int flags)
+HostRegistration registerHost(void* data, int64_t bytes, unsigned int flags)
 {
     if (data == nullptr)
     {
@@ -152,93 +69,87 @@ RegisteredHostMemory::RegisteredHostMemory(void* data, int64_t bytes, unsigned i
         throw OutOfMemoryError(
             fmt::format("RegisteredHostMemory: pinning {} bytes failed: {}", bytes, cudaGetErrorString(status)));
     }
-    mData = data;
-    mBytes = bytes;
+    HostRegistration registration{data, bytes, nullptr};
     if ((flags & cudaHostRegisterMapped) != 0)
     {
-        void* device = nullptr;
-        cudaError_t const mapped = cudaHostGetDevicePointer(&device, data, 0);
+        cudaError_t const mapped = cudaHostGetDevicePointer(&registration.deviceData, data, 0);
         if (mapped != cudaSuccess)
         {
-            reset();
+            unregisterHostMemory(registration);
             throwCudaError(mapped, "cudaHostGetDevicePointer", __FILE__, __LINE__);
         }
-        mDeviceData = device;
     }
+    return registration;
 }
 
-RegisteredHostMemory::~RegisteredHostMemory() noexcept
+EventHandle createEvent(unsigned int flags)
 {
-    reset();
+    EventHandle event{};
+    KVCACHE_CUDA_TRY(cudaEventCreateWithFlags(&event.data, flags));
+    return event;
 }
 
-RegisteredHostMemory::RegisteredHostMemory(RegisteredHostMemory&& other) noexcept
-    : mData(std::exchange(other.mData, nullptr))
-    , mDeviceData(std::exchange(other.mDeviceData, nullptr))
-    , mBytes(std::exchange(other.mBytes, 0))
+} // namespace
+
+void freeDeviceMemory(DeviceMemory const& memory) noexcept
+{
+    ScopedDevice const onDevice(memory.device);
+    KVCACHE_CUDA_LOG(cudaFree(memory.data));
+}
+
+void freePinnedHostMemory(HostMemory const& memory) noexcept
+{
+    KVCACHE_CUDA_LOG(cudaFreeHost(memory.data));
+}
+
+void unregisterHostMemory(HostRegistration const& registration) noexcept
+{
+    KVCACHE_CUDA_LOG(cudaHostUnregister(registration.data));
+}
+
+void destroyEvent(EventHandle const& event) noexcept
+{
+    KVCACHE_CUDA_LOG(cudaEventDestroy(event.data));
+}
+
+DeviceBuffer::DeviceBuffer(int64_t bytes, char const* what)
+    : UniqueResource(allocateDevice(bytes, what))
 {
 }
 
-RegisteredHostMemory& RegisteredHostMemory::operator=(RegisteredHostMemory&& other) noexcept
+PinnedHostBuffer::PinnedHostBuffer(int64_t bytes, unsigned int flags)
+    : UniqueResource(allocatePinned(bytes, flags))
 {
-    reset();
-    mData = std::exchange(other.mData, nullptr);
-    mDeviceData = std::exchange(other.mDeviceData, nullptr);
-    mBytes = std::exchange(other.mBytes, 0);
-    return *this;
 }
 
-void RegisteredHostMemory::reset() noexcept
+PinnedHostBuffer PinnedHostBuffer::adopt(void* data, int64_t bytes) noexcept
 {
-    if (mData != nullptr)
-    {
-        KVCACHE_CUDA_LOG(cudaHostUnregister(mData));
-    }
-    mData = nullptr;
-    mDeviceData = nullptr;
-    mBytes = 0;
+    return PinnedHostBuffer(HostMemory{data, data == nullptr ? 0 : bytes});
+}
+
+RegisteredHostMemory::RegisteredHostMemory(void* data, int64_t bytes, unsigned int flags)
+    : UniqueResource(registerHost(data, bytes, flags))
+{
 }
 
 CudaEvent::CudaEvent(unsigned int flags)
+    : UniqueResource(createEvent(flags))
 {
-    KVCACHE_CUDA_TRY(cudaEventCreateWithFlags(&mEvent, flags));
 }
 
 CudaEvent CudaEvent::adopt(cudaEvent_t event) noexcept
 {
-    CudaEvent owner{Empty{}};
-    owner.mEvent = event;
-    return owner;
-}
-
-CudaEvent::~CudaEvent() noexcept
-{
-    if (mEvent != nullptr)
-    {
-        KVCACHE_CUDA_LOG(cudaEventDestroy(mEvent));
-    }
-}
-
-CudaEvent::CudaEvent(CudaEvent&& other) noexcept
-    : mEvent(std::exchange(other.mEvent, nullptr))
-{
-}
-
-CudaEvent& CudaEvent::operator=(CudaEvent&& other) noexcept
-{
-    CudaEvent const old = adopt(std::exchange(mEvent, nullptr));
-    mEvent = std::exchange(other.mEvent, nullptr);
-    return *this;
+    return CudaEvent(EventHandle{event});
 }
 
 void CudaEvent::record(cudaStream_t stream) const
 {
-    KVCACHE_CUDA_TRY(cudaEventRecord(mEvent, stream));
+    KVCACHE_CUDA_TRY(cudaEventRecord(get(), stream));
 }
 
 bool CudaEvent::isComplete() const
 {
-    cudaError_t const status = cudaEventQuery(mEvent);
+    cudaError_t const status = cudaEventQuery(get());
     if (status == cudaErrorNotReady)
     {
         return false;
@@ -252,20 +163,15 @@ bool CudaEvent::isComplete() const
 
 void CudaEvent::synchronize() const
 {
-    KVCACHE_CUDA_TRY(cudaEventSynchronize(mEvent));
+    KVCACHE_CUDA_TRY(cudaEventSynchronize(get()));
 }
 
 void CudaEvent::synchronizeNoThrow() const noexcept
 {
-    if (mEvent != nullptr)
+    if (get() != nullptr)
     {
-        KVCACHE_CUDA_LOG(cudaEventSynchronize(mEvent));
+        KVCACHE_CUDA_LOG(cudaEventSynchronize(get()));
     }
-}
-
-cudaEvent_t CudaEvent::release() noexcept
-{
-    return std::exchange(mEvent, nullptr);
 }
 
 } // namespace kvcache::rt::detail

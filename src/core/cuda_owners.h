@@ -8,12 +8,82 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <utility>
 
 namespace kvcache::rt::detail
 {
 
+//! The move-only ownership every owner below shares: it holds a `State` (its handle and sizes; a value-initialised
+//! State, data == nullptr, owns nothing) and gives it to `Free` once, on reset or destruction. A move leaves the
+//! source owning nothing; a self-move leaves this owning nothing.
+template <typename State, void (*Free)(State const&) noexcept>
+class UniqueResource
+{
+public:
+    //! Owns nothing.
+    UniqueResource() noexcept = default;
+    //! Owns `state` (nothing when state.data is null).
+    explicit UniqueResource(State const& state) noexcept
+        : mState(state)
+    {
+    }
+    //! Frees what it owns; never throws.
+    ~UniqueResource() noexcept
+    {
+        reset();
+    }
+    UniqueResource(UniqueResource const&) = delete;
+    UniqueResource& operator=(UniqueResource const&) = delete;
+    //! Takes `other`'s resource; `other` owns nothing afterwards.
+    UniqueResource(UniqueResource&& other) noexcept
+        : mState(std::exchange(other.mState, State{}))
+    {
+    }
+    //! Frees this resource, then takes `other`'s.
+    UniqueResource& operator=(UniqueResource&& other) noexcept
+    {
+        reset();
+        mState = std::exchange(other.mState, State{});
+        return *this;
+    }
+    //! Frees the resource now and owns nothing; never throws.
+    void reset() noexcept
+    {
+        State const old = std::exchange(mState, State{});
+        if (old.data != nullptr)
+        {
+            Free(old);
+        }
+    }
+
+protected:
+    //! Returns what it owns.
+    State const& state() const noexcept
+    {
+        return mState;
+    }
+    //! Gives the resource up without freeing it.
+    State releaseState() noexcept
+    {
+        return std::exchange(mState, State{});
+    }
+
+private:
+    State mState{};
+};
+
+//! Device memory: its address, size and device.
+struct DeviceMemory
+{
+    void* data = nullptr;
+    int64_t bytes = 0;
+    int32_t device = 0;
+};
+//! Frees device memory with cudaFree on its device, logging a failure.
+void freeDeviceMemory(DeviceMemory const& memory) noexcept;
+
 //! Device memory from cudaMalloc on the current device, freed with cudaFree on that device.
-class DeviceBuffer
+class DeviceBuffer : public UniqueResource<DeviceMemory, freeDeviceMemory>
 {
 public:
     //! Owns nothing.
@@ -21,41 +91,35 @@ public:
     //! Allocates `bytes` (> 0) on the current device. Throws InvalidArgumentError for bytes <= 0 (naming `what`),
     //! OutOfMemoryError naming `what`, the bytes and the device when the memory cannot be had, CudaError otherwise.
     explicit DeviceBuffer(int64_t bytes, char const* what = "DeviceBuffer");
-    //! Frees the memory on its device; never throws.
-    ~DeviceBuffer() noexcept;
-    DeviceBuffer(DeviceBuffer const&) = delete;
-    DeviceBuffer& operator=(DeviceBuffer const&) = delete;
-    //! Takes `other`'s memory; `other` owns nothing afterwards.
-    DeviceBuffer(DeviceBuffer&& other) noexcept;
-    //! Frees this buffer's memory, then takes `other`'s (a self-move leaves it owning nothing).
-    DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
 
     //! Returns the device address (nullptr when owning nothing).
     void* data() const noexcept
     {
-        return mData;
+        return state().data;
     }
     //! Returns the bytes allocated (0 when owning nothing).
     int64_t bytes() const noexcept
     {
-        return mBytes;
+        return state().bytes;
     }
     //! Returns the device the memory lives on.
     int32_t device() const noexcept
     {
-        return mDevice;
+        return state().device;
     }
-    //! Frees the memory now and owns nothing; never throws.
-    void reset() noexcept;
-
-private:
-    void* mData{nullptr};
-    int64_t mBytes{0};
-    int32_t mDevice{0};
 };
 
+//! Host memory: its address and size.
+struct HostMemory
+{
+    void* data = nullptr;
+    int64_t bytes = 0;
+};
+//! Frees pinned host memory with cudaFreeHost, logging a failure.
+void freePinnedHostMemory(HostMemory const& memory) noexcept;
+
 //! Page-locked host memory from cudaHostAlloc, freed with cudaFreeHost.
-class PinnedHostBuffer
+class PinnedHostBuffer : public UniqueResource<HostMemory, freePinnedHostMemory>
 {
 public:
     //! Owns nothing.
@@ -65,38 +129,43 @@ public:
     explicit PinnedHostBuffer(int64_t bytes, unsigned int flags = cudaHostAllocDefault);
     //! Takes ownership of `data` (from cudaHostAlloc, or nullptr) of `bytes` bytes; never throws.
     static PinnedHostBuffer adopt(void* data, int64_t bytes) noexcept;
-    //! Frees the memory; never throws.
-    ~PinnedHostBuffer() noexcept;
-    PinnedHostBuffer(PinnedHostBuffer const&) = delete;
-    PinnedHostBuffer& operator=(PinnedHostBuffer const&) = delete;
-    //! Takes `other`'s memory; `other` owns nothing afterwards.
-    PinnedHostBuffer(PinnedHostBuffer&& other) noexcept;
-    //! Frees this buffer's memory, then takes `other`'s (a self-move leaves it owning nothing).
-    PinnedHostBuffer& operator=(PinnedHostBuffer&& other) noexcept;
 
     //! Returns the host address (nullptr when owning nothing).
     void* data() const noexcept
     {
-        return mData;
+        return state().data;
     }
     //! Returns the bytes allocated (0 when owning nothing).
     int64_t bytes() const noexcept
     {
-        return mBytes;
+        return state().bytes;
     }
     //! Gives the memory up without freeing it and returns its address (the caller frees it, e.g. through adopt).
-    void* release() noexcept;
-    //! Frees the memory now and owns nothing; never throws.
-    void reset() noexcept;
+    void* release() noexcept
+    {
+        return releaseState().data;
+    }
 
 private:
-    void* mData{nullptr};
-    int64_t mBytes{0};
+    explicit PinnedHostBuffer(HostMemory const& memory) noexcept
+        : UniqueResource(memory)
+    {
+    }
 };
+
+//! A registered range: its host address, size and device address (mapped registrations).
+struct HostRegistration
+{
+    void* data = nullptr;
+    int64_t bytes = 0;
+    void* deviceData = nullptr;
+};
+//! Unregisters a range with cudaHostUnregister, logging a failure.
+void unregisterHostMemory(HostRegistration const& registration) noexcept;
 
 //! A range of host memory the caller allocated, page-locked with cudaHostRegister and unregistered on destruction
 //! (the memory itself stays the caller's to free, after this owner).
-class RegisteredHostMemory
+class RegisteredHostMemory : public UniqueResource<HostRegistration, unregisterHostMemory>
 {
 public:
     //! Owns nothing.
@@ -106,60 +175,45 @@ public:
     //! and CUDA's reason when the range cannot be registered, CudaError when the device address cannot be had (the
     //! range is unregistered again then).
     RegisteredHostMemory(void* data, int64_t bytes, unsigned int flags);
-    //! Unregisters the range; never throws.
-    ~RegisteredHostMemory() noexcept;
-    RegisteredHostMemory(RegisteredHostMemory const&) = delete;
-    RegisteredHostMemory& operator=(RegisteredHostMemory const&) = delete;
-    //! Takes `other`'s registration; `other` owns nothing afterwards.
-    RegisteredHostMemory(RegisteredHostMemory&& other) noexcept;
-    //! Unregisters this range, then takes `other`'s (a self-move leaves it owning nothing).
-    RegisteredHostMemory& operator=(RegisteredHostMemory&& other) noexcept;
 
     //! Returns the host address (nullptr when owning nothing).
     void* data() const noexcept
     {
-        return mData;
+        return state().data;
     }
     //! Returns the device address of a mapped registration (nullptr otherwise).
     void* deviceData() const noexcept
     {
-        return mDeviceData;
+        return state().deviceData;
     }
     //! Returns the bytes registered (0 when owning nothing).
     int64_t bytes() const noexcept
     {
-        return mBytes;
+        return state().bytes;
     }
-    //! Unregisters now and owns nothing; never throws.
-    void reset() noexcept;
-
-private:
-    void* mData{nullptr};
-    void* mDeviceData{nullptr};
-    int64_t mBytes{0};
 };
 
+//! An event handle.
+struct EventHandle
+{
+    cudaEvent_t data = nullptr;
+};
+//! Destroys an event with cudaEventDestroy, logging a failure.
+void destroyEvent(EventHandle const& event) noexcept;
+
 //! A CUDA event (cudaEventCreateWithFlags), destroyed with cudaEventDestroy.
-class CudaEvent
+class CudaEvent : public UniqueResource<EventHandle, destroyEvent>
 {
 public:
     //! Creates an event with `flags` (timing off by default: cheaper to record and query). Throws CudaError.
     explicit CudaEvent(unsigned int flags = cudaEventDisableTiming);
     //! Takes ownership of `event` (or nullptr); never throws.
     static CudaEvent adopt(cudaEvent_t event) noexcept;
-    //! Destroys the event; never throws.
-    ~CudaEvent() noexcept;
-    CudaEvent(CudaEvent const&) = delete;
-    CudaEvent& operator=(CudaEvent const&) = delete;
-    //! Takes `other`'s event; `other` owns nothing afterwards.
-    CudaEvent(CudaEvent&& other) noexcept;
-    //! Destroys this event, then takes `other`'s (a self-move leaves it owning nothing).
-    CudaEvent& operator=(CudaEvent&& other) noexcept;
 
     //! Returns the event (nullptr when owning nothing).
     cudaEvent_t get() const noexcept
     {
-        return mEvent;
+        return state().data;
     }
     //! Records the event on `stream`. Throws CudaError.
     void record(cudaStream_t stream) const;
@@ -171,17 +225,16 @@ public:
     //! Waits on the host for the event, logging a failure; for destructors. Never throws.
     void synchronizeNoThrow() const noexcept;
     //! Gives the event up without destroying it and returns it.
-    cudaEvent_t release() noexcept;
-
-private:
-    struct Empty
+    cudaEvent_t release() noexcept
     {
-    };
-    explicit CudaEvent(Empty) noexcept
-    {
+        return releaseState().data;
     }
 
-    cudaEvent_t mEvent{nullptr};
+private:
+    explicit CudaEvent(EventHandle const& event) noexcept
+        : UniqueResource(event)
+    {
+    }
 };
 
 } // namespace kvcache::rt::detail

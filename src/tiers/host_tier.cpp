@@ -63,16 +63,6 @@ int32_t multiprocessorCount(int32_t device)
     return multiprocessors;
 }
 
-int32_t listCount(char const* what, size_t size)
-{
-    if (size > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
-    {
-        throw InvalidArgumentError(fmt::format(
-            "{}: the list has {} entries; the limit is {}", what, size, std::numeric_limits<int32_t>::max()));
-    }
-    return static_cast<int32_t>(size);
-}
-
 } // namespace
 
 struct HostTier::Impl
@@ -84,11 +74,10 @@ struct HostTier::Impl
         int64_t numPinnedNow) const;
     detail::HostTierKernelParams kernelParams(
         KVCacheManager const& cache, int64_t numPinnedNow, int32_t* deviceErrorCount) const;
-    HostTierMethod transfer(char const* what, Direction direction, KVCacheManager const& cache,
-        HostTierEntry const* entries, int32_t count, cudaStream_t stream, HostTierMethod method);
-    void transferDevice(char const* what, Direction direction, KVCacheManager const& cache,
-        HostTierEntry const* deviceEntries, int32_t capacity, int32_t const* deviceCount, cudaStream_t stream,
-        int32_t* deviceErrorCount);
+    HostTierMethod transfer(Direction direction, KVCacheManager const& cache, HostTierEntry const* entries,
+        int32_t count, cudaStream_t stream, HostTierMethod method);
+    void transferDevice(Direction direction, KVCacheManager const& cache, HostTierEntry const* deviceEntries,
+        int32_t capacity, int32_t const* deviceCount, cudaStream_t stream, int32_t* deviceErrorCount);
     void checkHostPage(char const* what, int64_t hostPage, int64_t limit) const
     {
         detail::checkHostPage(what, hostPage, limit, chunks.numPinned(), chunks.numHostPages());
@@ -228,9 +217,10 @@ detail::HostTierKernelParams HostTier::Impl::kernelParams(
     return params;
 }
 
-HostTierMethod HostTier::Impl::transfer(char const* what, Direction direction, KVCacheManager const& cache,
-    HostTierEntry const* entries, int32_t count, cudaStream_t stream, HostTierMethod method)
+HostTierMethod HostTier::Impl::transfer(Direction direction, KVCacheManager const& cache, HostTierEntry const* entries,
+    int32_t count, cudaStream_t stream, HostTierMethod method)
 {
+    char const* const what = direction == Direction::kTO_HOST ? "HostTier::offload" : "HostTier::onboard";
     int64_t const numPinnedNow = chunks.numPinned();
     validateEntries(what, cache, entries, count, numPinnedNow);
     if (method != HostTierMethod::kAUTO && method != HostTierMethod::kCOPY_ENGINE && method != HostTierMethod::kKERNEL)
@@ -285,10 +275,11 @@ HostTierMethod HostTier::Impl::transfer(char const* what, Direction direction, K
     return method;
 }
 
-void HostTier::Impl::transferDevice(char const* what, Direction direction, KVCacheManager const& cache,
+void HostTier::Impl::transferDevice(Direction direction, KVCacheManager const& cache,
     HostTierEntry const* deviceEntries, int32_t capacity, int32_t const* deviceCount, cudaStream_t stream,
     int32_t* deviceErrorCount)
 {
+    char const* const what = direction == Direction::kTO_HOST ? "HostTier::offloadDevice" : "HostTier::onboardDevice";
     checkGeometry(what, cache);
     if (capacity < 0)
     {
@@ -393,48 +384,33 @@ int64_t HostTier::numFreeHostPages() const noexcept
     return mImpl->pool.numFree(mImpl->chunks.numPinned());
 }
 
+int32_t HostTier::listCount(char const* what, size_t size)
+{
+    if (size > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
+    {
+        throw InvalidArgumentError(fmt::format(
+            "{}: the list has {} entries; the limit is {}", what, size, std::numeric_limits<int32_t>::max()));
+    }
+    return static_cast<int32_t>(size);
+}
+
+// The transfers' entry points name their direction; Impl does the rest.
 HostTierMethod HostTier::offload(KVCacheManager const& cache, HostTierEntry const* entries, int32_t count,
     cudaStream_t stream, HostTierMethod method)
 {
-    return mImpl->transfer("HostTier::offload", Direction::kTO_HOST, cache, entries, count, stream, method);
-}
-
-HostTierMethod HostTier::offload(
-    KVCacheManager const& cache, std::vector<HostTierEntry> const& entries, cudaStream_t stream, HostTierMethod method)
-{
-    return offload(cache, entries.data(), listCount("HostTier::offload", entries.size()), stream, method);
-}
-
-HostTierMethod HostTier::onboard(KVCacheManager const& cache, HostTierEntry const* entries, int32_t count,
-    cudaStream_t stream, HostTierMethod method)
-{
-    return mImpl->transfer("HostTier::onboard", Direction::kTO_DEVICE, cache, entries, count, stream, method);
-}
-
-HostTierMethod HostTier::onboard(
-    KVCacheManager const& cache, std::vector<HostTierEntry> const& entries, cudaStream_t stream, HostTierMethod method)
-{
-    return onboard(cache, entries.data(), listCount("HostTier::onboard", entries.size()), stream, method);
-}
-
-void HostTier::offloadDevice(KVCacheManager const& cache, HostTierEntry const* deviceEntries, int32_t capacity,
-    int32_t const* deviceCount, cudaStream_t stream, int32_t* deviceErrorCount)
-{
-    mImpl->transferDevice("HostTier::offloadDevice", Direction::kTO_HOST, cache, deviceEntries, capacity, deviceCount,
-        stream, deviceErrorCount);
-}
-
-void HostTier::onboardDevice(KVCacheManager const& cache, HostTierEntry const* deviceEntries, int32_t capacity,
-    int32_t const* deviceCount, cudaStream_t stream, int32_t* deviceErrorCount)
-{
-    mImpl->transferDevice("HostTier::onboardDevice", Direction::kTO_DEVICE, cache, deviceEntries, capacity, deviceCount,
-        stream, deviceErrorCount);
+    return mImpl->transfer(Direction::kTO_HOST, cache, entries, count, stream, method);
 }
 
 bool HostTier::isHostPageBusy(int32_t hostPage) const
 {
     mImpl->checkHostPage("isHostPageBusy", hostPage, mImpl->chunks.numHostPages());
     return mImpl->tracker.isBusy(hostPage);
+}
+
+HostTierMethod HostTier::onboard(KVCacheManager const& cache, HostTierEntry const* entries, int32_t count,
+    cudaStream_t stream, HostTierMethod method)
+{
+    return mImpl->transfer(Direction::kTO_DEVICE, cache, entries, count, stream, method);
 }
 
 void HostTier::synchronizeHostPages(int32_t const* hostPages, int64_t count)
@@ -453,9 +429,21 @@ void HostTier::synchronizeHostPages(int32_t const* hostPages, int64_t count)
     mImpl->tracker.synchronize(hostPages, count);
 }
 
+void HostTier::offloadDevice(KVCacheManager const& cache, HostTierEntry const* deviceEntries, int32_t capacity,
+    int32_t const* deviceCount, cudaStream_t stream, int32_t* deviceErrorCount)
+{
+    mImpl->transferDevice(Direction::kTO_HOST, cache, deviceEntries, capacity, deviceCount, stream, deviceErrorCount);
+}
+
 cudaEvent_t HostTier::lastEvent() const noexcept
 {
     return mImpl->tracker.lastEvent();
+}
+
+void HostTier::onboardDevice(KVCacheManager const& cache, HostTierEntry const* deviceEntries, int32_t capacity,
+    int32_t const* deviceCount, cudaStream_t stream, int32_t* deviceErrorCount)
+{
+    mImpl->transferDevice(Direction::kTO_DEVICE, cache, deviceEntries, capacity, deviceCount, stream, deviceErrorCount);
 }
 
 } // namespace kvcache::rt

@@ -75,7 +75,10 @@ bool preferNode(void* address, int64_t bytes, int32_t node)
 
 } // namespace
 
-MappedMemory::MappedMemory(int64_t bytes, char const* what)
+namespace
+{
+
+HostMemory mapAnonymous(int64_t bytes, std::string const& what)
 {
     void* const address =
         ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -83,37 +86,19 @@ MappedMemory::MappedMemory(int64_t bytes, char const* what)
     {
         throw OutOfMemoryError(fmt::format("{}: mapping {} bytes failed: {}", what, bytes, std::strerror(errno)));
     }
-    mData = address;
-    mBytes = bytes;
+    return HostMemory{address, bytes};
 }
 
-MappedMemory::~MappedMemory() noexcept
+} // namespace
+
+void unmapMemory(HostMemory const& memory) noexcept
 {
-    reset();
+    ::munmap(memory.data, static_cast<size_t>(memory.bytes));
 }
 
-MappedMemory::MappedMemory(MappedMemory&& other) noexcept
-    : mData(std::exchange(other.mData, nullptr))
-    , mBytes(std::exchange(other.mBytes, 0))
+MappedMemory::MappedMemory(int64_t bytes, std::string const& what)
+    : UniqueResource(mapAnonymous(bytes, what))
 {
-}
-
-MappedMemory& MappedMemory::operator=(MappedMemory&& other) noexcept
-{
-    reset();
-    mData = std::exchange(other.mData, nullptr);
-    mBytes = std::exchange(other.mBytes, 0);
-    return *this;
-}
-
-void MappedMemory::reset() noexcept
-{
-    if (mData != nullptr)
-    {
-        ::munmap(mData, static_cast<size_t>(mBytes));
-    }
-    mData = nullptr;
-    mBytes = 0;
 }
 
 PinnedChunks::PinnedChunks(
@@ -168,7 +153,7 @@ void PinnedChunks::stopPinning() noexcept
 void PinnedChunks::pinChunk(size_t index)
 {
     Chunk& chunk = mChunks[index];
-    MappedMemory memory(chunk.bytes, fmt::format("HostTier: chunk {}", index).c_str());
+    MappedMemory memory(chunk.bytes, fmt::format("HostTier: chunk {}", index));
     // Advice only: without huge pages pinning is slower, not wrong.
     static_cast<void>(::madvise(memory.data(), static_cast<size_t>(chunk.bytes), MADV_HUGEPAGE));
     if (mNumaNode >= 0 && !preferNode(memory.data(), chunk.bytes, mNumaNode) && index == 0)

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <exception>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -16,30 +17,22 @@
 namespace kvcache::rt::detail
 {
 
+//! Anonymous memory from mmap (a HostMemory), unmapped with munmap.
+void unmapMemory(HostMemory const& memory) noexcept;
+
 //! Anonymous memory from mmap, unmapped on destruction. Move-only; never throws on release.
-class MappedMemory
+class MappedMemory : public UniqueResource<HostMemory, unmapMemory>
 {
 public:
     MappedMemory() noexcept = default;
     //! Maps `bytes` of private anonymous memory. Throws OutOfMemoryError naming `what`, the bytes and the reason.
-    MappedMemory(int64_t bytes, char const* what);
-    ~MappedMemory() noexcept;
-    MappedMemory(MappedMemory const&) = delete;
-    MappedMemory& operator=(MappedMemory const&) = delete;
-    MappedMemory(MappedMemory&& other) noexcept;
-    MappedMemory& operator=(MappedMemory&& other) noexcept;
+    MappedMemory(int64_t bytes, std::string const& what);
 
     //! Returns the address (nullptr when owning nothing).
     void* data() const noexcept
     {
-        return mData;
+        return state().data;
     }
-
-private:
-    void reset() noexcept;
-
-    void* mData{nullptr};
-    int64_t mBytes{0};
 };
 
 //! `numHostPages` host pages of `hostPageBytes` bytes in chunks of hostPagesPerChunk() host pages; host pages
@@ -69,25 +62,25 @@ public:
     {
         return mNumHostPages;
     }
+    //! Blocks until every chunk is pinned or pinning stopped; rethrows what stopped it. Any thread may call it.
+    void waitUntilReady() const;
     //! Returns the host pages of one chunk.
     int64_t hostPagesPerChunk() const noexcept
     {
         return mHostPagesPerChunk;
-    }
-    //! Returns the number of chunks planned.
-    size_t numChunks() const noexcept
-    {
-        return mChunks.size();
     }
     //! Returns the NUMA node the memory was bound to, or -1.
     int32_t numaNode() const noexcept
     {
         return mNumaNode;
     }
-    //! Blocks until every chunk is pinned or pinning stopped; rethrows what stopped it. Any thread may call it.
-    void waitUntilReady() const;
     //! Returns the host address of a pinned host page (unchecked).
     char* hostAddress(int64_t hostPage) const noexcept;
+    //! Returns the number of chunks planned.
+    size_t numChunks() const noexcept
+    {
+        return mChunks.size();
+    }
     //! Returns the device address of chunk `chunk` when it holds host pages below `numPinnedNow`, nullptr otherwise.
     char* chunkDeviceAddress(size_t chunk, int64_t numPinnedNow) const noexcept;
 

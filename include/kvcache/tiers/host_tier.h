@@ -6,6 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -145,15 +146,21 @@ public:
     //! page outside [0, numPinnedHostPages()).
     HostTierMethod offload(KVCacheManager const& cache, HostTierEntry const* entries, int32_t count,
         cudaStream_t stream, HostTierMethod method = HostTierMethod::kAUTO);
-    //! As above, for a std::vector.
+    //! As above, for a std::vector (InvalidArgumentError for more than INT32_MAX entries).
     HostTierMethod offload(KVCacheManager const& cache, std::vector<HostTierEntry> const& entries, cudaStream_t stream,
-        HostTierMethod method = HostTierMethod::kAUTO);
+        HostTierMethod method = HostTierMethod::kAUTO)
+    {
+        return offload(cache, entries.data(), listCount("HostTier::offload", entries.size()), stream, method);
+    }
     //! Copies each entry's host page to its device page, as offload does the other way.
     HostTierMethod onboard(KVCacheManager const& cache, HostTierEntry const* entries, int32_t count,
         cudaStream_t stream, HostTierMethod method = HostTierMethod::kAUTO);
-    //! As above, for a std::vector.
+    //! As above, for a std::vector (InvalidArgumentError for more than INT32_MAX entries).
     HostTierMethod onboard(KVCacheManager const& cache, std::vector<HostTierEntry> const& entries, cudaStream_t stream,
-        HostTierMethod method = HostTierMethod::kAUTO);
+        HostTierMethod method = HostTierMethod::kAUTO)
+    {
+        return onboard(cache, entries.data(), listCount("HostTier::onboard", entries.size()), stream, method);
+    }
 
     //! Offloads entries listed in device memory with the kernel, in launches on `stream` (16 MiB of list positions
     //! each, more where that would take over 16 launches; launches past the count end at once), so a graph that
@@ -181,6 +188,9 @@ public:
     cudaEvent_t lastEvent() const noexcept;
 
 private:
+    //! Returns `size` as a list count; throws InvalidArgumentError naming `what` above INT32_MAX.
+    static int32_t listCount(char const* what, size_t size);
+
     struct Impl;
     std::unique_ptr<Impl> mImpl;
 };
