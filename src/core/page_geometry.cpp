@@ -28,6 +28,11 @@ bool operator!=(PageGeometry const& a, PageGeometry const& b) noexcept
     return !(a == b);
 }
 
+PageLayerGeometry pageLayerGeometry(KVLayerLayout const& layer) noexcept
+{
+    return PageLayerGeometry{layer.kind, layer.numKVHeads, layer.headDim};
+}
+
 PageGeometry pageGeometry(KVCacheLayout const& layout, int32_t group)
 {
     if (group < 0 || static_cast<size_t>(group) >= layout.groups.size())
@@ -43,8 +48,7 @@ PageGeometry pageGeometry(KVCacheLayout const& layout, int32_t group)
     geometry.bytesPerPage = groupLayout.bytesPerPage;
     for (int32_t const layer : groupLayout.layers)
     {
-        KVLayerLayout const& layerLayout = layout.layers[static_cast<size_t>(layer)];
-        geometry.layers.push_back(PageLayerGeometry{layerLayout.kind, layerLayout.numKVHeads, layerLayout.headDim});
+        geometry.layers.push_back(pageLayerGeometry(layout.layers[static_cast<size_t>(layer)]));
     }
     return geometry;
 }

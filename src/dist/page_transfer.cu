@@ -1,6 +1,7 @@
 #include "kvcache/dist/page_transfer.h"
 
 #include "kvcache/core/device_allocation.h"
+#include "kvcache/core/page_geometry.h"
 #include "kvcache/core/errors.h"
 
 #include <fmt/format.h>
@@ -461,9 +462,11 @@ uint64_t geometryFingerprint(KVCacheLayout const& layout) noexcept
     fnv(hash, static_cast<int32_t>(layout.groups.size()));
     for (KVLayerLayout const& layer : layout.layers)
     {
-        fnv(hash, static_cast<int32_t>(layer.kind));
-        fnv(hash, layer.numKVHeads);
-        fnv(hash, layer.headDim);
+        // What a page holds of the layer (PageGeometry's layer fields), then where the layer's pages live.
+        PageLayerGeometry const page = pageLayerGeometry(layer);
+        fnv(hash, static_cast<int32_t>(page.kind));
+        fnv(hash, page.numKVHeads);
+        fnv(hash, page.headDim);
         fnv(hash, layer.slidingWindow);
         fnv(hash, layer.group);
     }

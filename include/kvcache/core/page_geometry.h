@@ -41,6 +41,9 @@ bool operator==(PageGeometry const& a, PageGeometry const& b) noexcept;
 //! Returns true when any field differs.
 bool operator!=(PageGeometry const& a, PageGeometry const& b) noexcept;
 
+//! Returns what a page holds of layer `layer`: its kind, head count and head size.
+PageLayerGeometry pageLayerGeometry(KVLayerLayout const& layer) noexcept;
+
 //! Returns the page geometry of page group `group` of `layout`; throws OutOfRangeError for a group outside
 //! [0, layout.groups.size()).
 PageGeometry pageGeometry(KVCacheLayout const& layout, int32_t group);
