@@ -407,23 +407,16 @@ public:
     {
         spinKernel<<<1, 1, 0, stream>>>(200'000'000LL);
         KVCACHE_CUDA_TRY(cudaGetLastError());
-        KVCACHE_CUDA_TRY(cudaEventCreateWithFlags(&mSpinDone, cudaEventDisableTiming));
-        KVCACHE_CUDA_TRY(cudaEventRecord(mSpinDone, stream));
+        mSpinDone.record(stream);
     }
-    ~HeldStream()
-    {
-        KVCACHE_CUDA_LOG(cudaEventDestroy(mSpinDone));
-    }
-    HeldStream(HeldStream const&) = delete;
-    HeldStream& operator=(HeldStream const&) = delete;
 
     bool released() const
     {
-        return cudaEventQuery(mSpinDone) == cudaSuccess;
+        return cudaEventQuery(mSpinDone.get()) == cudaSuccess;
     }
 
 private:
-    cudaEvent_t mSpinDone = nullptr;
+    kvcache::test::CudaEvent mSpinDone;
 };
 
 // The tier under a PageManager, as a runtime wires them: eviction offloads each page to a host page and remembers its
