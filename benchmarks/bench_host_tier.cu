@@ -1,7 +1,7 @@
 // Host tier transfer rates against one contiguous cudaMemcpyAsync of the same bytes, the kernel/copy-engine
 // crossover, a device list replayed in a graph, both directions at once, the slowdown of a concurrent compute kernel,
 // and the time a large tier takes to construct and to pin fully. Geometry: 32 layers, 8 KV heads x 128 dims, float16,
-// 16 tokens a page, K and V (a slot is 2 MiB). Prints one line a measurement; exits 77 without a GPU.
+// 16 tokens a page, K and V (a host page is 2 MiB). Prints one line a measurement; exits 77 without a GPU.
 //
 // Flags: --tier-gib=N (default 64) sizes the construction run (halved until it fits in half the machine's memory);
 // --reps=N (default 20) timed repetitions, the median reported.
@@ -35,11 +35,13 @@ namespace
 {
 
 namespace rt = kvcache::rt;
+using kvcache::test::CudaEvent;
 using kvcache::test::CudaStream;
+using kvcache::test::PinnedHostBuffer;
 
 constexpr int32_t kLAYERS = 32;
 constexpr int32_t kPAGES = 1024;
-constexpr int32_t kSLOTS = 512;
+constexpr int32_t kHOST_PAGES = 512;
 constexpr int32_t kCOUNTS[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
 
 int32_t gReps = 20;
@@ -61,10 +63,10 @@ constexpr long long kSPIN_CYCLES = 2'000'000;
 //! (host time is reported apart).
 double medianSeconds(cudaStream_t stream, std::function<void()> const& enqueue)
 {
-    cudaEvent_t start = nullptr;
-    cudaEvent_t stop = nullptr;
-    KVCACHE_CUDA_TRY(cudaEventCreate(&start));
-    KVCACHE_CUDA_TRY(cudaEventCreate(&stop));
+    CudaEvent const startEvent(cudaEventDefault);
+    CudaEvent const stopEvent(cudaEventDefault);
+    cudaEvent_t const start = startEvent.get();
+    cudaEvent_t const stop = stopEvent.get();
     std::vector<double> times;
     for (int32_t r = 0; r < gReps + 2; ++r)
     {
@@ -81,8 +83,6 @@ double medianSeconds(cudaStream_t stream, std::function<void()> const& enqueue)
             times.push_back(ms * 1e-3);
         }
     }
-    KVCACHE_CUDA_LOG(cudaEventDestroy(start));
-    KVCACHE_CUDA_LOG(cudaEventDestroy(stop));
     std::sort(times.begin(), times.end());
     return times[times.size() / 2];
 }
@@ -94,14 +94,12 @@ double medianSeconds(cudaStream_t stream, std::function<void()> const& enqueue)
 std::pair<double, double> sharedSeconds(cudaStream_t stream, cudaStream_t other, std::function<void()> const& transfers,
     std::function<void()> const& compute)
 {
-    cudaEvent_t go = nullptr;
-    cudaEvent_t start = nullptr;
-    cudaEvent_t stop = nullptr;
-    cudaEvent_t transfersDone = nullptr;
-    KVCACHE_CUDA_TRY(cudaEventCreateWithFlags(&go, cudaEventDisableTiming));
-    KVCACHE_CUDA_TRY(cudaEventCreate(&start));
-    KVCACHE_CUDA_TRY(cudaEventCreate(&stop));
-    KVCACHE_CUDA_TRY(cudaEventCreate(&transfersDone));
+    CudaEvent const goEvent;
+    CudaEvent const timing[3] = {CudaEvent(cudaEventDefault), CudaEvent(cudaEventDefault), CudaEvent(cudaEventDefault)};
+    cudaEvent_t const go = goEvent.get();
+    cudaEvent_t const start = timing[0].get();
+    cudaEvent_t const stop = timing[1].get();
+    cudaEvent_t const transfersDone = timing[2].get();
     std::vector<double> times;
     std::vector<double> transferTimes;
     for (int32_t r = 0; r < gReps + 2; ++r)
@@ -129,10 +127,6 @@ std::pair<double, double> sharedSeconds(cudaStream_t stream, cudaStream_t other,
             transferTimes.push_back(transferMs * 1e-3);
         }
     }
-    for (cudaEvent_t event : {go, start, stop, transfersDone})
-    {
-        KVCACHE_CUDA_LOG(cudaEventDestroy(event));
-    }
     std::sort(times.begin(), times.end());
     std::sort(transferTimes.begin(), transferTimes.end());
     return {times[times.size() / 2], transferTimes[transferTimes.size() / 2]};
@@ -154,15 +148,15 @@ std::vector<rt::HostTierEntry> scattered(int32_t count, uint32_t seed)
 {
     std::mt19937 generator(seed);
     std::vector<int32_t> pages(kPAGES);
-    std::vector<int32_t> slots(kSLOTS);
+    std::vector<int32_t> hostPages(kHOST_PAGES);
     std::iota(pages.begin(), pages.end(), 0);
-    std::iota(slots.begin(), slots.end(), 0);
+    std::iota(hostPages.begin(), hostPages.end(), 0);
     std::shuffle(pages.begin(), pages.end(), generator);
-    std::shuffle(slots.begin(), slots.end(), generator);
+    std::shuffle(hostPages.begin(), hostPages.end(), generator);
     std::vector<rt::HostTierEntry> entries;
     for (int32_t i = 0; i < count; ++i)
     {
-        entries.push_back({pages[static_cast<size_t>(i)], slots[static_cast<size_t>(i)]});
+        entries.push_back({pages[static_cast<size_t>(i)], hostPages[static_cast<size_t>(i)]});
     }
     return entries;
 }
@@ -182,17 +176,17 @@ int run(int64_t tierGib)
                                    .tokensPerPage(16)
                                    .dataType(rt::DataType::kHALF);
     rt::KVCacheManager cache(config, stream.get());
-    rt::HostTier tier(cache, 0, kSLOTS);
+    rt::HostTier tier(cache, 0, kHOST_PAGES);
     tier.waitUntilReady();
-    int64_t const slotBytes = tier.slotBytes();
-    std::printf("geometry: %d layers, slot %lld bytes, %d device pages, %d slots\n", kLAYERS,
-        static_cast<long long>(slotBytes), kPAGES, kSLOTS);
+    int64_t const hostPageBytes = tier.hostPageBytes();
+    std::printf("geometry: %d layers, host page %lld bytes, %d device pages, %d host pages\n", kLAYERS,
+        static_cast<long long>(hostPageBytes), kPAGES, kHOST_PAGES);
 
     // The contiguous baseline: one cudaMemcpyAsync between a device buffer and a pinned buffer of the same size.
-    int64_t const maxBytes = int64_t{256} * slotBytes;
+    int64_t const maxBytes = int64_t{256} * hostPageBytes;
     kvcache::test::DeviceArray<char> deviceBuffer(static_cast<size_t>(maxBytes));
-    void* pinned = nullptr;
-    KVCACHE_CUDA_TRY(cudaHostAlloc(&pinned, static_cast<size_t>(maxBytes), cudaHostAllocDefault));
+    PinnedHostBuffer pinnedBuffer(maxBytes);
+    void* const pinned = pinnedBuffer.data();
 
     int64_t crossoverBytes[2] = {-1, -1};
     for (int32_t d = 0; d < 2; ++d)
@@ -201,7 +195,7 @@ int run(int64_t tierGib)
         char const* direction = toHost ? "offload" : "onboard";
         for (int32_t const count : kCOUNTS)
         {
-            int64_t const bytes = count * slotBytes;
+            int64_t const bytes = count * hostPageBytes;
             auto const entries = scattered(count, static_cast<uint32_t>(count));
             double const contiguous = medianSeconds(stream.get(),
                 [&]
@@ -259,7 +253,8 @@ int run(int64_t tierGib)
         }
         std::printf("crossover/%s: the kernel is faster up to %lld bytes (%lld pages); kHOST_TIER_KERNEL_MAX_BYTES is "
                     "%lld\n",
-            direction, static_cast<long long>(crossoverBytes[d]), static_cast<long long>(crossoverBytes[d] / slotBytes),
+            direction, static_cast<long long>(crossoverBytes[d]),
+            static_cast<long long>(crossoverBytes[d] / hostPageBytes),
             static_cast<long long>(rt::kHOST_TIER_KERNEL_MAX_BYTES));
     }
 
@@ -283,19 +278,19 @@ int run(int64_t tierGib)
         }
     }
 
-    // Both directions at once: disjoint pages and slots, offload on one stream, onboard on another.
+    // Both directions at once: disjoint pages and host pages, offload on one stream, onboard on another.
     for (auto const method : {rt::HostTierMethod::kCOPY_ENGINE, rt::HostTierMethod::kKERNEL})
     {
         auto const all = scattered(256, 99);
         std::vector<rt::HostTierEntry> const out(all.begin(), all.begin() + 128);
         std::vector<rt::HostTierEntry> const in(all.begin() + 128, all.end());
-        int64_t const bytes = 128 * slotBytes;
+        int64_t const bytes = 128 * hostPageBytes;
         double const alone = medianSeconds(stream.get(), [&] { tier.offload(cache, out, stream.get(), method); });
         double const aloneIn = medianSeconds(stream.get(), [&] { tier.onboard(cache, in, stream.get(), method); });
-        cudaEvent_t fork = nullptr;
-        cudaEvent_t join = nullptr;
-        KVCACHE_CUDA_TRY(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-        KVCACHE_CUDA_TRY(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+        CudaEvent const forkEvent;
+        CudaEvent const joinEvent;
+        cudaEvent_t const fork = forkEvent.get();
+        cudaEvent_t const join = joinEvent.get();
         double const both = medianSeconds(stream.get(),
             [&]
             {
@@ -306,8 +301,6 @@ int run(int64_t tierGib)
                 KVCACHE_CUDA_TRY(cudaEventRecord(join, second.get()));
                 KVCACHE_CUDA_TRY(cudaStreamWaitEvent(stream.get(), join, 0));
             });
-        KVCACHE_CUDA_LOG(cudaEventDestroy(fork));
-        KVCACHE_CUDA_LOG(cudaEventDestroy(join));
         std::printf("bidirectional/%s/128+128: combined %.2f GB/s; offload alone %.2f GB/s, onboard alone %.2f GB/s\n",
             methodName(method), 2.0 * static_cast<double>(bytes) / both * 1e-9,
             static_cast<double>(bytes) / alone * 1e-9, static_cast<double>(bytes) / aloneIn * 1e-9);
@@ -370,26 +363,27 @@ int run(int64_t tierGib)
                 (computeShared / computeAlone - 1.0) * 100.0, transfersShared * 1e3, transfers * oneTransfer * 1e3);
         }
     }
-    KVCACHE_CUDA_LOG(cudaFreeHost(pinned));
 
-    // Construction of a large tier: time to return and time to full capacity.
+    pinnedBuffer.reset();
+
+    // Construction of a large tier: time to return and time to every host page pinned.
     int64_t const physical = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGE_SIZE);
     while (tierGib > 1 && (tierGib << 30) > physical / 2)
     {
         tierGib /= 2;
     }
-    int64_t const slots = (tierGib << 30) / slotBytes;
+    int64_t const hostPages = (tierGib << 30) / hostPageBytes;
     auto const begin = std::chrono::steady_clock::now();
     {
-        rt::HostTier big(cache, 0, slots);
+        rt::HostTier big(cache, 0, hostPages);
         auto const returned = std::chrono::steady_clock::now();
-        int64_t const capacityAtReturn = big.capacity();
+        int64_t const pinnedAtReturn = big.numPinnedHostPages();
         big.waitUntilReady();
         auto const ready = std::chrono::steady_clock::now();
-        std::printf("construction/%lld GiB: returned in %.3f s with %lld of %lld slots; full capacity after %.3f s "
+        std::printf("construction/%lld GiB: returned in %.3f s with %lld of %lld host pages; all pinned after %.3f s "
                     "(NUMA node %d)\n",
             static_cast<long long>(tierGib), std::chrono::duration<double>(returned - begin).count(),
-            static_cast<long long>(capacityAtReturn), static_cast<long long>(slots),
+            static_cast<long long>(pinnedAtReturn), static_cast<long long>(hostPages),
             std::chrono::duration<double>(ready - begin).count(), big.numaNode());
     }
     std::printf("construction/%lld GiB: destroyed after %.3f s in all\n", static_cast<long long>(tierGib),

@@ -1,8 +1,8 @@
-// The pinned host tier against a model written here: slot bytes laid out layer by layer, K then V, from the formulas;
-// round trips byte for byte for every data type, two page sizes and both methods, device lists replayed in a CUDA
-// graph, kernel transfers of several launches, a transfer on another stream waiting for one in flight on the same
-// slot, an evicted prefix onboarded on a prefix hit through a PageManager, sequence files over slots, and the checks
-// made before anything is enqueued.
+// The pinned host tier against a model written here: host page bytes laid out layer by layer, K then V, from the
+// formulas; round trips byte for byte for every data type, two page sizes and both methods, device lists replayed in a
+// CUDA graph, kernel transfers of several launches, a transfer on another stream waiting for one in flight on the same
+// host page, an evicted prefix onboarded on a prefix hit through a PageManager, sequence files over host pages, and the
+// checks made before anything is enqueued.
 
 #include "kvcache/errors.h"
 #include "kvcache/host_tier.h"
@@ -82,7 +82,7 @@ public:
         }
         for (size_t l = 0; l < pageBytes.size(); ++l)
         {
-            slotBytes += halves[l] * pageBytes[l];
+            hostPageBytes += halves[l] * pageBytes[l];
         }
         for (int32_t l = 0; l < numLayers(); ++l)
         {
@@ -109,21 +109,21 @@ public:
     {
         return half == 0 ? cache->kPoolPtr(layer) : cache->vPoolPtr(layer);
     }
-    //! The bytes a slot holds after offloading page `page` of the initial pools, laid out by the model.
-    std::vector<uint8_t> expectedSlot(int64_t page) const
+    //! The bytes a host page holds after offloading page `page` of the initial pools, laid out by the model.
+    std::vector<uint8_t> expectedHostPage(int64_t page) const
     {
-        std::vector<uint8_t> slot;
+        std::vector<uint8_t> hostPage;
         for (int32_t l = 0; l < numLayers(); ++l)
         {
             for (int32_t h = 0; h < halves[static_cast<size_t>(l)]; ++h)
             {
                 for (int64_t b = 0; b < pageBytes[static_cast<size_t>(l)]; ++b)
                 {
-                    slot.push_back(initialByte(l, h, page, b));
+                    hostPage.push_back(initialByte(l, h, page, b));
                 }
             }
         }
-        return slot;
+        return hostPage;
     }
     //! Sets every pool byte to kPOISON.
     void poisonDevice()
@@ -138,7 +138,7 @@ public:
         }
         stream.synchronize();
     }
-    //! Returns device page `page` of every layer and half, in slot order.
+    //! Returns device page `page` of every layer and half, in host page order.
     std::vector<uint8_t> devicePage(int64_t page) const
     {
         std::vector<uint8_t> out;
@@ -156,7 +156,7 @@ public:
     }
     std::vector<uint8_t> poisonPage() const
     {
-        return std::vector<uint8_t>(static_cast<size_t>(slotBytes), kPOISON);
+        return std::vector<uint8_t>(static_cast<size_t>(hostPageBytes), kPOISON);
     }
 
     CudaStream stream;
@@ -166,18 +166,18 @@ public:
     int32_t numPages = 0;
     std::vector<int64_t> halves;
     std::vector<int64_t> pageBytes;
-    int64_t slotBytes = 0;
+    int64_t hostPageBytes = 0;
 };
 
-std::vector<uint8_t> slotContents(rt::HostTier& tier, int32_t slot)
+std::vector<uint8_t> hostPageContents(rt::HostTier& tier, int32_t hostPage)
 {
-    auto const* data = static_cast<uint8_t const*>(tier.slotData(slot));
-    return std::vector<uint8_t>(data, data + tier.slotBytes());
+    auto const* data = static_cast<uint8_t const*>(tier.hostPageData(hostPage));
+    return std::vector<uint8_t>(data, data + tier.hostPageBytes());
 }
 
-void poisonSlot(rt::HostTier& tier, int32_t slot)
+void poisonHostPage(rt::HostTier& tier, int32_t hostPage)
 {
-    std::memset(tier.slotData(slot), kPOISON, static_cast<size_t>(tier.slotBytes()));
+    std::memset(tier.hostPageData(hostPage), kPOISON, static_cast<size_t>(tier.hostPageBytes()));
 }
 
 using RoundTripParams = std::tuple<rt::DataType, int32_t, rt::HostTierMethod>;
@@ -190,19 +190,19 @@ TEST_P(HostTierRoundTripTest, OffloadAndOnboardAreByteExact)
 {
     auto const [type, tokensPerPage, method] = GetParam();
     TierCase setup(type, tokensPerPage);
-    // 16-token pages stage two slots at a time, so the five entries take three rounds through the staging buffer;
-    // 128-token pages stage them all at once (the default staging holds every slot of this small tier).
+    // 16-token pages stage two host pages at a time, so the five entries take three rounds through the staging buffer;
+    // 128-token pages stage them all at once (the default staging holds every host page of this small tier).
     rt::HostTierOptions options;
     if (tokensPerPage == 16)
     {
-        options.stagingBytes = 2 * (2 * setup.slotBytes + setup.slotBytes / 2);
+        options.stagingBytes = 2 * (2 * setup.hostPageBytes + setup.hostPageBytes / 2);
     }
     rt::HostTier tier(*setup.cache, 0, 8, options);
-    ASSERT_EQ(tier.slotBytes(), setup.slotBytes);
-    ASSERT_EQ(tier.stagingSlots(), tokensPerPage == 16 ? 2 : 8);
+    ASSERT_EQ(tier.hostPageBytes(), setup.hostPageBytes);
+    ASSERT_EQ(tier.numStagingHostPages(), tokensPerPage == 16 ? 2 : 8);
     for (int32_t s = 0; s < 8; ++s)
     {
-        poisonSlot(tier, s);
+        poisonHostPage(tier, s);
     }
     int32_t const last = setup.numPages - 1;
     // Scattered, and pages above the minimum; minPages + 5 and + 6 adjacent on both sides.
@@ -211,11 +211,12 @@ TEST_P(HostTierRoundTripTest, OffloadAndOnboardAreByteExact)
     EXPECT_EQ(tier.offload(*setup.cache, out, setup.stream.get(), method), method);
     for (rt::HostTierEntry const& entry : out)
     {
-        EXPECT_EQ(slotContents(tier, entry.slot), setup.expectedSlot(entry.page)) << "slot " << entry.slot;
+        EXPECT_EQ(hostPageContents(tier, entry.hostPage), setup.expectedHostPage(entry.page))
+            << "host page " << entry.hostPage;
     }
     for (int32_t const untouched : {2, 4, 5})
     {
-        EXPECT_EQ(slotContents(tier, untouched), setup.poisonPage()) << "slot " << untouched;
+        EXPECT_EQ(hostPageContents(tier, untouched), setup.poisonPage()) << "host page " << untouched;
     }
 
     setup.poisonDevice();
@@ -224,7 +225,7 @@ TEST_P(HostTierRoundTripTest, OffloadAndOnboardAreByteExact)
     setup.stream.synchronize();
     for (size_t i = 0; i < in.size(); ++i)
     {
-        EXPECT_EQ(setup.devicePage(in[i].page), setup.expectedSlot(out[i].page)) << "page " << in[i].page;
+        EXPECT_EQ(setup.devicePage(in[i].page), setup.expectedHostPage(out[i].page)) << "page " << in[i].page;
     }
     for (int32_t const untouched : {1, 3, 4, 11})
     {
@@ -253,7 +254,7 @@ TEST_F(HostTierTest, DeviceListsReplayInAGraph)
     rt::HostTier tier(*setup.cache, 0, 6);
     for (int32_t s = 0; s < 6; ++s)
     {
-        poisonSlot(tier, s);
+        poisonHostPage(tier, s);
     }
     constexpr int32_t kCAPACITY = 4;
     DeviceArray<rt::HostTierEntry> list(kCAPACITY);
@@ -267,18 +268,18 @@ TEST_F(HostTierTest, DeviceListsReplayInAGraph)
     list.upload({{7, 1}, {3, 4}, {8, 0}, {9, 2}}, setup.stream.get());
     graph.launch(setup.stream.get());
     setup.stream.synchronize();
-    EXPECT_EQ(slotContents(tier, 1), setup.expectedSlot(7));
-    EXPECT_EQ(slotContents(tier, 4), setup.expectedSlot(3));
-    EXPECT_EQ(slotContents(tier, 0), setup.poisonPage());
+    EXPECT_EQ(hostPageContents(tier, 1), setup.expectedHostPage(7));
+    EXPECT_EQ(hostPageContents(tier, 4), setup.expectedHostPage(3));
+    EXPECT_EQ(hostPageContents(tier, 0), setup.poisonPage());
 
     // Second replay: new list, unused entries skipped, bad ids counted once each.
     count.upload({4}, setup.stream.get());
     list.upload({{12, 0}, {rt::kUNUSED_PAGE_ENTRY, 2}, {setup.numPages, 3}, {1, 6}}, setup.stream.get());
     graph.launch(setup.stream.get());
     setup.stream.synchronize();
-    EXPECT_EQ(slotContents(tier, 0), setup.expectedSlot(12));
-    EXPECT_EQ(slotContents(tier, 2), setup.poisonPage());
-    EXPECT_EQ(slotContents(tier, 3), setup.poisonPage());
+    EXPECT_EQ(hostPageContents(tier, 0), setup.expectedHostPage(12));
+    EXPECT_EQ(hostPageContents(tier, 2), setup.poisonPage());
+    EXPECT_EQ(hostPageContents(tier, 3), setup.poisonPage());
     EXPECT_EQ(errors.download(setup.stream.get())[0], 2);
 
     // Onboard from a device list, captured too.
@@ -288,62 +289,63 @@ TEST_F(HostTierTest, DeviceListsReplayInAGraph)
         setup.stream.get(), [&] { tier.onboardDevice(*setup.cache, back.get(), 2, nullptr, setup.stream.get()); });
     onboard.launch(setup.stream.get());
     setup.stream.synchronize();
-    EXPECT_EQ(setup.devicePage(20), setup.expectedSlot(12));
-    EXPECT_EQ(setup.devicePage(21), setup.expectedSlot(7));
+    EXPECT_EQ(setup.devicePage(20), setup.expectedHostPage(12));
+    EXPECT_EQ(setup.devicePage(21), setup.expectedHostPage(7));
 }
 
 TEST_F(HostTierTest, KernelTransfersOfManyLaunchesAreByteExact)
 {
-    // 4 MiB slots: the kernel path moves 16 MiB a launch, so ten entries take three launches (4 + 4 + 2) and a
+    // 4 MiB host pages: the kernel path moves 16 MiB a launch, so ten entries take three launches (4 + 4 + 2) and a
     // device list of capacity 12 three launches too, the last cut short by the count; a list of 100 positions takes
     // longer launches. Then kAUTO at its boundary.
     std::vector<rt::KVLayerConfig> const layers(4, rt::KVLayerConfig{8, 128});
     TierCase setup(rt::DataType::kFLOAT, 128, 20, layers);
-    ASSERT_EQ(setup.slotBytes, int64_t{4} << 20);
+    ASSERT_EQ(setup.hostPageBytes, int64_t{4} << 20);
     rt::HostTier tier(*setup.cache, 0, 14);
     for (int32_t s = 0; s < 14; ++s)
     {
-        poisonSlot(tier, s);
+        poisonHostPage(tier, s);
     }
     std::vector<rt::HostTierEntry> out;
     for (int32_t i = 0; i < 10; ++i)
     {
         out.push_back({setup.numPages - 1 - 2 * i, (5 * i + 3) % 14});
     }
-    EXPECT_EQ(tier.offload(*setup.cache, out, setup.stream.get(), rt::HostTierMethod::kKERNEL),
-        rt::HostTierMethod::kKERNEL);
+    EXPECT_EQ(
+        tier.offload(*setup.cache, out, setup.stream.get(), rt::HostTierMethod::kKERNEL), rt::HostTierMethod::kKERNEL);
     for (rt::HostTierEntry const& entry : out)
     {
-        EXPECT_EQ(slotContents(tier, entry.slot), setup.expectedSlot(entry.page)) << "slot " << entry.slot;
+        EXPECT_EQ(hostPageContents(tier, entry.hostPage), setup.expectedHostPage(entry.page))
+            << "host page " << entry.hostPage;
     }
-    // (5i + 3) mod 14 for i < 10 misses slots 2, 7, 11 and 12.
+    // (5i + 3) mod 14 for i < 10 misses host pages 2, 7, 11 and 12.
     for (int32_t const untouched : {2, 7, 11, 12})
     {
-        EXPECT_EQ(slotContents(tier, untouched), setup.poisonPage()) << "slot " << untouched;
+        EXPECT_EQ(hostPageContents(tier, untouched), setup.poisonPage()) << "host page " << untouched;
     }
 
     setup.poisonDevice();
     std::vector<rt::HostTierEntry> in;
     for (int32_t i = 0; i < 10; ++i)
     {
-        in.push_back({i, out[static_cast<size_t>(9 - i)].slot});
+        in.push_back({i, out[static_cast<size_t>(9 - i)].hostPage});
     }
     tier.onboard(*setup.cache, in, setup.stream.get(), rt::HostTierMethod::kKERNEL);
     setup.stream.synchronize();
     for (int32_t i = 0; i < 10; ++i)
     {
-        EXPECT_EQ(setup.devicePage(i), setup.expectedSlot(out[static_cast<size_t>(9 - i)].page)) << "page " << i;
+        EXPECT_EQ(setup.devicePage(i), setup.expectedHostPage(out[static_cast<size_t>(9 - i)].page)) << "page " << i;
     }
     EXPECT_EQ(setup.devicePage(10), setup.poisonPage());
 
-    // A device list: a bad slot in the second launch counted once, positions past the count left alone.
+    // A device list: a bad host page in the second launch counted once, positions past the count left alone.
     setup.poisonDevice();
     std::vector<rt::HostTierEntry> deviceIn;
     for (int32_t i = 0; i < 12; ++i)
     {
-        deviceIn.push_back({12 + i, out[static_cast<size_t>(i % 10)].slot});
+        deviceIn.push_back({12 + i, out[static_cast<size_t>(i % 10)].hostPage});
     }
-    deviceIn[5].slot = 14;
+    deviceIn[5].hostPage = 14;
     DeviceArray<rt::HostTierEntry> list(deviceIn, setup.stream.get());
     DeviceArray<int32_t> count(std::vector<int32_t>{10}, setup.stream.get());
     DeviceArray<int32_t> errors(std::vector<int32_t>{0}, setup.stream.get());
@@ -354,37 +356,38 @@ TEST_F(HostTierTest, KernelTransfersOfManyLaunchesAreByteExact)
     {
         bool const moved = i < 10 && i != 5;
         EXPECT_EQ(setup.devicePage(12 + i),
-            moved ? setup.expectedSlot(out[static_cast<size_t>(i)].page) : setup.poisonPage())
+            moved ? setup.expectedHostPage(out[static_cast<size_t>(i)].page) : setup.poisonPage())
             << "position " << i;
     }
 
     // A long device list: 100 positions of 4 MiB take 15 launches of 7 (not 25 of 4); three real entries far apart.
     setup.poisonDevice();
     std::vector<rt::HostTierEntry> sparse(100, rt::HostTierEntry{rt::kUNUSED_PAGE_ENTRY, rt::kUNUSED_PAGE_ENTRY});
-    sparse[0] = {3, out[0].slot};
-    sparse[50] = {4, out[1].slot};
-    sparse[99] = {5, out[2].slot};
+    sparse[0] = {3, out[0].hostPage};
+    sparse[50] = {4, out[1].hostPage};
+    sparse[99] = {5, out[2].hostPage};
     DeviceArray<rt::HostTierEntry> longList(sparse, setup.stream.get());
     tier.onboardDevice(*setup.cache, longList.get(), 100, nullptr, setup.stream.get());
     setup.stream.synchronize();
     for (int32_t i = 0; i < 3; ++i)
     {
-        EXPECT_EQ(setup.devicePage(3 + i), setup.expectedSlot(out[static_cast<size_t>(i)].page)) << "page " << 3 + i;
+        EXPECT_EQ(setup.devicePage(3 + i), setup.expectedHostPage(out[static_cast<size_t>(i)].page))
+            << "page " << 3 + i;
     }
     EXPECT_EQ(setup.devicePage(6), setup.poisonPage());
 
-    // kAUTO's rule at its boundary: one slot of kHOST_TIER_KERNEL_MAX_BYTES by the kernel, two by the copy engine.
-    ASSERT_EQ(setup.slotBytes, rt::kHOST_TIER_KERNEL_MAX_BYTES);
+    // kAUTO's rule at its boundary: one host page of kHOST_TIER_KERNEL_MAX_BYTES by the kernel, two by the copy engine.
+    ASSERT_EQ(setup.hostPageBytes, rt::kHOST_TIER_KERNEL_MAX_BYTES);
     for (int32_t const s : {2, 7, 11})
     {
-        poisonSlot(tier, s);
+        poisonHostPage(tier, s);
     }
     EXPECT_EQ(tier.offload(*setup.cache, {{3, 2}}, setup.stream.get()), rt::HostTierMethod::kKERNEL);
     EXPECT_EQ(tier.offload(*setup.cache, {{4, 7}, {5, 11}}, setup.stream.get()), rt::HostTierMethod::kCOPY_ENGINE);
     setup.stream.synchronize();
-    EXPECT_EQ(slotContents(tier, 2), setup.expectedSlot(out[0].page));
-    EXPECT_EQ(slotContents(tier, 7), setup.expectedSlot(out[1].page));
-    EXPECT_EQ(slotContents(tier, 11), setup.expectedSlot(out[2].page));
+    EXPECT_EQ(hostPageContents(tier, 2), setup.expectedHostPage(out[0].page));
+    EXPECT_EQ(hostPageContents(tier, 7), setup.expectedHostPage(out[1].page));
+    EXPECT_EQ(hostPageContents(tier, 11), setup.expectedHostPage(out[2].page));
 }
 
 __global__ void spinKernel(long long cycles)
@@ -404,29 +407,22 @@ public:
     {
         spinKernel<<<1, 1, 0, stream>>>(200'000'000LL);
         KVCACHE_CUDA_TRY(cudaGetLastError());
-        KVCACHE_CUDA_TRY(cudaEventCreateWithFlags(&mSpinDone, cudaEventDisableTiming));
-        KVCACHE_CUDA_TRY(cudaEventRecord(mSpinDone, stream));
+        mSpinDone.record(stream);
     }
-    ~HeldStream()
-    {
-        KVCACHE_CUDA_LOG(cudaEventDestroy(mSpinDone));
-    }
-    HeldStream(HeldStream const&) = delete;
-    HeldStream& operator=(HeldStream const&) = delete;
 
     bool released() const
     {
-        return cudaEventQuery(mSpinDone) == cudaSuccess;
+        return cudaEventQuery(mSpinDone.get()) == cudaSuccess;
     }
 
 private:
-    cudaEvent_t mSpinDone = nullptr;
+    kvcache::test::CudaEvent mSpinDone;
 };
 
-// The tier under a PageManager, as a runtime wires them: eviction offloads each page to a slot and remembers its hash;
-// a later request of the same prompt misses on the GPU, finds the next pages' hashes (hashNextPages) in the tier,
-// appends those tokens (fresh pages registered under the same hashes) and onboards the slots into them. The device is
-// poisoned in between, so every byte checked came back through the tier; a third request then adopts the pages.
+// The tier under a PageManager, as a runtime wires them: eviction offloads each page to a host page and remembers its
+// hash; a later request of the same prompt misses on the GPU, finds the next pages' hashes (hashNextPages) in the tier,
+// appends those tokens (fresh pages registered under the same hashes) and onboards the host pages into them. The device
+// is poisoned in between, so every byte checked came back through the tier; a third request then adopts the pages.
 TEST_F(HostTierTest, AnEvictedPrefixIsOnboardedIntoFreshPagesOnAPrefixHit)
 {
     TierCase setup(rt::DataType::kHALF, 16);
@@ -434,18 +430,18 @@ TEST_F(HostTierTest, AnEvictedPrefixIsOnboardedIntoFreshPagesOnAPrefixHit)
     options.maxSequences = 4;
     rt::PageManager manager(setup.cacheConfig, options);
     rt::HostTier tier(*setup.cache, 0, 8);
-    std::map<std::pair<uint64_t, uint64_t>, int32_t> slotOfHash;
-    std::map<int32_t, int32_t> evictedPageOfSlot;
+    std::map<std::pair<uint64_t, uint64_t>, int32_t> hostPageOfHash;
+    std::map<int32_t, int32_t> evictedPageOfHostPage;
     manager.setEvictionCallback(
         [&](int32_t group, int32_t page, rt::PageHash hash)
         {
             ASSERT_EQ(group, 0);
-            int32_t const slot = tier.allocateSlots(1)[0];
-            poisonSlot(tier, slot);
+            int32_t const hostPage = tier.allocateHostPages(1)[0];
+            poisonHostPage(tier, hostPage);
             // kAUTO moves a list this small with the kernel.
-            EXPECT_EQ(tier.offload(*setup.cache, {{page, slot}}, setup.stream.get()), rt::HostTierMethod::kKERNEL);
-            slotOfHash[{hash.lo, hash.hi}] = slot;
-            evictedPageOfSlot[slot] = page;
+            EXPECT_EQ(tier.offload(*setup.cache, {{page, hostPage}}, setup.stream.get()), rt::HostTierMethod::kKERNEL);
+            hostPageOfHash[{hash.lo, hash.hi}] = hostPage;
+            evictedPageOfHostPage[hostPage] = page;
         });
     std::vector<int32_t> prompt(4 * 16 + 5);
     for (size_t i = 0; i < prompt.size(); ++i)
@@ -459,10 +455,10 @@ TEST_F(HostTierTest, AnEvictedPrefixIsOnboardedIntoFreshPagesOnAPrefixHit)
     manager.free(donor);
     ASSERT_EQ(manager.evictCached(0, 4), 4);
     setup.stream.synchronize();
-    ASSERT_EQ(evictedPageOfSlot.size(), 4u);
-    for (auto const& [slot, page] : evictedPageOfSlot)
+    ASSERT_EQ(evictedPageOfHostPage.size(), 4u);
+    for (auto const& [hostPage, page] : evictedPageOfHostPage)
     {
-        EXPECT_EQ(slotContents(tier, slot), setup.expectedSlot(page)) << "slot " << slot;
+        EXPECT_EQ(hostPageContents(tier, hostPage), setup.expectedHostPage(page)) << "host page " << hostPage;
     }
     setup.poisonDevice();
 
@@ -470,32 +466,33 @@ TEST_F(HostTierTest, AnEvictedPrefixIsOnboardedIntoFreshPagesOnAPrefixHit)
     ASSERT_EQ(manager.adoptPrefix(request, prompt.data(), count), 0);
     std::vector<rt::PageHash> hashes(4);
     ASSERT_EQ(manager.hashNextPages(request, prompt.data(), count, hashes.data()), 4);
-    std::vector<int32_t> slots;
+    std::vector<int32_t> hostPages;
     for (rt::PageHash const& hash : hashes)
     {
-        auto const found = slotOfHash.find({hash.lo, hash.hi});
-        if (found == slotOfHash.end())
+        auto const found = hostPageOfHash.find({hash.lo, hash.hi});
+        if (found == hostPageOfHash.end())
         {
             break;
         }
-        slots.push_back(found->second);
+        hostPages.push_back(found->second);
     }
-    ASSERT_EQ(slots.size(), 4u);
+    ASSERT_EQ(hostPages.size(), 4u);
     manager.append({request, prompt.data(), 4 * 16});
     rt::SequencePages const pages = manager.pages(request, 0);
     ASSERT_EQ(pages.numPages, 4);
     std::vector<rt::HostTierEntry> entries;
     for (int32_t i = 0; i < 4; ++i)
     {
-        entries.push_back({pages.pages[i], slots[static_cast<size_t>(i)]});
+        entries.push_back({pages.pages[i], hostPages[static_cast<size_t>(i)]});
     }
     EXPECT_EQ(tier.onboard(*setup.cache, entries, setup.stream.get()), rt::HostTierMethod::kKERNEL);
     setup.stream.synchronize();
     std::vector<int32_t> const onboarded(pages.pages, pages.pages + 4);
     for (int32_t i = 0; i < 4; ++i)
     {
-        int32_t const slot = slots[static_cast<size_t>(i)];
-        EXPECT_EQ(setup.devicePage(onboarded[static_cast<size_t>(i)]), setup.expectedSlot(evictedPageOfSlot[slot]))
+        int32_t const hostPage = hostPages[static_cast<size_t>(i)];
+        EXPECT_EQ(setup.devicePage(onboarded[static_cast<size_t>(i)]),
+            setup.expectedHostPage(evictedPageOfHostPage[hostPage]))
             << "page " << i << " of the prompt";
     }
 
@@ -507,43 +504,43 @@ TEST_F(HostTierTest, AnEvictedPrefixIsOnboardedIntoFreshPagesOnAPrefixHit)
     EXPECT_NO_THROW(manager.checkInvariants());
 }
 
-TEST_F(HostTierTest, ATransferOnAnotherStreamWaitsForOneInFlightOnItsSlot)
+TEST_F(HostTierTest, ATransferOnAnotherStreamWaitsForOneInFlightOnItsHostPage)
 {
     for (rt::HostTierMethod const method : {rt::HostTierMethod::kCOPY_ENGINE, rt::HostTierMethod::kKERNEL})
     {
         TierCase setup(rt::DataType::kHALF, 16);
         rt::HostTier tier(*setup.cache, 0, 4);
-        poisonSlot(tier, 2);
+        poisonHostPage(tier, 2);
         CudaStream other;
-        // Stream A is held back, so the offload into slot 2 is still queued when stream B onboards slot 2.
+        // Stream A is held back, so the offload into host page 2 is still queued when stream B onboards host page 2.
         HeldStream const held(setup.stream.get());
         tier.offload(*setup.cache, {{5, 2}}, setup.stream.get(), method);
-        // The slot may read idle only if the spin is over.
-        bool const busy = tier.isSlotBusy(2);
+        // The host page may read idle only if the spin is over.
+        bool const busy = tier.isHostPageBusy(2);
         EXPECT_TRUE(busy || held.released());
         tier.onboard(*setup.cache, {{14, 2}}, other.get(), method);
         other.synchronize();
-        // Had B not waited, page 14 would hold the poisoned slot.
-        EXPECT_EQ(setup.devicePage(14), setup.expectedSlot(5));
+        // Had B not waited, page 14 would hold the poisoned host page.
+        EXPECT_EQ(setup.devicePage(14), setup.expectedHostPage(5));
         setup.stream.synchronize();
-        EXPECT_FALSE(tier.isSlotBusy(2));
+        EXPECT_FALSE(tier.isHostPageBusy(2));
         ASSERT_NE(tier.lastEvent(), nullptr);
         EXPECT_EQ(cudaEventQuery(tier.lastEvent()), cudaSuccess);
     }
 }
 
 // Copy-engine transfers of one direction share a staging half: one on another stream waits for the one in flight
-// even when their slots and pages differ; the other direction has its own half.
+// even when their host pages and pages differ; the other direction has its own half.
 TEST_F(HostTierTest, CopyEngineTransfersOfOneDirectionTakeTurnsWithTheirStagingHalf)
 {
     TierCase setup(rt::DataType::kHALF, 16);
     rt::HostTierOptions options;
-    options.stagingBytes = 2 * setup.slotBytes; // one slot a direction: every transfer below takes two rounds
+    options.stagingBytes = 2 * setup.hostPageBytes; // one hostPage a direction: every transfer below takes two rounds
     rt::HostTier tier(*setup.cache, 0, 6, options);
-    ASSERT_EQ(tier.stagingSlots(), 1);
+    ASSERT_EQ(tier.numStagingHostPages(), 1);
     for (int32_t s = 0; s < 6; ++s)
     {
-        poisonSlot(tier, s);
+        poisonHostPage(tier, s);
     }
     CudaStream other;
     CudaStream third;
@@ -559,28 +556,28 @@ TEST_F(HostTierTest, CopyEngineTransfersOfOneDirectionTakeTurnsWithTheirStagingH
     setup.stream.synchronize();
     for (int32_t s = 0; s < 4; ++s)
     {
-        EXPECT_EQ(slotContents(tier, s), setup.expectedSlot(5 + s)) << "slot " << s;
+        EXPECT_EQ(hostPageContents(tier, s), setup.expectedHostPage(5 + s)) << "host page " << s;
     }
     EXPECT_EQ(setup.devicePage(20), setup.poisonPage());
 }
 
-TEST_F(HostTierTest, CapacityGrowsToTheTargetChunkByChunk)
+TEST_F(HostTierTest, PinnedHostPagesGrowToTheTierChunkByChunk)
 {
     TierCase setup(rt::DataType::kHALF, 16);
     rt::HostTierOptions options;
-    options.chunkBytes = setup.slotBytes; // one slot a chunk
+    options.chunkBytes = setup.hostPageBytes; // one hostPage a chunk
     rt::HostTier tier(*setup.cache, 0, 12, options);
-    EXPECT_GE(tier.capacity(), 1);
-    EXPECT_EQ(tier.targetCapacity(), 12);
+    EXPECT_GE(tier.numPinnedHostPages(), 1);
+    EXPECT_EQ(tier.numHostPages(), 12);
     tier.waitUntilReady();
-    EXPECT_EQ(tier.capacity(), 12);
-    poisonSlot(tier, 11);
+    EXPECT_EQ(tier.numPinnedHostPages(), 12);
+    poisonHostPage(tier, 11);
     tier.offload(*setup.cache, {{4, 11}, {3, 0}}, setup.stream.get());
-    EXPECT_EQ(slotContents(tier, 11), setup.expectedSlot(4));
-    EXPECT_EQ(slotContents(tier, 0), setup.expectedSlot(3));
+    EXPECT_EQ(hostPageContents(tier, 11), setup.expectedHostPage(4));
+    EXPECT_EQ(hostPageContents(tier, 0), setup.expectedHostPage(3));
 }
 
-TEST_F(HostTierTest, SequenceFilesRoundTripThroughSlots)
+TEST_F(HostTierTest, SequenceFilesRoundTripThroughHostPages)
 {
     TierCase setup(rt::DataType::kBF16, 16);
     rt::HostTier tier(*setup.cache, 0, 8);
@@ -591,28 +588,28 @@ TEST_F(HostTierTest, SequenceFilesRoundTripThroughSlots)
     std::vector<int32_t> const saved{0, 1, 2};
     rt::saveSequence(path, tier, saved.data(), 3, 40);
     std::vector<int32_t> const loaded{5, 7, 6};
-    for (int32_t const slot : loaded)
+    for (int32_t const hostPage : loaded)
     {
-        poisonSlot(tier, slot);
+        poisonHostPage(tier, hostPage);
     }
     EXPECT_EQ(rt::loadSequence(path, tier, loaded.data(), 3), 40);
-    EXPECT_EQ(slotContents(tier, 5), setup.expectedSlot(1));
-    EXPECT_EQ(slotContents(tier, 7), setup.expectedSlot(9));
-    EXPECT_EQ(slotContents(tier, 6), setup.expectedSlot(4));
+    EXPECT_EQ(hostPageContents(tier, 5), setup.expectedHostPage(1));
+    EXPECT_EQ(hostPageContents(tier, 7), setup.expectedHostPage(9));
+    EXPECT_EQ(hostPageContents(tier, 6), setup.expectedHostPage(4));
 
-    // A tier of another geometry refuses the file and keeps its slots.
+    // A tier of another geometry refuses the file and keeps its host pages.
     TierCase other(rt::DataType::kHALF, 16);
     rt::HostTier otherTier(*other.cache, 0, 4);
     for (int32_t s = 0; s < 3; ++s)
     {
-        poisonSlot(otherTier, s);
+        poisonHostPage(otherTier, s);
     }
     std::vector<int32_t> const three{0, 1, 2};
     EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
         [&] { rt::loadSequence(path, otherTier, three.data(), 3); }, {"dataType"}));
     for (int32_t s = 0; s < 3; ++s)
     {
-        EXPECT_EQ(slotContents(otherTier, s), other.poisonPage());
+        EXPECT_EQ(hostPageContents(otherTier, s), other.poisonPage());
     }
     std::filesystem::remove(path);
 }
@@ -623,7 +620,7 @@ TEST_F(HostTierTest, BadInputIsRefusedBeforeAnythingIsEnqueued)
     rt::HostTier tier(*setup.cache, 0, 4);
     for (int32_t s = 0; s < 4; ++s)
     {
-        poisonSlot(tier, s);
+        poisonHostPage(tier, s);
     }
     cudaStream_t const stream = setup.stream.get();
     int32_t const n = setup.numPages;
@@ -636,7 +633,7 @@ TEST_F(HostTierTest, BadInputIsRefusedBeforeAnythingIsEnqueued)
         [&] {
             tier.offload(*setup.cache, {{1, 0}, {2, 4}}, stream);
         },
-        {"entries[1].slot", "4", "[0, 4)"}));
+        {"entries[1].hostPage", "4", "[0, 4)"}));
     EXPECT_TRUE(throwsNaming<rt::OutOfRangeError>(
         [&] {
             tier.onboard(*setup.cache, {{-1, 0}}, stream);
@@ -646,7 +643,7 @@ TEST_F(HostTierTest, BadInputIsRefusedBeforeAnythingIsEnqueued)
         [&] {
             tier.offload(*setup.cache, {{1, 0}, {2, 0}}, stream);
         },
-        {"slot 0", "more than once"}));
+        {"host page 0", "more than once"}));
     EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
         [&] {
             tier.onboard(*setup.cache, {{3, 0}, {3, 1}}, stream);
@@ -663,35 +660,36 @@ TEST_F(HostTierTest, BadInputIsRefusedBeforeAnythingIsEnqueued)
         },
         {"another geometry"}));
     EXPECT_TRUE(throwsNaming<rt::OutOfRangeError>([&] { rt::HostTier(*setup.cache, 1, 4); }, {"group", "1"}));
-    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>([&] { rt::HostTier(*setup.cache, 0, 0); }, {"numSlots", "0"}));
+    EXPECT_TRUE(
+        throwsNaming<rt::InvalidArgumentError>([&] { rt::HostTier(*setup.cache, 0, 0); }, {"numHostPages", "0"}));
     rt::HostTierOptions negativeStaging;
     negativeStaging.stagingBytes = -1;
     EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
         [&] { rt::HostTier(*setup.cache, 0, 4, negativeStaging); }, {"stagingBytes", "-1"}));
     rt::HostTierOptions tooMuchStaging;
-    tooMuchStaging.stagingBytes = int64_t{1} << 50; // clamped to the tier's slots: 4
-    EXPECT_EQ(rt::HostTier(*setup.cache, 0, 4, tooMuchStaging).stagingSlots(), 4);
+    tooMuchStaging.stagingBytes = int64_t{1} << 50; // clamped to the tier's hostPages: 4
+    EXPECT_EQ(rt::HostTier(*setup.cache, 0, 4, tooMuchStaging).numStagingHostPages(), 4);
     setup.stream.synchronize();
     for (int32_t s = 0; s < 4; ++s)
     {
-        EXPECT_EQ(slotContents(tier, s), setup.poisonPage()) << "a refused call wrote slot " << s;
+        EXPECT_EQ(hostPageContents(tier, s), setup.poisonPage()) << "a refused call wrote host page " << s;
     }
 
     // A full tier: nothing handed out when the request does not fit.
-    std::vector<int32_t> const three = tier.allocateSlots(3);
+    std::vector<int32_t> const three = tier.allocateHostPages(3);
     EXPECT_EQ(three, (std::vector<int32_t>{0, 1, 2}));
-    EXPECT_TRUE(throwsNaming<rt::OutOfMemoryError>([&] { tier.allocateSlots(2); }, {"count is 2", "1 free"}));
-    EXPECT_EQ(tier.freeSlots(), 1);
+    EXPECT_TRUE(throwsNaming<rt::OutOfMemoryError>([&] { tier.allocateHostPages(2); }, {"count is 2", "1 free"}));
+    EXPECT_EQ(tier.numFreeHostPages(), 1);
     EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
         [&]
         {
             std::vector<int32_t> const twice{1, 1};
-            tier.releaseSlots(twice.data(), 2);
+            tier.releaseHostPages(twice.data(), 2);
         },
-        {"slot 1", "more than once"}));
-    EXPECT_EQ(tier.freeSlots(), 1);
-    tier.releaseSlots(&three[1], 1);
-    EXPECT_EQ(tier.allocateSlots(2), (std::vector<int32_t>{1, 3}));
+        {"host page 1", "more than once"}));
+    EXPECT_EQ(tier.numFreeHostPages(), 1);
+    tier.releaseHostPages(&three[1], 1);
+    EXPECT_EQ(tier.allocateHostPages(2), (std::vector<int32_t>{1, 3}));
 }
 
 } // namespace

@@ -31,7 +31,7 @@ using kvcache::test::throwsNaming;
 
 constexpr int32_t kINT32_MAX = std::numeric_limits<int32_t>::max();
 constexpr int32_t kINT32_MIN = std::numeric_limits<int32_t>::min();
-//! The longest list whose table of written ids fits on the stack (two slots an entry).
+//! The longest list whose table of written ids fits on the stack (two ids an entry).
 constexpr int32_t kSTACK_TABLE_ENTRIES = rt::kMAX_INLINE_PAGE_OPS;
 
 void checkCopies(std::vector<rt::PageCopy> const& pairs, int32_t numPages)
@@ -554,11 +554,11 @@ TEST(PageListValidationTest, RandomListsGetTheVerdictOfASetBasedReference)
     }
 }
 
-//! Runs the host tier's entry check as HostTier does: the tier's note after the slot limit.
-void checkEntries(std::vector<rt::HostTierEntry> const& entries, int32_t numPages, int64_t numSlots)
+//! Runs the host tier's entry check as HostTier does: the tier's note after the host page limit.
+void checkEntries(std::vector<rt::HostTierEntry> const& entries, int32_t numPages, int64_t numHostPages)
 {
-    rt::detail::validateHostTierEntries("offload", entries.data(), static_cast<int32_t>(entries.size()), numPages,
-        numSlots, "(capacity 4 of target 8)");
+    rt::detail::validateHostTierEntries(
+        "offload", entries.data(), static_cast<int32_t>(entries.size()), numPages, numHostPages, "(4 of 8 pinned)");
 }
 
 TEST(PageListValidationTest, HostTierEntriesInRangeAndDistinctAreAccepted)
@@ -567,9 +567,9 @@ TEST(PageListValidationTest, HostTierEntriesInRangeAndDistinctAreAccepted)
     EXPECT_NO_THROW(rt::detail::validateHostTierEntries("offload", nullptr, 0, 2, 2));
     EXPECT_NO_THROW(rt::detail::validateHostTierEntries("offload", &entry, 0, 2, 2)) << "page 5 of 2 must go unread";
     EXPECT_NO_THROW(checkEntries({{0, 3}, {6, 0}}, 7, 4)) << "both ends of both ranges";
-    EXPECT_NO_THROW(checkEntries({{2, 1}, {1, 2}}, 7, 4)) << "a page id may equal another entry's slot id";
+    EXPECT_NO_THROW(checkEntries({{2, 1}, {1, 2}}, 7, 4)) << "a page id may equal another entry's host page id";
     EXPECT_NO_THROW(checkEntries({{kINT32_MAX - 1, 0}}, kINT32_MAX, 1));
-    EXPECT_NO_THROW(checkEntries({{0, kINT32_MAX - 1}}, 1, int64_t{kINT32_MAX} + 5)) << "the slot range is 64-bit";
+    EXPECT_NO_THROW(checkEntries({{0, kINT32_MAX - 1}}, 1, int64_t{kINT32_MAX} + 5)) << "the host page range is 64-bit";
 }
 
 TEST(PageListValidationTest, HostTierEntriesNameTheFieldTheValueAndTheLimit)
@@ -581,10 +581,11 @@ TEST(PageListValidationTest, HostTierEntriesNameTheFieldTheValueAndTheLimit)
         [&] { rt::detail::validateHostTierEntries("onboard", nullptr, 3, 2, 2); }, {"onboard", "null", "count is 3"}));
     std::string message;
     EXPECT_TRUE(throwsNaming<rt::OutOfRangeError>(
-        [&] { rt::detail::validateHostTierEntries("offload", &entry, 1, 2, 0); }, {"entries[0].slot"}, &message));
-    EXPECT_EQ(message, "offload: entries[0].slot is slot 0; slots must be in [0, 0)") << "no note, nothing after it";
+        [&] { rt::detail::validateHostTierEntries("offload", &entry, 1, 2, 0); }, {"entries[0].hostPage"}, &message));
+    EXPECT_EQ(message, "offload: entries[0].hostPage is host page 0; host pages must be in [0, 0)")
+        << "no note, nothing after it";
 
-    // Lists over 9 pages and 4 slots; each must be refused with these words.
+    // Lists over 9 pages and 4 host pages; each must be refused with these words.
     struct Refused
     {
         std::vector<rt::HostTierEntry> entries;
@@ -594,12 +595,12 @@ TEST(PageListValidationTest, HostTierEntriesNameTheFieldTheValueAndTheLimit)
     std::vector<Refused> const cases = {
         {{{1, 0}, {9, 1}}, true, {"offload", "entries[1].page", "page 9", "[0, 9)"}},
         {{{-1, 0}}, true, {"entries[0].page", "page -1", "[0, 9)"}},
-        {{{1, 0}, {2, 4}}, true, {"entries[1].slot", "slot 4", "[0, 4) (capacity 4 of target 8)"}},
-        // The page is checked before the slot, and every range before any repeat.
+        {{{1, 0}, {2, 4}}, true, {"entries[1].hostPage", "host page 4", "[0, 4) (4 of 8 pinned)"}},
+        // The page is checked before the host page, and every range before any repeat.
         {{{kINT32_MIN, kINT32_MIN}}, true, {"entries[0].page", std::to_string(kINT32_MIN)}},
-        {{{1, 0}, {1, 0}, {2, 7}}, true, {"entries[2].slot", "slot 7"}},
+        {{{1, 0}, {1, 0}, {2, 7}}, true, {"entries[2].hostPage", "host page 7"}},
         {{{3, 0}, {1, 1}, {3, 2}}, false, {"offload", "page 3", "listed more than once"}},
-        {{{1, 0}, {2, 0}}, false, {"offload", "slot 0", "listed more than once"}},
+        {{{1, 0}, {2, 0}}, false, {"offload", "host page 0", "listed more than once"}},
     };
     for (size_t i = 0; i < cases.size(); ++i)
     {
@@ -621,17 +622,17 @@ TEST(PageListValidationTest, HostTierEntriesGetTheVerdictOfASetBasedReference)
         int32_t const count =
             trial % 10 == 0 ? 200 + static_cast<int32_t>(rng() % 3000) : static_cast<int32_t>(rng() % 40);
         auto const numPages = static_cast<int32_t>(count + rng() % (count + 3));
-        auto const numSlots = static_cast<int64_t>(count + rng() % (count + 3));
+        auto const numHostPages = static_cast<int64_t>(count + rng() % (count + 3));
         std::vector<rt::HostTierEntry> entries(static_cast<size_t>(count));
         std::vector<int32_t> pages(static_cast<size_t>(numPages));
-        std::vector<int32_t> slots(static_cast<size_t>(numSlots));
+        std::vector<int32_t> hostPages(static_cast<size_t>(numHostPages));
         std::iota(pages.begin(), pages.end(), 0);
-        std::iota(slots.begin(), slots.end(), 0);
+        std::iota(hostPages.begin(), hostPages.end(), 0);
         std::shuffle(pages.begin(), pages.end(), rng);
-        std::shuffle(slots.begin(), slots.end(), rng);
+        std::shuffle(hostPages.begin(), hostPages.end(), rng);
         for (size_t i = 0; i < entries.size(); ++i)
         {
-            entries[i] = rt::HostTierEntry{pages[i], slots[i]};
+            entries[i] = rt::HostTierEntry{pages[i], hostPages[i]};
         }
         if (count > 0 && trial % 3 != 0)
         {
@@ -640,22 +641,22 @@ TEST(PageListValidationTest, HostTierEntriesGetTheVerdictOfASetBasedReference)
             switch (rng() % 4)
             {
             case 0: broken.page = other.page; break;
-            case 1: broken.slot = other.slot; break;
+            case 1: broken.hostPage = other.hostPage; break;
             case 2: broken.page = rng() % 2 == 0 ? -1 - static_cast<int32_t>(rng() % 5) : numPages; break;
-            default: broken.slot = static_cast<int32_t>(numSlots + static_cast<int64_t>(rng() % 5)); break;
+            default: broken.hostPage = static_cast<int32_t>(numHostPages + static_cast<int64_t>(rng() % 5)); break;
             }
         }
         // The reference: ranges first, then repeats, with std::set.
         int32_t expected = 0;
         std::set<int32_t> usedPages;
-        std::set<int32_t> usedSlots;
+        std::set<int32_t> usedHostPages;
         for (rt::HostTierEntry const& e : entries)
         {
-            if (e.page < 0 || e.page >= numPages || e.slot < 0 || e.slot >= numSlots)
+            if (e.page < 0 || e.page >= numPages || e.hostPage < 0 || e.hostPage >= numHostPages)
             {
                 expected = 1;
             }
-            if (!usedPages.insert(e.page).second || !usedSlots.insert(e.slot).second)
+            if (!usedPages.insert(e.page).second || !usedHostPages.insert(e.hostPage).second)
             {
                 expected = expected == 0 ? 2 : expected;
             }
@@ -663,7 +664,7 @@ TEST(PageListValidationTest, HostTierEntriesGetTheVerdictOfASetBasedReference)
         int32_t actual = 0;
         try
         {
-            checkEntries(entries, numPages, numSlots);
+            checkEntries(entries, numPages, numHostPages);
         }
         catch (rt::OutOfRangeError const&)
         {
@@ -675,7 +676,7 @@ TEST(PageListValidationTest, HostTierEntriesGetTheVerdictOfASetBasedReference)
         }
         ++seen[expected];
         ASSERT_EQ(actual, expected) << "trial " << trial << ": " << count << " entries, " << numPages << " pages, "
-                                    << numSlots << " slots";
+                                    << numHostPages << " hostPages";
     }
     EXPECT_GE(seen[0], 100);
     EXPECT_GE(seen[1], 100);

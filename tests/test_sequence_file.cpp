@@ -28,9 +28,9 @@ using kvcache::test::throwsNaming;
 constexpr uint8_t kPOISON = 0xAB;
 
 //! Two KV layers and one latent layer, bfloat16, 16 tokens a page; page bytes worked out by hand below.
-rt::SequenceFileGeometry mixedGeometry()
+rt::PageGeometry mixedGeometry()
 {
-    rt::SequenceFileGeometry geometry;
+    rt::PageGeometry geometry;
     geometry.dataType = rt::DataType::kBF16;
     geometry.tokensPerPage = 16;
     geometry.layers = {{rt::KVLayerKind::kKV, 2, 64}, {rt::KVLayerKind::kLATENT, 1, 96}, {rt::KVLayerKind::kKV, 4, 32}};
@@ -57,8 +57,7 @@ protected:
     }
 
     //! `count` pages of distinct pseudo-random bytes.
-    static std::vector<std::vector<uint8_t>> randomPages(
-        rt::SequenceFileGeometry const& geometry, int count, uint32_t seed)
+    static std::vector<std::vector<uint8_t>> randomPages(rt::PageGeometry const& geometry, int count, uint32_t seed)
     {
         std::mt19937 generator(seed);
         std::vector<std::vector<uint8_t>> pages(static_cast<size_t>(count));
@@ -90,7 +89,7 @@ protected:
         }
         return out;
     }
-    static std::vector<std::vector<uint8_t>> poisoned(rt::SequenceFileGeometry const& geometry, int count)
+    static std::vector<std::vector<uint8_t>> poisoned(rt::PageGeometry const& geometry, int count)
     {
         return std::vector<std::vector<uint8_t>>(
             static_cast<size_t>(count), std::vector<uint8_t>(static_cast<size_t>(geometry.bytesPerPage), kPOISON));
@@ -126,7 +125,7 @@ protected:
 
 TEST_F(SequenceFileTest, RoundTripsPagesAndTokenCount)
 {
-    rt::SequenceFileGeometry const geometry = mixedGeometry();
+    rt::PageGeometry const geometry = mixedGeometry();
     auto const pages = randomPages(geometry, 5, 1);
     rt::writeSequenceFile(mPath, geometry, 70, pointers(pages).data(), 5);
 
@@ -148,7 +147,7 @@ TEST_F(SequenceFileTest, RoundTripsPagesAndTokenCount)
 
 TEST_F(SequenceFileTest, EmptySequenceRoundTrips)
 {
-    rt::SequenceFileGeometry const geometry = mixedGeometry();
+    rt::PageGeometry const geometry = mixedGeometry();
     rt::writeSequenceFile(mPath, geometry, 0, nullptr, 0);
     EXPECT_EQ(rt::readSequenceFile(mPath, geometry, nullptr, 0), 0);
 }
@@ -159,8 +158,8 @@ TEST_F(SequenceFileTest, GeometryOfALayoutMatchesTheFormulas)
         {{2, 64, 0, rt::KVLayerKind::kKV}, {1, 96, 0, rt::KVLayerKind::kLATENT}, {4, 32, 0, rt::KVLayerKind::kKV}})
                                          .tokensPerPage(16)
                                          .dataType(rt::DataType::kBF16);
-    rt::SequenceFileGeometry const geometry = rt::sequenceFileGeometry(rt::computeLayout(config), 0);
-    rt::SequenceFileGeometry const expected = mixedGeometry();
+    rt::PageGeometry const geometry = rt::pageGeometry(rt::computeLayout(config), 0);
+    rt::PageGeometry const expected = mixedGeometry();
     EXPECT_EQ(geometry.bytesPerPage, expected.bytesPerPage);
     ASSERT_EQ(geometry.layers.size(), expected.layers.size());
     for (size_t i = 0; i < geometry.layers.size(); ++i)
@@ -169,13 +168,13 @@ TEST_F(SequenceFileTest, GeometryOfALayoutMatchesTheFormulas)
         EXPECT_EQ(geometry.layers[i].numKVHeads, expected.layers[i].numKVHeads);
         EXPECT_EQ(geometry.layers[i].headDim, expected.layers[i].headDim);
     }
-    EXPECT_TRUE(throwsNaming<rt::OutOfRangeError>(
-        [&] { rt::sequenceFileGeometry(rt::computeLayout(config), 1); }, {"group", "1"}));
+    EXPECT_TRUE(
+        throwsNaming<rt::OutOfRangeError>([&] { rt::pageGeometry(rt::computeLayout(config), 1); }, {"group", "1"}));
 }
 
 TEST_F(SequenceFileTest, AFlippedByteAnywhereIsRefusedAndWritesNoPage)
 {
-    rt::SequenceFileGeometry const geometry = mixedGeometry();
+    rt::PageGeometry const geometry = mixedGeometry();
     auto const pages = randomPages(geometry, 3, 2);
     rt::writeSequenceFile(mPath, geometry, 40, pointers(pages).data(), 3);
     std::vector<char> const good = fileBytes();
@@ -206,7 +205,7 @@ TEST_F(SequenceFileTest, AFlippedByteAnywhereIsRefusedAndWritesNoPage)
 
 TEST_F(SequenceFileTest, TruncatedOrLongerFilesAreRefused)
 {
-    rt::SequenceFileGeometry const geometry = mixedGeometry();
+    rt::PageGeometry const geometry = mixedGeometry();
     auto const pages = randomPages(geometry, 2, 3);
     rt::writeSequenceFile(mPath, geometry, 20, pointers(pages).data(), 2);
     std::vector<char> const good = fileBytes();
@@ -231,11 +230,11 @@ TEST_F(SequenceFileTest, TruncatedOrLongerFilesAreRefused)
 
 TEST_F(SequenceFileTest, AnotherGeometryIsRefusedNamingTheField)
 {
-    rt::SequenceFileGeometry const geometry = mixedGeometry();
+    rt::PageGeometry const geometry = mixedGeometry();
     auto const pages = randomPages(geometry, 1, 4);
     rt::writeSequenceFile(mPath, geometry, 16, pointers(pages).data(), 1);
 
-    rt::SequenceFileGeometry otherDim = geometry;
+    rt::PageGeometry otherDim = geometry;
     otherDim.layers[2].headDim = 64;
     otherDim.bytesPerPage += 8192;
     auto loaded = poisoned(otherDim, 1);
@@ -243,11 +242,11 @@ TEST_F(SequenceFileTest, AnotherGeometryIsRefusedNamingTheField)
         [&] { rt::readSequenceFile(mPath, otherDim, pointers(loaded).data(), 1); }, {"layers[2].headDim", "32", "64"}));
     EXPECT_TRUE(allPoison(loaded));
 
-    rt::SequenceFileGeometry otherType = geometry;
+    rt::PageGeometry otherType = geometry;
     otherType.dataType = rt::DataType::kHALF;
     EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
         [&] { rt::readSequenceFile(mPath, otherType, pointers(loaded).data(), 1); }, {"dataType"}));
-    rt::SequenceFileGeometry otherPage = geometry;
+    rt::PageGeometry otherPage = geometry;
     otherPage.tokensPerPage = 32;
     otherPage.bytesPerPage *= 2;
     EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
@@ -265,7 +264,7 @@ TEST_F(SequenceFileTest, NotASequenceFileOrAnotherVersionIsRefused)
     writeBytes(std::vector<char>(200, 'x'));
     EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>([&] { rt::readSequenceFileInfo(mPath); }, {"magic"}));
 
-    rt::SequenceFileGeometry const geometry = mixedGeometry();
+    rt::PageGeometry const geometry = mixedGeometry();
     rt::writeSequenceFile(mPath, geometry, 0, nullptr, 0);
     std::vector<char> bytes = fileBytes();
     bytes[8] = 2; // version, little-endian, right after the magic
@@ -276,7 +275,7 @@ TEST_F(SequenceFileTest, NotASequenceFileOrAnotherVersionIsRefused)
 
 TEST_F(SequenceFileTest, BadWriteArgumentsAreRefusedAndLeaveNoFile)
 {
-    rt::SequenceFileGeometry geometry = mixedGeometry();
+    rt::PageGeometry geometry = mixedGeometry();
     auto const pages = randomPages(geometry, 2, 5);
     EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
         [&] { rt::writeSequenceFile(mPath, geometry, 33, pointers(pages).data(), 2); }, {"tokenCount", "33", "32"}));
@@ -298,7 +297,7 @@ TEST_F(SequenceFileTest, BadWriteArgumentsAreRefusedAndLeaveNoFile)
 
 TEST_F(SequenceFileTest, RewritingReplacesTheWholeFile)
 {
-    rt::SequenceFileGeometry const geometry = mixedGeometry();
+    rt::PageGeometry const geometry = mixedGeometry();
     auto const first = randomPages(geometry, 3, 6);
     rt::writeSequenceFile(mPath, geometry, 48, pointers(first).data(), 3);
     auto const second = randomPages(geometry, 1, 7);

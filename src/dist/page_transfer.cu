@@ -1,5 +1,7 @@
 #include "kvcache/dist/page_transfer.h"
 
+#include "kvcache/core/device_allocation.h"
+#include "kvcache/core/page_geometry.h"
 #include "kvcache/core/errors.h"
 
 #include <fmt/format.h>
@@ -175,35 +177,21 @@ void endGroup(ncclComm_t comm, cudaStream_t stream, std::chrono::steady_clock::t
     }
 }
 
-//! Device scratch of one call, stream-ordered: freed on the stream whatever happens.
+//! Device scratch of one call, stream-ordered (a DeviceAllocation): freed on the stream whatever happens.
 class Scratch
 {
 public:
     Scratch(int64_t bytes, cudaStream_t stream)
-        : mStream(stream)
+        : mAllocation(bytes > 0 ? DeviceAllocation(bytes, stream) : DeviceAllocation())
     {
-        if (bytes > 0)
-        {
-            KVCACHE_CUDA_TRY(cudaMallocAsync(&mData, static_cast<size_t>(bytes), stream));
-        }
     }
-    ~Scratch() noexcept
-    {
-        if (mData != nullptr)
-        {
-            KVCACHE_CUDA_LOG(cudaFreeAsync(mData, mStream));
-        }
-    }
-    Scratch(Scratch const&) = delete;
-    Scratch& operator=(Scratch const&) = delete;
     char* data() const noexcept
     {
-        return static_cast<char*>(mData);
+        return static_cast<char*>(mAllocation.data());
     }
 
 private:
-    void* mData{nullptr};
-    cudaStream_t mStream;
+    DeviceAllocation mAllocation;
 };
 
 //! Copies whole pages between the pools and the staging buffer: blockIdx.x walks list entries, blockIdx.y layer
@@ -472,9 +460,11 @@ uint64_t geometryFingerprint(KVCacheLayout const& layout) noexcept
     fnv(hash, static_cast<int32_t>(layout.groups.size()));
     for (KVLayerLayout const& layer : layout.layers)
     {
-        fnv(hash, static_cast<int32_t>(layer.kind));
-        fnv(hash, layer.numKVHeads);
-        fnv(hash, layer.headDim);
+        // What a page holds of the layer (PageGeometry's layer fields), then where the layer's pages live.
+        PageLayerGeometry const page = pageLayerGeometry(layer);
+        fnv(hash, static_cast<int32_t>(page.kind));
+        fnv(hash, page.numKVHeads);
+        fnv(hash, page.headDim);
         fnv(hash, layer.slidingWindow);
         fnv(hash, layer.group);
     }

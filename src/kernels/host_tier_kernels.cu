@@ -1,6 +1,6 @@
 // The host tier's kernels walk (entry, layer, half, chunk) work items, moving each between a cache page and its place
-// in a slot: a mapped pinned slot (the kernel path: a small grid, in launches of bounded size) or a device staging
-// slot (the copy-engine path's gather and scatter, on the whole GPU).
+// in a host page: a mapped pinned host page (the kernel path: a small grid, in launches of bounded size) or a device
+// staging host page (the copy-engine path's gather and scatter, on the whole GPU).
 
 #include "kernels/host_tier_kernels.h"
 
@@ -45,13 +45,13 @@ __global__ void __launch_bounds__(THREADS, 1) hostTierKernel(HostTierKernelParam
         int64_t const chunkStart = int64_t{withinLayer - halfIndex * itemsPerHalf} * kHOST_TIER_KERNEL_CHUNK_BYTES;
 
         HostTierEntry const entry = list[position];
-        if (entry.page == kUNUSED_PAGE_ENTRY || entry.slot == kUNUSED_PAGE_ENTRY)
+        if (entry.page == kUNUSED_PAGE_ENTRY || entry.hostPage == kUNUSED_PAGE_ENTRY)
         {
             continue;
         }
-        bool const valid = entry.page >= 0 && entry.page < params.numPages && entry.slot >= 0
-            && entry.slot < params.numSlots
-            && params.chunks[static_cast<uint32_t>(entry.slot) / params.slotsPerChunk] != nullptr;
+        bool const valid = entry.page >= 0 && entry.page < params.numPages && entry.hostPage >= 0
+            && entry.hostPage < params.numHostPages
+            && params.chunks[static_cast<uint32_t>(entry.hostPage) / params.hostPagesPerChunk] != nullptr;
         if (!valid)
         {
             // Counted once per entry: by the block holding its first item.
@@ -71,14 +71,14 @@ __global__ void __launch_bounds__(THREADS, 1) hostTierKernel(HostTierKernelParam
         int64_t const bytes = min(kHOST_TIER_KERNEL_CHUNK_BYTES, pageBytes - chunkStart);
         char* const devicePage =
             layerEntry.kBase + (int64_t{half} * params.numPages + entry.page) * pageBytes + chunkStart;
-        uint32_t const chunk = static_cast<uint32_t>(entry.slot) / params.slotsPerChunk;
+        uint32_t const chunk = static_cast<uint32_t>(entry.hostPage) / params.hostPagesPerChunk;
         char* const hostPage = params.chunks[chunk]
-            + int64_t{static_cast<uint32_t>(entry.slot) - chunk * params.slotsPerChunk} * params.slotBytes
+            + int64_t{static_cast<uint32_t>(entry.hostPage) - chunk * params.hostPagesPerChunk} * params.hostPageBytes
             + params.layerOffsets[layer] + half * pageBytes + chunkStart;
-        // Pools are 256-byte aligned and chunks page aligned; offsets inside are multiples of a page or a slot.
+        // Pools are 256-byte aligned and chunks page aligned; offsets inside are multiples of a page or a host page.
         bool const vectorised = (reinterpret_cast<uintptr_t>(devicePage) % 16 == 0)
             && (reinterpret_cast<uintptr_t>(hostPage) % 16 == 0) && bytes % 16 == 0;
-        // Streaming hints: a slot, mapped host memory or staging, is touched once and should not displace the L2's
+        // Streaming hints: a host page, mapped host memory or staging, is touched once and should not displace the L2's
         // working set.
         if constexpr (TO_HOST)
         {
@@ -131,23 +131,23 @@ int64_t hostTierItemsPerEntry(HostTierKernelParams const& params)
     return int64_t{params.numLayers} * 2 * params.chunksPerHalf;
 }
 
-int32_t hostTierEntriesPerLaunch(int64_t slotBytes)
+int32_t hostTierEntriesPerLaunch(int64_t hostPageBytes)
 {
-    return static_cast<int32_t>(
-        std::clamp<int64_t>(kHOST_TIER_KERNEL_LAUNCH_BYTES / std::max<int64_t>(slotBytes, 1), 1, kMAX_INLINE_PAGE_OPS));
+    return static_cast<int32_t>(std::clamp<int64_t>(
+        kHOST_TIER_KERNEL_LAUNCH_BYTES / std::max<int64_t>(hostPageBytes, 1), 1, kMAX_INLINE_PAGE_OPS));
 }
 
 void launchHostTierKernel(HostTierKernelParams const& params, bool toHost, HostTierEntry const* entries, int32_t count,
     int32_t maxGrid, cudaStream_t stream)
 {
     launchInline<kHOST_TIER_MAPPED_THREADS>(
-        params, toHost, entries, count, hostTierEntriesPerLaunch(params.slotBytes), maxGrid, stream);
+        params, toHost, entries, count, hostTierEntriesPerLaunch(params.hostPageBytes), maxGrid, stream);
 }
 
 void launchHostTierKernelDevice(HostTierKernelParams const& params, bool toHost, HostTierEntry const* entries,
     int32_t capacity, int32_t const* deviceCount, int32_t maxGrid, cudaStream_t stream)
 {
-    int32_t const step = std::max(hostTierEntriesPerLaunch(params.slotBytes),
+    int32_t const step = std::max(hostTierEntriesPerLaunch(params.hostPageBytes),
         (capacity + kHOST_TIER_DEVICE_LIST_MAX_LAUNCHES - 1) / kHOST_TIER_DEVICE_LIST_MAX_LAUNCHES);
     for (int32_t first = 0; first < capacity; first += step)
     {

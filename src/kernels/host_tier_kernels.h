@@ -1,7 +1,7 @@
 #pragma once
 
-// The host tier's kernels: whole slots between the cache's pages and mapped pinned memory (the kernel path) or device
-// staging slots (the copy-engine path's gather and scatter).
+// The host tier's kernels: whole host pages between the cache's pages and mapped pinned memory (the kernel path) or
+// device staging host pages (the copy-engine path's gather and scatter).
 
 #include "memory/layer_table.h"
 
@@ -24,7 +24,7 @@ constexpr int32_t kHOST_TIER_MAPPED_THREADS = 256;
 //! The copy-engine path's gather and scatter block (device memory only, on every multiprocessor, for a short time):
 //! the shape that path was measured with; smaller blocks do not speed up short lists (docs/benchmarks.md).
 constexpr int32_t kHOST_TIER_STAGING_THREADS = 1024;
-//! The kernel path moves at most this many bytes a launch (whole slots, at least one). Its blocks hold their
+//! The kernel path moves at most this many bytes a launch (whole host pages, at least one). Its blocks hold their
 //! multiprocessors until the launch ends; between launches, compute blocks waiting for room are placed first. So
 //! bounded launches keep a long transfer from holding back a compute kernel that fills the GPU, and 16 MiB launches
 //! cost the transfer little of its speed, where smaller ones cost more (docs/benchmarks.md).
@@ -37,39 +37,40 @@ constexpr int32_t kHOST_TIER_DEVICE_LIST_MAX_LAUNCHES = 16;
 struct HostTierKernelParams
 {
     LayerTableEntry const* table; //!< the group's layers in the cache's device table
-    int64_t const* layerOffsets;  //!< device: bytes from a slot's start to each layer's K page
+    int64_t const* layerOffsets;  //!< device: bytes from a host page's start to each layer's K page
     int32_t numLayers;
     int32_t numPages;      //!< the group's page-id range
     int32_t chunksPerHalf; //!< work items per layer half: the largest page in kHOST_TIER_KERNEL_CHUNK_BYTES pieces
-    int32_t numSlots;      //!< the slot-id range: capacity at the call
-    uint32_t slotsPerChunk;
-    int64_t slotBytes;
+    int32_t numHostPages;  //!< host page ids [0, numHostPages): those pinned at the call
+    uint32_t hostPagesPerChunk;
+    int64_t hostPageBytes;
     int32_t* errorCount;
     char* chunks[kHOST_TIER_MAX_CHUNKS]; //!< device addresses of the pinned chunks (null: not pinned at the call)
 };
 
 //! The kernel path: moves the host list `entries[0, count)` (validated) in launches of
-//! hostTierEntriesPerLaunch(params.slotBytes) entries carried as kernel parameters, each of at most `maxGrid` blocks.
+//! hostTierEntriesPerLaunch(params.hostPageBytes) entries carried as kernel parameters, each of at most `maxGrid`
+//! blocks.
 void launchHostTierKernel(HostTierKernelParams const& params, bool toHost, HostTierEntry const* entries, int32_t count,
     int32_t maxGrid, cudaStream_t stream);
 
 //! The kernel path for a device list of `capacity` entries (`*deviceCount` of them read), in launches of
-//! hostTierEntriesPerLaunch(params.slotBytes) list positions (more where that would take over
+//! hostTierEntriesPerLaunch(params.hostPageBytes) list positions (more where that would take over
 //! kHOST_TIER_DEVICE_LIST_MAX_LAUNCHES launches), each of at most `maxGrid` blocks; launches past the count end at
 //! once.
 void launchHostTierKernelDevice(HostTierKernelParams const& params, bool toHost, HostTierEntry const* entries,
     int32_t capacity, int32_t const* deviceCount, int32_t maxGrid, cudaStream_t stream);
 
-//! The copy-engine path's gather (toHost) or scatter between the cache and the staging slots `params` describes, in
-//! launches of kMAX_INLINE_PAGE_OPS entries of `grid` blocks.
+//! The copy-engine path's gather (toHost) or scatter between the cache and the staging host pages `params` describes,
+//! in launches of kMAX_INLINE_PAGE_OPS entries of `grid` blocks.
 void launchStagingKernel(HostTierKernelParams const& params, bool toHost, HostTierEntry const* entries, int32_t count,
     int32_t grid, cudaStream_t stream);
 
 //! Returns the work items of one list entry; a launch covers fewer than 2^32 items (the host checks before launching).
 int64_t hostTierItemsPerEntry(HostTierKernelParams const& params);
 
-//! Returns the kernel path's entries a launch: kHOST_TIER_KERNEL_LAUNCH_BYTES in whole slots, from 1 to
+//! Returns the kernel path's entries a launch: kHOST_TIER_KERNEL_LAUNCH_BYTES in whole host pages, from 1 to
 //! kMAX_INLINE_PAGE_OPS.
-int32_t hostTierEntriesPerLaunch(int64_t slotBytes);
+int32_t hostTierEntriesPerLaunch(int64_t hostPageBytes);
 
 } // namespace kvcache::rt::detail

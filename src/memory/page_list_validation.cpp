@@ -125,7 +125,7 @@ void validateDeviceListArguments(char const* what, void const* list, int32_t cap
 }
 
 void validateHostTierEntries(char const* what, HostTierEntry const* entries, int32_t count, int32_t numPages,
-    int64_t numSlots, std::string_view slotNote)
+    int64_t numHostPages, std::string_view hostPageNote)
 {
     checkLength(what, "count", entries, count);
     for (int32_t i = 0; i < count; ++i)
@@ -135,17 +135,28 @@ void validateHostTierEntries(char const* what, HostTierEntry const* entries, int
             throw OutOfRangeError(fmt::format(
                 "{}: entries[{}].page is page {}; page ids must be in [0, {})", what, i, entries[i].page, numPages));
         }
-        if (entries[i].slot < 0 || entries[i].slot >= numSlots)
+        if (entries[i].hostPage < 0 || entries[i].hostPage >= numHostPages)
         {
-            throw OutOfRangeError(fmt::format("{}: entries[{}].slot is slot {}; slots must be in [0, {}){}{}", what, i,
-                entries[i].slot, numSlots, slotNote.empty() ? "" : " ", slotNote));
+            throw OutOfRangeError(
+                fmt::format("{}: entries[{}].hostPage is host page {}; host pages must be in [0, {}){}{}", what, i,
+                    entries[i].hostPage, numHostPages, hostPageNote.empty() ? "" : " ", hostPageNote));
         }
     }
     auto const pageAt = [entries](int32_t i) { return entries[i].page; };
-    auto const slotAt = [entries](int32_t i) { return entries[i].slot; };
+    auto const hostPageAt = [entries](int32_t i) { return entries[i].hostPage; };
     auto const nothing = [](int32_t) { return 0; };
     checkDisjoint(what, count, pageAt, 0, nothing, "page", "is listed more than once");
-    checkDisjoint(what, count, slotAt, 0, nothing, "slot", "is listed more than once");
+    checkDisjoint(what, count, hostPageAt, 0, nothing, "host page", "is listed more than once");
+}
+
+void validateDistinctIds(char const* what, char const* noun, std::vector<int32_t>& ids)
+{
+    std::sort(ids.begin(), ids.end());
+    auto const repeated = std::adjacent_find(ids.begin(), ids.end());
+    if (repeated != ids.end())
+    {
+        throw InvalidArgumentError(fmt::format("{}: {} {} is listed more than once", what, noun, *repeated));
+    }
 }
 
 } // namespace kvcache::rt::detail

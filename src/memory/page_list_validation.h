@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 namespace kvcache::rt
 {
@@ -27,11 +28,16 @@ void validateResetList(char const* what, int32_t const* pages, int32_t count, in
 void validateDeviceListArguments(char const* what, void const* list, int32_t capacity);
 
 //! Checks a host tier transfer list before anything is enqueued: throws InvalidArgumentError for a negative count or a
-//! null list with a positive count; OutOfRangeError for an entries[i].page outside [0, numPages) or an entries[i].slot
-//! outside [0, numSlots) (its message ends with `slotNote`, when not empty, to say where numSlots comes from); and
-//! InvalidArgumentError for a page or a slot listed twice. Checks entry by entry, page before slot, then repeats.
-//! Messages start with `what`. Linear time; allocates nothing for lists of up to kMAX_INLINE_PAGE_OPS entries.
+//! null list with a positive count; OutOfRangeError for an entries[i].page outside [0, numPages) or an
+//! entries[i].hostPage outside [0, numHostPages) (its message ends with `hostPageNote`, when not empty, to say where
+//! numHostPages comes from); and InvalidArgumentError for a page or a host page listed twice. Checks entry by entry,
+//! page before host page, then repeats. Messages start with `what`. Linear time; allocates nothing for lists of up to
+//! kMAX_INLINE_PAGE_OPS entries.
 void validateHostTierEntries(char const* what, HostTierEntry const* entries, int32_t count, int32_t numPages,
-    int64_t numSlots, std::string_view slotNote = {});
+    int64_t numHostPages, std::string_view hostPageNote = {});
+
+//! Throws InvalidArgumentError naming `what`, `noun` and the smallest id listed more than once in `ids` (whose order
+//! it changes: sorted in place). For lists whose range is checked elsewhere (host pages of a release or a file).
+void validateDistinctIds(char const* what, char const* noun, std::vector<int32_t>& ids);
 
 } // namespace kvcache::rt::detail

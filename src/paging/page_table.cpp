@@ -1,5 +1,6 @@
 #include "kvcache/paging/page_table.h"
 
+#include "core/cuda_owners.h"
 #include "paging/page_table_build.h"
 
 #include "kvcache/core/errors.h"
@@ -171,10 +172,8 @@ PageTableBuffers::PageTableBuffers(
     try
     {
         mDeviceTables = DeviceAllocation(bytes, stream);
-        void* staging = nullptr;
-        KVCACHE_CUDA_TRY(cudaHostAlloc(&staging, static_cast<size_t>(bytes), cudaHostAllocDefault));
-        mStaging = static_cast<int32_t*>(staging);
-        KVCACHE_CUDA_TRY(cudaEventCreateWithFlags(&mUploaded, cudaEventDisableTiming));
+        mStaging = static_cast<int32_t*>(detail::PinnedHostBuffer(bytes).release());
+        mUploaded = detail::CudaEvent().release();
         detail::writeEmptyPageTables(shape, mStaging);
         upload(shape.indicesOffset() * static_cast<int64_t>(sizeof(int32_t)), stream);
     }
@@ -194,15 +193,8 @@ PageTableBuffers::~PageTableBuffers() noexcept
 }
 
 PageTableBuffers::PageTableBuffers(PageTableBuffers&& other) noexcept
-    : mDeviceTables(std::move(other.mDeviceTables))
-    , mStaging(std::exchange(other.mStaging, nullptr))
-    , mUploaded(std::exchange(other.mUploaded, nullptr))
-    , mMaxBatchSize(std::exchange(other.mMaxBatchSize, 0))
-    , mMaxPagesPerSequence(std::exchange(other.mMaxPagesPerSequence, 0))
-    , mTokensPerPage(std::exchange(other.mTokensPerPage, 0))
-    , mCount(std::exchange(other.mCount, 0))
-    , mUploadBytes(std::exchange(other.mUploadBytes, 0))
 {
+    *this = std::move(other);
 }
 
 PageTableBuffers& PageTableBuffers::operator=(PageTableBuffers&& other) noexcept
@@ -319,18 +311,13 @@ void PageTableBuffers::upload(int64_t bytes, cudaStream_t stream)
 
 void PageTableBuffers::release() noexcept
 {
-    if (mUploaded != nullptr)
     {
         // The staging must outlive the copy reading it, and the device memory the copy writing it: once the event has
-        // completed, freeing both (the device memory stream-ordered after it) is safe.
-        KVCACHE_CUDA_LOG(cudaEventSynchronize(mUploaded));
-        KVCACHE_CUDA_LOG(cudaEventDestroy(mUploaded));
-        mUploaded = nullptr;
-    }
-    if (mStaging != nullptr)
-    {
-        KVCACHE_CUDA_LOG(cudaFreeHost(mStaging));
-        mStaging = nullptr;
+        // completed, freeing both (the device memory stream-ordered after it) is safe. The owners free in reverse
+        // order: the event, then the staging.
+        detail::PinnedHostBuffer const staging = detail::PinnedHostBuffer::adopt(std::exchange(mStaging, nullptr), 0);
+        detail::CudaEvent const uploaded = detail::CudaEvent::adopt(std::exchange(mUploaded, nullptr));
+        uploaded.synchronizeNoThrow();
     }
     mDeviceTables.reset();
     mMaxBatchSize = 0;

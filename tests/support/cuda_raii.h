@@ -1,8 +1,9 @@
 #pragma once
 
 // Owners of the CUDA objects tests and benchmarks make: a stream, typed device memory, a dedicated memory pool and an
-// instantiated graph. Creation throws kvcache::rt::CudaError; destruction logs a failure and never throws. No
-// GoogleTest: benchmarks use them too.
+// instantiated graph, plus the library's own owners (src/core/cuda_owners.h) for events and pinned host memory.
+// Creation throws kvcache::rt::CudaError; destruction logs a failure and never throws. No GoogleTest: benchmarks use
+// them too.
 
 #include "kvcache/errors.h"
 
@@ -15,8 +16,15 @@
 #include <utility>
 #include <vector>
 
+#include "core/cuda_owners.h"
+
 namespace kvcache::test
 {
+
+//! A CUDA event: the library's owner.
+using CudaEvent = rt::detail::CudaEvent;
+//! Pinned host memory (cudaHostAlloc): the library's owner.
+using PinnedHostBuffer = rt::detail::PinnedHostBuffer;
 
 //! Base of the owners of one CUDA handle below: holds it and is not copyable.
 template <typename Handle>
@@ -67,10 +75,8 @@ class DeviceArray
 public:
     explicit DeviceArray(size_t count)
         : mCount(count)
+        , mBuffer(static_cast<int64_t>(std::max<size_t>(count, 1) * sizeof(T)), "DeviceArray")
     {
-        void* data = nullptr;
-        KVCACHE_CUDA_TRY(cudaMalloc(&data, std::max<size_t>(count, 1) * sizeof(T)));
-        mData = static_cast<T*>(data);
     }
     //! Holds `values`, copied in on `stream` (and waited for).
     DeviceArray(std::vector<T> const& values, cudaStream_t stream)
@@ -78,17 +84,13 @@ public:
     {
         upload(values, stream);
     }
-    ~DeviceArray()
-    {
-        KVCACHE_CUDA_LOG(cudaFree(mData));
-    }
     DeviceArray(DeviceArray const&) = delete;
     DeviceArray& operator=(DeviceArray const&) = delete;
 
     //! Returns the device pointer.
     T* get() const noexcept
     {
-        return mData;
+        return static_cast<T*>(mBuffer.data());
     }
     //! Returns the number of values.
     size_t size() const noexcept
@@ -103,27 +105,27 @@ public:
             throw std::invalid_argument("more values than the device array holds");
         }
         KVCACHE_CUDA_TRY(
-            cudaMemcpyAsync(mData, values.data(), values.size() * sizeof(T), cudaMemcpyHostToDevice, stream));
+            cudaMemcpyAsync(get(), values.data(), values.size() * sizeof(T), cudaMemcpyHostToDevice, stream));
         KVCACHE_CUDA_TRY(cudaStreamSynchronize(stream));
     }
     //! Sets every byte to `byte`, ordered on `stream`, and waits for it.
     void fillBytes(int byte, cudaStream_t stream)
     {
-        KVCACHE_CUDA_TRY(cudaMemsetAsync(mData, byte, mCount * sizeof(T), stream));
+        KVCACHE_CUDA_TRY(cudaMemsetAsync(get(), byte, mCount * sizeof(T), stream));
         KVCACHE_CUDA_TRY(cudaStreamSynchronize(stream));
     }
     //! Returns the array's contents after the work queued on `stream`.
     std::vector<T> download(cudaStream_t stream) const
     {
         std::vector<T> values(mCount);
-        KVCACHE_CUDA_TRY(cudaMemcpyAsync(values.data(), mData, mCount * sizeof(T), cudaMemcpyDeviceToHost, stream));
+        KVCACHE_CUDA_TRY(cudaMemcpyAsync(values.data(), get(), mCount * sizeof(T), cudaMemcpyDeviceToHost, stream));
         KVCACHE_CUDA_TRY(cudaStreamSynchronize(stream));
         return values;
     }
 
 private:
     size_t mCount;
-    T* mData{nullptr};
+    rt::detail::DeviceBuffer mBuffer;
 };
 
 //! Copies `bytes` device bytes at `device` to the host after the work queued on `stream`.

@@ -1,8 +1,6 @@
 #pragma once
 
-#include "kvcache/core/data_type.h"
-#include "kvcache/core/kv_cache_config.h"
-#include "kvcache/core/kv_cache_layout.h"
+#include "kvcache/core/page_geometry.h"
 
 #include <cstdint>
 #include <string>
@@ -11,35 +9,11 @@
 namespace kvcache::rt
 {
 
-//! One layer of a page group as a sequence file records it.
-struct SequenceFileLayer
-{
-    KVLayerKind kind = KVLayerKind::kKV;
-    int32_t numKVHeads = 0;
-    int32_t headDim = 0;
-};
-
-//! What a page's bytes mean: a file loads only into pages of the same geometry. Pages hold one page id's bytes of
-//! every layer of the group in layer order, each layer's K half then its V half (a latent layer: its one half).
-struct SequenceFileGeometry
-{
-    DataType dataType = DataType::kHALF;
-    int32_t tokensPerPage = 0;
-    //! The group's sliding window, 0 for full attention.
-    int32_t slidingWindow = 0;
-    std::vector<SequenceFileLayer> layers = {};
-    //! Bytes of one page: the group's bytesPerPage.
-    int64_t bytesPerPage = 0;
-};
-
-//! Returns the geometry of page group `group` of `layout`; throws OutOfRangeError for a bad group.
-SequenceFileGeometry sequenceFileGeometry(KVCacheLayout const& layout, int32_t group);
-
 //! What a sequence file's header says.
 struct SequenceFileInfo
 {
     uint32_t version = 0;
-    SequenceFileGeometry geometry = {};
+    PageGeometry geometry = {};
     int64_t pageCount = 0;
     int64_t tokenCount = 0;
 };
@@ -55,7 +29,7 @@ inline constexpr uint32_t kSEQUENCE_FILE_VERSION = 1;
 //! corruption, not tampering. Throws InvalidArgumentError for a bad geometry, a negative count, a null page or a
 //! token count outside [0, pageCount * tokensPerPage] (full attention; a windowed group's sequence may be longer
 //! than its pages), and Error when the file cannot be written (nothing is left behind then).
-void writeSequenceFile(std::string const& path, SequenceFileGeometry const& geometry, int64_t tokenCount,
+void writeSequenceFile(std::string const& path, PageGeometry const& geometry, int64_t tokenCount,
     void const* const* pages, int64_t pageCount);
 
 //! Reads and checks the header of the file at `path` (magic, version, its checksum, the size the header promises).
@@ -68,7 +42,6 @@ SequenceFileInfo readSequenceFileInfo(std::string const& path);
 //! writes no page. Throws as readSequenceFileInfo, and InvalidArgumentError naming the field, the file's value and
 //! the expected one when the file's geometry differs from `expected` or its page count from `pageCount`, or for a
 //! page whose checksum does not match (naming the page).
-int64_t readSequenceFile(
-    std::string const& path, SequenceFileGeometry const& expected, void* const* pages, int64_t pageCount);
+int64_t readSequenceFile(std::string const& path, PageGeometry const& expected, void* const* pages, int64_t pageCount);
 
 } // namespace kvcache::rt

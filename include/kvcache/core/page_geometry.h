@@ -1,0 +1,51 @@
+#pragma once
+
+#include "kvcache/core/data_type.h"
+#include "kvcache/core/kv_cache_config.h"
+#include "kvcache/core/kv_cache_layout.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace kvcache::rt
+{
+
+//! One layer of a page group as its pages hold it.
+struct PageLayerGeometry
+{
+    KVLayerKind kind = KVLayerKind::kKV;
+    int32_t numKVHeads = 0;
+    int32_t headDim = 0;
+};
+
+//! What a page of one page group is: one page id's bytes of every layer of the group in layer order, each layer's K
+//! half then its V half (a latent layer: its one half). Pages of equal geometries hold the same bytes in the same
+//! places, so a page moves (host tier, sequence file) only between equal geometries.
+struct PageGeometry
+{
+    DataType dataType = DataType::kHALF;
+    int32_t tokensPerPage = 0;
+    //! The group's sliding window, 0 for full attention.
+    int32_t slidingWindow = 0;
+    std::vector<PageLayerGeometry> layers = {};
+    //! Bytes of one page: the group's bytesPerPage.
+    int64_t bytesPerPage = 0;
+};
+
+//! Returns true when the two layers have the same kind, head count and head size.
+bool operator==(PageLayerGeometry const& a, PageLayerGeometry const& b) noexcept;
+//! Returns true when any field differs.
+bool operator!=(PageLayerGeometry const& a, PageLayerGeometry const& b) noexcept;
+//! Returns true when every field (the layers in order) is equal.
+bool operator==(PageGeometry const& a, PageGeometry const& b) noexcept;
+//! Returns true when any field differs.
+bool operator!=(PageGeometry const& a, PageGeometry const& b) noexcept;
+
+//! Returns what a page holds of layer `layer`: its kind, head count and head size.
+PageLayerGeometry pageLayerGeometry(KVLayerLayout const& layer) noexcept;
+
+//! Returns the page geometry of page group `group` of `layout`; throws OutOfRangeError for a group outside
+//! [0, layout.groups.size()).
+PageGeometry pageGeometry(KVCacheLayout const& layout, int32_t group);
+
+} // namespace kvcache::rt

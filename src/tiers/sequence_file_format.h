@@ -1,0 +1,49 @@
+#pragma once
+
+// The sequence file's bytes: the header's encoding and checks, the geometry rules and the page checksums. No file I/O
+// (sequence_file.cpp reads and writes the files).
+
+#include "kvcache/core/page_geometry.h"
+#include "kvcache/tiers/sequence_file.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvcache::rt::detail
+{
+
+//! Bytes of the fixed part of the header, before the layers.
+constexpr int64_t kSEQUENCE_FIXED_HEADER_BYTES = 56;
+//! Bytes of one checksum (the header's and each page's).
+constexpr int64_t kSEQUENCE_CHECKSUM_BYTES = 8;
+
+//! Returns the bytes of a header of `numLayers` layers, its checksum included.
+int64_t sequenceHeaderBytes(int64_t numLayers);
+//! Returns the checksum of page `index` of `bytes` bytes at `page`.
+uint64_t sequencePageChecksum(void const* page, int64_t bytes, int64_t index);
+//! Returns the checksum stored at `offset` of `bytes`.
+uint64_t storedChecksum(std::vector<char> const& bytes, int64_t offset);
+
+//! Throws InvalidArgumentError, prefixed with `what`, for a geometry a file cannot hold: a data type that is not a KV
+//! cache type, tokensPerPage <= 0, no layers or too many, a bad layer, or bytesPerPage other than the layers imply.
+void checkFileGeometry(char const* what, PageGeometry const& geometry);
+
+//! Returns the whole header (magic, version, geometry, counts, layer records, checksum) of a file of `pageCount`
+//! pages and `tokenCount` tokens.
+std::vector<char> encodeSequenceHeader(PageGeometry const& geometry, int64_t pageCount, int64_t tokenCount);
+
+//! Checks the fixed part of a header (kSEQUENCE_FIXED_HEADER_BYTES bytes of `path`: magic, version, layer count) and
+//! returns the layer count. Throws InvalidArgumentError naming the field, the value and the limit.
+int32_t decodeFixedHeader(char const* what, std::string const& path, std::vector<char> const& fixed);
+
+//! Checks the whole header of `path` (its checksum, the geometry, the counts, and that the file's `fileBytes` are what
+//! the header promises) and returns what it says. Throws InvalidArgumentError naming the field, the value and the
+//! limit.
+SequenceFileInfo decodeSequenceHeader(
+    char const* what, std::string const& path, std::vector<char> const& header, int64_t fileBytes);
+
+//! Throws InvalidArgumentError naming the first field where the file's geometry differs from `expected`.
+void expectGeometry(char const* what, std::string const& path, PageGeometry const& file, PageGeometry const& expected);
+
+} // namespace kvcache::rt::detail

@@ -1,0 +1,48 @@
+#pragma once
+
+// The host tier's copy-engine path: a kernel gathers the listed pages into whole host pages in a device staging half
+// (or scatters them from it) and the copy engine moves host pages, one descriptor each (cudaMemcpyBatchAsync).
+
+#include "core/cuda_owners.h"
+#include "kernels/host_tier_kernels.h"
+
+#include "kvcache/tiers/host_tier.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace kvcache::rt::detail
+{
+
+class PinnedChunks;
+
+//! Device staging memory in two halves (offloads, onboards), each of numStagingHostPages() host pages.
+class StagedCopy
+{
+public:
+    //! Sizes each half to `stagingBytes / 2` in whole host pages (from 1 to min(numHostPages,
+    //! kMAX_INLINE_PAGE_OPS)) and allocates both on `device`. Throws OutOfMemoryError naming the host
+    //! pages, the bytes and `device` when they do not fit, CudaError for other failures.
+    StagedCopy(
+        int64_t hostPageBytes, int64_t stagingBytes, int64_t numHostPages, int32_t device, int32_t multiprocessors);
+
+    //! Returns the host pages each half holds.
+    int32_t numStagingHostPages() const noexcept
+    {
+        return mNumStagingHostPages;
+    }
+    //! Enqueues the transfer of `entries[0, count)` (validated) on `stream`, numStagingHostPages() at a time through
+    //! the half of its direction: `cacheParams` addresses the cache's pages (HostTier's kernel parameters), `chunks`
+    //! the host pages. Throws CudaError.
+    void enqueue(bool toHost, HostTierKernelParams const& cacheParams, PinnedChunks const& chunks,
+        HostTierEntry const* entries, int32_t count, cudaStream_t stream) const;
+
+private:
+    int64_t mHostPageBytes = 0;
+    int32_t mNumStagingHostPages = 0;
+    int32_t mMultiprocessors = 0;
+    DeviceBuffer mStaging{}; //!< 2 * numStagingHostPages() host pages: offloads, then onboards
+};
+
+} // namespace kvcache::rt::detail
