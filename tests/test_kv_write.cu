@@ -520,3 +520,43 @@ TEST_F(TokenWriteTest, EightBitCachesAndBadArgumentsAreRefusedBeforeLaunchingAnd
 }
 
 } // namespace
+
+namespace
+{
+
+TEST_F(TokenWriteTest, TheLatentPoolViewShowsWrittenTokensWhereMlaKernelsReadThem)
+{
+    Cache cache(rt::DataType::kBF16);
+    cudaStream_t const stream = cache.stream.get();
+    std::mt19937_64 rng(13);
+    int32_t const layer = 2;
+    rt::Tensor const view = cache.manager.latentPoolView(layer);
+    int64_t const numPages = cache.model.layers[static_cast<size_t>(layer)].numPages;
+    EXPECT_EQ(view.getShape(), (rt::Coords{numPages, kTOKENS_PER_PAGE, 72}));
+    EXPECT_EQ(view.getStride(), (rt::Coords{kTOKENS_PER_PAGE * 72, 72, 1}));
+    EXPECT_EQ(view.rawPointer(), cache.manager.kPoolPtr(layer));
+    EXPECT_EQ(view.getDataType(), rt::DataType::kBF16);
+    EXPECT_TRUE(kvcache::test::throwsNaming<rt::InvalidArgumentError>(
+        [&] { cache.manager.latentPoolView(0); }, {"latentPoolView", "layer 0 is a KV layer", "latent"}));
+    EXPECT_TRUE(kvcache::test::throwsNaming<rt::OutOfRangeError>(
+        [&] { cache.manager.latentPoolView(4); }, {"latentPoolView", "4", "[0, 4)"}));
+
+    constexpr int64_t kTOKENS = 20;
+    InputTensor const k(rt::DataType::kBF16, kTOKENS, 1, 72, kLAYOUTS[0], true, rng, stream);
+    std::vector<int64_t> addresses(static_cast<size_t>(kTOKENS));
+    std::iota(addresses.begin(), addresses.end(), 3 * kTOKENS_PER_PAGE + 5);
+    DeviceArray<int64_t> const deviceAddresses(addresses, stream);
+    cache.poison(layer);
+    rt::writeTokens(cache.manager, layer, k.tensor, rt::Tensor(), deviceAddresses.get(), stream);
+    std::vector<uint8_t> const pool = kvcache::test::downloadBytes(view.rawPointer(), view.sizeBytes(), stream);
+    for (int64_t i = 0; i < kTOKENS; ++i)
+    {
+        int64_t const address = addresses[static_cast<size_t>(i)];
+        // (page, token, d) of the view, from its own strides.
+        int64_t const element =
+            address / kTOKENS_PER_PAGE * view.getStride()[0] + address % kTOKENS_PER_PAGE * view.getStride()[1];
+        ASSERT_EQ(std::memcmp(&pool[static_cast<size_t>(element * 2)], k.element(i, 0, 0), 72 * 2), 0) << "token " << i;
+    }
+}
+
+} // namespace

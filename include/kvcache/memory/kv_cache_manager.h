@@ -3,8 +3,8 @@
 #include "kvcache/core/device_allocation.h"
 #include "kvcache/core/kv_cache_config.h"
 #include "kvcache/core/kv_cache_layout.h"
-#include "kvcache/memory/layer_ref.h"
 #include "kvcache/core/tensor.h"
+#include "kvcache/memory/layer_ref.h"
 
 #include <cuda_runtime_api.h>
 
@@ -62,6 +62,10 @@ public:
     //! Returns K and V, each [maxBatchSize, capacity, H, D] at kPoolPtr / vPoolPtr (for a latent layer V is empty:
     //! null, [0, capacity, H, D]); aborts on a bad index.
     std::pair<Tensor, Tensor> getSeparateKVCache(int32_t layerIdx) const noexcept;
+    //! Returns latent layer `layerIdx`'s pool as MLA kernels take it: [numPages, tokensPerPage, headDim] at kPoolPtr,
+    //! each token's vector holding the kv_lora_rank values first, then the rope part. Throws OutOfRangeError for a bad
+    //! index and InvalidArgumentError for a layer that is not latent.
+    Tensor latentPoolView(int32_t layerIdx) const;
 
     //! Returns the largest layer capacity: maxSequenceLength rounded up to whole pages when any layer has full
     //! attention, else the longest sliding-window ring.
