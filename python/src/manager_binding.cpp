@@ -1,7 +1,6 @@
 #include "bindings.h"
 #include "cuda_arguments.h"
 #include "dlpack_view.h"
-#include "core/scoped_device.h"
 
 #include <kvcache/errors.h>
 #include <kvcache/kv_cache_manager.h>
@@ -14,6 +13,8 @@
 #include <chrono>
 #include <memory>
 #include <vector>
+
+#include "core/scoped_device.h"
 
 namespace kvcache::python
 {
@@ -416,6 +417,28 @@ void bindManager(nb::module_& m)
         nb::arg("cache"), nb::arg("pairs"), nb::arg("iterations"), nb::arg("batch") = 64,
         "Benchmark helper: seconds spent in `iterations` C++ copyPages calls of `pairs` on the cache's stream "
         "(enqueue time only; the stream is drained every `batch` calls outside the timing).");
+}
+
+} // namespace kvcache::python
+
+// Other binding files reach a KVCacheManager object through these (declared in write_binding.h).
+#include "write_binding.h" // NOLINT: kept beside the appended definitions
+
+namespace kvcache::python
+{
+
+CacheAccess cacheAccess(nb::handle cache)
+{
+    auto* const handle = nb::cast<CacheHandle*>(cache);
+    return CacheAccess{&handle->manager(), handle->stream()};
+}
+
+DLPackView cacheView(nb::handle cache, rt::Tensor const& tensor)
+{
+    Self self;
+    self.h = cache;
+    self.p = nb::cast<CacheHandle*>(cache);
+    return viewOf(self, tensor);
 }
 
 } // namespace kvcache::python
