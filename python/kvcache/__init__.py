@@ -43,8 +43,11 @@ from ._kvcache import (
     data_type_size,
     gpu_unavailable_reason,
     max_pages_for_budget,
+    read_tokens,
     reset_pages,
     split_budget,
+    write_tokens,
+    write_tokens_paged,
 )
 
 __all__ = [
@@ -84,6 +87,9 @@ __all__ = [
     "data_type_size",
     "gpu_unavailable_reason",
     "max_pages_for_budget",
+    "read_tokens",
     "reset_pages",
     "split_budget",
+    "write_tokens",
+    "write_tokens_paged",
 ]
