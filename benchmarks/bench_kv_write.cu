@@ -25,6 +25,7 @@
 #include <functional>
 #include <numeric>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -218,36 +219,42 @@ int run(bool smoke)
     return 0;
 }
 
-} // namespace
-
-int main(int argc, char** argv)
+//! Reads the flags into gReps; returns whether to run the short smoke version, or throws std::invalid_argument.
+bool parseFlags(int argc, char** argv)
 {
     bool smoke = false;
     for (int i = 1; i < argc; ++i)
     {
-        if (std::strncmp(argv[i], "--reps=", 7) == 0)
+        std::string const flag = argv[i];
+        if (flag.rfind("--reps=", 0) == 0)
         {
-            gReps = std::max(1, std::atoi(argv[i] + 7));
+            gReps = std::max(1, std::atoi(flag.c_str() + 7));
         }
-        else if (std::strcmp(argv[i], "--smoke") == 0)
+        else if (flag == "--smoke")
         {
             smoke = true;
             gReps = 5;
         }
         else
         {
-            std::fprintf(stderr, "usage: %s [--reps=N] [--smoke]\n", argv[0]);
-            return 2;
+            throw std::invalid_argument("unknown flag " + flag + "; usage: [--reps=N] [--smoke]");
         }
     }
-    std::string const reason = kvcache::test::gpuUnavailableReason();
-    if (!reason.empty())
-    {
-        std::printf("skipped: %s\n", reason.c_str());
-        return kvcache::test::gpuRequired() ? 1 : 77;
-    }
+    return smoke;
+}
+
+} // namespace
+
+int main(int argc, char** argv)
+{
     try
     {
+        bool const smoke = parseFlags(argc, argv);
+        if (std::string const reason = kvcache::test::gpuUnavailableReason(); !reason.empty())
+        {
+            std::printf("skipped: %s\n", reason.c_str());
+            return kvcache::test::gpuRequired() ? 1 : 77;
+        }
         return run(smoke);
     }
     catch (std::exception const& error)

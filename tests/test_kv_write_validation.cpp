@@ -15,6 +15,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "memory/token_address.h"
@@ -179,11 +180,9 @@ TEST(TokenWritePlanTest, VectorsWhereShapesAndStridesAllowThemElementsElsewhere)
     rt::KVCacheLayout const layout = layoutOf(rt::DataType::kHALF);
     // 16 bytes of float16: 8 elements a thread, 2 heads of 8 chunks a token, 16 tokens a block.
     detail::TokenOpPlan const packed = plan(layout, 0, tokens(100, 2, 64), tokens(100, 2, 64));
-    EXPECT_EQ(packed.vectorElems, 8);
-    EXPECT_EQ(packed.chunksPerToken, 16);
-    EXPECT_EQ(packed.blockX, 16);
-    EXPECT_EQ(packed.blockY, 16);
-    EXPECT_EQ(packed.gridX, 7);
+    EXPECT_EQ(std::make_tuple(packed.vectorElems, packed.chunksPerToken, packed.blockX, packed.blockY, packed.gridX),
+        std::make_tuple(8, 16, 16, 16, int64_t{7}))
+        << "vector elements, chunks a token, block x and y, blocks";
     EXPECT_TRUE(packed.hasV);
     // Strides in multiples of 8 keep vectors (float32 input, so 32 bytes read a chunk).
     EXPECT_EQ(plan(layout, 0, strided(3, 2, 64, 200, 96, 1, fakeDevice(), rt::DataType::kFLOAT),

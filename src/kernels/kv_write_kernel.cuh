@@ -132,6 +132,20 @@ __device__ __forceinline__ void moveChunk(To* to, From const* from)
     *reinterpret_cast<Target*>(to) = target;
 }
 
+//! Moves one chunk between a page and a tensor, in the direction kWRITE says (tensor -> page when true).
+template <bool kWRITE, int32_t kVECTOR, typename TensorT, typename CacheT>
+__device__ __forceinline__ void moveBetween(CacheT* page, TensorT* tensor)
+{
+    if constexpr (kWRITE)
+    {
+        moveChunk<CacheT, TensorT, kVECTOR>(page, tensor);
+    }
+    else
+    {
+        moveChunk<TensorT, CacheT, kVECTOR>(tensor, page);
+    }
+}
+
 //! Moves tokens between the tensors (TensorT elements) and the pages (CacheT elements), kVECTOR elements a thread
 //! access; kWRITE moves tensor -> pages. Grid-strided over tokens, so any grid covers any capacity.
 template <typename TensorT, typename CacheT, int32_t kVECTOR, bool kWRITE, typename Source>
@@ -140,6 +154,8 @@ __global__ void __launch_bounds__(256) tokenKernel(TokenKernelParams params, Sou
     int32_t const count =
         params.count == nullptr ? params.capacity : min(max(loadWord(params.count), 0), params.capacity);
     int64_t const tokensPerGrid = int64_t{gridDim.x} * blockDim.y;
+    auto* const kTensor = static_cast<TensorT*>(params.k.data);
+    auto* const vTensor = static_cast<TensorT*>(params.v.data);
     for (int64_t t = int64_t{blockIdx.x} * blockDim.y + threadIdx.y; t < count; t += tokensPerGrid)
     {
         int64_t const address = source.address(static_cast<int32_t>(t), params.layer);
@@ -157,31 +173,13 @@ __global__ void __launch_bounds__(256) tokenKernel(TokenKernelParams params, Sou
         {
             int32_t const head = c / params.chunksPerHead;
             int32_t const dim = (c - head * params.chunksPerHead) * kVECTOR;
-            CacheT* const kPage = params.layer.k<CacheT>(page, slot, head) + dim;
-            TensorT* const kTensor =
-                static_cast<TensorT*>(params.k.data) + t * params.k.tokenStride + head * params.k.headStride + dim;
-            if constexpr (kWRITE)
+            moveBetween<kWRITE, kVECTOR>(params.layer.k<CacheT>(page, slot, head) + dim,
+                kTensor + t * params.k.tokenStride + head * params.k.headStride + dim);
+            // A latent layer has no V (its tensor is null too).
+            if (vTensor != nullptr)
             {
-                moveChunk<CacheT, TensorT, kVECTOR>(kPage, kTensor);
-            }
-            else
-            {
-                moveChunk<TensorT, CacheT, kVECTOR>(kTensor, kPage);
-            }
-            if (params.v.data == nullptr)
-            {
-                continue;
-            }
-            CacheT* const vPage = params.layer.v<CacheT>(page, slot, head) + dim;
-            TensorT* const vTensor =
-                static_cast<TensorT*>(params.v.data) + t * params.v.tokenStride + head * params.v.headStride + dim;
-            if constexpr (kWRITE)
-            {
-                moveChunk<CacheT, TensorT, kVECTOR>(vPage, vTensor);
-            }
-            else
-            {
-                moveChunk<TensorT, CacheT, kVECTOR>(vTensor, vPage);
+                moveBetween<kWRITE, kVECTOR>(params.layer.v<CacheT>(page, slot, head) + dim,
+                    vTensor + t * params.v.tokenStride + head * params.v.headStride + dim);
             }
         }
     }

@@ -81,18 +81,24 @@ void launchTokens(TokenOpPlan const& plan, KVCacheManager const& cache, int32_t 
     }
 }
 
+//! Validates, plans and launches a write (kWRITE) or read of tokens placed by a device list of token addresses.
+template <bool kWRITE>
+void moveAddressedTokens(char const* what, KVCacheManager const& cache, int32_t layerIdx, Tensor const& k,
+    Tensor const& v, int64_t const* deviceTokenAddresses, cudaStream_t stream, TokenOpOptions const& options)
+{
+    TokenOpPlan const plan = planTokenOp(
+        what, cache.layout(), layerIdx, k, v, options, kWRITE ? TokenDirection::kWRITE : TokenDirection::kREAD);
+    validateTokenList(what, "deviceTokenAddresses", deviceTokenAddresses, plan.capacity);
+    launchTokens<kWRITE>(plan, cache, layerIdx, k, v, AddressListSource{deviceTokenAddresses}, options, stream);
+}
+
 } // namespace
 } // namespace detail
 
 void writeTokens(KVCacheManager const& cache, int32_t layerIdx, Tensor const& k, Tensor const& v,
     int64_t const* deviceTokenAddresses, cudaStream_t stream, TokenOpOptions const& options)
 {
-    constexpr char const* kWHAT = "writeTokens";
-    detail::TokenOpPlan const plan =
-        detail::planTokenOp(kWHAT, cache.layout(), layerIdx, k, v, options, detail::TokenDirection::kWRITE);
-    detail::validateTokenList(kWHAT, "deviceTokenAddresses", deviceTokenAddresses, plan.capacity);
-    detail::launchTokens<true>(
-        plan, cache, layerIdx, k, v, detail::AddressListSource{deviceTokenAddresses}, options, stream);
+    detail::moveAddressedTokens<true>("writeTokens", cache, layerIdx, k, v, deviceTokenAddresses, stream, options);
 }
 
 void writeTokens(KVCacheManager const& cache, int32_t layerIdx, Tensor const& k, Tensor const& v,
@@ -112,12 +118,7 @@ void writeTokens(KVCacheManager const& cache, int32_t layerIdx, Tensor const& k,
 void readTokens(KVCacheManager const& cache, int32_t layerIdx, Tensor const& k, Tensor const& v,
     int64_t const* deviceTokenAddresses, cudaStream_t stream, TokenOpOptions const& options)
 {
-    constexpr char const* kWHAT = "readTokens";
-    detail::TokenOpPlan const plan =
-        detail::planTokenOp(kWHAT, cache.layout(), layerIdx, k, v, options, detail::TokenDirection::kREAD);
-    detail::validateTokenList(kWHAT, "deviceTokenAddresses", deviceTokenAddresses, plan.capacity);
-    detail::launchTokens<false>(
-        plan, cache, layerIdx, k, v, detail::AddressListSource{deviceTokenAddresses}, options, stream);
+    detail::moveAddressedTokens<false>("readTokens", cache, layerIdx, k, v, deviceTokenAddresses, stream, options);
 }
 
 } // namespace kvcache::rt
