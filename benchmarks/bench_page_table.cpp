@@ -14,6 +14,8 @@
 // Host wall time (steady clock) around the timed calls. Counters: ns_per_op and us_per_call. Exits 77 without a GPU,
 // 1 under KVCACHE_REQUIRE_GPU=1. See docs/benchmarks.md.
 
+#include "paging/page_table_build.h"
+
 #include "kvcache/errors.h"
 #include "kvcache/page_table.h"
 
@@ -30,7 +32,6 @@
 #include <string>
 #include <vector>
 
-#include "paging/page_table_build.h"
 #include "support/cuda_raii.h"
 #include "support/gpu_availability.h"
 

@@ -4,6 +4,8 @@
 // the first upload, failed builds, moves, destruction with an upload in flight, builds refused inside a capture, and a
 // captured kernel that reads the block table replaying with the rebuilt tables.
 
+#include "paging/page_table_build.h"
+
 #include "kvcache/errors.h"
 #include "kvcache/page_ops.h"
 #include "kvcache/page_table.h"
@@ -26,7 +28,6 @@
 #include <utility>
 #include <vector>
 
-#include "paging/page_table_build.h"
 #include "support/cuda_raii.h"
 #include "support/error_matchers.h"
 #include "support/gpu_test.h"

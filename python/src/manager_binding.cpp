@@ -1,6 +1,7 @@
 #include "bindings.h"
 #include "cuda_arguments.h"
 #include "dlpack_view.h"
+#include "core/scoped_device.h"
 
 #include <kvcache/errors.h>
 #include <kvcache/kv_cache_manager.h>
@@ -13,8 +14,6 @@
 #include <chrono>
 #include <memory>
 #include <vector>
-
-#include "core/scoped_device.h"
 
 namespace kvcache::python
 {

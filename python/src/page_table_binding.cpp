@@ -1,6 +1,7 @@
 #include "bindings.h"
 #include "cuda_arguments.h"
 #include "dlpack_view.h"
+#include "core/scoped_device.h"
 
 #include <kvcache/errors.h>
 #include <kvcache/page_table.h>
@@ -10,8 +11,6 @@
 
 #include <memory>
 #include <vector>
-
-#include "core/scoped_device.h"
 
 namespace kvcache::python
 {

@@ -1,12 +1,12 @@
 #include "kvcache/memory/kv_cache_manager.h"
 
+#include "memory/layer_table.h"
+
 #include "kvcache/core/errors.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
-
-#include "memory/layer_table.h"
 
 namespace kvcache::rt
 {
