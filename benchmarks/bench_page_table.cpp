@@ -4,6 +4,7 @@
 //    timed part, as a runtime's previous step has long finished): validation, the event check, the staging writes and
 //    the cudaMemcpyAsync enqueue.
 //  - build_back_to_back: build() called again at once, so any host wait for the previous upload counts too.
+//  - build_windowed: build() of a sliding-window group's entries, the first 48 of each sequence's 64 released.
 //  - write_tables: both tables written (detail::writePageTables) into pinned staging (cudaHostAlloc), as build() writes
 //    them. Target: 10 us a call.
 //  - write_tables_pageable: the same writes into ordinary (pageable) host memory.
@@ -48,10 +49,10 @@ constexpr int32_t kPOOL_PAGES = 100'000;
 using Clock = std::chrono::steady_clock;
 
 //! A full batch: maxBatchSize sequences of maxPagesPerSequence distinct random pages, the last page of each partly
-//! full.
+//! full; the first `releasedPages` entries of each are kUNUSED_PAGE_ENTRY (pages a sliding window released).
 struct Workload
 {
-    Workload(int32_t maxBatchSize, int32_t maxPagesPerSequence)
+    Workload(int32_t maxBatchSize, int32_t maxPagesPerSequence, int32_t releasedPages = 0)
         : shape(rt::detail::makePageTableShape(maxBatchSize, maxPagesPerSequence, kTOKENS_PER_PAGE))
         , pages(kPOOL_PAGES)
     {
@@ -60,7 +61,9 @@ struct Workload
         int32_t const numTokens = maxPagesPerSequence * kTOKENS_PER_PAGE - kTOKENS_PER_PAGE / 2;
         for (int32_t b = 0; b < maxBatchSize; ++b)
         {
-            sequences.push_back({pages.data() + int64_t{b} * maxPagesPerSequence, maxPagesPerSequence, numTokens});
+            int32_t* const list = pages.data() + int64_t{b} * maxPagesPerSequence;
+            std::fill_n(list, releasedPages, rt::kUNUSED_PAGE_ENTRY);
+            sequences.push_back({list, maxPagesPerSequence, numTokens});
         }
     }
 
@@ -262,7 +265,7 @@ void buildSteps(benchmark::State& state, Workload const& work)
 int32_t gFailedCases = 0;
 
 void registerCase(char const* name, void (*body)(benchmark::State&, Workload const&), int32_t maxBatchSize,
-    int32_t maxPagesPerSequence)
+    int32_t maxPagesPerSequence, int32_t releasedPages = 0)
 {
     std::string const caseName =
         std::string(name) + "/" + std::to_string(maxBatchSize) + "x" + std::to_string(maxPagesPerSequence);
@@ -271,7 +274,7 @@ void registerCase(char const* name, void (*body)(benchmark::State&, Workload con
         {
             try
             {
-                Workload const work(maxBatchSize, maxPagesPerSequence);
+                Workload const work(maxBatchSize, maxPagesPerSequence, releasedPages);
                 body(state, work);
             }
             catch (std::exception const& error)
@@ -292,6 +295,8 @@ void registerAll()
     {
         registerCase(name, body, 256, 64);
     }
+    // A windowed group's tables: 48 of each sequence's 64 entries released, left out of both tables.
+    registerCase("build_windowed", &buildTables<false>, 256, 64, 48);
     benchmark::AddCustomContext("tokens_per_page", std::to_string(kTOKENS_PER_PAGE));
     benchmark::AddCustomContext("pool_pages", std::to_string(kPOOL_PAGES));
 }

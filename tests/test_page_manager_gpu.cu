@@ -84,11 +84,13 @@ struct AppendedToken
 
 //! Writes the K and V of appended token blockIdx.x into `layer`, on the page the device block table gives for its row
 //! and position; counts (and skips) a page id outside the pool instead of writing through it.
-__global__ void writeAppendedTokensKernel(rt::LayerRef ref, int32_t const* blockTable, int32_t maxPagesPerSequence,
-    AppendedToken const* tokens, int32_t layer, int32_t* badPages)
+__global__ void writeAppendedTokensKernel(rt::LayerRef ref, int32_t const* blockTable, int32_t const* firstToken,
+    int32_t maxPagesPerSequence, AppendedToken const* tokens, int32_t layer, int32_t* badPages)
 {
     AppendedToken const t = tokens[blockIdx.x];
-    int32_t const page = blockTable[int64_t{t.row} * maxPagesPerSequence + t.position / ref.tokensPerPage];
+    // Rows start at the first resident page (a window's released pages are left out).
+    int32_t const page =
+        blockTable[int64_t{t.row} * maxPagesPerSequence + (t.position - firstToken[t.row]) / ref.tokensPerPage];
     if (page < 0 || page >= ref.numPages)
     {
         if (threadIdx.x == 0)
@@ -532,8 +534,8 @@ private:
             {
                 rt::PageTableBuffers const& table = mTables[static_cast<size_t>(mCache.groupOf(layer))];
                 writeAppendedTokensKernel<<<static_cast<unsigned>(appended.size()), kWRITE_THREADS, 0, mStream.get()>>>(
-                    mCache.layerRef(layer), table.deviceBlockTable(), table.maxPagesPerSequence(), deviceTokens.get(),
-                    layer, mBadPages.get());
+                    mCache.layerRef(layer), table.deviceBlockTable(), table.deviceFirstToken(),
+                    table.maxPagesPerSequence(), deviceTokens.get(), layer, mBadPages.get());
                 KVCACHE_CUDA_TRY(cudaGetLastError());
             }
         }

@@ -108,6 +108,12 @@ Batch randomBatch(std::mt19937_64& rng, Sizes const& sizes, int32_t count, int32
         int32_t const numPages = which == 0 ? 0 : which == 1 ? sizes.maxPagesPerSequence : length(rng);
         batch.pages.emplace_back(next, next + numPages);
         next += numPages;
+        // A third of the sequences with pages lost some to a sliding window: their lists start with released entries.
+        if (numPages > 1 && kind(rng) == 0)
+        {
+            int32_t const released = std::uniform_int_distribution<int32_t>(1, numPages - 1)(rng);
+            std::fill_n(batch.pages.back().begin(), released, rt::kUNUSED_PAGE_ENTRY);
+        }
         int64_t const fewest = numPages == 0 ? 0 : int64_t{numPages - 1} * sizes.tokensPerPage + 1;
         int64_t const most = int64_t{numPages} * sizes.tokensPerPage;
         batch.tokens.push_back(static_cast<int32_t>(std::uniform_int_distribution<int64_t>(fewest, most)(rng)));
@@ -115,13 +121,15 @@ Batch randomBatch(std::mt19937_64& rng, Sizes const& sizes, int32_t count, int32
     return batch;
 }
 
-//! The four arrays of page tables, the CSR indices cut at indptr[maxBatchSize].
+//! The six arrays of page tables, the CSR indices cut at indptr[maxBatchSize].
 struct Tables
 {
     std::vector<int32_t> indptr;
     std::vector<int32_t> indices;
     std::vector<int32_t> lastPageLen;
     std::vector<int32_t> blockTable;
+    std::vector<int32_t> firstToken;
+    std::vector<int32_t> residentTokens;
 };
 
 //! Returns the tables of `batch` as the documentation defines them, written from the batch alone: sequences past the
@@ -133,46 +141,58 @@ Tables referenceTables(Batch const& batch, Sizes const& sizes)
     auto const width = static_cast<size_t>(sizes.maxPagesPerSequence);
     tables.blockTable.assign(rows * width, rt::kUNUSED_PAGE_ENTRY);
     tables.lastPageLen.assign(rows, 0);
+    tables.firstToken.assign(rows, 0);
+    tables.residentTokens.assign(rows, 0);
     tables.indptr.push_back(0);
     for (size_t b = 0; b < rows; ++b)
     {
         if (b < batch.pages.size())
         {
+            // Released pages (leading kUNUSED_PAGE_ENTRY) are in neither table; the rows start after them.
             std::vector<int32_t> const& pages = batch.pages[b];
-            tables.indices.insert(tables.indices.end(), pages.begin(), pages.end());
-            std::copy(pages.begin(), pages.end(), tables.blockTable.begin() + static_cast<std::ptrdiff_t>(b * width));
+            auto const resident =
+                std::find_if(pages.begin(), pages.end(), [](int32_t page) { return page != rt::kUNUSED_PAGE_ENTRY; });
+            auto const released = static_cast<int32_t>(resident - pages.begin());
+            tables.indices.insert(tables.indices.end(), resident, pages.end());
+            std::copy(resident, pages.end(), tables.blockTable.begin() + static_cast<std::ptrdiff_t>(b * width));
             int32_t const tokens = batch.tokens[b];
             tables.lastPageLen[b] = tokens == 0 ? 0 : (tokens - 1) % sizes.tokensPerPage + 1;
+            tables.firstToken[b] = released * sizes.tokensPerPage;
+            tables.residentTokens[b] = tokens - released * sizes.tokensPerPage;
         }
         tables.indptr.push_back(static_cast<int32_t>(tables.indices.size()));
     }
     return tables;
 }
 
-//! Where the four arrays of some tables are (host or device).
+//! Where the six arrays of some tables are (host or device).
 struct TableViews
 {
     int32_t const* indptr;
     int32_t const* indices;
     int32_t const* lastPageLen;
     int32_t const* blockTable;
+    int32_t const* firstToken;
+    int32_t const* residentTokens;
 };
 
 TableViews hostViews(rt::PageTableBuffers const& tables)
 {
-    return {tables.hostIndptr(), tables.hostIndices(), tables.hostLastPageLen(), tables.hostBlockTable()};
+    return {tables.hostIndptr(), tables.hostIndices(), tables.hostLastPageLen(), tables.hostBlockTable(),
+        tables.hostFirstToken(), tables.hostResidentTokens()};
 }
 
 TableViews deviceViews(rt::PageTableBuffers const& tables)
 {
-    return {tables.deviceIndptr(), tables.deviceIndices(), tables.deviceLastPageLen(), tables.deviceBlockTable()};
+    return {tables.deviceIndptr(), tables.deviceIndices(), tables.deviceLastPageLen(), tables.deviceBlockTable(),
+        tables.deviceFirstToken(), tables.deviceResidentTokens()};
 }
 
 TableViews regionViews(rt::detail::PageTableShape const& shape, std::vector<int32_t> const& region)
 {
     int32_t const* const start = region.data();
     return {start + shape.indptrOffset(), start + shape.indicesOffset(), start + shape.lastPageLenOffset(),
-        start + shape.blockTableOffset()};
+        start + shape.blockTableOffset(), start + shape.firstTokenOffset(), start + shape.residentTokensOffset()};
 }
 
 //! Returns the number of CSR indices `indptr` ends with, kept within the room for them.
@@ -192,6 +212,8 @@ Tables readTables(TableViews const& views, Sizes const& sizes)
     tables.lastPageLen.assign(views.lastPageLen, views.lastPageLen + rows);
     tables.blockTable.assign(
         views.blockTable, views.blockTable + rows * static_cast<size_t>(sizes.maxPagesPerSequence));
+    tables.firstToken.assign(views.firstToken, views.firstToken + rows);
+    tables.residentTokens.assign(views.residentTokens, views.residentTokens + rows);
     return tables;
 }
 
@@ -217,6 +239,8 @@ Tables downloadTables(TableViews const& views, Sizes const& sizes, cudaStream_t 
     tables.indices = downloadInts(views.indices, indicesInUse(tables.indptr, sizes), stream);
     tables.lastPageLen = downloadInts(views.lastPageLen, rows, stream);
     tables.blockTable = downloadInts(views.blockTable, rows * static_cast<size_t>(sizes.maxPagesPerSequence), stream);
+    tables.firstToken = downloadInts(views.firstToken, rows, stream);
+    tables.residentTokens = downloadInts(views.residentTokens, rows, stream);
     return tables;
 }
 
@@ -243,7 +267,9 @@ Tables downloadTables(TableViews const& views, Sizes const& sizes, cudaStream_t 
     for (::testing::AssertionResult result :
         {sameArray("indptr", expected.indptr, actual.indptr), sameArray("indices", expected.indices, actual.indices),
             sameArray("lastPageLen", expected.lastPageLen, actual.lastPageLen),
-            sameArray("blockTable", expected.blockTable, actual.blockTable)})
+            sameArray("blockTable", expected.blockTable, actual.blockTable),
+            sameArray("firstToken", expected.firstToken, actual.firstToken),
+            sameArray("residentTokens", expected.residentTokens, actual.residentTokens)})
     {
         if (!result)
         {
@@ -268,6 +294,11 @@ std::vector<int32_t> buildCounts(std::mt19937_64& rng, int32_t maxBatchSize, int
 
 //! Page ids the bad builds below list.
 constexpr int32_t kSOME_PAGES[] = {7, 8, 9, 10};
+//! Page lists with a negative id where a page must be resident.
+constexpr int32_t kHOLE_INSIDE[] = {7, rt::kUNUSED_PAGE_ENTRY, 9};
+constexpr int32_t kRELEASED_THEN_HOLE[] = {rt::kUNUSED_PAGE_ENTRY, 8, rt::kUNUSED_PAGE_ENTRY};
+constexpr int32_t kALL_RELEASED[] = {rt::kUNUSED_PAGE_ENTRY, rt::kUNUSED_PAGE_ENTRY};
+constexpr int32_t kNEGATIVE_ID[] = {7, -7};
 
 //! A build that must be refused, with what its message must name.
 struct BadBuild
@@ -305,6 +336,10 @@ std::vector<BadBuild> badBuilds()
         {{one, {kSOME_PAGES, 1, 0}}, 2, {"sequences[1].numTokens is 0", "[1, 16]"}},
         {{{kSOME_PAGES, 3, kINT32_MAX}}, 1, {"numTokens is 2147483647", "[33, 48]"}},
         {{{kSOME_PAGES, 3, -5}}, 1, {"numTokens is -5", "[33, 48]"}},
+        {{one, {kHOLE_INSIDE, 3, 40}}, 2, {"sequences[1].pages[1] is -1", "entry 0", "entry 2", ">= 0"}},
+        {{{kRELEASED_THEN_HOLE, 3, 40}}, 1, {"sequences[0].pages[2] is -1", "entry 1", "entry 2"}},
+        {{{kALL_RELEASED, 2, 20}}, 1, {"sequences[0].pages[1] is -1", "entry 1"}},
+        {{{kNEGATIVE_ID, 2, 20}}, 1, {"sequences[0].pages[1] is -7", ">= 0"}},
     };
 }
 
@@ -356,7 +391,8 @@ TEST(PageTableSizesTest, ArraysStartOn128BytesAndDoNotOverlap)
         int64_t const entries = rows * sizes.maxPagesPerSequence;
         // Each array from its start to its end, in the region's order.
         std::vector<std::pair<int64_t, int64_t>> const arrays = {{shape.indptrOffset(), rows + 1},
-            {shape.lastPageLenOffset(), rows}, {shape.blockTableOffset(), entries}, {shape.indicesOffset(), entries}};
+            {shape.lastPageLenOffset(), rows}, {shape.firstTokenOffset(), rows}, {shape.residentTokensOffset(), rows},
+            {shape.blockTableOffset(), entries}, {shape.indicesOffset(), entries}};
         int64_t end = 0;
         for (auto const& [offset, length] : arrays)
         {
@@ -408,6 +444,27 @@ TEST(PageTableBuildTest, TokensAtTheEdgesOfTheirPagesGiveFullAndOneTokenLastPage
     Tables const actual = readTables(regionViews(shape, region), sizes);
     EXPECT_EQ(actual.lastPageLen, (std::vector<int32_t>{1, 16, 1, 16, 1, 16}));
     EXPECT_TRUE(sameTables(referenceTables(batch, sizes), actual));
+}
+
+TEST(PageTableBuildTest, ReleasedPagesAreLeftOutAndFirstTokenSaysWhereEachRowStarts)
+{
+    Sizes const sizes{3, 4, 16};
+    rt::detail::PageTableShape const shape = rt::detail::makePageTableShape(3, 4, 16);
+    std::vector<int32_t> region(static_cast<size_t>(shape.elements()));
+    rt::detail::writeEmptyPageTables(shape, region.data());
+    int32_t const unused = rt::kUNUSED_PAGE_ENTRY;
+    Batch const batch{{{unused, unused, 5, 6}, {7, 8}, {unused, 9}}, {50, 20, 17}};
+    std::vector<rt::SequencePages> const sequences = batch.sequences();
+    int64_t const elements = rt::detail::buildPageTables(shape, sequences.data(), batch.count(), region.data());
+    Tables const actual = readTables(regionViews(shape, region), sizes);
+    EXPECT_EQ(actual.indptr, (std::vector<int32_t>{0, 2, 4, 5}));
+    EXPECT_EQ(actual.indices, (std::vector<int32_t>{5, 6, 7, 8, 9}));
+    EXPECT_EQ(actual.lastPageLen, (std::vector<int32_t>{2, 4, 1}));
+    EXPECT_EQ(actual.firstToken, (std::vector<int32_t>{32, 0, 16}));
+    EXPECT_EQ(actual.residentTokens, (std::vector<int32_t>{18, 20, 1}));
+    EXPECT_EQ(actual.blockTable,
+        (std::vector<int32_t>{5, 6, unused, unused, 7, 8, unused, unused, 9, unused, unused, unused}));
+    EXPECT_EQ(elements, shape.indicesOffset() + 5);
 }
 
 TEST(PageTableBuildTest, BadBuildsNameTheFieldAndLeaveTheTablesAsTheyWere)
@@ -559,7 +616,9 @@ TEST_F(PageTableGpuTest, ASecondBuildWaitsForTheFirstUploadWhichACopyBetweenThem
     kvcache::test::DeviceArray<int32_t> indices(entries);
     kvcache::test::DeviceArray<int32_t> lastPageLen(rows);
     kvcache::test::DeviceArray<int32_t> blockTable(entries);
-    for (auto* snapshot : {&indptr, &indices, &lastPageLen, &blockTable})
+    kvcache::test::DeviceArray<int32_t> firstToken(rows);
+    kvcache::test::DeviceArray<int32_t> residentTokens(rows);
+    for (auto* snapshot : {&indptr, &indices, &lastPageLen, &blockTable, &firstToken, &residentTokens})
     {
         snapshot->fillBytes(kPOISON_BYTE, tut.stream.get());
     }
@@ -572,7 +631,8 @@ TEST_F(PageTableGpuTest, ASecondBuildWaitsForTheFirstUploadWhichACopyBetweenThem
     TableViews const device = deviceViews(tut.tables);
     for (auto const& [from, to, count] :
         {std::tuple{device.indptr, &indptr, rows + 1}, std::tuple{device.indices, &indices, entries},
-            std::tuple{device.lastPageLen, &lastPageLen, rows}, std::tuple{device.blockTable, &blockTable, entries}})
+            std::tuple{device.lastPageLen, &lastPageLen, rows}, std::tuple{device.blockTable, &blockTable, entries},
+            std::tuple{device.firstToken, &firstToken, rows}, std::tuple{device.residentTokens, &residentTokens, rows}})
     {
         KVCACHE_TEST_CUDA(
             cudaMemcpyAsync(to->get(), from, count * sizeof(int32_t), cudaMemcpyDeviceToDevice, tut.stream.get()));
@@ -580,7 +640,8 @@ TEST_F(PageTableGpuTest, ASecondBuildWaitsForTheFirstUploadWhichACopyBetweenThem
     tut.build(second);
     EXPECT_TRUE(released.load()) << "the second build returned before the first upload could have run";
 
-    TableViews const snapshot{indptr.get(), indices.get(), lastPageLen.get(), blockTable.get()};
+    TableViews const snapshot{
+        indptr.get(), indices.get(), lastPageLen.get(), blockTable.get(), firstToken.get(), residentTokens.get()};
     EXPECT_TRUE(sameTables(referenceTables(first, tut.sizes), downloadTables(snapshot, tut.sizes, tut.stream.get())))
         << "the copy queued between the builds";
     EXPECT_TRUE(sameTables(referenceTables(second, tut.sizes), tut.device()));

@@ -13,6 +13,7 @@
 // memory: the cache, layer references for kernels, page operations
 #include "kvcache/memory/kv_cache_manager.h"
 #include "kvcache/memory/layer_ref.h"
+#include "kvcache/memory/kv_write.h"
 #include "kvcache/memory/page_ops.h"
 // paging: page ids, page hashes, the page manager, page tables
 #include "kvcache/paging/page_allocator.h"

@@ -42,7 +42,10 @@ from ._kvcache import (
     data_type_size,
     gpu_unavailable_reason,
     max_pages_for_budget,
+    read_tokens,
     split_budget,
+    write_tokens,
+    write_tokens_paged,
 )
 
 __all__ = [
@@ -81,5 +84,8 @@ __all__ = [
     "data_type_size",
     "gpu_unavailable_reason",
     "max_pages_for_budget",
+    "read_tokens",
     "split_budget",
+    "write_tokens",
+    "write_tokens_paged",
 ]

@@ -558,6 +558,9 @@ class KVCacheManager:
     def synchronize(self) -> None:
         """Waits on the host for the work enqueued on the cache's stream."""
 
+    def latent_pool_view(self, layer: int) -> View:
+        """View [num_pages, tokens_per_page, head_dim] of latent layer `layer`'s pool, as MLA kernels take it: each token's kv_lora_rank values, then its rope part. Raises for a KV layer."""
+
     def copy_pages(self, pairs: PagePairs, stream: StreamLike | None = None, *, target: PageOpTarget | None = None, group: int | None = None, count: DeviceArray | None = None, error_count: DeviceArray | None = None) -> None:
         """
         Copies each (src, dst) page in every targeted layer and half, stream-ordered (default: the cache's stream).
@@ -673,6 +676,18 @@ class PageTableBuffers:
     def tokens_per_page(self) -> int: ...
 
     def upload_bytes(self) -> int: ...
+
+    def first_token(self) -> View:
+        """Device view of each row's first token position [max_batch_size] (int32): the pages a window released times tokens_per_page, 0 for full attention."""
+
+    def resident_tokens(self) -> View:
+        """Device view of the tokens each row holds from its first token on [max_batch_size] (int32): kernels' seq_lens / kv_len."""
+
+    def host_first_token(self) -> list[int]:
+        """A copy of the staged first tokens of the last build."""
+
+    def host_resident_tokens(self) -> list[int]:
+        """A copy of the staged resident token counts of the last build."""
 
 class PageHashAlgorithm(enum.Enum):
     """The hash of page contents."""
@@ -797,3 +812,12 @@ class PageManager:
 
 def gpu_unavailable_reason() -> str:
     """Returns why no GPU can be used here, or an empty string when one can."""
+
+def write_tokens(cache: KVCacheManager, layer: int, k: DeviceArray, v: DeviceArray | None, token_addresses: DeviceArray, stream: StreamLike | None = None, *, count: DeviceArray | None = None, error_count: DeviceArray | None = None, group: int = -1) -> None:
+    """Writes k and v ([n, num_kv_heads, head_dim] CUDA tensors of float32, float16 or bfloat16, any strides with the last dimension contiguous; v None for a latent layer) into layer `layer`'s pages at `token_addresses` (CUDA int64 [n]: page * tokens_per_page + offset; negative skips the token), converting to the cache's type, in one launch on `stream` (default: the cache's). `count` (CUDA int32 [1]) limits the tokens on the device; `error_count` (CUDA int32 [1]) counts addresses past the layer's pages; `group` checks the addresses' page group. Graph-capturable."""
+
+def write_tokens_paged(cache: KVCacheManager, layer: int, k: DeviceArray, v: DeviceArray | None, indptr: DeviceArray, indices: DeviceArray, first_token: DeviceArray | None, positions: DeviceArray, stream: StreamLike | None = None, *, count: DeviceArray | None = None, error_count: DeviceArray | None = None, group: int = -1) -> None:
+    """As write_tokens, each token placed by its (sequence, position) row of `positions` (CUDA int32 [n, 2]) in the CSR table indptr / indices / first_token of the layer's group (as PageTableBuffers builds them; first_token None means 0). Positions outside a row's pages are counted in error_count."""
+
+def read_tokens(cache: KVCacheManager, layer: int, k: DeviceArray, v: DeviceArray | None, token_addresses: DeviceArray, stream: StreamLike | None = None, *, count: DeviceArray | None = None, error_count: DeviceArray | None = None) -> None:
+    """Gathers the tokens at `token_addresses` of layer `layer` into k and v (contiguous CUDA tensors [n, num_kv_heads, head_dim] of float32, float16 or bfloat16; v None for a latent layer), converting from the cache's type, in one launch on `stream`. Rows of skipped or bad addresses are left as they were."""

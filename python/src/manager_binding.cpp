@@ -377,3 +377,25 @@ void bindManager(nb::module_& m)
 }
 
 } // namespace kvcache::python
+
+// Other binding files reach a KVCacheManager object through these (declared in write_binding.h).
+#include "write_binding.h" // NOLINT: kept beside the appended definitions
+
+namespace kvcache::python
+{
+
+CacheAccess cacheAccess(nb::handle cache)
+{
+    auto* const handle = nb::cast<CacheHandle*>(cache);
+    return CacheAccess{&handle->manager(), handle->stream()};
+}
+
+DLPackView cacheView(nb::handle cache, rt::Tensor const& tensor)
+{
+    Self self;
+    self.h = cache;
+    self.p = nb::cast<CacheHandle*>(cache);
+    return viewOf(self, tensor);
+}
+
+} // namespace kvcache::python

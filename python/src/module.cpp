@@ -1,5 +1,6 @@
 #include "bindings.h"
 #include "dlpack_view.h"
+#include "write_binding.h"
 
 #include <kvcache/version.h>
 
@@ -18,6 +19,8 @@ NB_MODULE(_kvcache, m)
     kvcache::python::bindAllocator(m);
     kvcache::python::bindPageTable(m);
     kvcache::python::bindPageManager(m);
+    kvcache::python::bindWrite(m);
+    kvcache::python::bindPageTableTokenArrays(m);
 
     m.attr("__version__") = KVCACHE_VERSION_STRING;
     m.def(

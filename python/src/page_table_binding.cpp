@@ -182,3 +182,40 @@ void bindPageTable(nb::module_& m)
 }
 
 } // namespace kvcache::python
+
+// The per-sequence arrays of windowed tables, added to the class defined above.
+#include "write_binding.h" // NOLINT: kept beside the appended definitions
+
+namespace kvcache::python
+{
+
+void bindPageTableTokenArrays(nb::module_& m)
+{
+    nb::object const cls = m.attr("PageTableBuffers");
+    auto const method = [&](char const* name, auto&& function, char const* doc)
+    { nb::setattr(cls, name, nb::cpp_function(function, nb::is_method(), nb::scope(cls), nb::name(name), doc)); };
+    method(
+        "first_token",
+        [](Self self)
+        { return tableView(self, self.p->tables().deviceFirstToken(), rt::Coords{self.p->tables().maxBatchSize()}); },
+        "Device view of each row's first token position [max_batch_size] (int32): the pages a window released times "
+        "tokens_per_page, 0 for full attention.");
+    method(
+        "resident_tokens",
+        [](Self self) {
+            return tableView(
+                self, self.p->tables().deviceResidentTokens(), rt::Coords{self.p->tables().maxBatchSize()});
+        },
+        "Device view of the tokens each row holds from its first token on [max_batch_size] (int32): kernels' "
+        "seq_lens / kv_len.");
+    method(
+        "host_first_token",
+        [](PageTableHandle& h) { return hostCopy(h.tables().hostFirstToken(), h.tables().maxBatchSize()); },
+        "A copy of the staged first tokens of the last build.");
+    method(
+        "host_resident_tokens",
+        [](PageTableHandle& h) { return hostCopy(h.tables().hostResidentTokens(), h.tables().maxBatchSize()); },
+        "A copy of the staged resident token counts of the last build.");
+}
+
+} // namespace kvcache::python

@@ -188,4 +188,22 @@ int64_t KVCacheManager::allocatedBytes() const noexcept
     return bytes;
 }
 
+Tensor KVCacheManager::latentPoolView(int32_t layerIdx) const
+{
+    if (layerIdx < 0 || layerIdx >= numLayers())
+    {
+        throw OutOfRangeError(fmt::format(
+            "KVCacheManager::latentPoolView: layer index {} is out of range [0, {})", layerIdx, numLayers()));
+    }
+    KVLayerLayout const& layer = mLayout.layers[static_cast<size_t>(layerIdx)];
+    if (layer.kind != KVLayerKind::kLATENT)
+    {
+        throw InvalidArgumentError(fmt::format("KVCacheManager::latentPoolView: layer {} is a KV layer ({} x {}); the "
+                                               "view needs a latent layer (use getCombinedKVCachePoolView)",
+            layerIdx, layer.numKVHeads, layer.headDim));
+    }
+    return Tensor(kPoolPtr(layerIdx), Coords{layer.numPages, mLayout.tokensPerPage, layer.headDim}, mLayout.dataType,
+        DeviceType::kGPU);
+}
+
 } // namespace kvcache::rt

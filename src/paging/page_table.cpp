@@ -53,6 +53,30 @@ void validateSequence(PageTableShape const& shape, SequencePages const& sequence
                                                "{}; it must be in [{}, {}]",
             kBUILD, index, sequence.numTokens, numPages, tokensPerPage, fewest, most));
     }
+    if (numPages == 0)
+    {
+        return;
+    }
+    // Pages a window released lead the list; from the first resident page on every id must be one (the last page
+    // always is: it holds the newest token).
+    int64_t const released = releasedPages(sequence);
+    int32_t negatives = 0;
+    for (int64_t j = released; j < numPages; ++j)
+    {
+        negatives |= sequence.pages[j];
+    }
+    if (negatives < 0 || released == numPages)
+    {
+        int64_t entry = released == numPages ? numPages - 1 : released;
+        while (sequence.pages[entry] >= 0)
+        {
+            ++entry;
+        }
+        throw InvalidArgumentError(fmt::format("{}: sequences[{}].pages[{}] is {}; page ids from the first resident "
+                                               "page (entry {}) to the last (entry {}) must be >= 0 (only released "
+                                               "pages before them may be kUNUSED_PAGE_ENTRY)",
+            kBUILD, index, entry, sequence.pages[entry], std::min(released, numPages - 1), numPages - 1));
+    }
 }
 
 } // namespace
@@ -103,6 +127,8 @@ int64_t writePageTables(
 {
     int32_t* const indptr = region + shape.indptrOffset();
     int32_t* const lastPageLen = region + shape.lastPageLenOffset();
+    int32_t* const firstToken = region + shape.firstTokenOffset();
+    int32_t* const residentTokens = region + shape.residentTokensOffset();
     int32_t* const table = region + shape.blockTableOffset();
     int32_t* const indices = region + shape.indicesOffset();
     int64_t const width = shape.maxPagesPerSequence;
@@ -115,14 +141,17 @@ int64_t writePageTables(
     for (int64_t b = 0; b < count; ++b)
     {
         SequencePages const& sequence = sequences[b];
-        int64_t const pages = sequence.numPages;
+        // Released pages are left out: rows start at the first resident page, and firstToken says which token that is.
+        int64_t const released = releasedPages(sequence);
+        int32_t const* const resident = sequence.pages + released;
+        int64_t const pages = sequence.numPages - released;
         int64_t const heldTo = indptr[b + 1];
         int32_t* const row = table + b * width;
         // copy_n and fill take empty ranges (and a null list with no pages) without a branch here.
-        std::copy_n(sequence.pages, pages, row);
+        std::copy_n(resident, pages, row);
         // From the list, not the row just written: indices sit a multiple of 4 KiB after the block table at the
         // usual sizes, and reading the row while storing there stalls on 4K aliasing.
-        std::copy_n(sequence.pages, pages, indices + used);
+        std::copy_n(resident, pages, indices + used);
         // Padding over the rest of the old pages leaves the row whole without rewriting its unused tail.
         std::fill(row + pages, row + std::max(heldTo - heldFrom, pages), kUNUSED_PAGE_ENTRY);
         heldFrom = heldTo;
@@ -130,7 +159,12 @@ int64_t writePageTables(
         // At most maxBatchSize * maxPagesPerSequence, which makePageTableShape keeps within int32.
         indptr[b + 1] = static_cast<int32_t>(used);
         // numTokens is 0 with no pages, so the tokens past the full pages are 0 too.
-        lastPageLen[b] = static_cast<int32_t>(sequence.numTokens - std::max<int64_t>(pages - 1, 0) * tokensPerPage);
+        int64_t const firstResident = released * tokensPerPage;
+        lastPageLen[b] =
+            static_cast<int32_t>(sequence.numTokens - std::max<int64_t>(sequence.numPages - 1, 0) * tokensPerPage);
+        // Both fit: numTokens is an int32 and firstResident is below it.
+        firstToken[b] = static_cast<int32_t>(firstResident);
+        residentTokens[b] = static_cast<int32_t>(sequence.numTokens - firstResident);
     }
     // Rows from `count` on are empty now; only those that held pages before need padding, and they end where the
     // previous pages in use do.
@@ -143,6 +177,8 @@ int64_t writePageTables(
     }
     std::fill(indptr + count + 1, indptr + shape.maxBatchSize + 1, static_cast<int32_t>(used));
     std::fill(lastPageLen + count, lastPageLen + shape.maxBatchSize, 0);
+    std::fill(firstToken + count, firstToken + shape.maxBatchSize, 0);
+    std::fill(residentTokens + count, residentTokens + shape.maxBatchSize, 0);
     return shape.indicesOffset() + used;
 }
 
@@ -249,6 +285,26 @@ int32_t const* PageTableBuffers::deviceIndices() const noexcept
 int32_t const* PageTableBuffers::deviceLastPageLen() const noexcept
 {
     return deviceArray(shapeOf(*this).lastPageLenOffset());
+}
+
+int32_t const* PageTableBuffers::deviceFirstToken() const noexcept
+{
+    return deviceArray(shapeOf(*this).firstTokenOffset());
+}
+
+int32_t const* PageTableBuffers::deviceResidentTokens() const noexcept
+{
+    return deviceArray(shapeOf(*this).residentTokensOffset());
+}
+
+int32_t const* PageTableBuffers::hostFirstToken() const noexcept
+{
+    return hostArray(shapeOf(*this).firstTokenOffset());
+}
+
+int32_t const* PageTableBuffers::hostResidentTokens() const noexcept
+{
+    return hostArray(shapeOf(*this).residentTokensOffset());
 }
 
 int32_t const* PageTableBuffers::deviceBlockTable() const noexcept

@@ -11,8 +11,9 @@ namespace kvcache::rt::detail
 //! read it with aligned vector loads and whole cache lines.
 inline constexpr int64_t kPAGE_TABLE_ALIGNMENT_BYTES = 128;
 
-//! The sizes of a page table region and where its four arrays sit, in int32 elements from its start: indptr,
-//! lastPageLen, block table, indices (the order that lets one copy of a prefix move everything in use).
+//! The sizes of a page table region and where its six arrays sit, in int32 elements from its start: indptr,
+//! lastPageLen, firstToken, residentTokens, block table, indices (the order that lets one copy of a prefix move
+//! everything in use).
 struct PageTableShape
 {
     int32_t maxBatchSize = 0;
@@ -34,10 +35,20 @@ struct PageTableShape
     {
         return aligned(int64_t{maxBatchSize} + 1);
     }
+    //! Returns the offset of firstToken (maxBatchSize entries).
+    int64_t firstTokenOffset() const noexcept
+    {
+        return lastPageLenOffset() + aligned(maxBatchSize);
+    }
+    //! Returns the offset of residentTokens (maxBatchSize entries).
+    int64_t residentTokensOffset() const noexcept
+    {
+        return firstTokenOffset() + aligned(maxBatchSize);
+    }
     //! Returns the offset of the block table (entries()).
     int64_t blockTableOffset() const noexcept
     {
-        return lastPageLenOffset() + aligned(maxBatchSize);
+        return residentTokensOffset() + aligned(maxBatchSize);
     }
     //! Returns the offset of indices (room for entries()).
     int64_t indicesOffset() const noexcept
@@ -62,8 +73,20 @@ private:
 //! for a non-positive size or more than INT32_MAX entries.
 PageTableShape makePageTableShape(int32_t maxBatchSize, int32_t maxPagesPerSequence, int32_t tokensPerPage);
 
+//! Returns the pages a sliding window released at the front of `sequence`: its leading kUNUSED_PAGE_ENTRY entries.
+inline int64_t releasedPages(SequencePages const& sequence) noexcept
+{
+    int64_t released = 0;
+    while (released < sequence.numPages && sequence.pages[released] == kUNUSED_PAGE_ENTRY)
+    {
+        ++released;
+    }
+    return released;
+}
+
 //! Throws InvalidArgumentError, naming the sequence index, the field, the value and the limit, unless `count`
-//! sequences make tables of `shape` (the rules of PageTableBuffers::build); touches nothing.
+//! sequences make tables of `shape` (the rules of PageTableBuffers::build, a negative id after the released pages
+//! included); touches nothing.
 void validateSequences(PageTableShape const& shape, SequencePages const* sequences, int32_t count);
 
 //! Writes the tables of count 0 over the whole `region` (shape.elements() entries), padding included.

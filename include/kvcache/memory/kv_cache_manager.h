@@ -63,6 +63,10 @@ public:
     //! Returns K and V, each [maxBatchSize, capacity, H, D] at kPoolPtr / vPoolPtr (for a latent layer V is empty:
     //! null, [0, capacity, H, D]); aborts on a bad index.
     std::pair<Tensor, Tensor> getSeparateKVCache(int32_t layerIdx) const noexcept;
+    //! Returns latent layer `layerIdx`'s pool as MLA kernels take it: [numPages, tokensPerPage, headDim] at kPoolPtr,
+    //! each token's vector holding the kv_lora_rank values first, then the rope part. Throws OutOfRangeError for a bad
+    //! index and InvalidArgumentError for a layer that is not latent.
+    Tensor latentPoolView(int32_t layerIdx) const;
 
     //! The same view as getCombinedKVCache(layerIdx) (the Python name slot_view); throws as it does.
     Tensor& slotView(int32_t layerIdx)

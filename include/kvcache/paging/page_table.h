@@ -13,35 +13,51 @@ namespace kvcache::rt
 //! One sequence's pages in token order and its length in tokens, as a page table is built from.
 struct SequencePages
 {
-    //! numPages page ids of the table's page group, in token order (may be null when numPages is 0).
+    //! numPages page ids of the table's page group, in token order (may be null when numPages is 0). A sliding-window
+    //! group's sequence may start with kUNUSED_PAGE_ENTRY entries (pages its window released, as
+    //! PageManager::pages() gives them); every entry from the first resident page on must be a page id.
     int32_t const* pages = nullptr;
-    //! Pages the sequence holds: [0, maxPagesPerSequence].
+    //! Pages the sequence has covered, released ones included: [0, maxPagesPerSequence].
     int32_t numPages = 0;
-    //! Tokens in those pages: [(numPages - 1) * tokensPerPage + 1, numPages * tokensPerPage], or 0 with 0 pages.
+    //! Tokens of the sequence: [(numPages - 1) * tokensPerPage + 1, numPages * tokensPerPage], or 0 with 0 pages.
     int32_t numTokens = 0;
 };
 
-//! Device page tables for a batch of sequences of one page group, in the two forms attention kernels read, at device
+//! Device page tables for a batch of sequences of one page group, in the forms attention kernels read, at device
 //! addresses that never change (so a captured CUDA graph keeps reading them):
 //!  - CSR (FlashInfer's paged_kv layout): indptr [count + 1], indices [indptr[count]], lastPageLen [count];
-//!  - dense block table [maxBatchSize, maxPagesPerSequence] of int32, row b holding sequence b's pages then
-//!    kUNUSED_PAGE_ENTRY.
+//!  - dense block table [maxBatchSize, maxPagesPerSequence] of int32, row b holding sequence b's resident pages then
+//!    kUNUSED_PAGE_ENTRY;
+//!  - per sequence, firstToken (the position of the first token its table row holds: releasedPages * tokensPerPage,
+//!    0 for full attention) and residentTokens (numTokens - firstToken: the tokens the row holds, the kernels'
+//!    seq_lens / kv_len, equal to (rowPages - 1) * tokensPerPage + lastPageLen).
+//!
+//! Pages a sliding window released (leading kUNUSED_PAGE_ENTRY entries) are left out of both the CSR row and the
+//! dense row, so no kernel ever reads page -1: rows start at the first resident page. How kernels use them:
+//!  - FlashInfer (NHD, BatchPrefill/BatchDecodeWithPagedKVCacheWrapper): plan with paged_kv_indptr = indptr,
+//!    paged_kv_indices = indices, paged_kv_last_page_len = lastPageLen, and for a window W, window_left = W - 1; the
+//!    kernel sees residentTokens keys per sequence, so key j of sequence b is token firstToken[b] + j. Queries are the
+//!    last tokens of the sequence; a kernel that needs absolute positions (RoPE applied in the kernel, or a
+//!    position-based mask) takes firstToken as the offset to add.
+//!  - A dense kernel (vLLM-style block_tables + seq_lens): block table row b with seq_lens = residentTokens, and
+//!    position p of sequence b at page row[(p - firstToken[b]) / tokensPerPage], offset p % tokensPerPage.
+//!  - writeTokens (kvcache/memory/kv_write.h) takes indptr, indices and firstToken as a DevicePageTable.
 //!
 //! The tables always describe maxBatchSize sequences, those from `count` on empty: indptr[b] = indptr[count] for
-//! b > count, lastPageLen[b] = 0 and row b all kUNUSED_PAGE_ENTRY for b >= count (so a graph captured for the largest
-//! batch reads valid tables); only indices past indptr[count] are unspecified. lastPageLen[b] is the tokens in the
-//! last page, in [1, tokensPerPage], or 0 for an empty sequence. Before the first build() the tables are those of
-//! count 0.
+//! b > count, lastPageLen[b] = firstToken[b] = residentTokens[b] = 0 and row b all kUNUSED_PAGE_ENTRY for b >= count
+//! (so a graph captured for the largest batch reads valid tables); only indices past indptr[count] are unspecified.
+//! lastPageLen[b] is the tokens in the last page, in [1, tokensPerPage], or 0 for an empty sequence. Before the first
+//! build() the tables are those of count 0.
 //!
-//! The four arrays share one device allocation, in the order indptr, lastPageLen, block table, indices, each starting
-//! a multiple of 128 bytes from its start; the pinned host staging has the same layout. build() writes the staging
-//! and enqueues ONE cudaMemcpyAsync of its first bytes, up to the last index in use: indptr, lastPageLen and the whole
-//! block table (its unused rows included, which keeps them valid on the device) and indices [0, indptr[count]).
-//! Copying only what is in use saves the device the unused indices (up to half the region when sequences are short
-//! beside maxPagesPerSequence); one contiguous copy cannot also skip the block table's unused rows without a second
-//! copy, whose fixed cost would outweigh them. On the host, a row of the block table is rewritten only over its new
-//! pages and the pages it held in the previous build, so a build writes O(maxBatchSize + pages in use + pages
-//! dropped), not the whole table.
+//! The six arrays share one device allocation, in the order indptr, lastPageLen, firstToken, residentTokens, block
+//! table, indices, each starting a multiple of 128 bytes from its start; the pinned host staging has the same layout.
+//! build() writes the staging and enqueues ONE cudaMemcpyAsync of its first bytes, up to the last index in use: the
+//! per-sequence arrays and the whole block table (its unused rows included, which keeps them valid on the device) and
+//! indices [0, indptr[count]). Copying only what is in use saves the device the unused indices (up to half the region
+//! when sequences are short beside maxPagesPerSequence); one contiguous copy cannot also skip the block table's unused
+//! rows without a second copy, whose fixed cost would outweigh them. On the host, a row of the block table is
+//! rewritten only over its new pages and the pages it held in the previous build, so a build writes
+//! O(maxBatchSize + pages in use + pages dropped), not the whole table.
 //!
 //! Ordering: the upload is ordered on build()'s stream. Kernels reading the tables must be ordered after it, and a
 //! kernel still reading the previous tables must be ordered before it, by the caller when they run on other streams.
@@ -54,7 +70,7 @@ public:
     //! Owns nothing: every pointer is null, every size 0, and build() throws InvalidArgumentError.
     PageTableBuffers() noexcept = default;
     //! Allocates pinned staging (cudaHostAlloc) and one stream-ordered device allocation (rt::DeviceAllocation) for
-    //! all four arrays, laid out contiguously so one copy moves them, and uploads the tables of count 0 on `stream`.
+    //! all six arrays, laid out contiguously so one copy moves them, and uploads the tables of count 0 on `stream`.
     //! Throws InvalidArgumentError (before any CUDA call) for a non-positive size or a table of more than INT32_MAX
     //! entries (maxBatchSize * maxPagesPerSequence: indptr holds int32), OutOfMemoryError / CudaError from CUDA.
     PageTableBuffers(int32_t maxBatchSize, int32_t maxPagesPerSequence, int32_t tokensPerPage, cudaStream_t stream);
@@ -72,11 +88,13 @@ public:
     //! Builds the tables of `count` sequences and enqueues their upload on `stream`; never synchronises the device.
     //! Validates everything first and throws InvalidArgumentError (count outside [0, maxBatchSize], a null list with
     //! count > 0, a sequence of numPages outside [0, maxPagesPerSequence], numTokens inconsistent with numPages, a
-    //! null pages pointer with numPages > 0, `stream` capturing a graph, an object that owns nothing), naming the
-    //! sequence index, the field, the value and the limit; the previous tables (host and device) are then untouched.
-    //! Page ids are copied as given. Staging is reused: before writing it, build() waits for the previous upload's
-    //! event (a host wait only if that copy has not finished yet), so an in-flight copy is never overwritten. Throws
-    //! CudaError when CUDA fails (the staging may then hold the new tables while the device holds the old).
+    //! null pages pointer with numPages > 0, a negative id after the leading kUNUSED_PAGE_ENTRY entries or a list of
+    //! them alone, `stream` capturing a graph, an object that owns nothing), naming the sequence index, the field (the
+    //! entry, for an id), the value and the limit; the previous tables (host and device) are then untouched. Resident
+    //! page ids are copied as given (their range is the caller's: the tables do not know the pool). Staging is reused:
+    //! before writing it, build() waits for the previous upload's event (a host wait only if that copy has not finished
+    //! yet), so an in-flight copy is never overwritten. Throws CudaError when CUDA fails (the staging may then hold the
+    //! new tables while the device holds the old).
     void build(SequencePages const* sequences, int32_t count, cudaStream_t stream);
 
     //! Returns the device CSR row pointers: maxBatchSize + 1 entries, indptr[0] = 0 (null when owning nothing).
@@ -85,6 +103,14 @@ public:
     int32_t const* deviceIndices() const noexcept;
     //! Returns the device tokens in each sequence's last page: maxBatchSize entries.
     int32_t const* deviceLastPageLen() const noexcept;
+    //! Returns the device first token of each row: maxBatchSize entries (released pages * tokensPerPage).
+    int32_t const* deviceFirstToken() const noexcept;
+    //! Returns the device tokens each row holds, from its first token on: maxBatchSize entries (kernels' seq_lens).
+    int32_t const* deviceResidentTokens() const noexcept;
+    //! Returns the staging copy of deviceFirstToken() as last built (rewritten by the next build).
+    int32_t const* hostFirstToken() const noexcept;
+    //! Returns the staging copy of deviceResidentTokens() as last built (rewritten by the next build).
+    int32_t const* hostResidentTokens() const noexcept;
     //! Returns the device dense block table: [maxBatchSize, maxPagesPerSequence], row-major.
     int32_t const* deviceBlockTable() const noexcept;
     //! Returns the staging copy of deviceIndptr() as last built (rewritten by the next build).

@@ -1,0 +1,81 @@
+#pragma once
+
+#include "kvcache/core/tensor.h"
+#include "kvcache/memory/kv_cache_manager.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace kvcache::rt
+{
+
+//! The optional parts of a token write or read: a device-side token count, a device error counter and the page group
+//! the caller's page ids belong to.
+struct TokenOpOptions
+{
+    //! Device int32: the tokens to move, read by the kernel (clamped to [0, capacity], capacity being the tensors'
+    //! first extent), so a captured graph replays with whatever it holds then; nullptr moves all `capacity`.
+    int32_t const* deviceCount = nullptr;
+    //! Device int32 to which the kernel adds one for each token whose destination lies outside the layer's pages (that
+    //! token is neither written nor read); nullptr counts nothing.
+    int32_t* deviceErrorCount = nullptr;
+    //! The page group the caller's page ids belong to; -1 skips the check, any other value must be the layer's group.
+    int32_t group = -1;
+};
+
+//! One token of a sequence in a page table: the table's row and the token's absolute position in the sequence.
+struct TokenPosition
+{
+    //! The table row; a negative value skips the token (padding).
+    int32_t sequence;
+    //! The absolute token position in the sequence.
+    int32_t position;
+};
+
+//! One page group's CSR page table in device memory, as PageTableBuffers builds it: row s holds pages
+//! indices[indptr[s] .. indptr[s + 1]), which hold the sequence's tokens from firstToken[s] on, tokensPerPage a page.
+struct DevicePageTable
+{
+    int32_t const* indptr = nullptr;     //!< numSequences + 1 row starts
+    int32_t const* indices = nullptr;    //!< page ids of the group
+    int32_t const* firstToken = nullptr; //!< numSequences first positions, multiples of tokensPerPage; nullptr: all 0
+    int32_t numSequences = 0;            //!< rows of the table
+};
+
+//! Writes `capacity` new tokens of layer `layerIdx` into its pages, in one launch on `stream`; never synchronises or
+//! allocates, so the call may be captured in a CUDA graph.
+//!
+//! `k` and `v` are device tensors [capacity, numKVHeads, headDim] of float32, float16 or bfloat16 (one type for both),
+//! any non-negative token and head strides, the last dimension contiguous; values are converted to the cache's type
+//! (round to nearest even). A latent layer takes K alone: `v` must then be an empty Tensor (null data). Token i goes to
+//! the token address `deviceTokenAddresses[i]` (page * tokensPerPage + offset, int64, device memory, `capacity`
+//! entries): a negative address skips the token, an address past the layer group's pages is counted into
+//! options.deviceErrorCount and not written. Two tokens with one address leave either. The tensors must not overlap
+//! the pool.
+//!
+//! Throws before launching anything: OutOfRangeError for a layer outside [0, numLayers()), InvalidArgumentError for a
+//! cache type that cannot hold the values exactly yet (8-bit types), a wrong shape, type, device, stride or group, a
+//! null tensor or list with capacity > 0, or a V tensor given to a latent layer (or missing for a KV layer), naming
+//! the field, the value and the limit; CudaError when the launch fails. Zero capacity is a no-op.
+void writeTokens(KVCacheManager const& cache, int32_t layerIdx, Tensor const& k, Tensor const& v,
+    int64_t const* deviceTokenAddresses, cudaStream_t stream, TokenOpOptions const& options = {});
+
+//! Writes tokens as writeTokens above, each placed by its (sequence, position) pair in `table`, the CSR page table of
+//! the layer's group (`devicePositions` holds `capacity` pairs). A position before the row's first token, past its
+//! pages, a row outside [0, numSequences) or a page id outside the group's pages is counted into
+//! options.deviceErrorCount and not written. Throws as writeTokens does, and InvalidArgumentError for a null indptr or
+//! indices, a negative numSequences, or a null list with capacity > 0.
+void writeTokens(KVCacheManager const& cache, int32_t layerIdx, Tensor const& k, Tensor const& v,
+    DevicePageTable const& table, TokenPosition const* devicePositions, cudaStream_t stream,
+    TokenOpOptions const& options = {});
+
+//! Gathers `capacity` tokens of layer `layerIdx` from its pages into `k` and `v` (contiguous device tensors
+//! [capacity, numKVHeads, headDim] of float32, float16 or bfloat16; `v` empty for a latent layer), converting from the
+//! cache's type, in one launch on `stream`; the inverse of writeTokens with the same address, count, error and
+//! validation rules (an output row whose address is negative or bad is left as it was). Never synchronises or
+//! allocates. Throws as writeTokens does, and InvalidArgumentError for a non-contiguous output.
+void readTokens(KVCacheManager const& cache, int32_t layerIdx, Tensor const& k, Tensor const& v,
+    int64_t const* deviceTokenAddresses, cudaStream_t stream, TokenOpOptions const& options = {});
+
+} // namespace kvcache::rt

@@ -1,0 +1,203 @@
+#include "memory/token_op_plan.h"
+
+#include "kvcache/core/errors.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+namespace kvcache::rt::detail
+{
+namespace
+{
+
+bool isTokenValueType(DataType type) noexcept
+{
+    return type == DataType::kFLOAT || type == DataType::kHALF || type == DataType::kBF16;
+}
+
+//! Returns the element offset of the tensor's last element, or throws when it overflows int64.
+int64_t lastElementOffset(char const* what, char const* name, Tensor const& tensor)
+{
+    Coords const& shape = tensor.getShape();
+    Coords const& stride = tensor.getStride();
+    int64_t offset = 0;
+    for (int32_t dim = 0; dim < 3; ++dim)
+    {
+        int64_t term = 0;
+        if (shape[dim] > 0
+            && (__builtin_mul_overflow(shape[dim] - 1, stride[dim], &term)
+                || __builtin_add_overflow(offset, term, &offset)))
+        {
+            throw InvalidArgumentError(fmt::format("{}: {}'s last element lies more than {} elements from its start "
+                                                   "(shape [{}, {}, {}], strides [{}, {}, {}])",
+                what, name, std::numeric_limits<int64_t>::max(), shape[0], shape[1], shape[2], stride[0], stride[1],
+                stride[2]));
+        }
+    }
+    return offset;
+}
+
+void checkTensor(char const* what, char const* name, Tensor const& tensor, KVLayerLayout const& layer, int32_t layerIdx,
+    TokenDirection direction)
+{
+    Coords const& shape = tensor.getShape();
+    if (shape.getNumDims() != 3)
+    {
+        throw InvalidArgumentError(fmt::format("{}: {} has {} dimensions; it must have 3: [capacity, numKVHeads {}, "
+                                               "headDim {}]",
+            what, name, shape.getNumDims(), layer.numKVHeads, layer.headDim));
+    }
+    if (shape[1] != layer.numKVHeads || shape[2] != layer.headDim)
+    {
+        throw InvalidArgumentError(fmt::format("{}: {} has shape [{}, {}, {}]; layer {} needs [capacity, {}, {}]", what,
+            name, shape[0], shape[1], shape[2], layerIdx, layer.numKVHeads, layer.headDim));
+    }
+    int64_t const limit = std::numeric_limits<int32_t>::max();
+    if (shape[0] > limit)
+    {
+        throw InvalidArgumentError(
+            fmt::format("{}: {} holds {} tokens; the limit is {} (counts are int32)", what, name, shape[0], limit));
+    }
+    if (tensor.getDeviceType() != DeviceType::kGPU)
+    {
+        throw InvalidArgumentError(
+            fmt::format("{}: {} is host memory (DeviceType::kCPU); it must be device memory (kGPU)", what, name));
+    }
+    if (!isTokenValueType(tensor.getDataType()))
+    {
+        throw InvalidArgumentError(fmt::format("{}: {} has type {}; it must be float32, float16 or bfloat16", what,
+            name, dataTypeName(tensor.getDataType())));
+    }
+    Coords const& stride = tensor.getStride();
+    if (stride[2] != 1)
+    {
+        throw InvalidArgumentError(fmt::format(
+            "{}: {}'s stride over headDim is {}; it must be 1 (the last dimension contiguous)", what, name, stride[2]));
+    }
+    if (stride[0] < 0 || stride[1] < 0)
+    {
+        throw InvalidArgumentError(
+            fmt::format("{}: {} has strides [{}, {}, 1]; the token and head strides must be >= 0", what, name,
+                stride[0], stride[1]));
+    }
+    if (direction == TokenDirection::kREAD && !tensor.isContiguous())
+    {
+        throw InvalidArgumentError(fmt::format("{}: output {} has strides [{}, {}, {}]; it must be contiguous [{}, {}, "
+                                               "1]",
+            what, name, stride[0], stride[1], stride[2], shape[1] * shape[2], shape[2]));
+    }
+    if (shape[0] > 0 && tensor.rawPointer() == nullptr)
+    {
+        throw InvalidArgumentError(
+            fmt::format("{}: {} is null with {} tokens; it must point to device memory", what, name, shape[0]));
+    }
+    lastElementOffset(what, name, tensor);
+}
+
+//! Returns true when every access of `tensor`'s rows starts on a vectorElems boundary of a 16-byte aligned pointer.
+bool allowsVectors(Tensor const& tensor, int64_t vectorElems) noexcept
+{
+    Coords const& stride = tensor.getStride();
+    return reinterpret_cast<uintptr_t>(tensor.rawPointer()) % kTOKEN_VECTOR_BYTES == 0 && stride[0] % vectorElems == 0
+        && stride[1] % vectorElems == 0;
+}
+
+int32_t nextPowerOfTwo(int32_t value) noexcept
+{
+    int32_t power = 1;
+    while (power < value)
+    {
+        power *= 2;
+    }
+    return power;
+}
+
+} // namespace
+
+TokenOpPlan planTokenOp(char const* what, KVCacheLayout const& layout, int32_t layerIdx, Tensor const& k,
+    Tensor const& v, TokenOpOptions const& options, TokenDirection direction)
+{
+    int32_t const numLayers = static_cast<int32_t>(layout.layers.size());
+    if (layerIdx < 0 || layerIdx >= numLayers)
+    {
+        throw OutOfRangeError(
+            fmt::format("{}: layerIdx is {}; it must be in [0, {}) (numLayers)", what, layerIdx, numLayers));
+    }
+    if (!isTokenValueType(layout.dataType))
+    {
+        throw InvalidArgumentError(fmt::format("{}: the cache's type is {}; tokens can be moved only into float32, "
+                                               "float16 or bfloat16 caches (8-bit pages need scales)",
+            what, dataTypeName(layout.dataType)));
+    }
+    KVLayerLayout const& layer = layout.layers[static_cast<size_t>(layerIdx)];
+    if (options.group != -1 && options.group != layer.group)
+    {
+        throw InvalidArgumentError(fmt::format("{}: options.group is {}; layer {} belongs to group {} (page ids mean "
+                                               "nothing across groups)",
+            what, options.group, layerIdx, layer.group));
+    }
+    checkTensor(what, "k", k, layer, layerIdx, direction);
+    bool const hasV = layer.numHalves == 2;
+    if (!hasV && (v.rawPointer() != nullptr || v.getShape().getNumDims() != 0))
+    {
+        throw InvalidArgumentError(fmt::format(
+            "{}: v is given for layer {}, a latent layer; it must be an empty Tensor (latent layers have no V)", what,
+            layerIdx));
+    }
+    if (hasV)
+    {
+        checkTensor(what, "v", v, layer, layerIdx, direction);
+        if (v.getShape()[0] != k.getShape()[0] || v.getDataType() != k.getDataType())
+        {
+            throw InvalidArgumentError(fmt::format("{}: v is {} with {} tokens; it must match k: {} with {} tokens",
+                what, dataTypeName(v.getDataType()), v.getShape()[0], dataTypeName(k.getDataType()), k.getShape()[0]));
+        }
+    }
+
+    TokenOpPlan plan;
+    plan.capacity = static_cast<int32_t>(k.getShape()[0]);
+    plan.tensorType = k.getDataType();
+    plan.cacheType = layout.dataType;
+    plan.hasV = hasV;
+    int64_t const vectorElems = kTOKEN_VECTOR_BYTES / layout.elementBytes;
+    bool const vectors =
+        layer.headDim % vectorElems == 0 && allowsVectors(k, vectorElems) && (!hasV || allowsVectors(v, vectorElems));
+    plan.vectorElems = vectors ? static_cast<int32_t>(vectorElems) : 1;
+    plan.chunksPerHead = layer.headDim / plan.vectorElems;
+    // At most 65536 heads of 1024 elements (config limits keep it far below int32).
+    plan.chunksPerToken = layer.numKVHeads * plan.chunksPerHead;
+    // Short tokens share a block (and a warp) so no lane idles; long ones take whole warps, up to a block a token.
+    plan.blockX = plan.chunksPerToken >= 32 ? std::min((plan.chunksPerToken + 31) / 32 * 32, kTOKEN_BLOCK_THREADS)
+                                            : nextPowerOfTwo(plan.chunksPerToken);
+    plan.blockY = std::max(1, kTOKEN_BLOCK_THREADS / plan.blockX);
+    plan.gridX = (int64_t{plan.capacity} + plan.blockY - 1) / plan.blockY;
+    return plan;
+}
+
+void validateTokenList(char const* what, char const* field, void const* list, int32_t capacity)
+{
+    if (capacity > 0 && list == nullptr)
+    {
+        throw InvalidArgumentError(fmt::format(
+            "{}: {} is null with capacity {}; it must point to {} device entries", what, field, capacity, capacity));
+    }
+}
+
+void validatePageTable(char const* what, DevicePageTable const& table)
+{
+    if (table.numSequences < 0)
+    {
+        throw InvalidArgumentError(
+            fmt::format("{}: table.numSequences is {}; it must be >= 0", what, table.numSequences));
+    }
+    if (table.indptr == nullptr || table.indices == nullptr)
+    {
+        throw InvalidArgumentError(fmt::format("{}: table.{} is null; it must point to the device page table", what,
+            table.indptr == nullptr ? "indptr" : "indices"));
+    }
+}
+
+} // namespace kvcache::rt::detail

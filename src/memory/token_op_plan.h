@@ -1,0 +1,53 @@
+#pragma once
+
+// Host planning of a token write or read: every argument check, then the kernel's vector width and launch shape. No
+// CUDA calls, so host tests check every refusal without a GPU.
+
+#include "kvcache/core/kv_cache_layout.h"
+#include "kvcache/memory/kv_write.h"
+
+#include <cstdint>
+
+namespace kvcache::rt::detail
+{
+
+//! Which way tokens move: from the tensors into the pages, or back.
+enum class TokenDirection : int32_t
+{
+    kWRITE = 0,
+    kREAD = 1,
+};
+
+//! Bytes one thread moves on the cache side when the shapes and strides allow it (one 16-byte vector).
+inline constexpr int32_t kTOKEN_VECTOR_BYTES = 16;
+//! Threads of one block of the token kernel.
+inline constexpr int32_t kTOKEN_BLOCK_THREADS = 256;
+
+//! What the token kernel is launched with, decided on the host.
+struct TokenOpPlan
+{
+    int32_t capacity = 0; //!< tokens the tensors hold (their first extent): the grid covers them all
+    DataType tensorType = DataType::kFLOAT;
+    DataType cacheType = DataType::kFLOAT;
+    bool hasV = false;         //!< false for a latent layer
+    int32_t vectorElems = 1;   //!< elements a thread moves at once: 16 bytes of the cache's type, or 1
+    int32_t chunksPerHead = 0; //!< headDim / vectorElems
+    int32_t chunksPerToken = 0;
+    int32_t blockX = 0; //!< threads over one token's chunks
+    int32_t blockY = 0; //!< tokens a block moves at once
+    int64_t gridX = 0;  //!< blocks: capacity / blockY rounded up
+};
+
+//! Checks the layer, the cache's type, the group and both tensors of a token operation on the cache of `layout`, and
+//! returns its plan; throws OutOfRangeError for a bad layer index and InvalidArgumentError for anything else, naming
+//! `what`, the field, its value and the limit.
+TokenOpPlan planTokenOp(char const* what, KVCacheLayout const& layout, int32_t layerIdx, Tensor const& k,
+    Tensor const& v, TokenOpOptions const& options, TokenDirection direction);
+
+//! Throws InvalidArgumentError naming `what` and `field` when `list` is null and `capacity` is positive.
+void validateTokenList(char const* what, char const* field, void const* list, int32_t capacity);
+
+//! Throws InvalidArgumentError naming `what` for a table with a null indptr or indices or a negative numSequences.
+void validatePageTable(char const* what, DevicePageTable const& table);
+
+} // namespace kvcache::rt::detail
