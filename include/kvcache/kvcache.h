@@ -3,17 +3,18 @@
 //! Umbrella header: every public header of the core library (kvcache::kvcache). The optional transfer component
 //! (kvcache::transfer) has its own: kvcache/dist/page_transfer.h.
 
-// core: errors, data types, config, layout, the device allocation owner, tensor views
+// core: errors, data types, config, layout, page geometry, the device allocation owner, tensor views
 #include "kvcache/core/data_type.h"
 #include "kvcache/core/device_allocation.h"
 #include "kvcache/core/errors.h"
 #include "kvcache/core/kv_cache_config.h"
 #include "kvcache/core/kv_cache_layout.h"
+#include "kvcache/core/page_geometry.h"
 #include "kvcache/core/tensor.h"
-// memory: the cache, layer references for kernels, page operations
+// memory: the cache, the KV write op, layer references for kernels, page operations
 #include "kvcache/memory/kv_cache_manager.h"
-#include "kvcache/memory/layer_ref.h"
 #include "kvcache/memory/kv_write.h"
+#include "kvcache/memory/layer_ref.h"
 #include "kvcache/memory/page_ops.h"
 // paging: page ids, page hashes, the page manager, page tables
 #include "kvcache/paging/page_allocator.h"
@@ -25,5 +26,4 @@
 #include "kvcache/tiers/sequence_file.h"
 // dist: tensor-parallel shards
 #include "kvcache/dist/tensor_parallel.h"
-
 #include "kvcache/version.h"

@@ -1,7 +1,6 @@
 #include "memory/page_list_validation.h"
 
 #include "kvcache/core/errors.h"
-#include "kvcache/tiers/host_tier.h"
 
 #include <fmt/format.h>
 

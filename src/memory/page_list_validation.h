@@ -6,11 +6,6 @@
 #include <string_view>
 #include <vector>
 
-namespace kvcache::rt
-{
-struct HostTierEntry;
-}
-
 namespace kvcache::rt::detail
 {
 

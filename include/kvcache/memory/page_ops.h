@@ -20,6 +20,15 @@ struct PageCopy
     int32_t dst;
 };
 
+//! One page moved between the cache and the host tier (kvcache/tiers/host_tier.h): device page `page` of the tier's
+//! group and host page `hostPage`. Device-resident lists may hold kUNUSED_PAGE_ENTRY (-1) in either field as padding;
+//! the kernel skips the entry.
+struct HostTierEntry
+{
+    int32_t page;
+    int32_t hostPage;
+};
+
 //! Which half of each layer a page operation touches.
 enum class KVHalf : int32_t
 {

@@ -2,6 +2,7 @@
 
 #include "kvcache/core/page_geometry.h"
 #include "kvcache/memory/kv_cache_manager.h"
+#include "kvcache/memory/page_ops.h"
 #include "kvcache/tiers/sequence_file.h"
 
 #include <cuda_runtime_api.h>
@@ -14,15 +15,6 @@
 
 namespace kvcache::rt
 {
-
-//! One page moved between the cache and the host tier: device page `page` of the tier's group and host page
-//! `hostPage`. Device-resident lists may hold kUNUSED_PAGE_ENTRY (-1) in either field as padding; the kernel skips
-//! the entry.
-struct HostTierEntry
-{
-    int32_t page;
-    int32_t hostPage;
-};
 
 //! How a transfer moves its bytes.
 enum class HostTierMethod : int32_t
