@@ -1,7 +1,5 @@
 #include "kvcache/paging/page_table.h"
 
-#include "paging/page_table_build.h"
-
 #include "kvcache/core/errors.h"
 
 #include <fmt/format.h>
@@ -10,6 +8,8 @@
 #include <cstring>
 #include <limits>
 #include <utility>
+
+#include "paging/page_table_build.h"
 
 namespace kvcache::rt
 {

@@ -52,12 +52,13 @@ struct KVCacheLayout
     int32_t maxBatchSize = {};
     DataType dataType = DataType::kHALF;
     int32_t tokensPerPage = {};
-    int32_t maxTokensPerStep = {}; //!< C above: the config's, or maxSequenceLength when it is 0
-    int32_t capPadded = {};        //!< the largest layer capacity: maxSequenceLength rounded up to whole pages when
-                                   //!< any layer has full attention (or there are no layers)
-    int32_t pagesPerSlot = {};     //!< group 0's pagesPerSequence
-    int32_t minPages = {};         //!< group 0's minPages
-    int32_t numPages = {};         //!< group 0's numPages
+    int32_t maxTokensPerStep = {};  //!< C above: the config's, or maxSequenceLength when it is 0
+    int32_t maxSequenceLength = {}; //!< S above: the config's
+    int32_t capPadded = {};         //!< the largest layer capacity: maxSequenceLength rounded up to whole pages when
+                                    //!< any layer has full attention (or there are no layers)
+    int32_t pagesPerSlot = {};      //!< group 0's pagesPerSequence
+    int32_t minPages = {};          //!< group 0's minPages
+    int32_t numPages = {};          //!< group 0's numPages
     int64_t elementBytes = {};
     std::vector<KVLayerLayout> layers = {};
     std::vector<KVPageGroupLayout> groups = {};
