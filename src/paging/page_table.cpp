@@ -1,5 +1,7 @@
 #include "kvcache/paging/page_table.h"
 
+#include "paging/page_table_build.h"
+
 #include "kvcache/core/errors.h"
 
 #include <fmt/format.h>
@@ -8,8 +10,6 @@
 #include <cstring>
 #include <limits>
 #include <utility>
-
-#include "paging/page_table_build.h"
 
 namespace kvcache::rt
 {

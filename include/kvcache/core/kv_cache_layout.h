@@ -52,19 +52,20 @@ struct KVCacheLayout
     int32_t maxBatchSize = {};
     DataType dataType = DataType::kHALF;
     int32_t tokensPerPage = {};
-    int32_t maxTokensPerStep = {};  //!< C above: the config's, or maxSequenceLength when it is 0
-    int32_t maxSequenceLength = {}; //!< S above: the config's
-    int32_t capPadded = {};         //!< the largest layer capacity: maxSequenceLength rounded up to whole pages when
-                                    //!< any layer has full attention (or there are no layers)
-    int32_t pagesPerSlot = {};      //!< group 0's pagesPerSequence
-    int32_t minPages = {};          //!< group 0's minPages
-    int32_t numPages = {};          //!< group 0's numPages
+    int32_t maxTokensPerStep = {}; //!< C above: the config's, or maxSequenceLength when it is 0
+    int32_t capPadded = {};        //!< the largest layer capacity: maxSequenceLength rounded up to whole pages when
+                                   //!< any layer has full attention (or there are no layers)
+    int32_t pagesPerSlot = {};     //!< group 0's pagesPerSequence
+    int32_t minPages = {};         //!< group 0's minPages
+    int32_t numPages = {};         //!< group 0's numPages
     int64_t elementBytes = {};
     std::vector<KVLayerLayout> layers = {};
     std::vector<KVPageGroupLayout> groups = {};
     int64_t cacheBytes = {};   //!< sum of layerBytes
     int64_t bytesPerPage = {}; //!< the sum of the groups' bytesPerPage: one page id in every layer (one group: K and V
                                //!< of one page id across all layers)
+    //! S above: the config's maxSequenceLength (what a PageManager built from this layout bounds sequences by).
+    int32_t maxSequenceLength = {};
 };
 
 //! Validates `config` and returns its layout; throws InvalidConfigError naming the field, value and limit of the
