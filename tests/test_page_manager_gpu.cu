@@ -432,7 +432,7 @@ private:
                     static_cast<int32_t>(sequence.tokens.size() + i), chunk[i], sequence.salt});
             }
         }
-        mPages.step(appends.data(), static_cast<int32_t>(appends.size()));
+        rt::StepCopies const stepCopies = mPages.step(appends.data(), static_cast<int32_t>(appends.size()));
         mPages.checkInvariants();
 
         // Each group: the copies the copy-on-write rule asks for, and the pages the step handed out.
@@ -481,7 +481,7 @@ private:
                     }
                 }
             }
-            std::vector<rt::PageCopy> const& copies = mPages.copies(g);
+            std::vector<rt::PageCopy> const& copies = stepCopies[g];
             ASSERT_EQ(copies.size(), expectedCopies.size()) << "group " << g;
             for (size_t i = 0; i < copies.size(); ++i)
             {
@@ -500,7 +500,6 @@ private:
             rt::resetPages(mCache, fresh, mStream.get(), kPOISON_PATTERN, target);
             rt::copyPages(mCache, copies, mStream.get(), target);
         }
-        mPages.clearCopies();
 
         // The model catches up with the step.
         for (size_t a = 0; a < appends.size(); ++a)
