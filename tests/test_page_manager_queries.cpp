@@ -14,6 +14,7 @@
 #include <numeric>
 #include <random>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "support/config_builder.h"
@@ -25,6 +26,16 @@ namespace
 {
 
 constexpr int32_t P = 4; //!< tokens a page
+
+//! Returns a config of `layers`, 2 slots of `maxSequenceLength` tokens in pages of P, numPages at the minimum.
+KVCacheConfig configOf(std::vector<KVLayerConfig> layers, int32_t maxSequenceLength, int32_t maxTokensPerStep)
+{
+    return test::ConfigBuilder(std::move(layers))
+        .maxBatchSize(2)
+        .maxSequenceLength(maxSequenceLength)
+        .tokensPerPage(P)
+        .maxTokensPerStep(maxTokensPerStep);
+}
 
 PageManagerOptions seededOptions(int32_t maxSequences)
 {
@@ -50,11 +61,7 @@ std::vector<int64_t> availableOf(PageManager const& manager)
 TEST(PageManagerQueries, PagesNeededAndCanStepAgreeWithStepAndChangeNothing)
 {
     // Group 0 full attention (16 pages), group 1 a window of 6 (8 pages): 6 sequences over pools sized for 2.
-    KVCacheConfig const config = test::ConfigBuilder({{1, 8}, {1, 8, 6}})
-                                     .maxBatchSize(2)
-                                     .maxSequenceLength(32)
-                                     .tokensPerPage(P)
-                                     .maxTokensPerStep(4);
+    KVCacheConfig const config = configOf({{1, 8}, {1, 8, 6}}, 32, 4);
     PageManager manager(computeLayout(config), seededOptions(6));
     std::mt19937 random(5);
     std::map<SequenceId, int32_t> live;
@@ -151,8 +158,7 @@ TEST(PageManagerQueries, PagesNeededAndCanStepAgreeWithStepAndChangeNothing)
 
 TEST(PageManagerQueries, InvalidInputStillThrows)
 {
-    PageManager manager(
-        computeLayout(test::ConfigBuilder({{1, 8}}).maxBatchSize(2).maxSequenceLength(32).tokensPerPage(P)));
+    PageManager manager(computeLayout(configOf({{1, 8}}, 32, 0)));
     SequenceId const id = manager.create();
     std::vector<int32_t> const t = {1, 2};
     std::vector<SequenceAppend> const twice = {{id, t.data(), 1}, {id, t.data(), 1}};
@@ -169,11 +175,7 @@ TEST(PageManagerQueries, InvalidInputStillThrows)
 
 TEST(PageManagerQueries, TheLayoutConstructorMatchesTheConfigOne)
 {
-    KVCacheConfig const config = test::ConfigBuilder({{1, 8}, {1, 8, 6}})
-                                     .maxBatchSize(2)
-                                     .maxSequenceLength(30)
-                                     .tokensPerPage(P)
-                                     .maxTokensPerStep(4);
+    KVCacheConfig const config = configOf({{1, 8}, {1, 8, 6}}, 30, 4);
     PageManager fromLayout(computeLayout(config), seededOptions(0));
     PageManager fromConfig(config, seededOptions(0));
     EXPECT_EQ(fromLayout.numGroups(), 2);
@@ -200,7 +202,7 @@ TEST(PageManagerQueries, TheLayoutConstructorMatchesTheConfigOne)
 //! The eviction callback throws; after every call the manager must be whole: invariants, counts, the step done.
 TEST(PageManagerEvictionCallback, AThrowingCallbackLeavesTheManagerConsistent)
 {
-    KVCacheConfig const config = test::ConfigBuilder({{1, 8}}).maxBatchSize(2).maxSequenceLength(32).tokensPerPage(P);
+    KVCacheConfig const config = configOf({{1, 8}}, 32, 0);
     PageManager manager(computeLayout(config), seededOptions(4)); // 16 pages
     std::vector<int32_t> evicted;
     manager.setEvictionCallback(

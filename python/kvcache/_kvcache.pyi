@@ -743,16 +743,9 @@ class PageManager:
     The page lifecycle of one cache on the host: pages per sequence and group, forks with copy-on-write, prefix reuse through chained page hashes, LRU eviction. It never touches the GPU: run the copies step() returns with copy_pages before the step's kernels, and build PageTableBuffers from pages(sequence, group).
     """
 
-    @overload
-    def __init__(self, layout: KVCacheLayout, *, max_sequences: int = 0, enable_prefix_caching: bool = True, hash_algorithm: PageHashAlgorithm = PageHashAlgorithm.SHA256, hash_seed: bytes | None = None) -> None:
+    def __init__(self, source: KVCacheManager | KVCacheLayout | Config, *, max_sequences: int = 0, enable_prefix_caching: bool = True, hash_algorithm: PageHashAlgorithm = PageHashAlgorithm.SHA256, hash_seed: bytes | None = None) -> None:
         """
-        Sized from a cache's layout (KVCacheManager.layout() or compute_layout(config)); max_sequences 0 means layout.max_batch_size; hash_seed: 32 bytes, or None for a random one.
-        """
-
-    @overload
-    def __init__(self, config: Config, *, max_sequences: int = 0, enable_prefix_caching: bool = True, hash_algorithm: PageHashAlgorithm = PageHashAlgorithm.SHA256, hash_seed: bytes | None = None) -> None:
-        """
-        Sized from compute_layout(config); max_sequences 0 means config.max_batch_size; hash_seed: 32 bytes, or None for a random one.
+        Sized from `source`: a KVCacheManager (its layout()), a KVCacheLayout, or a Config (compute_layout); max_sequences 0 means the layout's max_batch_size; hash_seed: 32 bytes, or None for a random one.
         """
 
     def create(self, salt: bytes | None = None) -> int:

@@ -103,6 +103,26 @@ std::vector<std::vector<std::pair<int32_t, int32_t>>> copyLists(rt::StepCopies c
     return lists;
 }
 
+//! Returns the layout of a KVCacheManager (anything with a layout() method), a KVCacheLayout or a Config.
+rt::KVCacheLayout layoutOf(nb::handle source)
+{
+    if (nb::isinstance<rt::KVCacheLayout>(source))
+    {
+        return nb::cast<rt::KVCacheLayout>(source);
+    }
+    if (nb::isinstance<rt::KVCacheConfig>(source))
+    {
+        return rt::computeLayout(nb::cast<rt::KVCacheConfig>(source));
+    }
+    if (nb::hasattr(source, "layout"))
+    {
+        return nb::cast<rt::KVCacheLayout>(source.attr("layout")());
+    }
+    throw rt::InvalidArgumentError(fmt::format("PageManager: source is a {}; it must be a KVCacheManager, a "
+                                               "KVCacheLayout or a Config",
+        nb::type_name(source.type()).c_str()));
+}
+
 //! Returns the options the constructor's keywords give.
 rt::PageManagerOptions optionsOf(
     int64_t maxSequences, bool prefixCaching, rt::PageHashAlgorithm algorithm, nb::handle seed)
@@ -153,24 +173,14 @@ void bindPageManager(nb::module_& m)
         "with copy_pages before the step's kernels, and build PageTableBuffers from pages(sequence, group).")
         .def(
             "__init__",
-            [](PageManagerHandle* self, rt::KVCacheLayout const& layout, int64_t maxSequences, bool prefixCaching,
-                rt::PageHashAlgorithm algorithm, nb::handle seed)
-            { new (self) PageManagerHandle(layout, optionsOf(maxSequences, prefixCaching, algorithm, seed)); },
-            nb::arg("layout"), nb::kw_only(), nb::arg("max_sequences") = 0, nb::arg("enable_prefix_caching") = true,
-            nb::arg("hash_algorithm") = rt::PageHashAlgorithm::kSHA256, nb::arg("hash_seed") = nb::none(),
-            "Sized from a cache's layout (KVCacheManager.layout() or compute_layout(config)); max_sequences 0 means "
-            "layout.max_batch_size; hash_seed: 32 bytes, or None for a random one.")
-        .def(
-            "__init__",
-            [](PageManagerHandle* self, rt::KVCacheConfig const& config, int64_t maxSequences, bool prefixCaching,
+            [](PageManagerHandle* self, nb::handle source, int64_t maxSequences, bool prefixCaching,
                 rt::PageHashAlgorithm algorithm, nb::handle seed) {
-                new (self) PageManagerHandle(
-                    rt::computeLayout(config), optionsOf(maxSequences, prefixCaching, algorithm, seed));
+                new (self) PageManagerHandle(layoutOf(source), optionsOf(maxSequences, prefixCaching, algorithm, seed));
             },
-            nb::arg("config"), nb::kw_only(), nb::arg("max_sequences") = 0, nb::arg("enable_prefix_caching") = true,
+            nb::arg("source"), nb::kw_only(), nb::arg("max_sequences") = 0, nb::arg("enable_prefix_caching") = true,
             nb::arg("hash_algorithm") = rt::PageHashAlgorithm::kSHA256, nb::arg("hash_seed") = nb::none(),
-            "Sized from compute_layout(config); max_sequences 0 means config.max_batch_size; hash_seed: 32 bytes, or "
-            "None for a random one.")
+            "Sized from `source`: a KVCacheManager (its layout()), a KVCacheLayout, or a Config (compute_layout); "
+            "max_sequences 0 means the layout's max_batch_size; hash_seed: 32 bytes, or None for a random one.")
         .def(
             "create",
             [](PageManagerHandle& h, nb::handle salt)

@@ -131,3 +131,5 @@ def test_built_from_a_layout():
     sequence = manager.create()
     manager.append(sequence, list(range(5)))
     assert manager.pages(sequence, 0) == ([0, 1], 5)
+    with pytest.raises(ValueError, match="source"):
+        kvcache.PageManager(42)

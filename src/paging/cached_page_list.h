@@ -16,11 +16,10 @@ public:
     //! Marks the end of the list and a page in no list.
     static constexpr int32_t kNONE = -1;
 
-    CachedPageList() = default;
-    //! Returns an empty list for page ids [0, numPages); throws std::bad_alloc.
-    explicit CachedPageList(int32_t numPages)
+    //! Returns an empty list for page ids [0, numPages) (none by default); throws std::bad_alloc.
+    explicit CachedPageList(int32_t numPages = 0)
         : mPrev(static_cast<size_t>(numPages), kNONE)
-        , mNext(static_cast<size_t>(numPages), kNONE)
+        , mNext(mPrev)
     {
     }
 

@@ -88,6 +88,25 @@ void PageManager::State::checkStep(SequenceAppend const* appends, int32_t count)
 namespace
 {
 
+//! Calls f(entries, length, firstHeld, firstKept) for each entry of a step that appends tokens: the sequence's entries
+//! in `group`, its length, its first held entry and the first one the group's window keeps.
+template <typename Policy, typename F>
+void forEachAppending(Policy const& policy, SequenceTable const& sequences, int32_t group,
+    SequenceAppend const* appends, int32_t count, F&& f)
+{
+    for (int32_t i = 0; i < count; ++i)
+    {
+        if (appends[i].count == 0)
+        {
+            continue;
+        }
+        int32_t const slot = SequenceTable::slotOfLive(appends[i].sequence);
+        int64_t const length = sequences[slot].length;
+        int32_t const first = sequences[slot].firstHeld[static_cast<size_t>(group)];
+        f(appends[i], sequences.entries(group, slot), length, first, std::max(first, policy.firstNeeded(length)));
+    }
+}
+
 //! The exact page count of one group for a step: pages taken (new, copy-on-write) and pages its window releases make
 //! available, through the pool's scratch counters (all zero again on return). `Policy` is the group's kind.
 template <typename Policy>
@@ -97,70 +116,50 @@ void countGroup(Policy const& policy, PagePool const& pool, SequenceTable const&
 {
     int32_t* const scratch = pool.scratch.data();
     // Pass 1: count holders appending to each shared partial page and releases of each page.
-    for (int32_t i = 0; i < count; ++i)
-    {
-        SequenceAppend const& append = appends[i];
-        if (append.count == 0)
+    forEachAppending(policy, sequences, group, appends, count,
+        [&](SequenceAppend const& append, int32_t const* entries, int64_t length, int32_t first, int32_t firstKept)
         {
-            continue;
-        }
-        int32_t const slot = SequenceTable::slotOfLive(append.sequence);
-        SequenceState const& sequence = sequences[slot];
-        int32_t const* entries = sequences.entries(group, slot);
-        int64_t const length = sequence.length;
-        needed += ((length + append.count + pageMask) >> pageShift) - ((length + pageMask) >> pageShift);
-        int32_t const first = sequence.firstHeld[static_cast<size_t>(group)];
-        int32_t const firstKept = std::max(first, policy.firstNeeded(length));
-        for (int32_t e = first; e < firstKept; ++e)
-        {
-            ++scratch[entries[e]];
-        }
-        if ((length & pageMask) != 0)
-        {
-            int32_t const last = entries[(length - 1) >> pageShift];
-            if (pool.holders(last) > 1)
+            needed += ((length + append.count + pageMask) >> pageShift) - ((length + pageMask) >> pageShift);
+            for (int32_t e = first; e < firstKept; ++e)
             {
-                // Marked apart from releases: a partial last page is never out of the window.
-                scratch[last] += 1 << 20;
+                ++scratch[entries[e]];
             }
-        }
-    }
+            if ((length & pageMask) != 0)
+            {
+                int32_t const last = entries[(length - 1) >> pageShift];
+                if (pool.holders(last) > 1)
+                {
+                    // Marked apart from releases: a partial last page is never out of the window.
+                    scratch[last] += 1 << 20;
+                }
+            }
+        });
     // Pass 2: a page released by all its holders becomes available; k of r holders appending to a shared partial
     // page need k copies, or k - 1 when all of them do (the last finds the page its own).
-    for (int32_t i = 0; i < count; ++i)
-    {
-        SequenceAppend const& append = appends[i];
-        if (append.count == 0)
+    forEachAppending(policy, sequences, group, appends, count,
+        [&](SequenceAppend const&, int32_t const* entries, int64_t length, int32_t first, int32_t firstKept)
         {
-            continue;
-        }
-        int32_t const slot = SequenceTable::slotOfLive(append.sequence);
-        SequenceState const& sequence = sequences[slot];
-        int32_t const* entries = sequences.entries(group, slot);
-        int64_t const length = sequence.length;
-        int32_t const first = sequence.firstHeld[static_cast<size_t>(group)];
-        int32_t const firstKept = std::max(first, policy.firstNeeded(length));
-        for (int32_t e = first; e < firstKept; ++e)
-        {
-            int32_t& mark = scratch[entries[e]];
-            if (mark != 0)
+            for (int32_t e = first; e < firstKept; ++e)
             {
-                released += mark == pool.holders(entries[e]) ? 1 : 0;
-                mark = 0;
+                int32_t& mark = scratch[entries[e]];
+                if (mark != 0)
+                {
+                    released += mark == pool.holders(entries[e]) ? 1 : 0;
+                    mark = 0;
+                }
             }
-        }
-        if ((length & pageMask) != 0)
-        {
-            int32_t const last = entries[(length - 1) >> pageShift];
-            int32_t& mark = scratch[last];
-            if (mark != 0)
+            if ((length & pageMask) != 0)
             {
-                int32_t const writers = mark >> 20;
-                needed += writers < pool.holders(last) ? writers : writers - 1;
-                mark = 0;
+                int32_t const last = entries[(length - 1) >> pageShift];
+                int32_t& mark = scratch[last];
+                if (mark != 0)
+                {
+                    int32_t const writers = mark >> 20;
+                    needed += writers < pool.holders(last) ? writers : writers - 1;
+                    mark = 0;
+                }
             }
-        }
-    }
+        });
 }
 
 } // namespace
