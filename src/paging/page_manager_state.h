@@ -72,7 +72,9 @@ struct PageManager::State
     //! Removes a holder from `page` of `group`: a registered page with no holder left becomes cached, others free.
     void releasePage(int32_t group, int32_t page)
     {
-        pools[static_cast<size_t>(group)].letGo(page, prefix.isRegistered(group, page));
+        PagePool& pool = pools[static_cast<size_t>(group)];
+        // Whether the page is registered matters only to its last holder.
+        pool.letGo(page, pool.holders(page) == 1 && prefix.isRegistered(group, page));
     }
 
     // Validation (page_manager_step.cpp) ---------------------------------------------------------------------------

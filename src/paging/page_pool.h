@@ -45,11 +45,13 @@ struct PagePool
     //! Adds a holder to a used or cached page (a cached page leaves the list).
     void hold(int32_t page)
     {
-        if (pages.isParked(page))
+        // Free pages are refused, so a count of 1 now means the page was cached (parked).
+        int32_t const count = pages.hold(page);
+        if (count == 1)
         {
             cached.unlink(page);
         }
-        if (pages.hold(page) == 2)
+        else if (count == 2)
         {
             ++numShared;
         }

@@ -30,26 +30,9 @@ PrefixCache::PrefixCache(std::vector<int32_t> const& numPages, PageHasher hasher
     mKeyBytes.reserve(static_cast<size_t>(tokensPerPage) * 20);
 }
 
-int32_t PrefixCache::evictOldest(int32_t group, PagePool& pool) noexcept
-{
-    Group& state = mGroups[static_cast<size_t>(group)];
-    int32_t const page = pool.cached.popOldest();
-    PageHash const hash = state.hash[static_cast<size_t>(page)];
-    state.table.erase(hash);
-    state.registered[static_cast<size_t>(page)] = 0;
-    ++mEvictedPages;
-    // Within capacity: only registered pages are evicted, and each eviction of a call is of a distinct page.
-    mPending.push_back(Eviction{group, page, hash});
-    return page;
-}
-
 void PrefixCache::notifyEvictions()
 {
-    if (mPending.empty())
-    {
-        return;
-    }
-    if (!mOnEvict)
+    if (mPending.empty() || !mOnEvict)
     {
         mPending.clear();
         return;

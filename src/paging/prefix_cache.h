@@ -73,7 +73,21 @@ public:
     //! Drops the content of the oldest cached page of `pool` (group `group`): off the cached list, its hash
     //! unregistered, its callback call queued for notifyEvictions(). Returns the page, parked in pool.pages; the pool
     //! must have a cached page.
-    int32_t evictOldest(int32_t group, PagePool& pool) noexcept;
+    int32_t evictOldest(int32_t group, PagePool& pool) noexcept
+    {
+        Group& state = mGroups[static_cast<size_t>(group)];
+        int32_t const page = pool.cached.popOldest();
+        PageHash const hash = state.hash[static_cast<size_t>(page)];
+        state.table.erase(hash);
+        state.registered[static_cast<size_t>(page)] = 0;
+        ++mEvictedPages;
+        if (mOnEvict)
+        {
+            // Within capacity: only registered pages are evicted, and a call evicts each page at most once.
+            mPending.push_back(Eviction{group, page, hash});
+        }
+        return page;
+    }
 
     //! Returns the hash of the page [start, start + tokensPerPage) given its tokens and the extra keys among `keys`
     //! (sorted by position) that fall in it.
@@ -120,7 +134,6 @@ private:
     //! Sized to every page of every group: one call never evicts a page twice without it being taken in between,
     //! and a taken page is evicted again only by a later call.
     std::vector<Eviction> mPending;
-    size_t mNumPending = 0;
     int64_t mEvictedPages = 0;
     //! Extra-key bytes of one page.
     std::vector<uint8_t> mKeyBytes;
