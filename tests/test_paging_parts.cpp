@@ -74,6 +74,19 @@ TEST(PageAllocatorParking, ParkedPagesAreNeverAllocatedAndComeBackOnTopOfTheFree
     EXPECT_EQ(allocator.allocate(), 1);
     EXPECT_EQ(allocator.letGo(0, false), 0); // not parked: free
     EXPECT_EQ(allocator.allocate(), 0);
+    // letGoIf asks only for the last holder, with the page's id.
+    allocator.retain(0);
+    std::vector<int32_t> asked;
+    auto const park = [&](int32_t page)
+    {
+        asked.push_back(page);
+        return true;
+    };
+    EXPECT_EQ(allocator.letGoIf(0, park), 1);
+    EXPECT_TRUE(asked.empty());
+    EXPECT_EQ(allocator.letGoIf(0, park), 0);
+    EXPECT_EQ(asked, std::vector<int32_t>{0});
+    EXPECT_TRUE(allocator.isParked(0));
     allocator.checkInvariants();
 }
 
@@ -237,17 +250,17 @@ TEST(PagePool, HoldersSharingAndCachingFollowTheCounts)
     EXPECT_EQ(pool.numShared, 1);
     pool.hold(a);
     EXPECT_EQ(pool.numShared, 1); // counted once however many holders
-    pool.letGo(a, true);
-    pool.letGo(a, true);
+    pool.letGo(a, [](int32_t) { return true; });
+    pool.letGo(a, [](int32_t) { return true; });
     EXPECT_EQ(pool.numShared, 0);
-    pool.letGo(a, true); // no holder left, kept: cached
-    pool.letGo(b, true);
+    pool.letGo(a, [](int32_t) { return true; }); // no holder left, kept: cached
+    pool.letGo(b, [](int32_t) { return true; });
     EXPECT_EQ(orderOf(pool.cached), (std::vector<int32_t>{a, b}));
     EXPECT_EQ(pool.available(), 4); // 2 free, 2 cached
     pool.hold(a);                   // adopted from the cache: off the list, in use
     EXPECT_EQ(orderOf(pool.cached), (std::vector<int32_t>{b}));
     EXPECT_EQ(pool.holders(a), 1);
-    pool.letGo(a, false); // not kept: free, on top
+    pool.letGo(a, [](int32_t) { return false; }); // not kept: free, on top
     EXPECT_EQ(pool.pages.allocate(), a);
     EXPECT_EQ(pool.pages.numParked(), 1);
     pool.pages.checkInvariants();

@@ -72,9 +72,8 @@ struct PageManager::State
     //! Removes a holder from `page` of `group`: a registered page with no holder left becomes cached, others free.
     void releasePage(int32_t group, int32_t page)
     {
-        PagePool& pool = pools[static_cast<size_t>(group)];
         // Whether the page is registered matters only to its last holder.
-        pool.letGo(page, pool.holders(page) == 1 && prefix.isRegistered(group, page));
+        pools[static_cast<size_t>(group)].letGo(page, [&](int32_t last) { return prefix.isRegistered(group, last); });
     }
 
     // Validation (page_manager_step.cpp) ---------------------------------------------------------------------------

@@ -57,15 +57,17 @@ struct PagePool
         }
     }
 
-    //! Removes a holder from `page`; at none the page becomes cached (newest) when `keep`, else free.
-    void letGo(int32_t page, bool keep)
+    //! Removes a holder from `page`; at none the page becomes cached (newest) when keep(page) is true, else free.
+    template <typename Keep>
+    void letGo(int32_t page, Keep&& keep)
     {
-        int32_t const count = pages.letGo(page, keep);
+        bool kept = false;
+        int32_t const count = pages.letGoIf(page, [&](int32_t last) { return kept = keep(last); });
         if (count == 1)
         {
             --numShared;
         }
-        else if (count == 0 && keep)
+        else if (kept)
         {
             cached.pushNewest(page);
         }

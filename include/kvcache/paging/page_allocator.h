@@ -95,25 +95,33 @@ public:
     //! for a free or parked page, changing nothing.
     int32_t letGo(int32_t page, bool park)
     {
+        return letGoIf(page, [park](int32_t) noexcept { return park; });
+    }
+    //! letGo(page, park(page)), with `park` (a callable taking the page id, returning bool) called only when the last
+    //! holder lets go, so that a caller's per-page state is read only then.
+    template <typename Park>
+    int32_t letGoIf(int32_t page, Park&& park)
+    {
         if (!inRange(page) || mRefCounts[static_cast<size_t>(page)] <= 0)
         {
             failRelease(page);
         }
         int32_t& count = mRefCounts[static_cast<size_t>(page)];
-        if (--count == 0)
+        if (--count != 0)
         {
-            if (park)
-            {
-                count = kPARKED;
-                ++mNumParked;
-            }
-            else
-            {
-                mFreeStack[static_cast<size_t>(mNumFree)] = page;
-                ++mNumFree;
-            }
+            return count;
         }
-        return count < 0 ? 0 : count;
+        if (park(page))
+        {
+            count = kPARKED;
+            ++mNumParked;
+        }
+        else
+        {
+            mFreeStack[static_cast<size_t>(mNumFree)] = page;
+            ++mNumFree;
+        }
+        return 0;
     }
 
     //! Puts the parked `page` on top of the free list (the next allocate() returns it). Throws OutOfRangeError for an
