@@ -30,13 +30,8 @@ SequenceTable::SequenceTable(int32_t maxSequences, int32_t maxEntries, int32_t n
     }
 }
 
-int32_t SequenceTable::slotOf(SequenceId id, char const* what) const
+void SequenceTable::failUnknown(SequenceId id, char const* what)
 {
-    int32_t const slot = findSlot(id);
-    if (slot >= 0)
-    {
-        return slot;
-    }
     throw InvalidArgumentError(fmt::format(
         "PageManager::{}: sequence {} is unknown (never created, or freed already); it must be a live sequence", what,
         id));

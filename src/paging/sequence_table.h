@@ -67,7 +67,15 @@ public:
         return -1;
     }
     //! Returns the slot of a live sequence; throws InvalidArgumentError naming `what` otherwise.
-    int32_t slotOf(SequenceId id, char const* what) const;
+    int32_t slotOf(SequenceId id, char const* what) const
+    {
+        int32_t const slot = findSlot(id);
+        if (slot < 0)
+        {
+            failUnknown(id, what);
+        }
+        return slot;
+    }
     //! Returns the slot of an id already checked live.
     static int32_t slotOfLive(SequenceId id) noexcept
     {
@@ -114,6 +122,9 @@ public:
     }
 
 private:
+    //! Throws InvalidArgumentError for the unknown sequence `id`, naming `what`.
+    [[noreturn]] static void failUnknown(SequenceId id, char const* what);
+
     int32_t mMaxSequences = 0;
     int32_t mMaxEntries = 0;
     int32_t mTokensPerPage = 0;
