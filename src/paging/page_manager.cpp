@@ -79,6 +79,7 @@ PageManager::State::State(KVCacheLayout const& source, PageManagerOptions const&
     {
         pools.emplace_back(group.numPages);
         policies.emplace_back(group.slidingWindow, group.pagesPerSequence, pageShift);
+        anyWindowed = anyWindowed || policies.back().windowed();
         copies.emplace_back().reserve(static_cast<size_t>(maxSequences));
     }
     sequences = SequenceTable(maxSequences, maxEntries, numGroups(), tokensPerPage);

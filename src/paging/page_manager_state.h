@@ -27,6 +27,8 @@ struct PageManager::State
     int32_t maxTokensPerStep = 0;
     std::vector<PagePool> pools;
     std::vector<GroupPolicy> policies;
+    //! Whether any group releases pages that leave its window (else a step has nothing to release).
+    bool anyWindowed = false;
     SequenceTable sequences;
     PrefixCache prefix;
     //! The latest step's copies, one list per group, reused from step to step.

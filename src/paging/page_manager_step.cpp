@@ -80,8 +80,11 @@ void PageManager::State::checkStep(SequenceAppend const* appends, int32_t count)
                 "PageManager::step: appends[{}].tokens is null with count {}; it must point to count token ids", i,
                 append.count));
         }
-        checkExtraKeys(
-            "step", append.extraKeys, append.numExtraKeys, sequence.length, int64_t{sequence.length} + append.count);
+        if (append.numExtraKeys != 0)
+        {
+            checkExtraKeys("step", append.extraKeys, append.numExtraKeys, sequence.length,
+                int64_t{sequence.length} + append.count);
+        }
     }
 }
 
@@ -202,7 +205,7 @@ StepCopies PageManager::State::step(SequenceAppend const* appends, int32_t count
         list.clear();
     }
     // Window releases of every entry first, so that a page one sequence releases can serve another in this step.
-    for (int32_t i = 0; i < count; ++i)
+    for (int32_t i = 0; i < count && anyWindowed; ++i)
     {
         if (appends[i].count != 0)
         {
