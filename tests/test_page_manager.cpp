@@ -3,8 +3,6 @@
 // rejection for its type, its message and a full snapshot left as it was, copy-on-write, prefix reuse, eviction order,
 // windowed groups and the page lists handed to the page table builder.
 
-#include "paging/page_table_build.h"
-
 #include "kvcache/errors.h"
 #include "kvcache/page_hash.h"
 #include "kvcache/page_manager.h"
@@ -22,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "paging/page_table_build.h"
 #include "support/config_builder.h"
 #include "support/error_matchers.h"
 #include "support/page_manager_model.h"
@@ -119,7 +118,7 @@ public:
     //! Checks the manager against the model: snapshot, evictions, invariants.
     void expectMatch() const
     {
-        EXPECT_EQ(test::differenceOf(test::snapshotOf(manager, ids()), test::snapshotOf(model)), "");
+        EXPECT_EQ(test::differenceOf(test::snapshotOf(manager, ids(), copies), test::snapshotOf(model)), "");
         ASSERT_EQ(evicted.size(), model.evictions().size());
         for (size_t i = 0; i < evicted.size(); ++i)
         {
@@ -143,13 +142,13 @@ public:
     {
         SequenceAppend a{
             id, tokens.data(), static_cast<int32_t>(tokens.size()), keys.data(), static_cast<int32_t>(keys.size())};
-        manager.append(a);
+        copies.add(manager.append(a));
         EXPECT_EQ(model.step(&a, 1), ModelOutcome::kOK);
         expectMatch();
     }
     void step(std::vector<SequenceAppend> const& appends)
     {
-        manager.step(appends.data(), static_cast<int32_t>(appends.size()));
+        copies.add(manager.step(appends.data(), static_cast<int32_t>(appends.size())));
         EXPECT_EQ(model.step(appends.data(), static_cast<int32_t>(appends.size())), ModelOutcome::kOK);
         expectMatch();
     }
@@ -194,11 +193,13 @@ public:
     }
     test::PageManagerSnapshot snapshot() const
     {
-        return test::snapshotOf(manager, ids());
+        return test::snapshotOf(manager, ids(), copies);
     }
 
     PageManager manager;
     PageManagerModel model;
+    //! The copies of the steps since the last clearCopies().
+    test::CopyLog copies;
     std::vector<test::ModelEviction> evicted;
 };
 
@@ -254,21 +255,21 @@ TEST(PageManager, ForkSharesPagesAndTheFirstWriterCopiesTheSharedPartialPage)
     pair.append(b, {77}); // b writes the shared partial page: b moves to page 2, one copy 1 -> 2
     EXPECT_EQ(pair.pages(b), (std::vector<int32_t>{0, 2}));
     EXPECT_EQ(pair.pages(a), (std::vector<int32_t>{0, 1}));
-    EXPECT_EQ(copyPairs(pair.manager.copies(0)), (std::vector<int32_t>{1, 2}));
+    EXPECT_EQ(copyPairs(pair.copies.group(0)), (std::vector<int32_t>{1, 2}));
     EXPECT_EQ(pair.manager.stats().copyOnWritePages, 1);
     EXPECT_EQ(pair.manager.counts(0).shared, 1);
 
     pair.append(a, {78}); // a is now page 1's only holder: it writes in place
     EXPECT_EQ(pair.pages(a), (std::vector<int32_t>{0, 1}));
-    EXPECT_EQ(pair.manager.copies(0).size(), 1u);
+    EXPECT_EQ(pair.copies.group(0).size(), 1u);
     EXPECT_EQ(pair.manager.stats().copyOnWritePages, 1);
 
     pair.append(a, tokensFrom(0, 3)); // fills page 1 and takes page 3; the shared full page 0 is never copied
     EXPECT_EQ(pair.pages(a), (std::vector<int32_t>{0, 1, 3}));
-    EXPECT_EQ(pair.manager.copies(0).size(), 1u);
-    pair.manager.clearCopies();
+    EXPECT_EQ(pair.copies.group(0).size(), 1u);
+    pair.copies.clear();
     pair.model.clearCopies();
-    EXPECT_TRUE(pair.manager.copies(0).empty());
+    EXPECT_TRUE(pair.copies.group(0).empty());
     pair.expectMatch();
 }
 
@@ -282,7 +283,7 @@ TEST(PageManager, ForkAtAPageBoundaryNeedsNoCopy)
     pair.append(a, {2});
     EXPECT_EQ(pair.pages(b), (std::vector<int32_t>{0, 1, 2}));
     EXPECT_EQ(pair.pages(a), (std::vector<int32_t>{0, 1, 3}));
-    EXPECT_TRUE(pair.manager.copies(0).empty());
+    EXPECT_TRUE(pair.copies.group(0).empty());
     EXPECT_EQ(pair.manager.stats().copyOnWritePages, 0);
 }
 
@@ -305,7 +306,7 @@ TEST(PageManager, StepCountsCopyOnWriteOnlyForHoldersStillSharing)
     EXPECT_EQ(pair.pages(a), (std::vector<int32_t>{0, 14}));
     EXPECT_EQ(pair.pages(b), (std::vector<int32_t>{0, 15}));
     EXPECT_EQ(pair.pages(c), (std::vector<int32_t>{0, 1}));
-    EXPECT_EQ(copyPairs(pair.manager.copies(0)), (std::vector<int32_t>{1, 14, 1, 15}));
+    EXPECT_EQ(copyPairs(pair.copies.group(0)), (std::vector<int32_t>{1, 14, 1, 15}));
     EXPECT_EQ(pair.manager.stats().copyOnWritePages, 2);
 }
 
@@ -459,7 +460,7 @@ TEST(PageManager, CachedPagesAreEvictedLeastRecentlyReleasedFirstWithTheCallback
 TEST(PageManager, HashNextPagesAreTheHashesAppendRegistersAndEvictionReports)
 {
     Pair pair(singleGroupConfig(), optionsWith(4));
-    std::vector<int32_t> const prompt = tokensFrom(500, 13);       // pages of 4: 0-3, 4-7, 8-11, one token left
+    std::vector<int32_t> const prompt = tokensFrom(500, 13);      // pages of 4: 0-3, 4-7, 8-11, one token left
     std::vector<PageExtraKey> const keys = {{5, PageHash{3, 4}}}; // in the second page, at offset 1
     char const salt[] = "tenant";
     PageHasher const& hasher = pair.manager.hasher();
@@ -504,8 +505,8 @@ TEST(PageManager, HashNextPagesAreTheHashesAppendRegistersAndEvictionReports)
     EXPECT_EQ(pair.manager.hashNextPages(c, prompt.data() + 8, 5, next.data()), 1);
     EXPECT_EQ(next[0], byHand[2]);
     std::vector<PageExtraKey> const early = {{7, PageHash{1, 1}}};
-    EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
-        [&] { (void)pair.manager.hashNextPages(c, prompt.data() + 8, 5, next.data(), early.data(), 1); },
+    EXPECT_TRUE(throwsNaming<InvalidArgumentError>([&]
+        { (void)pair.manager.hashNextPages(c, prompt.data() + 8, 5, next.data(), early.data(), 1); },
         {"extraKeys[0].position", "7", "[8, 13)"}));
     // A partial last page, too many tokens, null pointers: refused, nothing written.
     SequenceId const d = pair.create();
@@ -793,7 +794,7 @@ TEST(PageManager, RejectsBadArgumentsNamingThemAndChangesNothing)
     expectRejected<OutOfRangeError>(pair, [&] { (void)m.pages(a, 2); }, {"2"});
     expectRejected<OutOfRangeError>(pair, [&] { (void)m.pages(a, -1); }, {"-1"});
     expectRejected<OutOfRangeError>(pair, [&] { (void)m.counts(2); }, {"2"});
-    expectRejected<OutOfRangeError>(pair, [&] { (void)m.copies(5); }, {"5"});
+    expectRejected<OutOfRangeError>(pair, [&] { (void)m.lastCopies()[5]; }, {"5"});
     expectRejected<OutOfRangeError>(pair, [&] { (void)m.evictCached(2, 1); }, {"2"});
     expectRejected<InvalidArgumentError>(pair, [&] { (void)m.evictCached(0, -3); }, {"-3"});
     // Salt: null with bytes.

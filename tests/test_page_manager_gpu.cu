@@ -36,6 +36,7 @@
 #include "support/config_builder.h"
 #include "support/cuda_raii.h"
 #include "support/gpu_test.h"
+#include "support/hashed_value.cuh"
 #include "support/layout_model.h"
 
 namespace kvcache::test
@@ -59,18 +60,10 @@ constexpr int32_t kSALTS[] = {11, 23};
 __host__ __device__ float tokenValue(
     int32_t salt, int32_t token, int32_t position, int32_t layer, int32_t kv, int32_t head, int32_t dim)
 {
-    uint32_t hash = static_cast<uint32_t>(salt);
-    hash = hash * 0x9E3779B1u + static_cast<uint32_t>(token);
-    hash = hash * 0x9E3779B1u + static_cast<uint32_t>(position);
-    hash = hash * 0x9E3779B1u + static_cast<uint32_t>(layer);
-    hash = hash * 0x9E3779B1u + static_cast<uint32_t>(kv);
-    hash = hash * 0x9E3779B1u + static_cast<uint32_t>(head);
-    hash = hash * 0x9E3779B1u + static_cast<uint32_t>(dim);
-    hash ^= hash >> 15;
-    hash *= 0x2C1B3C6Du;
-    hash ^= hash >> 12;
-    float const magnitude = static_cast<float>(1u + hash % 1000u);
-    return kv == 0 ? magnitude : -magnitude;
+    uint32_t const values[] = {static_cast<uint32_t>(salt), static_cast<uint32_t>(token),
+        static_cast<uint32_t>(position), static_cast<uint32_t>(layer), static_cast<uint32_t>(kv),
+        static_cast<uint32_t>(head), static_cast<uint32_t>(dim)};
+    return test::hashedValue(values, 7, kv != 0);
 }
 
 //! One token appended in a step: its row of the page tables, its position, its id and its sequence's salt.
@@ -141,11 +134,15 @@ struct ModelSequence
 //! The knobs of one run.
 struct RunOptions
 {
-    int32_t rounds = 0;
-    int32_t systemPromptTokens = 0;
-    int32_t maxUserTokens = 0;
-    int32_t maxSamples = 0;
-    uint32_t seed = 0;
+    //! Steps of the run; the cache is checked after each.
+    int32_t rounds{};
+    //! Tokens of the prompt every request starts with (prefix reuse).
+    int32_t systemPromptTokens{};
+    //! Most tokens a request adds to the system prompt.
+    int32_t maxUserTokens{};
+    //! Most forks of one request (parallel samples).
+    int32_t maxSamples{};
+    uint32_t seed{};
 };
 
 //! A KVCacheManager and a PageManager of one config, the page tables, and the host model of every live sequence.
@@ -434,7 +431,7 @@ private:
                     static_cast<int32_t>(sequence.tokens.size() + i), chunk[i], sequence.salt});
             }
         }
-        mPages.step(appends.data(), static_cast<int32_t>(appends.size()));
+        rt::StepCopies const stepCopies = mPages.step(appends.data(), static_cast<int32_t>(appends.size()));
         mPages.checkInvariants();
 
         // Each group: the copies the copy-on-write rule asks for, and the pages the step handed out.
@@ -483,7 +480,7 @@ private:
                     }
                 }
             }
-            std::vector<rt::PageCopy> const& copies = mPages.copies(g);
+            std::vector<rt::PageCopy> const& copies = stepCopies[g];
             ASSERT_EQ(copies.size(), expectedCopies.size()) << "group " << g;
             for (size_t i = 0; i < copies.size(); ++i)
             {
@@ -502,7 +499,6 @@ private:
             rt::resetPages(mCache, fresh, mStream.get(), kPOISON_PATTERN, target);
             rt::copyPages(mCache, copies, mStream.get(), target);
         }
-        mPages.clearCopies();
 
         // The model catches up with the step.
         for (size_t a = 0; a < appends.size(); ++a)
@@ -623,16 +619,33 @@ private:
     std::map<int32_t, std::vector<int32_t>> mSystemPrompts;
     //! Salts of every sequence created so far: a prompt of a salt never seen before can hit nothing.
     std::set<int32_t> mSaltsSeen;
-    int32_t mTokensPerPage = 0;
-    int32_t mMaxPagesPerSequence = 0;
-    int32_t mMaxStepTokens = 0;
-    int32_t mForks = 0;
-    int32_t mChecks = 0;
+    int32_t mTokensPerPage{};
+    int32_t mMaxPagesPerSequence{};
+    int32_t mMaxStepTokens{};
+    int32_t mForks{};
+    int32_t mChecks{};
 };
 
 class PageManagerGpuTest : public GpuTest
 {
 };
+
+//! Runs `options` on `config` and checks that the run exercised what it claims to check: forks, prefix hits,
+//! copy-on-write and, when `expectEvictions`, evictions.
+void runAndCheck(rt::KVCacheConfig const& config, RunOptions const& options, bool expectEvictions)
+{
+    ContinuousBatchingRun run(config, options);
+    run.run();
+    rt::PageManagerStats const stats = run.stats();
+    EXPECT_GT(run.forks(), 0);
+    EXPECT_GT(stats.prefixHitTokens, 0);
+    EXPECT_GT(stats.copyOnWritePages, 0);
+    if (expectEvictions)
+    {
+        EXPECT_GT(stats.evictedPages, 0);
+    }
+    EXPECT_GE(run.checks(), options.rounds);
+}
 
 TEST_F(PageManagerGpuTest, ContinuousBatchingOneGroup)
 {
@@ -640,21 +653,7 @@ TEST_F(PageManagerGpuTest, ContinuousBatchingOneGroup)
     // the run fills, so cached pages get evicted.
     rt::KVCacheConfig const config =
         ConfigBuilder({{2, 32}, {1, 64}}).maxBatchSize(10).maxSequenceLength(96).tokensPerPage(8);
-    RunOptions options;
-    options.rounds = 160;
-    options.systemPromptTokens = 21; // two full pages and a partial one
-    options.maxUserTokens = 20;
-    options.maxSamples = 3;
-    options.seed = 7;
-    ContinuousBatchingRun run(config, options);
-    run.run();
-    // The run must have exercised what it claims to check.
-    rt::PageManagerStats const stats = run.stats();
-    EXPECT_GT(run.forks(), 0);
-    EXPECT_GT(stats.prefixHitTokens, 0);
-    EXPECT_GT(stats.copyOnWritePages, 0);
-    EXPECT_GT(stats.evictedPages, 0);
-    EXPECT_GE(run.checks(), options.rounds);
+    runAndCheck(config, RunOptions{160, 21, 20, 3, 7}, true); // 21 tokens: two full pages and a partial one
 }
 
 TEST_F(PageManagerGpuTest, ContinuousBatchingFullAndSlidingWindow)
@@ -666,19 +665,7 @@ TEST_F(PageManagerGpuTest, ContinuousBatchingFullAndSlidingWindow)
                                          .maxSequenceLength(96)
                                          .tokensPerPage(8)
                                          .maxTokensPerStep(16);
-    RunOptions options;
-    options.rounds = 160;
-    options.systemPromptTokens = 37;
-    options.maxUserTokens = 30;
-    options.maxSamples = 2;
-    options.seed = 11;
-    ContinuousBatchingRun run(config, options);
-    run.run();
-    rt::PageManagerStats const stats = run.stats();
-    EXPECT_GT(run.forks(), 0);
-    EXPECT_GT(stats.prefixHitTokens, 0);
-    EXPECT_GT(stats.copyOnWritePages, 0);
-    EXPECT_GE(run.checks(), options.rounds);
+    runAndCheck(config, RunOptions{160, 37, 30, 2, 11}, false);
 }
 
 } // namespace

@@ -2,9 +2,9 @@
 // (tests/support/page_manager_model.h): 1,040,000 operations over four runs (one page group and a full plus windowed
 // pair of groups, each with SHA-256 and XXH3-128), invalid calls and out-of-pages steps included, from fixed seeds.
 // After every operation the outcome (result or exception type), every live sequence's page entries and length,
-// counts(), copies() and stats() of every group, and the eviction callback's calls are compared with the model;
-// checkInvariants() runs every kINVARIANT_PERIOD operations (it is linear and allocates). Pools are small so that
-// steps run out of pages, and prompts share a few prefixes so that adoptPrefix() finds them.
+// counts(), the copies the steps returned and stats() of every group, and the eviction callback's calls are compared
+// with the model; checkInvariants() runs every kINVARIANT_PERIOD operations (it is linear and allocates). Pools are
+// small so that steps run out of pages, and prompts share a few prefixes so that adoptPrefix() finds them.
 
 #include "kvcache/errors.h"
 #include "kvcache/page_hash.h"
@@ -395,11 +395,11 @@ private:
             {
                 if (count == 1 && uniform(0, 1) == 0)
                 {
-                    mManager.append(appends[0]);
+                    mCopies.add(mManager.append(appends[0]));
                 }
                 else
                 {
-                    mManager.step(appends.data(), count);
+                    mCopies.add(mManager.step(appends.data(), count));
                 }
             });
     }
@@ -492,7 +492,7 @@ private:
             {
                 mTally["copies cleared"] += static_cast<int64_t>(mModel.group(g).copies.size());
             }
-            mManager.clearCopies();
+            mCopies.clear();
             mModel.clearCopies();
             return {};
         }
@@ -505,7 +505,8 @@ private:
     //! Compares everything observable with the model.
     std::string compare()
     {
-        std::string difference = test::differenceOf(test::snapshotOf(mManager, live()), test::snapshotOf(mModel));
+        std::string difference =
+            test::differenceOf(test::snapshotOf(mManager, live(), mCopies), test::snapshotOf(mModel));
         if (!difference.empty())
         {
             return difference;
@@ -544,6 +545,8 @@ private:
     std::mt19937 mRandom;
     PageManager mManager;
     PageManagerModel mModel;
+    //! The copies mManager's steps returned since the last clear, compared with those the model queued.
+    test::CopyLog mCopies;
     std::vector<Script> mFamilies;
     std::map<SequenceId, Script> mScripts;
     std::vector<SequenceId> mDead;

@@ -22,6 +22,7 @@
 #include "support/config_builder.h"
 #include "support/cuda_raii.h"
 #include "support/gpu_test.h"
+#include "support/hashed_value.cuh"
 #include "support/layout_model.h"
 
 namespace kvcache::test
@@ -44,17 +45,9 @@ constexpr int32_t kRETAINED_PAGES = 4;
 __host__ __device__ float tokenValue(
     int32_t layer, int32_t kv, int32_t sequence, int32_t token, int32_t head, int32_t dim)
 {
-    uint32_t hash = static_cast<uint32_t>(layer);
-    hash = hash * 0x9E3779B1u + static_cast<uint32_t>(kv);
-    hash = hash * 0x9E3779B1u + static_cast<uint32_t>(sequence);
-    hash = hash * 0x9E3779B1u + static_cast<uint32_t>(token);
-    hash = hash * 0x9E3779B1u + static_cast<uint32_t>(head);
-    hash = hash * 0x9E3779B1u + static_cast<uint32_t>(dim);
-    hash ^= hash >> 15;
-    hash *= 0x2C1B3C6Du;
-    hash ^= hash >> 12;
-    float const magnitude = static_cast<float>(1u + hash % 1000u);
-    return kv == 0 ? magnitude : -magnitude;
+    uint32_t const values[] = {static_cast<uint32_t>(layer), static_cast<uint32_t>(kv), static_cast<uint32_t>(sequence),
+        static_cast<uint32_t>(token), static_cast<uint32_t>(head), static_cast<uint32_t>(dim)};
+    return test::hashedValue(values, 6, kv != 0);
 }
 
 //! Writes tokens [0, gridDim.x) of a sequence whose token t lives on pages[t / tokensPerPage], through `ref` by value.

@@ -326,11 +326,10 @@ int simulate(Options const& options)
             appends.push_back(append);
             rows.push_back(row);
         }
-        manager.step(appends.data(), static_cast<int32_t>(appends.size()));
+        rt::StepCopies const copies = manager.step(appends.data(), static_cast<int32_t>(appends.size()));
         ++totals.steps;
         // A runtime would enqueue these with rt::copyPages before the step's kernels; here they are only counted.
-        totals.copies += static_cast<int64_t>(manager.copies(0).size());
-        manager.clearCopies();
+        totals.copies += static_cast<int64_t>(copies[0].size());
         for (size_t i = 0; i < appends.size(); ++i)
         {
             Sequence& sequence = live[rows[i]];

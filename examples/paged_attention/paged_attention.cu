@@ -394,10 +394,10 @@ int runPagedAttention()
             {
                 token = tokenId(rng);
             }
-            manager.step(appends.data(), static_cast<int32_t>(appends.size()));
+            rt::StepCopies const copies = manager.step(appends.data(), static_cast<int32_t>(appends.size()));
             // Every write lands on a page no other sequence holds (forks below happen at page boundaries), so no
             // copy-on-write copy is queued; a runtime would run them with rt::copyPages before its kernels.
-            if (!manager.copies(0).empty())
+            if (!copies.empty())
             {
                 throw std::logic_error("a step queued copies although no sequence writes to a shared page");
             }

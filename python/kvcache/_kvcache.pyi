@@ -733,12 +733,12 @@ class PageManagerStats:
 
 class PageManager:
     """
-    The page lifecycle of one cache on the host: pages per sequence and group, forks with copy-on-write, prefix reuse through chained page hashes, LRU eviction. It never touches the GPU: run copies(group) with copy_pages before the step's kernels, and build PageTableBuffers from pages(sequence, group).
+    The page lifecycle of one cache on the host: pages per sequence and group, forks with copy-on-write, prefix reuse through chained page hashes, LRU eviction. It never touches the GPU: run the copies step() returns with copy_pages before the step's kernels, and build PageTableBuffers from pages(sequence, group).
     """
 
-    def __init__(self, config: Config, *, max_sequences: int = 0, enable_prefix_caching: bool = True, hash_algorithm: PageHashAlgorithm = PageHashAlgorithm.SHA256, hash_seed: bytes | None = None) -> None:
+    def __init__(self, source: KVCacheManager | KVCacheLayout | Config, *, max_sequences: int = 0, enable_prefix_caching: bool = True, hash_algorithm: PageHashAlgorithm = PageHashAlgorithm.SHA256, hash_seed: bytes | None = None) -> None:
         """
-        max_sequences 0 means config.max_batch_size; hash_seed: 32 bytes, or None for a random one.
+        Sized from `source`: a KVCacheManager (its layout()), a KVCacheLayout, or a Config (compute_layout); max_sequences 0 means the layout's max_batch_size; hash_seed: 32 bytes, or None for a random one.
         """
 
     def create(self, salt: bytes | None = None) -> int:
@@ -754,12 +754,24 @@ class PageManager:
         Returns, as (lo, hi) tuples, the hashes the full pages of `tokens` would be registered under if appended to the sequence now (its length a whole number of pages); the eviction callback reports the same hashes, so a prefix evicted to another tier can be found and onboarded.
         """
 
-    def append(self, sequence: int, tokens: PageIds, extra_keys: Sequence[tuple[int, int, int]] | None = None) -> None:
-        """Appends tokens to one sequence (step() with one entry)."""
-
-    def step(self, appends: Sequence[tuple[int, PageIds] | tuple[int, PageIds, Sequence[tuple[int, int, int]]]]) -> None:
+    def append(self, sequence: int, tokens: PageIds, extra_keys: Sequence[tuple[int, int, int]] | None = None) -> list[list[tuple[int, int]]]:
         """
-        Appends tokens to each listed sequence, all or nothing: appends is a list of (sequence, tokens[, extra_keys]). Raises OutOfMemoryError naming the group, the pages needed and available.
+        Appends tokens to one sequence (step() with one entry); returns its copies as step() does.
+        """
+
+    def step(self, appends: Sequence[tuple[int, PageIds] | tuple[int, PageIds, Sequence[tuple[int, int, int]]]]) -> list[list[tuple[int, int]]]:
+        """
+        Appends tokens to each listed sequence, all or nothing: appends is a list of (sequence, tokens[, extra_keys]). Returns the copies to run with copy_pages before the step's kernels: one list of (src, dst) per group, in order. Raises OutOfMemoryError naming the group, the pages needed and available.
+        """
+
+    def pages_needed(self, appends: Sequence[tuple[int, PageIds] | tuple[int, PageIds, Sequence[tuple[int, int, int]]]]) -> list[int]:
+        """
+        Returns, per group, the pages step(appends) would take less those its window releases make available; changes nothing. Raises what step() raises for invalid input.
+        """
+
+    def can_step(self, appends: Sequence[tuple[int, PageIds] | tuple[int, PageIds, Sequence[tuple[int, int, int]]]]) -> bool:
+        """
+        Returns whether step(appends) would succeed (False exactly when it would raise OutOfMemoryError); changes nothing.
         """
 
     def fork(self, parent: int) -> int:
@@ -777,13 +789,10 @@ class PageManager:
         Returns (page ids in token order, UNUSED_PAGE_ENTRY where a window released them; length in tokens): what PageTableBuffers.build takes.
         """
 
-    def copies(self, group: int) -> list[tuple[int, int]]:
+    def last_copies(self) -> list[list[tuple[int, int]]]:
         """
-        The (src, dst) copies queued in `group` since clear_copies(), in order.
+        The copies of the latest step() or append(), as it returned them (for a step whose eviction callback raised).
         """
-
-    def clear_copies(self) -> None:
-        """Forgets the queued copies of every group."""
 
     def evict_cached(self, group: int, count: int) -> int:
         """Drops up to `count` cached pages of `group`; returns how many."""

@@ -23,8 +23,8 @@ namespace
 //! A PageManager and the scratch lists host arguments are read into (reused between calls).
 struct PageManagerHandle
 {
-    explicit PageManagerHandle(rt::KVCacheConfig const& config, rt::PageManagerOptions const& options)
-        : manager(config, options)
+    PageManagerHandle(rt::KVCacheLayout const& layout, rt::PageManagerOptions const& options)
+        : manager(layout, options)
     {
     }
     rt::PageManager manager;
@@ -69,6 +69,83 @@ rt::SequenceAppend appendOf(
     return append;
 }
 
+//! Reads a step's appends, a sequence of (sequence, tokens[, extra_keys]), into handle.appends.
+void appendsOf(PageManagerHandle& handle, nb::handle appends)
+{
+    handle.appends.clear();
+    size_t slot = 0;
+    for (nb::handle entry : appends)
+    {
+        nb::sequence const fields = nb::borrow<nb::sequence>(entry);
+        size_t const count = nb::len(fields);
+        if (count < 2 || count > 3)
+        {
+            throw rt::InvalidArgumentError(
+                fmt::format("appends[{}] has {} fields; expected (sequence, tokens[, extra_keys])", slot, count));
+        }
+        handle.appends.push_back(
+            appendOf(handle, slot, nb::cast<int64_t>(fields[0]), fields[1], count == 3 ? fields[2] : nb::none()));
+        ++slot;
+    }
+}
+
+//! Returns a step's copies as one list of (src, dst) pairs per group.
+std::vector<std::vector<std::pair<int32_t, int32_t>>> copyLists(rt::StepCopies const& copies)
+{
+    std::vector<std::vector<std::pair<int32_t, int32_t>>> lists(static_cast<size_t>(copies.numGroups()));
+    for (int32_t g = 0; g < copies.numGroups(); ++g)
+    {
+        for (rt::PageCopy const& copy : copies[g])
+        {
+            lists[static_cast<size_t>(g)].emplace_back(copy.src, copy.dst);
+        }
+    }
+    return lists;
+}
+
+//! Returns the layout of a KVCacheManager (anything with a layout() method), a KVCacheLayout or a Config.
+rt::KVCacheLayout layoutOf(nb::handle source)
+{
+    if (nb::isinstance<rt::KVCacheLayout>(source))
+    {
+        return nb::cast<rt::KVCacheLayout>(source);
+    }
+    if (nb::isinstance<rt::KVCacheConfig>(source))
+    {
+        return rt::computeLayout(nb::cast<rt::KVCacheConfig>(source));
+    }
+    if (nb::hasattr(source, "layout"))
+    {
+        return nb::cast<rt::KVCacheLayout>(source.attr("layout")());
+    }
+    throw rt::InvalidArgumentError(fmt::format("PageManager: source is a {}; it must be a KVCacheManager, a "
+                                               "KVCacheLayout or a Config",
+        nb::type_name(source.type()).c_str()));
+}
+
+//! Returns the options the constructor's keywords give.
+rt::PageManagerOptions optionsOf(
+    int64_t maxSequences, bool prefixCaching, rt::PageHashAlgorithm algorithm, nb::handle seed)
+{
+    rt::PageManagerOptions options;
+    options.maxSequences = toInt32(maxSequences, "max_sequences");
+    options.enablePrefixCaching = prefixCaching;
+    options.hashAlgorithm = algorithm;
+    if (!seed.is_none())
+    {
+        nb::bytes const bytes = nb::cast<nb::bytes>(seed);
+        std::array<uint8_t, 32> value{};
+        if (bytes.size() != value.size())
+        {
+            throw rt::InvalidArgumentError(
+                fmt::format("hash_seed has {} bytes; it must have {}", bytes.size(), value.size()));
+        }
+        std::memcpy(value.data(), bytes.c_str(), value.size());
+        options.hashSeed = value;
+    }
+    return options;
+}
+
 } // namespace
 
 void bindPageManager(nb::module_& m)
@@ -92,34 +169,18 @@ void bindPageManager(nb::module_& m)
 
     nb::class_<PageManagerHandle>(m, "PageManager",
         "The page lifecycle of one cache on the host: pages per sequence and group, forks with copy-on-write, prefix "
-        "reuse through chained page hashes, LRU eviction. It never touches the GPU: run copies(group) with "
-        "copy_pages before the step's kernels, and build PageTableBuffers from pages(sequence, group).")
+        "reuse through chained page hashes, LRU eviction. It never touches the GPU: run the copies step() returns "
+        "with copy_pages before the step's kernels, and build PageTableBuffers from pages(sequence, group).")
         .def(
             "__init__",
-            [](PageManagerHandle* self, rt::KVCacheConfig const& config, int64_t maxSequences, bool prefixCaching,
-                rt::PageHashAlgorithm algorithm, nb::handle seed)
-            {
-                rt::PageManagerOptions options;
-                options.maxSequences = toInt32(maxSequences, "max_sequences");
-                options.enablePrefixCaching = prefixCaching;
-                options.hashAlgorithm = algorithm;
-                if (!seed.is_none())
-                {
-                    nb::bytes const bytes = nb::cast<nb::bytes>(seed);
-                    std::array<uint8_t, 32> value{};
-                    if (bytes.size() != value.size())
-                    {
-                        throw rt::InvalidArgumentError(
-                            fmt::format("hash_seed has {} bytes; it must have {}", bytes.size(), value.size()));
-                    }
-                    std::memcpy(value.data(), bytes.c_str(), value.size());
-                    options.hashSeed = value;
-                }
-                new (self) PageManagerHandle(config, options);
+            [](PageManagerHandle* self, nb::handle source, int64_t maxSequences, bool prefixCaching,
+                rt::PageHashAlgorithm algorithm, nb::handle seed) {
+                new (self) PageManagerHandle(layoutOf(source), optionsOf(maxSequences, prefixCaching, algorithm, seed));
             },
-            nb::arg("config"), nb::kw_only(), nb::arg("max_sequences") = 0, nb::arg("enable_prefix_caching") = true,
+            nb::arg("source"), nb::kw_only(), nb::arg("max_sequences") = 0, nb::arg("enable_prefix_caching") = true,
             nb::arg("hash_algorithm") = rt::PageHashAlgorithm::kSHA256, nb::arg("hash_seed") = nb::none(),
-            "max_sequences 0 means config.max_batch_size; hash_seed: 32 bytes, or None for a random one.")
+            "Sized from `source`: a KVCacheManager (its layout()), a KVCacheLayout, or a Config (compute_layout); "
+            "max_sequences 0 means the layout's max_batch_size; hash_seed: 32 bytes, or None for a random one.")
         .def(
             "create",
             [](PageManagerHandle& h, nb::handle salt)
@@ -170,34 +231,43 @@ void bindPageManager(nb::module_& m)
             [](PageManagerHandle& h, int64_t sequence, nb::handle tokens, nb::handle extraKeys)
             {
                 rt::SequenceAppend const append = appendOf(h, 0, sequence, tokens, extraKeys);
-                h.manager.append(append);
+                return copyLists(h.manager.append(append));
             },
             nb::arg("sequence"), nb::arg("tokens"), nb::arg("extra_keys") = nb::none(),
-            "Appends tokens to one sequence (step() with one entry).")
+            "Appends tokens to one sequence (step() with one entry); returns its copies as step() does.")
         .def(
             "step",
             [](PageManagerHandle& h, nb::handle appends)
             {
-                h.appends.clear();
-                size_t slot = 0;
-                for (nb::handle entry : appends)
-                {
-                    nb::sequence const fields = nb::borrow<nb::sequence>(entry);
-                    size_t const count = nb::len(fields);
-                    if (count < 2 || count > 3)
-                    {
-                        throw rt::InvalidArgumentError(fmt::format(
-                            "appends[{}] has {} fields; expected (sequence, tokens[, extra_keys])", slot, count));
-                    }
-                    h.appends.push_back(appendOf(
-                        h, slot, nb::cast<int64_t>(fields[0]), fields[1], count == 3 ? fields[2] : nb::none()));
-                    ++slot;
-                }
-                h.manager.step(h.appends.data(), static_cast<int32_t>(h.appends.size()));
+                appendsOf(h, appends);
+                return copyLists(h.manager.step(h.appends.data(), static_cast<int32_t>(h.appends.size())));
             },
             nb::arg("appends"),
             "Appends tokens to each listed sequence, all or nothing: appends is a list of (sequence, tokens[, "
-            "extra_keys]). Raises OutOfMemoryError naming the group, the pages needed and available.")
+            "extra_keys]). Returns the copies to run with copy_pages before the step's kernels: one list of (src, dst) "
+            "per group, in order. Raises OutOfMemoryError naming the group, the pages needed and available.")
+        .def(
+            "pages_needed",
+            [](PageManagerHandle& h, nb::handle appends)
+            {
+                appendsOf(h, appends);
+                std::vector<int64_t> needed(static_cast<size_t>(h.manager.numGroups()));
+                h.manager.pagesNeeded(h.appends.data(), static_cast<int32_t>(h.appends.size()), needed.data());
+                return needed;
+            },
+            nb::arg("appends"),
+            "Returns, per group, the pages step(appends) would take less those its window releases make available; "
+            "changes nothing. Raises what step() raises for invalid input.")
+        .def(
+            "can_step",
+            [](PageManagerHandle& h, nb::handle appends)
+            {
+                appendsOf(h, appends);
+                return h.manager.canStep(h.appends.data(), static_cast<int32_t>(h.appends.size()));
+            },
+            nb::arg("appends"),
+            "Returns whether step(appends) would succeed (False exactly when it would raise OutOfMemoryError); changes "
+            "nothing.")
         .def(
             "fork", [](PageManagerHandle& h, int64_t parent) { return h.manager.fork(parent); }, nb::arg("parent"),
             "Returns a new sequence sharing every page of `parent`.")
@@ -222,20 +292,9 @@ void bindPageManager(nb::module_& m)
             "Returns (page ids in token order, UNUSED_PAGE_ENTRY where a window released them; length in tokens): "
             "what PageTableBuffers.build takes.")
         .def(
-            "copies",
-            [](PageManagerHandle const& h, int64_t group)
-            {
-                std::vector<std::pair<int32_t, int32_t>> pairs;
-                for (rt::PageCopy const& copy : h.manager.copies(toInt32(group, "group")))
-                {
-                    pairs.emplace_back(copy.src, copy.dst);
-                }
-                return pairs;
-            },
-            nb::arg("group"), "The (src, dst) copies queued in `group` since clear_copies(), in order.")
-        .def(
-            "clear_copies", [](PageManagerHandle& h) { h.manager.clearCopies(); },
-            "Forgets the queued copies of every group.")
+            "last_copies", [](PageManagerHandle const& h) { return copyLists(h.manager.lastCopies()); },
+            "The copies of the latest step() or append(), as it returned them (for a step whose eviction callback "
+            "raised).")
         .def(
             "evict_cached",
             [](PageManagerHandle& h, int64_t group, int64_t count)

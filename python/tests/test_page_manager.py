@@ -25,14 +25,14 @@ def test_append_fork_and_copy_on_write():
     child = manager.fork(parent)
     assert manager.pages(child, 0) == (parent_pages, 10)
     assert manager.counts(0).shared == 3
-    manager.step([(child, [99])])  # the child writes into the shared partial page: it moves to a copy
+    copies = manager.step([(child, [99])])  # the child writes into the shared partial page: it moves to a copy
     child_pages, child_length = manager.pages(child, 0)
     assert child_length == 11
     assert child_pages[:2] == parent_pages[:2] and child_pages[2] not in parent_pages
-    assert manager.copies(0) == [(parent_pages[2], child_pages[2])]
+    assert copies == [[(parent_pages[2], child_pages[2])]]
+    assert manager.last_copies() == copies
     assert manager.stats().copy_on_write_pages == 1
-    manager.clear_copies()
-    assert manager.copies(0) == []
+    assert manager.append(parent, [98]) == [[]]  # the parent is now the page's only holder: it writes in place
     manager.check_invariants()
 
 
@@ -84,6 +84,9 @@ def test_a_step_that_does_not_fit_changes_nothing():
     assert manager.counts(0).free == 0
     late = manager.create()
     before = [manager.pages(s, 0) for s in full]
+    assert manager.pages_needed([(late, [1])]) == [1]
+    assert not manager.can_step([(late, [1])])
+    assert manager.can_step([(late, [])])
     with pytest.raises(kvcache.OutOfMemoryError):
         manager.step([(late, [1])])
     assert manager.length(late) == 0
@@ -103,3 +106,30 @@ def test_bad_arguments_raise_the_documented_errors():
     assert manager.length(sequence) == 0
     with pytest.raises(ValueError, match="hash_seed has 3 bytes"):
         make_manager(hash_seed=b"abc")
+
+
+def test_pages_needed_and_can_step_change_nothing_and_agree_with_step():
+    manager = make_manager()
+    a = manager.create()
+    manager.append(a, list(range(6)))  # pages: one full, one with 2 tokens
+    b = manager.fork(a)
+    appends = [(a, [1, 2, 3]), (b, [4])]  # a: copy and one new page; b: then the only holder, in place
+    assert manager.pages_needed(appends) == [2]
+    assert manager.can_step(appends)
+    free = manager.counts(0).free
+    assert free == 64 - 2 and manager.length(a) == 6 and manager.length(b) == 6
+    manager.step(appends)
+    assert manager.counts(0).free == free - 2
+    with pytest.raises(ValueError):
+        manager.can_step([(a, [1]), (a, [2])])  # invalid input still raises
+
+
+def test_built_from_a_layout():
+    config = kvcache.Config(layer_configs=[(1, 8)], max_batch_size=2, max_sequence_length=32, tokens_per_page=P)
+    manager = kvcache.PageManager(kvcache.compute_layout(config))
+    assert manager.layout().num_pages == kvcache.compute_layout(config).num_pages
+    sequence = manager.create()
+    manager.append(sequence, list(range(5)))
+    assert manager.pages(sequence, 0) == ([0, 1], 5)
+    with pytest.raises(ValueError, match="source"):
+        kvcache.PageManager(42)

@@ -179,6 +179,7 @@ KVCacheLayout computeLayout(KVCacheConfig const& config)
     layout.dataType = config.kvCacheType;
     layout.tokensPerPage = tokensPerPage;
     layout.maxTokensPerStep = static_cast<int32_t>(stepTokens);
+    layout.maxSequenceLength = config.maxSequenceLength;
     layout.elementBytes = dataTypeSize(config.kvCacheType);
     layout.capPadded = 0;
     for (size_t g = 0; g < windows.size(); ++g)

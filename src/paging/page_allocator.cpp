@@ -32,6 +32,7 @@ PageAllocator::PageAllocator(PageAllocator&& other) noexcept
     : mRefCounts(std::move(other.mRefCounts))
     , mFreeStack(std::move(other.mFreeStack))
     , mNumFree(std::exchange(other.mNumFree, 0))
+    , mNumParked(std::exchange(other.mNumParked, 0))
 {
 }
 
@@ -42,6 +43,7 @@ PageAllocator& PageAllocator::operator=(PageAllocator&& other) noexcept
         mRefCounts = std::move(other.mRefCounts);
         mFreeStack = std::move(other.mFreeStack);
         mNumFree = std::exchange(other.mNumFree, 0);
+        mNumParked = std::exchange(other.mNumParked, 0);
         // A moved-from vector is only "valid": make the source's no pages explicit.
         other.mRefCounts.clear();
         other.mFreeStack.clear();
@@ -82,6 +84,12 @@ void PageAllocator::failRetain(int32_t page) const
         throw InvalidArgumentError(fmt::format(
             "{}: page {} is free (reference count 0); only a page in use (count >= 1) can be retained", what, page));
     }
+    if (count == kPARKED)
+    {
+        throw InvalidArgumentError(fmt::format(
+            "{}: page {} is parked; only a page in use (count >= 1) can be retained (hold() takes a parked page)", what,
+            page));
+    }
     throw InvalidArgumentError(
         fmt::format("{}: page {} has reference count {}, the limit (kMAX_REF_COUNT)", what, page, count));
 }
@@ -93,9 +101,26 @@ void PageAllocator::failRelease(int32_t page) const
     {
         failIndex(what, page);
     }
+    if (mRefCounts[static_cast<size_t>(page)] == kPARKED)
+    {
+        throw InvalidArgumentError(fmt::format(
+            "{}: page {} is parked (no holder); only a page in use (count >= 1) can be released", what, page));
+    }
     throw InvalidArgumentError(fmt::format(
         "{}: page {} is free (reference count 0): a double free; only a page in use (count >= 1) can be released", what,
         page));
+}
+
+void PageAllocator::failUnpark(int32_t page) const
+{
+    char const* const what = "PageAllocator::freeParked";
+    if (!inRange(page))
+    {
+        failIndex(what, page);
+    }
+    throw InvalidArgumentError(fmt::format("{}: page {} is not parked (reference count {}); only a parked page can be "
+                                           "freed this way",
+        what, page, mRefCounts[static_cast<size_t>(page)]));
 }
 
 void PageAllocator::failReleaseList(int32_t const* pages, int32_t count, int32_t failed)
@@ -113,7 +138,7 @@ void PageAllocator::failReleaseList(int32_t const* pages, int32_t count, int32_t
     for (int32_t i = failed - 1; i >= 0; --i)
     {
         size_t const page = static_cast<size_t>(pages[i]);
-        if (mRefCounts[page] == 0)
+        if (mRefCounts[page] == 0) // pushed on the free stack by this call: take it off again
         {
             --mNumFree;
         }
@@ -127,6 +152,11 @@ void PageAllocator::failReleaseList(int32_t const* pages, int32_t count, int32_t
             what, failed, page, numPages()));
     }
     int32_t const refCount = mRefCounts[static_cast<size_t>(page)];
+    if (refCount == kPARKED)
+    {
+        throw InvalidArgumentError(
+            fmt::format("{}: pages[{}] is page {}, parked (no holder); nothing released", what, failed, page));
+    }
     if (refCount == 0)
     {
         throw InvalidArgumentError(fmt::format(
@@ -178,9 +208,15 @@ void PageAllocator::checkInvariants() const
         }
     }
     int64_t used = 0;
+    int64_t parked = 0;
     for (int32_t page = 0; page < pageCount; ++page)
     {
         int32_t const count = mRefCounts[static_cast<size_t>(page)];
+        if (count == kPARKED)
+        {
+            ++parked;
+            continue;
+        }
         if (count < 0)
         {
             throw std::logic_error(fmt::format("{}: page {} has reference count {} (< 0)", what, page, count));
@@ -192,10 +228,14 @@ void PageAllocator::checkInvariants() const
         }
         used += count > 0 ? 1 : 0;
     }
-    if (mNumFree + used != pageCount)
+    if (parked != mNumParked)
     {
-        throw std::logic_error(
-            fmt::format("{}: numFree {} + {} pages in use != numPages {}", what, mNumFree, used, pageCount));
+        throw std::logic_error(fmt::format("{}: {} pages are parked, counted {}", what, parked, mNumParked));
+    }
+    if (mNumFree + used + parked != pageCount)
+    {
+        throw std::logic_error(fmt::format(
+            "{}: numFree {} + {} pages in use + {} parked != numPages {}", what, mNumFree, used, parked, pageCount));
     }
 }
 

@@ -559,7 +559,7 @@ public:
         return ModelOutcome::kOK;
     }
 
-    //! clearCopies().
+    //! Forgets the queued copies (as a caller does once it ran them).
     void clearCopies()
     {
         for (Group& group : mGroups)
@@ -696,14 +696,42 @@ struct PageManagerSnapshot
     std::map<rt::SequenceId, std::pair<int32_t, std::vector<std::vector<int32_t>>>> sequences;
 };
 
-//! Returns the snapshot of `manager` with the sequences `ids` (all alive).
-inline PageManagerSnapshot snapshotOf(rt::PageManager const& manager, std::vector<rt::SequenceId> const& ids)
+//! The copies a PageManager's steps returned, per group, since the last clear(): what the model queues.
+struct CopyLog
+{
+    std::vector<std::vector<rt::PageCopy>> groups;
+
+    //! Appends the copies one step returned; returns them.
+    rt::StepCopies add(rt::StepCopies const& copies)
+    {
+        groups.resize(static_cast<size_t>(std::max<int32_t>(copies.numGroups(), static_cast<int32_t>(groups.size()))));
+        for (int32_t g = 0; g < copies.numGroups(); ++g)
+        {
+            groups[static_cast<size_t>(g)].insert(
+                groups[static_cast<size_t>(g)].end(), copies[g].begin(), copies[g].end());
+        }
+        return copies;
+    }
+    //! Returns the copies of `group` (none when no step ran).
+    std::vector<rt::PageCopy> group(int32_t g) const
+    {
+        return static_cast<size_t>(g) < groups.size() ? groups[static_cast<size_t>(g)] : std::vector<rt::PageCopy>{};
+    }
+    void clear()
+    {
+        groups.clear();
+    }
+};
+
+//! Returns the snapshot of `manager` with the sequences `ids` (all alive) and the copies its steps returned.
+inline PageManagerSnapshot snapshotOf(
+    rt::PageManager const& manager, std::vector<rt::SequenceId> const& ids, CopyLog const& copies)
 {
     PageManagerSnapshot snapshot;
     for (int32_t g = 0; g < manager.numGroups(); ++g)
     {
         snapshot.counts.push_back(manager.counts(g));
-        snapshot.copies.push_back(manager.copies(g));
+        snapshot.copies.push_back(copies.group(g));
     }
     snapshot.stats = manager.stats();
     snapshot.numSequences = manager.numSequences();

@@ -64,6 +64,8 @@ struct KVCacheLayout
     int64_t cacheBytes = {};   //!< sum of layerBytes
     int64_t bytesPerPage = {}; //!< the sum of the groups' bytesPerPage: one page id in every layer (one group: K and V
                                //!< of one page id across all layers)
+    //! S above: the config's maxSequenceLength (what a PageManager built from this layout bounds sequences by).
+    int32_t maxSequenceLength = {};
 };
 
 //! Validates `config` and returns its layout; throws InvalidConfigError naming the field, value and limit of the

@@ -14,8 +14,12 @@ namespace kvcache::rt
 //!
 //! The free list is a LIFO stack: the most recently freed page is handed out first (its lines are the likeliest to be
 //! warm in the caches), and a new allocator hands out 0, 1, 2, ... in order. Every rejected call throws before it
-//! changes anything. Copyable (a copy is an independent allocator of the same state); a move leaves the source with
-//! no pages. Not thread-safe: one owner at a time.
+//! changes anything.
+//!
+//! A page can also be parked: no holder, yet off the free list, so that allocate() never hands it out (a page cache
+//! keeps pages whose content may be reused this way, in its own order). hold() gives a parked page a holder again,
+//! freeParked() puts it on top of the free list; both O(1). Copyable (a copy is an independent allocator of the same
+//! state); a move leaves the source with no pages. Not thread-safe: one owner at a time.
 class PageAllocator
 {
 public:
@@ -47,10 +51,91 @@ public:
     {
         return mNumFree;
     }
-    //! Returns the number of pages in use (reference count > 0): numPages() - numFree(); never throws.
+    //! Returns the number of pages in use (reference count > 0): numPages() - numFree() - numParked(); never throws.
     int32_t numUsed() const noexcept
     {
-        return numPages() - mNumFree;
+        return numPages() - mNumFree - mNumParked;
+    }
+    //! Returns the number of parked pages (no holder, off the free list); never throws.
+    int32_t numParked() const noexcept
+    {
+        return mNumParked;
+    }
+    //! Returns whether `page` is parked; throws OutOfRangeError for an id outside [0, numPages).
+    bool isParked(int32_t page) const
+    {
+        if (!inRange(page))
+        {
+            failIndex("PageAllocator::isParked", page);
+        }
+        return mRefCounts[static_cast<size_t>(page)] == kPARKED;
+    }
+
+    //! Adds a holder to `page`, in use or parked (a parked page is in use again), and returns its new reference count.
+    //! Throws OutOfRangeError for an id outside [0, numPages) and InvalidArgumentError for a free page or a count at
+    //! kMAX_REF_COUNT, changing nothing.
+    int32_t hold(int32_t page)
+    {
+        if (!inRange(page) || mRefCounts[static_cast<size_t>(page)] == 0
+            || mRefCounts[static_cast<size_t>(page)] == kMAX_REF_COUNT)
+        {
+            failRetain(page);
+        }
+        int32_t& count = mRefCounts[static_cast<size_t>(page)];
+        if (count == kPARKED)
+        {
+            count = 0;
+            --mNumParked;
+        }
+        return ++count;
+    }
+
+    //! Removes a holder from `page` and returns its new reference count; at 0 the page is parked when `park` is true,
+    //! else on top of the free list. Throws OutOfRangeError for an id outside [0, numPages) and InvalidArgumentError
+    //! for a free or parked page, changing nothing.
+    int32_t letGo(int32_t page, bool park)
+    {
+        return letGoIf(page, [park](int32_t) noexcept { return park; });
+    }
+    //! letGo(page, park(page)), with `park` (a callable taking the page id, returning bool) called only when the last
+    //! holder lets go, so that a caller's per-page state is read only then.
+    template <typename Park>
+    int32_t letGoIf(int32_t page, Park&& park)
+    {
+        if (!inRange(page) || mRefCounts[static_cast<size_t>(page)] <= 0)
+        {
+            failRelease(page);
+        }
+        int32_t& count = mRefCounts[static_cast<size_t>(page)];
+        if (--count != 0)
+        {
+            return count;
+        }
+        if (park(page))
+        {
+            count = kPARKED;
+            ++mNumParked;
+        }
+        else
+        {
+            mFreeStack[static_cast<size_t>(mNumFree)] = page;
+            ++mNumFree;
+        }
+        return 0;
+    }
+
+    //! Puts the parked `page` on top of the free list (the next allocate() returns it). Throws OutOfRangeError for an
+    //! id outside [0, numPages) and InvalidArgumentError for a page that is not parked, changing nothing.
+    void freeParked(int32_t page)
+    {
+        if (!inRange(page) || mRefCounts[static_cast<size_t>(page)] != kPARKED)
+        {
+            failUnpark(page);
+        }
+        mRefCounts[static_cast<size_t>(page)] = 0;
+        --mNumParked;
+        mFreeStack[static_cast<size_t>(mNumFree)] = page;
+        ++mNumFree;
     }
 
     //! Returns a free page, now with reference count 1: the most recently freed one. Throws OutOfMemoryError naming the
@@ -89,10 +174,11 @@ public:
     }
 
     //! Adds one to the reference count of `page` (one more sharer). Throws OutOfRangeError for an id outside
-    //! [0, numPages) and InvalidArgumentError for a free page or a count already at INT32_MAX, changing nothing.
+    //! [0, numPages) and InvalidArgumentError for a free or parked page or a count already at INT32_MAX, changing
+    //! nothing.
     void retain(int32_t page)
     {
-        if (!inRange(page) || mRefCounts[static_cast<size_t>(page)] == 0
+        if (!inRange(page) || mRefCounts[static_cast<size_t>(page)] <= 0
             || mRefCounts[static_cast<size_t>(page)] == kMAX_REF_COUNT)
         {
             failRetain(page);
@@ -102,10 +188,10 @@ public:
 
     //! Subtracts one from the reference count of `page`; at 0 the page is free again, on top of the free list.
     //! Throws OutOfRangeError for an id outside [0, numPages) and InvalidArgumentError for a free page (a double
-    //! free), changing nothing.
+    //! free) or a parked page, changing nothing.
     void release(int32_t page)
     {
-        if (!inRange(page) || mRefCounts[static_cast<size_t>(page)] == 0)
+        if (!inRange(page) || mRefCounts[static_cast<size_t>(page)] <= 0)
         {
             failRelease(page);
         }
@@ -135,7 +221,7 @@ public:
         for (int32_t i = 0; i < count; ++i)
         {
             int32_t const page = pages[i];
-            if (static_cast<uint32_t>(page) >= numPages || refCounts[page] == 0)
+            if (static_cast<uint32_t>(page) >= numPages || refCounts[page] <= 0)
             {
                 mNumFree = numFree;
                 failReleaseList(pages, count, i);
@@ -149,7 +235,7 @@ public:
         mNumFree = numFree;
     }
 
-    //! Returns the reference count of `page`, 0 for a free page; throws OutOfRangeError for an id outside
+    //! Returns the reference count of `page`, 0 for a free or parked page; throws OutOfRangeError for an id outside
     //! [0, numPages).
     int32_t refCount(int32_t page) const
     {
@@ -157,12 +243,14 @@ public:
         {
             failIndex("PageAllocator::refCount", page);
         }
-        return mRefCounts[static_cast<size_t>(page)];
+        int32_t const count = mRefCounts[static_cast<size_t>(page)];
+        return count < 0 ? 0 : count;
     }
 
     //! Returns normally when the state is consistent; throws std::logic_error describing the first broken invariant:
-    //! free pages have count 0 and appear once in the free list; used pages have count > 0; numFree + numUsed ==
-    //! numPages. Linear time; allocates a scratch bitmap of numPages bits (std::bad_alloc when memory runs out).
+    //! free pages have count 0 and appear once in the free list; used pages have count > 0; parked pages are off the
+    //! free list and counted in numParked; numFree + numUsed + numParked == numPages. Linear time; allocates a scratch
+    //! bitmap of numPages bits (std::bad_alloc when memory runs out).
     void checkInvariants() const;
 
     //! The largest reference count a page can have.
@@ -182,14 +270,20 @@ private:
     [[noreturn]] void failRelease(int32_t page) const;
     //! Undoes the release of `pages[0, failed)`, then throws the error of `pages[failed]` (or of `pages` and `count`).
     [[noreturn]] void failReleaseList(int32_t const* pages, int32_t count, int32_t failed);
+    //! Throws OutOfRangeError or InvalidArgumentError for freeing `page` from the parked pages.
+    [[noreturn]] void failUnpark(int32_t page) const;
     //! Throws OutOfRangeError naming `what`, `page` and the id range.
     [[noreturn]] void failIndex(char const* what, int32_t page) const;
 
-    //! Reference count per page id; 0 means free.
+    //! The stored count of a parked page.
+    static constexpr int32_t kPARKED = -1;
+
+    //! Reference count per page id; 0 means free, kPARKED parked.
     std::vector<int32_t> mRefCounts;
     //! The free list: ids [0, mNumFree) are free, the top (most recently freed) last; sized numPages at construction.
     std::vector<int32_t> mFreeStack;
     int32_t mNumFree = 0;
+    int32_t mNumParked = 0;
 };
 
 } // namespace kvcache::rt

@@ -2,8 +2,8 @@
 
 #include "kvcache/core/kv_cache_config.h"
 #include "kvcache/core/kv_cache_layout.h"
-#include "kvcache/paging/page_hash.h"
 #include "kvcache/memory/page_ops.h"
+#include "kvcache/paging/page_hash.h"
 #include "kvcache/paging/page_table.h"
 
 #include <array>
@@ -65,6 +65,37 @@ struct SequenceAppend
     int32_t numExtraKeys = 0;
 };
 
+//! The copies one step() or append() queued, one list per page group, in the order they must run (a page may be the
+//! destination of one copy and later the source of another only through distinct steps, never within one list). A
+//! view into buffers the PageManager reuses: valid until the manager's next step(), append() or destruction.
+class StepCopies
+{
+public:
+    //! Returns a view of no groups.
+    StepCopies() noexcept = default;
+    //! Returns a view of `numGroups` lists starting at `groups` (the manager's buffers).
+    StepCopies(std::vector<PageCopy> const* groups, int32_t numGroups) noexcept
+        : mGroups(groups)
+        , mNumGroups(numGroups)
+    {
+    }
+    //! Returns the number of page groups.
+    int32_t numGroups() const noexcept
+    {
+        return mNumGroups;
+    }
+    //! Returns the copies of `group`; throws OutOfRangeError for a group outside [0, numGroups()).
+    std::vector<PageCopy> const& operator[](int32_t group) const;
+    //! Returns whether no group has a copy.
+    bool empty() const noexcept;
+    //! Returns the number of copies, all groups.
+    int64_t size() const noexcept;
+
+private:
+    std::vector<PageCopy> const* mGroups = nullptr;
+    int32_t mNumGroups = 0;
+};
+
 //! Pages of one page group, by state. Every page is in exactly one state: free (no holder, no cached content),
 //! used (held by one or more sequences) or cached (no holder, its hash kept for prefix reuse until evicted).
 struct PageGroupCounts
@@ -89,18 +120,22 @@ struct PageManagerStats
     int64_t copyOnWritePages = 0;
 };
 
-//! Called once for each cached page about to lose its content (evicted to be reused, or by evictCached()): its
-//! group, page id and hash. The page's device bytes are still intact when it is called; work the callback enqueues
-//! (e.g. an offload to host memory) must be ordered before the kernels of the step that reuses the page. It must
-//! not call back into the PageManager and should not throw (an exception propagates out of the call that evicted,
-//! with that call's other changes already made).
+//! Called once for each cached page whose content was dropped (evicted to be reused, or by evictCached()): its group,
+//! page id and hash. The calls of one PageManager call are made at its end, in eviction order, once the manager is
+//! consistent again; the page's device bytes are still intact then (the manager never touches them), and work the
+//! callback enqueues (e.g. an offload to host memory) must be ordered before the kernels of the step that reuses the
+//! page. It must not call back into the PageManager. When it throws, the evicting call has completed (the page free
+//! or taken, its hash dropped, every other change made, the callback still called for the call's other evicted pages)
+//! and the first exception propagates out of it; for step() and append(), lastCopies() then returns the copies the
+//! step queued, which must still run.
 using EvictionCallback = std::function<void(int32_t group, int32_t page, PageHash hash)>;
 
 //! The page lifecycle of one cache, on the host: which page ids each sequence holds in each page group, sharing
 //! between forks with copy-on-write, prefix reuse through chained page hashes with least-recently-used eviction, and
-//! the page lists attention kernels read. It never touches device memory: the copies it asks for are returned as
-//! one PageCopy list per group (copies()), to run with copyPages before the step's kernels write; it allocates
-//! nothing after construction except in checkInvariants().
+//! the page lists attention kernels read. It never touches device memory: step() returns the copies it asks for, one
+//! PageCopy list per group (StepCopies), to run with copyPages before the step's kernels write; it allocates nothing
+//! after construction except in checkInvariants(). pagesNeeded() and canStep() tell, changing nothing, what a step
+//! would take: running out of pages is a routine scheduling event, not an error to provoke.
 //!
 //! Sequences: a sequence holds, in each group, one entry per page of its tokens in token order. In a group with a
 //! sliding window W, pages whose tokens all lie more than W - 1 tokens before the first token being appended are
@@ -137,9 +172,12 @@ using EvictionCallback = std::function<void(int32_t group, int32_t page, PageHas
 class PageManager
 {
 public:
-    //! Validates `config` (computeLayout) and `options` and sizes everything for them: each group's numPages,
-    //! maxSequences sequences of up to maxSequenceLength tokens. Throws InvalidConfigError for a bad config,
-    //! InvalidArgumentError for a bad option (maxSequences < 0) or a config with no layers, std::bad_alloc.
+    //! Sizes everything for `layout` (a KVCacheManager's layout(), or computeLayout's) and `options`: each group's
+    //! numPages, maxSequences sequences of up to maxSequenceLength tokens. Throws InvalidArgumentError for a bad option
+    //! (maxSequences < 0) or a layout with no page groups or no maxSequenceLength, std::bad_alloc.
+    explicit PageManager(KVCacheLayout const& layout, PageManagerOptions const& options = {});
+    //! PageManager(computeLayout(config), options). Throws InvalidConfigError for a bad config, and what the layout
+    //! constructor throws.
     explicit PageManager(KVCacheConfig const& config, PageManagerOptions const& options = {});
     ~PageManager();
     PageManager(PageManager&&) noexcept;
@@ -170,18 +208,33 @@ public:
     //! null pointers with nonzero lengths, extra keys out of order or outside the positions.
     int32_t hashNextPages(SequenceId sequence, int32_t const* tokens, int32_t count, PageHash* out,
         PageExtraKey const* extraKeys = nullptr, int32_t numExtraKeys = 0) const;
-    //! Appends tokens to one sequence: step() with one entry.
-    void append(SequenceAppend const& append);
+    //! Appends tokens to one sequence: step() with one entry; returns its copies.
+    StepCopies append(SequenceAppend const& append);
 
     //! Appends tokens to each listed sequence (each at most once), all or nothing: first every entry is checked and
     //! the pages the whole step needs are counted (new pages, copy-on-write pages) against the free and cached pages
     //! of each group (windowed groups counting the pages the step releases that no other sequence holds); then
     //! out-of-window pages are released, shared partial pages are copied, new pages taken, and pages that become
-    //! full hashed and registered, in the order the class comment gives. Copies are added to copies(). Throws
-    //! InvalidArgumentError for an unknown or repeated sequence, a count outside [0, maxTokensPerStep], a length past
-    //! maxSequenceLength, null pointers, extra keys out of order or outside the appended positions; OutOfMemoryError
-    //! naming the group, the pages needed and the pages available; nothing changes then.
-    void step(SequenceAppend const* appends, int32_t count);
+    //! full hashed and registered, in the order the class comment gives. Returns the copies the step queued (valid
+    //! until the next step() or append()). Throws InvalidArgumentError for an unknown or repeated sequence, a count
+    //! outside [0, maxTokensPerStep], a length past maxSequenceLength, null pointers, extra keys out of order or
+    //! outside the appended positions; OutOfMemoryError naming the group, the pages needed and the pages available;
+    //! nothing changes then. An exception from the eviction callback propagates after the step completed
+    //! (EvictionCallback).
+    StepCopies step(SequenceAppend const* appends, int32_t count);
+
+    //! Writes to out[g] the pages step(appends, count) would take from group g (new pages and copy-on-write pages)
+    //! less the pages its window releases would make available (those no other sequence holds), for every group
+    //! g < numGroups(); changes nothing. A value above counts(g).free + counts(g).cached means the step would run out
+    //! of pages in g. Throws what step() throws for invalid input (never OutOfMemoryError), and InvalidArgumentError
+    //! for a null `out`.
+    void pagesNeeded(SequenceAppend const* appends, int32_t count, int64_t* out) const;
+    //! Returns whether step(appends, count) would succeed; changes nothing. Returns false exactly when step() would
+    //! throw OutOfMemoryError; throws what step() throws for invalid input.
+    bool canStep(SequenceAppend const* appends, int32_t count) const;
+    //! Returns the copies of the latest step() or append() (what it returned, or would have returned when the eviction
+    //! callback threw); empty lists before the first. Valid until the next step() or append().
+    StepCopies lastCopies() const noexcept;
 
     //! Returns a new sequence holding the same pages as `parent` (each one more holder), with its length, its hash
     //! chain and its salt. Throws InvalidArgumentError for an unknown parent or when maxSequences are alive.
@@ -202,16 +255,10 @@ public:
     //! changes or is freed. Throws InvalidArgumentError for an unknown sequence, OutOfRangeError for a bad group.
     SequencePages pages(SequenceId sequence, int32_t group) const;
 
-    //! Returns the copies queued since the last clearCopies() in `group`, in the order they must run (a page may
-    //! be the destination of one copy and later the source of another only through distinct steps, never within
-    //! one list). Throws OutOfRangeError for a bad group.
-    std::vector<PageCopy> const& copies(int32_t group) const;
-    //! Forgets the queued copies of every group (after they were enqueued with copyPages).
-    void clearCopies() noexcept;
-
     //! Drops the content of up to `count` cached pages of `group`, least recently released first (calling the
     //! eviction callback and counting them in stats().evictedPages), making them free; returns how many it dropped.
-    //! Throws OutOfRangeError for a bad group, InvalidArgumentError for a negative count.
+    //! Throws OutOfRangeError for a bad group, InvalidArgumentError for a negative count; an exception from the
+    //! eviction callback propagates after every page was dropped (EvictionCallback).
     int32_t evictCached(int32_t group, int32_t count);
     //! Sets the function called for each evicted page (empty: none).
     void setEvictionCallback(EvictionCallback callback);

@@ -1,0 +1,106 @@
+#pragma once
+
+#include "kvcache/paging/page_manager.h"
+
+#include <cstdint>
+#include <vector>
+
+#include "paging/group_policy.h"
+#include "paging/page_pool.h"
+#include "paging/prefix_cache.h"
+#include "paging/sequence_table.h"
+
+namespace kvcache::rt
+{
+
+//! What a PageManager is made of, and the operations that span its parts. The parts: per group a PagePool and a
+//! GroupPolicy, the SequenceTable, the PrefixCache; the step's copy buffers.
+struct PageManager::State
+{
+    KVCacheLayout layout;
+    PageManagerOptions options;
+    int32_t maxSequenceLength = 0;
+    int32_t tokensPerPage = 0;
+    //! tokensPerPage is a power of two: shifts and masks instead of divisions on the per-token paths.
+    int32_t pageShift = 0;
+    int64_t pageMask = 0;
+    int32_t maxTokensPerStep = 0;
+    std::vector<PagePool> pools;
+    std::vector<GroupPolicy> policies;
+    //! Whether any group releases pages that leave its window (else a step has nothing to release).
+    bool anyWindowed = false;
+    SequenceTable sequences;
+    PrefixCache prefix;
+    //! The latest step's copies, one list per group, reused from step to step.
+    std::vector<std::vector<PageCopy>> copies;
+    //! The step's page count per group (step(), pagesNeeded()).
+    mutable std::vector<int64_t> stepNeeded;
+    mutable std::vector<int64_t> stepReleased;
+    int64_t copyOnWritePages = 0;
+    int64_t prefixQueryTokens = 0;
+    int64_t prefixHitTokens = 0;
+    //! Scratch of adoptPrefix: the prompt's page hashes, and the page each group has cached under them (-1: not looked
+    //! up, a windowed group's).
+    std::vector<PageHash> promptHashes;
+    std::vector<int32_t> promptPages;
+
+    State(KVCacheLayout const& layout, PageManagerOptions const& options);
+
+    int32_t numGroups() const noexcept
+    {
+        return static_cast<int32_t>(pools.size());
+    }
+    //! Pages that `tokens` tokens fill, the last possibly partial.
+    int64_t pagesFor(int64_t tokens) const noexcept
+    {
+        return (tokens + pageMask) >> pageShift;
+    }
+    //! Throws OutOfRangeError naming `what` for a group outside [0, numGroups()).
+    void checkGroup(int32_t group, char const* what) const;
+
+    //! Takes a page of `group` for a new holder: the most recently freed, else the oldest cached one (evicting it).
+    //! The caller has checked that one is available.
+    int32_t takePage(int32_t group)
+    {
+        PagePool& pool = pools[static_cast<size_t>(group)];
+        if (pool.pages.numFree() > 0)
+        {
+            return pool.pages.allocate();
+        }
+        int32_t const page = prefix.evictOldest(group, pool);
+        pool.pages.hold(page);
+        return page;
+    }
+    //! Removes a holder from `page` of `group`: a registered page with no holder left becomes cached, others free.
+    void releasePage(int32_t group, int32_t page)
+    {
+        // Whether the page is registered matters only to its last holder.
+        pools[static_cast<size_t>(group)].letGo(page, [&](int32_t last) { return prefix.isRegistered(group, last); });
+    }
+
+    // Validation (page_manager_step.cpp) ---------------------------------------------------------------------------
+
+    void checkExtraKeys(char const* what, PageExtraKey const* keys, int32_t numKeys, int64_t begin, int64_t end) const;
+    //! Checks every entry of a step as step() does, throwing what it throws; marks each listed sequence with a fresh
+    //! stamp (duplicates).
+    void checkStep(SequenceAppend const* appends, int32_t count) const;
+    //! Writes to needed[g] the pages the (checked) step takes from group g and to released[g] those its window releases
+    //! make available.
+    void countStep(SequenceAppend const* appends, int32_t count, int64_t* needed, int64_t* released) const;
+
+    // Operations ---------------------------------------------------------------------------------------------------
+
+    StepCopies step(SequenceAppend const* appends, int32_t count);
+    void releaseOutOfWindow(int32_t slot);
+    void appendOne(SequenceAppend const& append, int32_t slot);
+    void registerFilledPages(SequenceAppend const& append, int32_t slot);
+    int32_t adoptPrefix(int32_t slot, int32_t const* tokens, int32_t count, PageExtraKey const* keys, int32_t numKeys);
+    //! Returns how many whole prompt pages (of promptHashes) every windowed group can serve.
+    int32_t windowedServedPages() const;
+    int32_t hashNextPages(
+        int32_t slot, int32_t const* tokens, int32_t count, PageHash* out, PageExtraKey const* keys, int32_t numKeys);
+    void checkInvariants() const;
+    void checkGroupInvariants(int32_t group) const;
+};
+
+} // namespace kvcache::rt

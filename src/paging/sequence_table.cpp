@@ -1,0 +1,68 @@
+#include "paging/sequence_table.h"
+
+#include "kvcache/core/errors.h"
+#include "kvcache/paging/page_table.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace kvcache::rt
+{
+
+SequenceTable::SequenceTable(int32_t maxSequences, int32_t maxEntries, int32_t numGroups, int32_t tokensPerPage)
+    : mMaxSequences(maxSequences)
+    , mMaxEntries(maxEntries)
+    , mTokensPerPage(tokensPerPage)
+{
+    mSlots.resize(static_cast<size_t>(maxSequences));
+    for (SequenceState& sequence : mSlots)
+    {
+        sequence.firstHeld.assign(static_cast<size_t>(numGroups), 0);
+        sequence.pendingKeys.reserve(4);
+    }
+    mEntries.assign(static_cast<size_t>(int64_t{numGroups} * maxSequences * maxEntries), kUNUSED_PAGE_ENTRY);
+    mPartialTokens.assign(static_cast<size_t>(int64_t{maxSequences} * tokensPerPage), 0);
+    mFreeSlots.resize(static_cast<size_t>(maxSequences));
+    for (int32_t i = 0; i < maxSequences; ++i)
+    {
+        mFreeSlots[static_cast<size_t>(i)] = maxSequences - 1 - i;
+    }
+}
+
+void SequenceTable::failUnknown(SequenceId id, char const* what)
+{
+    throw InvalidArgumentError(fmt::format(
+        "PageManager::{}: sequence {} is unknown (never created, or freed already); it must be a live sequence", what,
+        id));
+}
+
+int32_t SequenceTable::take(char const* what)
+{
+    if (mNumSequences == mMaxSequences)
+    {
+        throw InvalidArgumentError(fmt::format(
+            "PageManager::{}: {} sequences are alive; maxSequences is {}", what, mNumSequences, mMaxSequences));
+    }
+    int32_t const slot = mFreeSlots[static_cast<size_t>(mMaxSequences - 1 - mNumSequences)];
+    ++mNumSequences;
+    SequenceState& sequence = mSlots[static_cast<size_t>(slot)];
+    sequence.alive = true;
+    sequence.length = 0;
+    sequence.pendingKeys.clear();
+    std::fill(sequence.firstHeld.begin(), sequence.firstHeld.end(), 0);
+    return slot;
+}
+
+void SequenceTable::release(int32_t slot) noexcept
+{
+    SequenceState& sequence = mSlots[static_cast<size_t>(slot)];
+    sequence.alive = false;
+    sequence.length = 0;
+    // Ids stay non-negative: the generation wraps within 31 bits.
+    sequence.generation = (sequence.generation + 1) & 0x7fffffffU;
+    mFreeSlots[static_cast<size_t>(mMaxSequences - mNumSequences)] = slot;
+    --mNumSequences;
+}
+
+} // namespace kvcache::rt
