@@ -1,8 +1,8 @@
 // GPU tests of a hybrid cache's views: full-attention KV layers, sliding-window KV layers of two windows, a latent
 // full-attention layer and a latent windowed layer, in three page groups. The groups, every view's shape, strides and
 // pointers and every LayerRef against the independent layout model; the slot view refused exactly for groups that keep
-// pages beyond their minimum; rings written through the slot views (tokens beyond a window's capacity wrap to
-// token % capacity) read back through the pool view's bytes, through LayerRef in a kernel and through the separate
+// pages beyond their minimum; rings written through the slot views (tokens beyond a window's slotTokens wrap to
+// token % slotTokens) read back through the pool view's bytes, through LayerRef in a kernel and through the separate
 // views; pools written through LayerRef read back through the separate and pool views. A latent layer has K alone and
 // its buffer is exactly its K pool.
 
@@ -59,7 +59,7 @@ constexpr int64_t kLAYER_TABLE_ENTRY_BYTES = 16;
 //! (KV, 2 x 8).
 std::vector<rt::KVLayerConfig> const kLAYERS{
     {4, 32}, {2, 16, 8}, {1, 48, 0, kLATENT}, {1, 24, 20}, {1, 40, 8, kLATENT}, {2, 8, 20}};
-//! Each group's minimum pages (3 slots of 13, 3 and 4 pages) and capacity.
+//! Each group's minimum pages (3 slots of 13, 3 and 4 pages) and slotTokens.
 constexpr int64_t kMIN_PAGES[] = {39, 9, 12};
 constexpr int64_t kCAPACITIES[] = {104, 24, 32};
 //! Pages of each group when every group retains some beyond its minimum.
@@ -136,7 +136,7 @@ void expectManagerLayerMatchesModel(
     int64_t const p = model.tokensPerPage;
     int64_t const h = ml.numKVHeads;
     int64_t const d = ml.headDim;
-    int64_t const cap = ml.capacity;
+    int64_t const cap = ml.slotTokens;
     rt::Tensor const& pool = manager.getCombinedKVCachePoolView(layer);
     EXPECT_TRUE(
         viewIs(pool, base, 0, {ml.numHalves, ml.numPages, p, h, d}, {ml.halfElems, p * h * d, h * d, d, 1}, type))
@@ -224,10 +224,10 @@ TYPED_TEST(HybridViewsTest, SlotViewServesOnlyGroupsAtTheirMinimum)
                     {"is in page group 2, whose numPages is 14", "minimum 12 pages"}));
             continue;
         }
-        // [numHalves, batch, capacity, H, D]: the V half (when there is one) starts where the K pool ends.
+        // [numHalves, batch, slotTokens, H, D]: the V half (when there is one) starts where the K pool ends.
         int64_t const h = ml.numKVHeads;
         int64_t const d = ml.headDim;
-        int64_t const cap = ml.capacity;
+        int64_t const cap = ml.slotTokens;
         EXPECT_EQ(model.maxBatchSize * cap * h * d, ml.halfElems);
         EXPECT_TRUE(viewIs(manager.getCombinedKVCache(layer), manager.kPoolPtr(layer), 0,
             {ml.numHalves, model.maxBatchSize, cap, h, d}, {model.maxBatchSize * cap * h * d, cap * h * d, h * d, d, 1},
@@ -255,16 +255,16 @@ int64_t tokensWritten(ModelLayer const& ml, int64_t slot)
 {
     if (ml.slidingWindow > 0)
     {
-        return ml.capacity + ml.capacity / 2 + 3 + 5 * slot;
+        return ml.slotTokens + ml.slotTokens / 2 + 3 + 5 * slot;
     }
     return kSEQUENCE_LENGTH - 7 * slot;
 }
 
-//! Returns the token ring position `position` holds once `written` tokens went to positions token % capacity (the
+//! Returns the token ring position `position` holds once `written` tokens went to positions token % slotTokens (the
 //! last to land there), or -1 when none reached it.
-int64_t tokenAt(int64_t position, int64_t written, int64_t capacity)
+int64_t tokenAt(int64_t position, int64_t written, int64_t slotTokens)
 {
-    return position < written ? position + (written - 1 - position) / capacity * capacity : -1;
+    return position < written ? position + (written - 1 - position) / slotTokens * slotTokens : -1;
 }
 
 //! One layer's slot views as the ring writer addresses them: for each half, the element offset of (0, 0, 0, 0) from
@@ -274,13 +274,13 @@ struct RingWrite
     ViewMap half[2];
     int64_t numHalves;
     int64_t batch;
-    int64_t capacity;
+    int64_t slotTokens;
     int64_t heads;
     int64_t headDim;
     int64_t written[kMAX_SLOTS];
 };
 
-//! One thread a (half, slot, head, dim) writes its slot's tokens in order, token s at ring position s % capacity,
+//! One thread a (half, slot, head, dim) writes its slot's tokens in order, token s at ring position s % slotTokens,
 //! as elementValue(salt, kv, slot, s, head, dim): the last token to reach a position stays. Writes that would leave
 //! the layer's `bufferElems` elements are counted in `outside` instead.
 template <typename Bits>
@@ -298,7 +298,7 @@ __global__ void writeRingsKernel(
         ViewMap const& view = ring.half[kv];
         for (int64_t token = 0; token < ring.written[slot]; ++token)
         {
-            int64_t const elem = view.start + slot * view.stride[0] + token % ring.capacity * view.stride[1]
+            int64_t const elem = view.start + slot * view.stride[0] + token % ring.slotTokens * view.stride[1]
                 + head * view.stride[2] + dim * view.stride[3];
             if (elem < 0 || elem >= bufferElems)
             {
@@ -332,7 +332,7 @@ void poisonAndWriteRings(rt::KVCacheManager& manager, LayoutModel const& model, 
         RingWrite ring{};
         ring.numHalves = ml.numHalves;
         ring.batch = model.maxBatchSize;
-        ring.capacity = ml.capacity;
+        ring.slotTokens = ml.slotTokens;
         ring.heads = ml.numKVHeads;
         ring.headDim = ml.headDim;
         for (int64_t slot = 0; slot < model.maxBatchSize; ++slot)
@@ -492,13 +492,13 @@ template <typename Bits, typename ExpectedAt>
         {
             return mapped;
         }
-        // Element i of the half's [batch, capacity, H, D] in row-major order.
-        for (int64_t i = 0; i < model.maxBatchSize * ml.capacity * ml.tokenElems; ++i)
+        // Element i of the half's [batch, slotTokens, H, D] in row-major order.
+        for (int64_t i = 0; i < model.maxBatchSize * ml.slotTokens * ml.tokenElems; ++i)
         {
             int64_t const dim = i % ml.headDim;
             int64_t const head = i / ml.headDim % ml.numKVHeads;
-            int64_t const position = i / ml.tokenElems % ml.capacity;
-            int64_t const slot = i / (ml.tokenElems * ml.capacity);
+            int64_t const position = i / ml.tokenElems % ml.slotTokens;
+            int64_t const slot = i / (ml.tokenElems * ml.slotTokens);
             int64_t const elem = view.start + slot * view.stride[0] + position * view.stride[1] + head * view.stride[2]
                 + dim * view.stride[3];
             log.check(host, elem, static_cast<Bits>(expectedAt(kv, slot, position, head, dim)),
@@ -524,9 +524,9 @@ std::vector<Bits> expectedAfterRings(LayoutModel const& model, int32_t layer, ui
     {
         for (int64_t slot = 0; slot < model.maxBatchSize; ++slot)
         {
-            for (int64_t position = 0; position < ml.capacity; ++position)
+            for (int64_t position = 0; position < ml.slotTokens; ++position)
             {
-                int64_t const token = tokenAt(position, tokensWritten(ml, slot), ml.capacity);
+                int64_t const token = tokenAt(position, tokensWritten(ml, slot), ml.slotTokens);
                 if (token < 0)
                 {
                     continue;
@@ -572,7 +572,7 @@ void checkRings(rt::KVCacheManager& manager, LayoutModel const& model, uint64_t 
             EXPECT_TRUE(separateViewsHold(manager, model, layer, host,
                 [&](int64_t kv, int64_t slot, int64_t position, int64_t head, int64_t dim)
                 {
-                    int64_t const token = tokenAt(position, tokensWritten(ml, slot), ml.capacity);
+                    int64_t const token = tokenAt(position, tokensWritten(ml, slot), ml.slotTokens);
                     return token < 0 ? poisonBits<Bits>() : elementValue<Bits>(salt, kv, slot, token, head, dim);
                 }));
         }

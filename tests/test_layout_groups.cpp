@@ -187,7 +187,7 @@ TEST(RingPages, EdgeCasesByHand)
             + std::to_string(c.window) + ", C " + std::to_string(c.step));
         KVCacheLayout const layout = computeLayout(fullAndWindow(c.sequence, c.pageSize, c.window, c.step));
         EXPECT_EQ(layout.groups.at(1).pagesPerSequence, c.pages);
-        EXPECT_EQ(layout.groups.at(1).capacity, c.pages * c.pageSize);
+        EXPECT_EQ(layout.groups.at(1).slotTokens, c.pages * c.pageSize);
         EXPECT_EQ(test::residentPagesBySimulation(c.window, c.step, c.sequence, c.pageSize), c.simulated);
     }
 }
@@ -237,7 +237,7 @@ KVCacheLayout expectGroupsMatchModel(KVCacheConfig const& config)
         EXPECT_EQ(group.cacheBytes, group.numPages * group.bytesPerPage) << "group " << g;
         groupBytes += group.cacheBytes;
         groupBytesPerPage += group.bytesPerPage;
-        largestCapacity = std::max<int64_t>(largestCapacity, group.capacity);
+        largestCapacity = std::max<int64_t>(largestCapacity, group.slotTokens);
     }
     EXPECT_EQ(layout.cacheBytes, groupBytes);
     EXPECT_EQ(layout.bytesPerPage, groupBytesPerPage);
@@ -260,7 +260,7 @@ KVCacheLayout expectGroupsMatchModel(KVCacheConfig const& config)
         EXPECT_EQ(layout.capPadded, pagesFor(config.maxSequenceLength, pageSize) * pageSize);
     }
 
-    // Layers: their kind as asked, their group's window, capacity and pages, K alone when latent.
+    // Layers: their kind as asked, their group's window, slotTokens and pages, K alone when latent.
     for (size_t i = 0; i < std::min(layout.layers.size(), config.layerConfigs.size()); ++i)
     {
         KVLayerLayout const& layer = layout.layers[i];
@@ -271,7 +271,7 @@ KVCacheLayout expectGroupsMatchModel(KVCacheConfig const& config)
         EXPECT_EQ(layer.numHalves, asked.kind == KVLayerKind::kLATENT ? 1 : 2) << where;
         EXPECT_EQ(layer.layerBytes, layer.numHalves * layer.halfElems * e) << where;
         EXPECT_EQ(group.slidingWindow, asked.slidingWindow) << where;
-        EXPECT_EQ(layer.capacity, group.capacity) << where;
+        EXPECT_EQ(layer.slotTokens, group.slotTokens) << where;
         EXPECT_EQ(layer.numPages, group.numPages) << where;
         EXPECT_EQ(layer.halfElems, group.numPages * layer.pageElems) << where;
         EXPECT_EQ(std::count(group.layers.begin(), group.layers.end(), static_cast<int32_t>(i)), 1) << where;
@@ -356,11 +356,11 @@ TEST(PageGroups, RandomHybridConfigsMatchTheModel)
     EXPECT_GT(latentWindowed, 50);
 }
 
-//! One group's fields worked out by hand: window, pagesPerSequence, capacity, minPages, numPages, bytesPerPage,
+//! One group's fields worked out by hand: window, pagesPerSequence, slotTokens, minPages, numPages, bytesPerPage,
 //! cacheBytes, layers.
 using GroupByHand = std::tuple<int32_t, int32_t, int32_t, int32_t, int32_t, int64_t, int64_t, std::vector<int32_t>>;
 
-//! One layer's fields worked out by hand: group, numHalves, capacity, numPages, pageElems, halfElems, layerBytes.
+//! One layer's fields worked out by hand: group, numHalves, slotTokens, numPages, pageElems, halfElems, layerBytes.
 using LayerByHand = std::tuple<int32_t, int32_t, int32_t, int32_t, int64_t, int64_t, int64_t>;
 
 void expectGroupsByHand(KVCacheLayout const& layout, std::vector<GroupByHand> const& groups)
@@ -368,7 +368,7 @@ void expectGroupsByHand(KVCacheLayout const& layout, std::vector<GroupByHand> co
     std::vector<GroupByHand> actual;
     for (KVPageGroupLayout const& g : layout.groups)
     {
-        actual.emplace_back(g.slidingWindow, g.pagesPerSequence, g.capacity, g.minPages, g.numPages, g.bytesPerPage,
+        actual.emplace_back(g.slidingWindow, g.pagesPerSequence, g.slotTokens, g.minPages, g.numPages, g.bytesPerPage,
             g.cacheBytes, g.layers);
     }
     EXPECT_EQ(actual, groups);
@@ -377,7 +377,7 @@ void expectGroupsByHand(KVCacheLayout const& layout, std::vector<GroupByHand> co
 void expectLayerByHand(KVCacheLayout const& layout, int32_t index, LayerByHand const& hand)
 {
     KVLayerLayout const& l = layout.layers.at(static_cast<size_t>(index));
-    EXPECT_EQ(LayerByHand(l.group, l.numHalves, l.capacity, l.numPages, l.pageElems, l.halfElems, l.layerBytes), hand)
+    EXPECT_EQ(LayerByHand(l.group, l.numHalves, l.slotTokens, l.numPages, l.pageElems, l.halfElems, l.layerBytes), hand)
         << "layer " << index;
 }
 
@@ -926,7 +926,7 @@ TEST(OneGroupLayout, FullAttentionKVModelsHaveOneGroupEqualToTheScalarFields)
         KVPageGroupLayout const& group = layout.groups[0];
         EXPECT_EQ(group.slidingWindow, 0);
         EXPECT_EQ(group.pagesPerSequence, layout.pagesPerSlot);
-        EXPECT_EQ(group.capacity, layout.capPadded);
+        EXPECT_EQ(group.slotTokens, layout.capPadded);
         EXPECT_EQ(group.minPages, layout.minPages);
         EXPECT_EQ(group.minPages, minPages);
         EXPECT_EQ(group.numPages, layout.numPages);
@@ -938,7 +938,7 @@ TEST(OneGroupLayout, FullAttentionKVModelsHaveOneGroupEqualToTheScalarFields)
         {
             EXPECT_EQ(layer.group, 0);
             EXPECT_EQ(layer.numHalves, 2);
-            EXPECT_EQ(layer.capacity, layout.capPadded);
+            EXPECT_EQ(layer.slotTokens, layout.capPadded);
             EXPECT_EQ(layer.numPages, layout.numPages);
         }
         // A step bound changes nothing without windows, and numPagesPerGroup {n} means numPages n.

@@ -41,7 +41,7 @@ std::string formatPlanJson(Plan const& plan)
         entry["headDim"] = layer.headDim;
         entry["slidingWindow"] = layer.slidingWindow;
         entry["group"] = layer.group;
-        entry["capacity"] = layer.capacity;
+        entry["slotTokens"] = layer.slotTokens;
         entry["numPages"] = layer.numPages;
         entry["bytes"] = layer.layerBytes;
         json["layers"].push_back(std::move(entry));

@@ -371,7 +371,7 @@ output:
                        maxTokensPerStep (the effective one: --seq-len when --step-tokens is 0), dtype,
                        totalBytes, groups [{{index, slidingWindow, pagesPerSequence, numPages, layers}}],
                        layers [{{index, kind (kv or latent), numKVHeads, headDim, slidingWindow, group,
-                       capacity, numPages, bytes}}], and budget {{bytes, sequences, numPagesPerGroup,
+                       slotTokens, numPages, bytes}}], and budget {{bytes, sequences, numPagesPerGroup,
                        cacheBytes}} when --budget is given; with --tp, the plan of GPU 0's shard plus
                        tp {{size, rank, totalBytesAllRanks, layers [{{index, firstHead, numKVHeads,
                        replicas}}]}}: the heads GPU 0 holds, each also held by replicas - 1 other GPUs

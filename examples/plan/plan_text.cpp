@@ -78,7 +78,7 @@ std::string attentionSummary(Plan const& plan)
 std::string formatGroupTable(Plan const& plan)
 {
     rt::KVCacheLayout const& layout = plan.layout;
-    TextTable table({"group", "attention", "layers", "pages/seq", "capacity", "pages", "bytes per page", "bytes"},
+    TextTable table({"group", "attention", "layers", "pages/seq", "slot tokens", "pages", "bytes per page", "bytes"},
         {false, false, false, true, true, true, true, true});
     for (size_t g = 0; g < layout.groups.size(); ++g)
     {
@@ -91,7 +91,7 @@ std::string formatGroupTable(Plan const& plan)
             : allChunked                                       ? fmt::format("chunks of {}", group.slidingWindow)
                                                                : fmt::format("window {}", group.slidingWindow);
         table.addRow({fmt::format("{}", g), attention, group.layers.empty() ? "none" : formatIndices(group.layers),
-            formatBytes(group.pagesPerSequence), formatBytes(group.capacity), formatBytes(group.numPages),
+            formatBytes(group.pagesPerSequence), formatBytes(group.slotTokens), formatBytes(group.numPages),
             formatBytes(group.bytesPerPage),
             fmt::format("{} ({})", formatBytes(group.cacheBytes), formatSize(group.cacheBytes))});
     }
@@ -140,7 +140,7 @@ std::string formatLayerTable(Plan const& plan, bool perLayer)
         rt::KVLayerLayout const& x = layout.layers[a];
         rt::KVLayerLayout const& y = layout.layers[b];
         return x.numKVHeads == y.numKVHeads && x.headDim == y.headDim && x.kind == y.kind
-            && x.slidingWindow == y.slidingWindow && x.group == y.group && x.capacity == y.capacity
+            && x.slidingWindow == y.slidingWindow && x.group == y.group && x.slotTokens == y.slotTokens
             && x.numPages == y.numPages && plan.model.attentionKinds[a] == plan.model.attentionKinds[b];
     };
     std::vector<bool> placed(numLayers, false);
@@ -177,7 +177,7 @@ std::string formatLayerTable(Plan const& plan, bool perLayer)
             row.push_back(fmt::format("{}", layer.group));
         }
         row.push_back(
-            formatShape({layer.numHalves, plan.config.maxBatchSize, layer.capacity, layer.numKVHeads, layer.headDim}));
+            formatShape({layer.numHalves, plan.config.maxBatchSize, layer.slotTokens, layer.numKVHeads, layer.headDim}));
         row.push_back(
             formatShape({layer.numHalves, layer.numPages, layout.tokensPerPage, layer.numKVHeads, layer.headDim}));
         row.push_back(formatBytes(layer.layerBytes));
@@ -368,7 +368,7 @@ std::string formatPlan(Plan const& plan, bool perLayer)
     text += formatTensorParallel(plan);
     if (layout.groups.size() > 1)
     {
-        text += "  views     slot [2, batch, capacity, H, D] and pool [2, pages, tokensPerPage, H, D] per layer\n";
+        text += "  views     slot [2, batch, slotTokens, H, D] and pool [2, pages, tokensPerPage, H, D] per layer\n";
     }
     else
     {

@@ -147,7 +147,7 @@ TEST(MakePlan, GptOssWindowKeepsEighteenPages)
     EXPECT_EQ(groupWindows(plan), (std::vector<int32_t>{0, 128}));
     EXPECT_EQ(groupPages(plan), (std::vector<std::pair<int32_t, int32_t>>{{64, 512}, {18, 144}}));
     EXPECT_EQ(plan.layout.groups[0].layers, (std::vector<int32_t>{1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23}));
-    EXPECT_EQ(plan.layout.groups[1].capacity, 2304); // 18 * 128
+    EXPECT_EQ(plan.layout.groups[1].slotTokens, 2304); // 18 * 128
     // Per page and layer: 2 * 128 tokens * 8 heads * 64 dims * 2 bytes = 262,144.
     // Full layers 512 * 262,144 = 134,217,728; windowed 144 * 262,144 = 37,748,736.
     EXPECT_EQ(layerBytes(plan), alternating<int64_t>(24, 37748736, 134217728));
@@ -186,7 +186,7 @@ TEST(MakePlan, Gemma3WindowKeepsTwentyFivePages)
 TEST(MakePlan, MistralIsOneWindowedGroup)
 {
     Plan const plan = steppedPlan("mistral-7b-v0.1.json");
-    // Every layer has window 4096: one group of 49 pages a sequence, and capPadded is its capacity.
+    // Every layer has window 4096: one group of 49 pages a sequence, and capPadded is its slotTokens.
     EXPECT_EQ(groupWindows(plan), (std::vector<int32_t>{4096}));
     EXPECT_EQ(groupPages(plan), (std::vector<std::pair<int32_t, int32_t>>{{49, 392}}));
     EXPECT_EQ(plan.layout.capPadded, 6272); // 49 * 128

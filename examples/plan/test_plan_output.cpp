@@ -116,9 +116,9 @@ TEST(Format, JsonHasEveryField)
     ASSERT_EQ(json.at("layers").size(), 24u);
     nlohmann::json const& layer = json.at("layers")[0];
     EXPECT_EQ(layer, nlohmann::json::parse(R"({"index": 0, "kind": "kv", "numKVHeads": 8, "headDim": 64,
-        "slidingWindow": 128, "group": 1, "capacity": 2304, "numPages": 144, "bytes": 37748736})"));
+        "slidingWindow": 128, "group": 1, "slotTokens": 2304, "numPages": 144, "bytes": 37748736})"));
     EXPECT_TRUE(layer.at("bytes").is_number_integer());
-    EXPECT_EQ(json.at("layers")[1].at("capacity"), 8192); // 64 pages * 128
+    EXPECT_EQ(json.at("layers")[1].at("slotTokens"), 8192); // 64 pages * 128
 
     nlohmann::json const latent = nlohmann::json::parse(formatPlanJson(steppedPlan("deepseek-v3.json")));
     EXPECT_EQ(latent.at("layers")[60].at("kind"), "latent");

@@ -244,7 +244,7 @@ class KVLayerLayout:
     def num_halves(self) -> int: ...
 
     @property
-    def capacity(self) -> int: ...
+    def slot_tokens(self) -> int: ...
 
     @property
     def num_pages(self) -> int: ...
@@ -271,7 +271,7 @@ class KVPageGroupLayout:
     def pages_per_sequence(self) -> int: ...
 
     @property
-    def capacity(self) -> int: ...
+    def slot_tokens(self) -> int: ...
 
     @property
     def min_pages(self) -> int: ...
@@ -492,7 +492,7 @@ class KVCacheManager:
 
     def slot_view(self, layer: int) -> View:
         """
-        Slot view [2, max_batch_size, capacity, H, D]; raises InvalidConfigError when the layer's group has retained pages.
+        Slot view [2, max_batch_size, slot_tokens, H, D]; raises InvalidConfigError when the layer's group has retained pages.
         """
 
     def k_pool(self, layer: int) -> View:
@@ -505,7 +505,7 @@ class KVCacheManager:
 
     def separate_view(self, layer: int) -> tuple[View, View]:
         """
-        K and V views, each [max_batch_size, capacity, H, D] (V empty for a latent layer).
+        K and V views, each [max_batch_size, slot_tokens, H, D] (V empty for a latent layer).
         """
 
     def k_pool_ptr(self, layer: int) -> int:

@@ -226,14 +226,14 @@ void bindConfig(nb::module_& m)
         m, "KVLayerLayout", "Sizes of one layer's buffer (element counts per half).");
     readOnlyFields(layerLayout, "num_kv_heads", &rt::KVLayerLayout::numKVHeads, "head_dim", &rt::KVLayerLayout::headDim,
         "kind", &rt::KVLayerLayout::kind, "sliding_window", &rt::KVLayerLayout::slidingWindow, "group",
-        &rt::KVLayerLayout::group, "num_halves", &rt::KVLayerLayout::numHalves, "capacity",
-        &rt::KVLayerLayout::capacity, "num_pages", &rt::KVLayerLayout::numPages, "page_elems",
+        &rt::KVLayerLayout::group, "num_halves", &rt::KVLayerLayout::numHalves, "slot_tokens",
+        &rt::KVLayerLayout::slotTokens, "num_pages", &rt::KVLayerLayout::numPages, "page_elems",
         &rt::KVLayerLayout::pageElems, "page_bytes", &rt::KVLayerLayout::pageBytes, "half_elems",
         &rt::KVLayerLayout::halfElems, "layer_bytes", &rt::KVLayerLayout::layerBytes);
 
     nb::class_<rt::KVPageGroupLayout> groupLayout(m, "KVPageGroupLayout", "Layers that share one page-id space.");
     readOnlyFields(groupLayout, "sliding_window", &rt::KVPageGroupLayout::slidingWindow, "pages_per_sequence",
-        &rt::KVPageGroupLayout::pagesPerSequence, "capacity", &rt::KVPageGroupLayout::capacity, "min_pages",
+        &rt::KVPageGroupLayout::pagesPerSequence, "slot_tokens", &rt::KVPageGroupLayout::slotTokens, "min_pages",
         &rt::KVPageGroupLayout::minPages, "num_pages", &rt::KVPageGroupLayout::numPages, "layers",
         &rt::KVPageGroupLayout::layers, "bytes_per_page", &rt::KVPageGroupLayout::bytesPerPage, "cache_bytes",
         &rt::KVPageGroupLayout::cacheBytes);

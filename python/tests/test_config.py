@@ -91,7 +91,7 @@ def test_hybrid_groups_match_the_model():
     for group, model in zip(layout.groups, expected):
         assert group.sliding_window == model.window
         assert group.pages_per_sequence == model.pages_per_sequence
-        assert group.capacity == model.pages_per_sequence * 16
+        assert group.slot_tokens == model.pages_per_sequence * 16
         assert group.min_pages == 2 * model.pages_per_sequence
         assert group.num_pages == group.min_pages
         assert list(group.layers) == model.layers

@@ -218,10 +218,10 @@ KVCacheLayout computeLayout(KVCacheConfig const& config)
         KVPageGroupLayout group;
         group.slidingWindow = static_cast<int32_t>(window);
         group.pagesPerSequence = static_cast<int32_t>(pagesPerSequence);
-        group.capacity = static_cast<int32_t>(pagesPerSequence * tokensPerPage);
+        group.slotTokens = static_cast<int32_t>(pagesPerSequence * tokensPerPage);
         group.minPages = static_cast<int32_t>(minPages);
         group.numPages = asked == 0 ? group.minPages : asked;
-        layout.capPadded = std::max(layout.capPadded, group.capacity);
+        layout.capPadded = std::max(layout.capPadded, group.slotTokens);
         if (config.layerConfigs.empty())
         {
             break; // the scalar fields only
@@ -256,7 +256,7 @@ KVCacheLayout computeLayout(KVCacheConfig const& config)
         layer.slidingWindow = layerConfig.slidingWindow;
         layer.group = groupIndex;
         layer.numHalves = layerConfig.kind == KVLayerKind::kLATENT ? 1 : 2;
-        layer.capacity = group.capacity;
+        layer.slotTokens = group.slotTokens;
         layer.numPages = group.numPages;
         layer.pageElems = checkedMul(checkedMul(tokensPerPage, layerConfig.numKVHeads, where + "page elements"),
             layerConfig.headDim, where + "page elements");

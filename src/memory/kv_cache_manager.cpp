@@ -55,7 +55,7 @@ KVCacheManager::KVCacheManager(Config const& config, cudaStream_t stream)
     {
         KVLayerLayout const& layer = mLayout.layers[static_cast<size_t>(i)];
         void* base = mBuffers[static_cast<size_t>(i)].data();
-        mSlotViews.emplace_back(base, Coords{layer.numHalves, batch, layer.capacity, layer.numKVHeads, layer.headDim},
+        mSlotViews.emplace_back(base, Coords{layer.numHalves, batch, layer.slotTokens, layer.numKVHeads, layer.headDim},
             mLayout.dataType, DeviceType::kGPU);
         mPoolViews.emplace_back(base,
             Coords{layer.numHalves, layer.numPages, tokensPerPage, layer.numKVHeads, layer.headDim}, mLayout.dataType,
@@ -84,7 +84,7 @@ Tensor& KVCacheManager::getCombinedKVCache(int32_t layerIdx)
     {
         throw InvalidConfigError(fmt::format(
             "KVCacheManager::getCombinedKVCache: layer {} is in page group {}, whose numPages is {}, but the slot view "
-            "[2, maxBatchSize, capacity, H, D] is only valid at the group's minimum {} pages (its V half would start "
+            "[2, maxBatchSize, slotTokens, H, D] is only valid at the group's minimum {} pages (its V half would start "
             "inside the K pool); use getCombinedKVCachePoolView, getSeparateKVCache or kPoolPtr/vPoolPtr, which are "
             "valid for any numPages",
             layerIdx, layer.group, group.numPages, group.minPages));
@@ -102,13 +102,13 @@ std::pair<Tensor, Tensor> KVCacheManager::getSeparateKVCache(int32_t layerIdx) c
 {
     checkIndex(layerIdx, "KVCacheManager::getSeparateKVCache");
     KVLayerLayout const& layer = mLayout.layers[static_cast<size_t>(layerIdx)];
-    Coords const shape{mLayout.maxBatchSize, layer.capacity, layer.numKVHeads, layer.headDim};
+    Coords const shape{mLayout.maxBatchSize, layer.slotTokens, layer.numKVHeads, layer.headDim};
     Tensor k(kPoolPtr(layerIdx), shape, mLayout.dataType, DeviceType::kGPU);
     if (layer.numHalves == 1)
     {
         // No V: an empty view (null, no elements) of the same rank, so volume() and sizeBytes() read 0.
         return {k,
-            Tensor(nullptr, Coords{0, layer.capacity, layer.numKVHeads, layer.headDim}, mLayout.dataType,
+            Tensor(nullptr, Coords{0, layer.slotTokens, layer.numKVHeads, layer.headDim}, mLayout.dataType,
                 DeviceType::kGPU)};
     }
     return {k, Tensor(vPoolPtr(layerIdx), shape, mLayout.dataType, DeviceType::kGPU)};

@@ -22,7 +22,7 @@ inline void expectGroupMatchesModel(rt::KVPageGroupLayout const& group, LayoutMo
     ModelGroup const& expected = model.groups.at(index);
     EXPECT_EQ(group.slidingWindow, expected.slidingWindow);
     EXPECT_EQ(group.pagesPerSequence, expected.pagesPerSequence);
-    EXPECT_EQ(group.capacity, expected.pagesPerSequence * model.tokensPerPage);
+    EXPECT_EQ(group.slotTokens, expected.pagesPerSequence * model.tokensPerPage);
     EXPECT_EQ(group.minPages, expected.minPages);
     EXPECT_EQ(group.numPages, expected.numPages);
     EXPECT_EQ(group.layers, expected.layers);
@@ -45,7 +45,7 @@ inline void expectLayerMatchesModel(rt::KVLayerLayout const& layer, LayoutModel 
     EXPECT_EQ(layer.slidingWindow, expected.slidingWindow);
     EXPECT_EQ(layer.group, expected.group);
     EXPECT_EQ(layer.numHalves, expected.numHalves);
-    EXPECT_EQ(layer.capacity, expected.capacity);
+    EXPECT_EQ(layer.slotTokens, expected.slotTokens);
     EXPECT_EQ(layer.numPages, expected.numPages);
     EXPECT_EQ(layer.pageElems, expected.pageElems);
     EXPECT_EQ(layer.pageBytes, expected.pageBytes);

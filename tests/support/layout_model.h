@@ -49,7 +49,7 @@ struct ModelLayer
     int64_t slidingWindow = 0; //!< 0 for full attention
     int64_t group = 0;
     int64_t pagesPerSequence = 0;
-    int64_t capacity = 0; //!< tokens of one slot: pagesPerSequence * tokensPerPage
+    int64_t slotTokens = 0; //!< tokens of one slot: pagesPerSequence * tokensPerPage
     int64_t numPages = 0; //!< the group's
 };
 
@@ -126,11 +126,11 @@ struct LayoutModel
         return slot * pagesPerSlot + position / tokensPerPage;
     }
     //! Returns the page and in-page token that hold token `token` of slot `slot` in `layer`'s slot view: a ring of
-    //! capacity tokens for a windowed layer.
+    //! slotTokens tokens for a windowed layer.
     std::pair<int64_t, int64_t> slotPosition(int32_t layer, int64_t slot, int64_t token) const
     {
         ModelLayer const& m = layers.at(static_cast<size_t>(layer));
-        int64_t const ring = token % m.capacity;
+        int64_t const ring = token % m.slotTokens;
         return {slot * m.pagesPerSequence + ring / tokensPerPage, ring % tokensPerPage};
     }
 };
@@ -193,7 +193,7 @@ inline LayoutModel modelLayout(rt::KVCacheConfig const& config)
         m.group = std::find(windows.begin(), windows.end(), layer.slidingWindow) - windows.begin();
         ModelGroup& group = model.groups[static_cast<size_t>(m.group)];
         m.pagesPerSequence = group.pagesPerSequence;
-        m.capacity = m.pagesPerSequence * model.tokensPerPage;
+        m.slotTokens = m.pagesPerSequence * model.tokensPerPage;
         m.numPages = group.numPages;
         m.tokenElems = m.numKVHeads * m.headDim;
         m.pageElems = model.tokensPerPage * m.tokenElems;
@@ -201,7 +201,7 @@ inline LayoutModel modelLayout(rt::KVCacheConfig const& config)
         m.halfElems = m.numPages * m.pageElems;
         m.halfBytes = m.halfElems * model.elementBytes;
         m.layerBytes = m.numHalves * m.halfBytes;
-        model.capPadded = std::max(model.capPadded, m.capacity);
+        model.capPadded = std::max(model.capPadded, m.slotTokens);
         model.cacheBytes += m.layerBytes;
         model.bytesPerPage += m.numHalves * m.pageBytes;
         group.bytesPerPage += m.numHalves * m.pageBytes;

@@ -17,7 +17,7 @@ struct KVLayerLayout
     int32_t slidingWindow = {}; //!< 0 for full attention
     int32_t group = {};         //!< index into KVCacheLayout::groups
     int32_t numHalves = {};     //!< 2 (K and V), or 1 for a latent layer
-    int32_t capacity = {};      //!< tokens of one slot of the slot view: the group's pagesPerSequence * tokensPerPage
+    int32_t slotTokens = {};    //!< tokens of one slot of the slot view: the group's pagesPerSequence * tokensPerPage
     int32_t numPages = {};      //!< pages per half: the group's numPages
     int64_t pageElems = {};     //!< tokensPerPage * numKVHeads * headDim
     int64_t pageBytes = {};     //!< pageElems * element size
@@ -32,7 +32,7 @@ struct KVPageGroupLayout
 {
     int32_t slidingWindow = {};    //!< 0 for full attention
     int32_t pagesPerSequence = {}; //!< the most pages one sequence holds at once
-    int32_t capacity = {};         //!< pagesPerSequence * tokensPerPage: tokens one slot holds (a ring when windowed)
+    int32_t slotTokens = {};       //!< pagesPerSequence * tokensPerPage: tokens one slot holds (a ring when windowed)
     int32_t minPages = {};         //!< maxBatchSize * pagesPerSequence
     int32_t numPages = {};         //!< pages per half of each of its layers: numPagesPerGroup's entry, or minPages
     std::vector<int32_t> layers = {}; //!< its layers, ascending
@@ -46,14 +46,14 @@ struct KVPageGroupLayout
 //! sequence (S = maxSequenceLength, P = tokensPerPage, C = maxTokensPerStep): attending from the first of C tokens
 //! appended in one step reaches W - 1 tokens back, so W - 1 + C consecutive tokens must be resident at once; they
 //! start anywhere in a page, so covering them can take one page more than their length rounds up to; and a sequence
-//! never needs more pages than a full-length one. Token s of a slot lives at ring position s % capacity.
+//! never needs more pages than a full-length one. Token s of a slot lives at ring position s % slotTokens.
 struct KVCacheLayout
 {
     int32_t maxBatchSize = {};
     DataType dataType = DataType::kHALF;
     int32_t tokensPerPage = {};
     int32_t maxTokensPerStep = {}; //!< C above: the config's, or maxSequenceLength when it is 0
-    int32_t capPadded = {};        //!< the largest layer capacity: maxSequenceLength rounded up to whole pages when
+    int32_t capPadded = {};        //!< the largest layer slotTokens: maxSequenceLength rounded up to whole pages when
                                    //!< any layer has full attention (or there are no layers)
     int32_t pagesPerSlot = {};     //!< group 0's pagesPerSequence
     int32_t minPages = {};         //!< group 0's minPages

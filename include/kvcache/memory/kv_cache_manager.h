@@ -52,16 +52,16 @@ public:
         return computeLayout(config);
     }
 
-    //! Returns the slot view [2, maxBatchSize, capacity, H, D] of `layerIdx` ([1, ...] for a latent layer; capacity
-    //! is capPadded for full attention and the ring's length for a sliding window: token s at s % capacity). Throws
+    //! Returns the slot view [2, maxBatchSize, slotTokens, H, D] of `layerIdx` ([1, ...] for a latent layer; slotTokens
+    //! is capPadded for full attention and the ring's length for a sliding window: token s at s % slotTokens). Throws
     //! std::out_of_range for a bad index and InvalidConfigError when the layer's group has more pages than its
     //! minimum (the view's V half would be wrong).
     Tensor& getCombinedKVCache(int32_t layerIdx);
     //! Returns the pool view [2, numPages, tokensPerPage, H, D] of `layerIdx` ([1, ...] for a latent layer; numPages is
     //! the layer's group's); aborts on a bad index.
     Tensor& getCombinedKVCachePoolView(int32_t layerIdx) noexcept;
-    //! Returns K and V, each [maxBatchSize, capacity, H, D] at kPoolPtr / vPoolPtr (for a latent layer V is empty:
-    //! null, [0, capacity, H, D]); aborts on a bad index.
+    //! Returns K and V, each [maxBatchSize, slotTokens, H, D] at kPoolPtr / vPoolPtr (for a latent layer V is empty:
+    //! null, [0, slotTokens, H, D]); aborts on a bad index.
     std::pair<Tensor, Tensor> getSeparateKVCache(int32_t layerIdx) const noexcept;
     //! Returns latent layer `layerIdx`'s pool as MLA kernels take it: [numPages, tokensPerPage, headDim] at kPoolPtr,
     //! each token's vector holding the kv_lora_rank values first, then the rope part. Throws OutOfRangeError for a bad
@@ -84,7 +84,7 @@ public:
         return getSeparateKVCache(layerIdx);
     }
 
-    //! Returns the largest layer capacity: maxSequenceLength rounded up to whole pages when any layer has full
+    //! Returns the largest layer slotTokens: maxSequenceLength rounded up to whole pages when any layer has full
     //! attention, else the longest sliding-window ring.
     int32_t maxCapPadded() const noexcept
     {
