@@ -1,6 +1,8 @@
 // The library's CUDA owners (src/core/cuda_owners.h): argument checks and empty owners (no GPU needed), then
 // allocation, moves and release on a GPU, checked through CUDA's own view of each pointer.
 
+#include "core/cuda_owners.h"
+
 #include "kvcache/core/errors.h"
 
 #include <cuda_runtime_api.h>
@@ -12,7 +14,6 @@
 #include <utility>
 #include <vector>
 
-#include "core/cuda_owners.h"
 #include "support/cuda_raii.h"
 #include "support/error_matchers.h"
 #include "support/gpu_test.h"

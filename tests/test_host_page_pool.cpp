@@ -2,6 +2,8 @@
 // the pinned limit, and refused calls that change nothing. The order is the one the host tier has always promised:
 // released host pages first, most recent first, then never used ones in ascending order.
 
+#include "tiers/host_page_pool.h"
+
 #include "kvcache/core/errors.h"
 
 #include <gtest/gtest.h>
@@ -10,7 +12,6 @@
 #include <vector>
 
 #include "support/error_matchers.h"
-#include "tiers/host_page_pool.h"
 
 namespace
 {

@@ -3,6 +3,9 @@
 // maths of both forms (token addresses, a CSR table with first tokens) against the independent model in
 // support/token_write_model.h.
 
+#include "memory/token_address.h"
+#include "memory/token_op_plan.h"
+
 #include "kvcache/errors.h"
 #include "kvcache/kv_cache_manager.h"
 #include "kvcache/memory/kv_write.h"
@@ -18,8 +21,6 @@
 #include <tuple>
 #include <vector>
 
-#include "memory/token_address.h"
-#include "memory/token_op_plan.h"
 #include "support/config_builder.h"
 #include "support/error_matchers.h"
 #include "support/token_write_model.h"

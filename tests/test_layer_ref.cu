@@ -2,8 +2,6 @@
 // and the independent layout model, and a kernel that takes it by value and writes every element through its accessors,
 // read back through the pool view's bytes at the offsets the model gives.
 
-#include "support/view_round_trip.cuh"
-
 #include "kvcache/kv_cache_manager.h"
 #include "kvcache/layer_ref.h"
 #include "kvcache/tensor.h"
@@ -21,6 +19,7 @@
 #include "support/data_types.h"
 #include "support/gpu_test.h"
 #include "support/layout_model.h"
+#include "support/view_round_trip.cuh"
 
 namespace kvcache::test
 {

@@ -1,8 +1,6 @@
 // GPU tests of KVCacheManager's lifetime: device memory accounting, out-of-memory cleanup, zero layers, bad layer
 // indices, moves and several managers on several streams.
 
-#include "support/view_round_trip.cuh"
-
 #include "kvcache/errors.h"
 #include "kvcache/kv_cache_manager.h"
 #include "kvcache/layer_ref.h"
@@ -26,6 +24,7 @@
 #include "support/error_matchers.h"
 #include "support/gpu_test.h"
 #include "support/layout_model.h"
+#include "support/view_round_trip.cuh"
 
 namespace kvcache::test
 {

@@ -1,8 +1,6 @@
 // GPU tests of KVCacheManager's views: shapes, strides and pointers, retained pages, data written through one view
 // and read through the others, and paged writes through a page table.
 
-#include "support/view_round_trip.cuh"
-
 #include "kvcache/errors.h"
 #include "kvcache/kv_cache_manager.h"
 
@@ -24,6 +22,7 @@
 #include "support/error_matchers.h"
 #include "support/gpu_test.h"
 #include "support/layout_model.h"
+#include "support/view_round_trip.cuh"
 
 namespace kvcache::test
 {

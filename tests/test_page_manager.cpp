@@ -3,6 +3,8 @@
 // rejection for its type, its message and a full snapshot left as it was, copy-on-write, prefix reuse, eviction order,
 // windowed groups and the page lists handed to the page table builder.
 
+#include "paging/page_table_build.h"
+
 #include "kvcache/errors.h"
 #include "kvcache/page_hash.h"
 #include "kvcache/page_manager.h"
@@ -20,7 +22,6 @@
 #include <utility>
 #include <vector>
 
-#include "paging/page_table_build.h"
 #include "support/config_builder.h"
 #include "support/error_matchers.h"
 #include "support/page_manager_model.h"

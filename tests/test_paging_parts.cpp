@@ -3,6 +3,10 @@
 // combines them (page_pool.h) and the two group policies (group_policy.h), whose window rule is checked against a
 // token-by-token count.
 
+#include "paging/cached_page_list.h"
+#include "paging/group_policy.h"
+#include "paging/page_pool.h"
+
 #include "kvcache/errors.h"
 #include "kvcache/page_allocator.h"
 
@@ -13,10 +17,6 @@
 #include <list>
 #include <random>
 #include <vector>
-
-#include "paging/cached_page_list.h"
-#include "paging/group_policy.h"
-#include "paging/page_pool.h"
 
 namespace kvcache::rt
 {

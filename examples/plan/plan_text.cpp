@@ -176,8 +176,8 @@ std::string formatLayerTable(Plan const& plan, bool perLayer)
         {
             row.push_back(fmt::format("{}", layer.group));
         }
-        row.push_back(
-            formatShape({layer.numHalves, plan.config.maxBatchSize, layer.slotTokens, layer.numKVHeads, layer.headDim}));
+        row.push_back(formatShape(
+            {layer.numHalves, plan.config.maxBatchSize, layer.slotTokens, layer.numKVHeads, layer.headDim}));
         row.push_back(
             formatShape({layer.numHalves, layer.numPages, layout.tokensPerPage, layer.numKVHeads, layer.headDim}));
         row.push_back(formatBytes(layer.layerBytes));

@@ -1,10 +1,9 @@
 #include "handle_stream.h"
 
+#include "core/scoped_device.h"
 #include "cuda_arguments.h"
 
 #include <kvcache/errors.h>
-
-#include "core/scoped_device.h"
 
 namespace kvcache::python
 {

@@ -1,12 +1,12 @@
 #include "core/cuda_owners.h"
 
+#include "core/scoped_device.h"
+
 #include "kvcache/core/errors.h"
 
 #include <fmt/format.h>
 
 #include <string>
-
-#include "core/scoped_device.h"
 
 namespace kvcache::rt::detail
 {

@@ -1,8 +1,12 @@
 #include "kvcache/dist/page_transfer.h"
 
+#include "core/scoped_device.h"
+#include "kernels/page_mover.cuh"
+#include "memory/page_list_validation.h"
+
 #include "kvcache/core/device_allocation.h"
-#include "kvcache/core/page_geometry.h"
 #include "kvcache/core/errors.h"
+#include "kvcache/core/page_geometry.h"
 
 #include <fmt/format.h>
 #include <nccl.h>
@@ -12,10 +16,6 @@
 #include <cstdint>
 #include <thread>
 #include <vector>
-
-#include "core/scoped_device.h"
-#include "kernels/page_mover.cuh"
-#include "memory/page_list_validation.h"
 
 namespace kvcache::rt
 {

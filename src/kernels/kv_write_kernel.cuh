@@ -4,6 +4,9 @@
 // element types on the way. Threads x of a block walk one token's (head, chunk) pairs, threads y take tokens; a chunk
 // is 16 bytes of the cache's type when the plan allows vectors, else one element.
 
+#include "kernels/cache_hints.cuh"
+#include "memory/token_address.h"
+
 #include "kvcache/memory/kv_write.h"
 #include "kvcache/memory/layer_ref.h"
 
@@ -12,9 +15,6 @@
 
 #include <cstdint>
 #include <type_traits>
-
-#include "kernels/cache_hints.cuh"
-#include "memory/token_address.h"
 
 namespace kvcache::rt::detail
 {

@@ -2,13 +2,13 @@
 
 #include "kvcache/memory/kv_write.h"
 
+#include "kernels/kv_write_kernel.cuh"
+#include "memory/token_op_plan.h"
+
 #include "kvcache/core/errors.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-
-#include "kernels/kv_write_kernel.cuh"
-#include "memory/token_op_plan.h"
 
 namespace kvcache::rt
 {

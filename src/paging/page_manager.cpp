@@ -2,6 +2,8 @@
 // (page_manager_state.h).
 #include "kvcache/paging/page_manager.h"
 
+#include "paging/page_manager_state.h"
+
 #include "kvcache/core/errors.h"
 
 #include <fmt/format.h>
@@ -9,8 +11,6 @@
 #include <algorithm>
 #include <cstring>
 #include <utility>
-
-#include "paging/page_manager_state.h"
 
 namespace kvcache::rt
 {

@@ -1,13 +1,13 @@
 // PageManager::checkInvariants(): the parts agree with each other (reference counts with the sequences' entries, the
 // cached list with the parked pages and the registered hashes).
+#include "paging/page_manager_state.h"
+
 #include "kvcache/core/errors.h"
 
 #include <fmt/format.h>
 
 #include <stdexcept>
 #include <string>
-
-#include "paging/page_manager_state.h"
 
 namespace kvcache::rt
 {

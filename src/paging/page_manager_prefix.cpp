@@ -1,12 +1,12 @@
 // Prefix reuse across the parts: adoptPrefix() (hash the prompt, look its pages up in every group, hold them) and
 // hashNextPages().
+#include "paging/page_manager_state.h"
+
 #include "kvcache/core/errors.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
-
-#include "paging/page_manager_state.h"
 
 namespace kvcache::rt
 {

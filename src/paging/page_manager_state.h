@@ -1,14 +1,14 @@
 #pragma once
 
-#include "kvcache/paging/page_manager.h"
-
-#include <cstdint>
-#include <vector>
-
 #include "paging/group_policy.h"
 #include "paging/page_pool.h"
 #include "paging/prefix_cache.h"
 #include "paging/sequence_table.h"
+
+#include "kvcache/paging/page_manager.h"
+
+#include <cstdint>
+#include <vector>
 
 namespace kvcache::rt
 {

@@ -1,13 +1,13 @@
 // step() and append(): validation, the exact page count (also pagesNeeded() and canStep()), window releases, page
 // taking with copy-on-write, and the hashing and registration of the pages a step fills.
+#include "paging/page_manager_state.h"
+
 #include "kvcache/core/errors.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cstring>
-
-#include "paging/page_manager_state.h"
 
 namespace kvcache::rt
 {

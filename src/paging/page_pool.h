@@ -1,11 +1,11 @@
 #pragma once
 
+#include "paging/cached_page_list.h"
+
 #include "kvcache/paging/page_allocator.h"
 
 #include <cstdint>
 #include <vector>
-
-#include "paging/cached_page_list.h"
 
 namespace kvcache::rt
 {

@@ -1,12 +1,12 @@
 #pragma once
 
+#include "paging/page_hash_table.h"
+#include "paging/page_pool.h"
+
 #include "kvcache/paging/page_manager.h"
 
 #include <cstdint>
 #include <vector>
-
-#include "paging/page_hash_table.h"
-#include "paging/page_pool.h"
 
 namespace kvcache::rt
 {

@@ -5,6 +5,8 @@
 // Creation throws kvcache::rt::CudaError; destruction logs a failure and never throws. No GoogleTest: benchmarks use
 // them too.
 
+#include "core/cuda_owners.h"
+
 #include "kvcache/errors.h"
 
 #include <cuda_runtime_api.h>
@@ -15,8 +17,6 @@
 #include <stdexcept>
 #include <utility>
 #include <vector>
-
-#include "core/cuda_owners.h"
 
 namespace kvcache::test
 {

@@ -50,7 +50,7 @@ struct ModelLayer
     int64_t group = 0;
     int64_t pagesPerSequence = 0;
     int64_t slotTokens = 0; //!< tokens of one slot: pagesPerSequence * tokensPerPage
-    int64_t numPages = 0; //!< the group's
+    int64_t numPages = 0;   //!< the group's
 };
 
 //! One page group of the model: the layers of one window (0: full attention).

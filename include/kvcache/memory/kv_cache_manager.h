@@ -3,8 +3,8 @@
 #include "kvcache/core/device_allocation.h"
 #include "kvcache/core/kv_cache_config.h"
 #include "kvcache/core/kv_cache_layout.h"
-#include "kvcache/memory/layer_ref.h"
 #include "kvcache/core/tensor.h"
+#include "kvcache/memory/layer_ref.h"
 
 #include <cuda_runtime_api.h>
 
