@@ -22,11 +22,9 @@ namespace
 {
 
 namespace rt = kvcache::rt;
+// The owners under test, by their own names.
+using namespace kvcache::rt::detail;
 using kvcache::test::throwsNaming;
-using rt::detail::CudaEvent;
-using rt::detail::DeviceBuffer;
-using rt::detail::PinnedHostBuffer;
-using rt::detail::RegisteredHostMemory;
 
 template <typename Owner>
 constexpr bool kMOVE_ONLY_AND_QUIET =
