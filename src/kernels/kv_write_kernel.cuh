@@ -168,17 +168,17 @@ __global__ void __launch_bounds__(256) tokenKernel(TokenKernelParams params, Sou
             continue;
         }
         auto const page = static_cast<int32_t>(address / params.layer.tokensPerPage);
-        auto const slot = static_cast<int32_t>(address % params.layer.tokensPerPage);
+        auto const offset = static_cast<int32_t>(address % params.layer.tokensPerPage);
         for (int32_t c = static_cast<int32_t>(threadIdx.x); c < params.chunksPerToken; c += blockDim.x)
         {
             int32_t const head = c / params.chunksPerHead;
             int32_t const dim = (c - head * params.chunksPerHead) * kVECTOR;
-            moveBetween<kWRITE, kVECTOR>(params.layer.k<CacheT>(page, slot, head) + dim,
+            moveBetween<kWRITE, kVECTOR>(params.layer.k<CacheT>(page, offset, head) + dim,
                 kTensor + t * params.k.tokenStride + head * params.k.headStride + dim);
             // A latent layer has no V (its tensor is null too).
             if (vTensor != nullptr)
             {
-                moveBetween<kWRITE, kVECTOR>(params.layer.v<CacheT>(page, slot, head) + dim,
+                moveBetween<kWRITE, kVECTOR>(params.layer.v<CacheT>(page, offset, head) + dim,
                     vTensor + t * params.v.tokenStride + head * params.v.headStride + dim);
             }
         }

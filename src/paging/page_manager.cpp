@@ -147,18 +147,18 @@ SequenceId PageManager::create(SequenceOptions const& options)
                 options.saltBytes));
     }
     PageHash const root = s.prefix.hasher().root(options.salt, options.saltBytes);
-    int32_t const slot = s.sequences.take("create");
-    SequenceState& sequence = s.sequences[slot];
+    int32_t const row = s.sequences.take("create");
+    SequenceState& sequence = s.sequences[row];
     sequence.root = root;
     sequence.lastHash = root;
-    return s.sequences.idOf(slot);
+    return s.sequences.idOf(row);
 }
 
 int32_t PageManager::adoptPrefix(
     SequenceId sequence, int32_t const* tokens, int32_t count, PageExtraKey const* extraKeys, int32_t numExtraKeys)
 {
     return mState->adoptPrefix(
-        mState->sequences.slotOf(sequence, "adoptPrefix"), tokens, count, extraKeys, numExtraKeys);
+        mState->sequences.rowOf(sequence, "adoptPrefix"), tokens, count, extraKeys, numExtraKeys);
 }
 
 StepCopies PageManager::append(SequenceAppend const& append)
@@ -211,73 +211,73 @@ int32_t PageManager::hashNextPages(SequenceId sequence, int32_t const* tokens, i
     PageExtraKey const* extraKeys, int32_t numExtraKeys) const
 {
     return mState->hashNextPages(
-        mState->sequences.slotOf(sequence, "hashNextPages"), tokens, count, out, extraKeys, numExtraKeys);
+        mState->sequences.rowOf(sequence, "hashNextPages"), tokens, count, out, extraKeys, numExtraKeys);
 }
 
 SequenceId PageManager::fork(SequenceId parent)
 {
     State& s = *mState;
-    int32_t const parentSlot = s.sequences.slotOf(parent, "fork");
-    int32_t const slot = s.sequences.take("fork");
-    SequenceState const& from = s.sequences[parentSlot];
-    SequenceState& to = s.sequences[slot];
+    int32_t const parentRow = s.sequences.rowOf(parent, "fork");
+    int32_t const row = s.sequences.take("fork");
+    SequenceState const& from = s.sequences[parentRow];
+    SequenceState& to = s.sequences[row];
     to.length = from.length;
     to.root = from.root;
     to.lastHash = from.lastHash;
     to.firstHeld = from.firstHeld;
     to.pendingKeys = from.pendingKeys;
-    std::memcpy(s.sequences.partial(slot), s.sequences.partial(parentSlot),
+    std::memcpy(s.sequences.partial(row), s.sequences.partial(parentRow),
         static_cast<size_t>(s.tokensPerPage) * sizeof(int32_t));
     int32_t const numEntries = static_cast<int32_t>(s.pagesFor(from.length));
     for (int32_t g = 0; g < s.numGroups(); ++g)
     {
         PagePool& pool = s.pools[static_cast<size_t>(g)];
-        int32_t const* source = s.sequences.entries(g, parentSlot);
-        int32_t* target = s.sequences.entries(g, slot);
+        int32_t const* source = s.sequences.entries(g, parentRow);
+        int32_t* target = s.sequences.entries(g, row);
         std::copy(source, source + numEntries, target);
         for (int32_t e = from.firstHeld[static_cast<size_t>(g)]; e < numEntries; ++e)
         {
             pool.hold(target[e]);
         }
     }
-    return s.sequences.idOf(slot);
+    return s.sequences.idOf(row);
 }
 
 void PageManager::free(SequenceId id)
 {
     State& s = *mState;
-    int32_t const slot = s.sequences.slotOf(id, "free");
-    SequenceState const& sequence = s.sequences[slot];
+    int32_t const row = s.sequences.rowOf(id, "free");
+    SequenceState const& sequence = s.sequences[row];
     int32_t const numEntries = static_cast<int32_t>(s.pagesFor(sequence.length));
     for (int32_t g = 0; g < s.numGroups(); ++g)
     {
-        int32_t* entries = s.sequences.entries(g, slot);
+        int32_t* entries = s.sequences.entries(g, row);
         for (int32_t e = numEntries - 1; e >= sequence.firstHeld[static_cast<size_t>(g)]; --e)
         {
             s.releasePage(g, entries[e]);
         }
         std::fill(entries, entries + numEntries, kUNUSED_PAGE_ENTRY);
     }
-    s.sequences.release(slot);
+    s.sequences.release(row);
 }
 
 bool PageManager::contains(SequenceId sequence) const noexcept
 {
-    return mState->sequences.findSlot(sequence) >= 0;
+    return mState->sequences.findRow(sequence) >= 0;
 }
 
 int32_t PageManager::length(SequenceId sequence) const
 {
-    return mState->sequences[mState->sequences.slotOf(sequence, "length")].length;
+    return mState->sequences[mState->sequences.rowOf(sequence, "length")].length;
 }
 
 SequencePages PageManager::pages(SequenceId sequence, int32_t group) const
 {
     State const& s = *mState;
-    int32_t const slot = s.sequences.slotOf(sequence, "pages");
+    int32_t const row = s.sequences.rowOf(sequence, "pages");
     s.checkGroup(group, "pages");
-    int32_t const length = s.sequences[slot].length;
-    return SequencePages{s.sequences.entries(group, slot), static_cast<int32_t>(s.pagesFor(length)), length};
+    int32_t const length = s.sequences[row].length;
+    return SequencePages{s.sequences.entries(group, row), static_cast<int32_t>(s.pagesFor(length)), length};
 }
 
 int32_t PageManager::evictCached(int32_t group, int32_t count)

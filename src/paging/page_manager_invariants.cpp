@@ -57,11 +57,11 @@ void PageManager::State::checkGroupInvariants(int32_t g) const
         int32_t const first = sequence.firstHeld[static_cast<size_t>(g)];
         if (first < 0 || (first > numEntries && numEntries > 0) || (numEntries == 0 && first != 0))
         {
-            fail(fmt::format("group {} sequence slot {}: first held entry {} of {}", g, s, first, numEntries));
+            fail(fmt::format("group {} sequence row {}: first held entry {} of {}", g, s, first, numEntries));
         }
         if (!policy.withinBound(numEntries - first))
         {
-            fail(fmt::format("group {} sequence slot {} holds {} pages; the window allows {}", g, s, numEntries - first,
+            fail(fmt::format("group {} sequence row {} holds {} pages; the window allows {}", g, s, numEntries - first,
                 policy.pagesPerSequence()));
         }
         for (int32_t e = 0; e < numEntries; ++e)
@@ -71,13 +71,13 @@ void PageManager::State::checkGroupInvariants(int32_t g) const
             {
                 if (page != kUNUSED_PAGE_ENTRY)
                 {
-                    fail(fmt::format("group {} sequence slot {} entry {} released but holds {}", g, s, e, page));
+                    fail(fmt::format("group {} sequence row {} entry {} released but holds {}", g, s, e, page));
                 }
                 continue;
             }
             if (page < 0 || page >= numPages)
             {
-                fail(fmt::format("group {} sequence slot {} entry {} holds page {}", g, s, e, page));
+                fail(fmt::format("group {} sequence row {} entry {} holds page {}", g, s, e, page));
             }
             ++holders[static_cast<size_t>(page)];
         }

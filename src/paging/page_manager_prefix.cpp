@@ -12,13 +12,13 @@ namespace kvcache::rt
 {
 
 int32_t PageManager::State::adoptPrefix(
-    int32_t slot, int32_t const* tokens, int32_t count, PageExtraKey const* keys, int32_t numKeys)
+    int32_t row, int32_t const* tokens, int32_t count, PageExtraKey const* keys, int32_t numKeys)
 {
-    SequenceState& sequence = sequences[slot];
+    SequenceState& sequence = sequences[row];
     if (sequence.length != 0)
     {
         throw InvalidArgumentError(fmt::format("PageManager::adoptPrefix: sequence {} has {} tokens; it must be empty",
-            sequences.idOf(slot), sequence.length));
+            sequences.idOf(row), sequence.length));
     }
     if (count < 0 || count > maxSequenceLength)
     {
@@ -44,7 +44,7 @@ int32_t PageManager::State::adoptPrefix(
     promptPages.clear();
     PageHash parent = sequence.root;
     // Without extra keys, pages are hashed a chunk at a time through chain() (its fastest path) and their table
-    // slots prefetched, so the lookups' cache misses overlap. A chunk holds about 256 tokens, bounding the hashing
+    // rows prefetched, so the lookups' cache misses overlap. A chunk holds about 256 tokens, bounding the hashing
     // wasted past the first miss.
     constexpr int32_t kMAX_CHAIN_PAGES = 32;
     int32_t const chainPages = std::clamp(256 / tokensPerPage, 1, kMAX_CHAIN_PAGES);
@@ -100,7 +100,7 @@ int32_t PageManager::State::adoptPrefix(
     for (int32_t g = 0; g < groups; ++g)
     {
         PagePool& pool = pools[static_cast<size_t>(g)];
-        int32_t* entries = sequences.entries(g, slot);
+        int32_t* entries = sequences.entries(g, row);
         int32_t const first = policies[static_cast<size_t>(g)].firstAdopted(pages, tokensPerPage);
         for (int32_t p = first; p < pages; ++p)
         {
@@ -149,14 +149,14 @@ int32_t PageManager::State::windowedServedPages() const
 }
 
 int32_t PageManager::State::hashNextPages(
-    int32_t slot, int32_t const* tokens, int32_t count, PageHash* out, PageExtraKey const* keys, int32_t numKeys)
+    int32_t row, int32_t const* tokens, int32_t count, PageHash* out, PageExtraKey const* keys, int32_t numKeys)
 {
-    SequenceState const& sequence = sequences[slot];
+    SequenceState const& sequence = sequences[row];
     if ((sequence.length & pageMask) != 0)
     {
         throw InvalidArgumentError(
             fmt::format("PageManager::hashNextPages: sequence {} has {} tokens; it must hold whole pages of {}",
-                sequences.idOf(slot), sequence.length, tokensPerPage));
+                sequences.idOf(row), sequence.length, tokensPerPage));
     }
     int32_t const room = maxSequenceLength - sequence.length;
     if (count < 0 || count > room)

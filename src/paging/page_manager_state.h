@@ -91,14 +91,14 @@ struct PageManager::State
     // Operations ---------------------------------------------------------------------------------------------------
 
     StepCopies step(SequenceAppend const* appends, int32_t count);
-    void releaseOutOfWindow(int32_t slot);
-    void appendOne(SequenceAppend const& append, int32_t slot);
-    void registerFilledPages(SequenceAppend const& append, int32_t slot);
-    int32_t adoptPrefix(int32_t slot, int32_t const* tokens, int32_t count, PageExtraKey const* keys, int32_t numKeys);
+    void releaseOutOfWindow(int32_t row);
+    void appendOne(SequenceAppend const& append, int32_t row);
+    void registerFilledPages(SequenceAppend const& append, int32_t row);
+    int32_t adoptPrefix(int32_t row, int32_t const* tokens, int32_t count, PageExtraKey const* keys, int32_t numKeys);
     //! Returns how many whole prompt pages (of promptHashes) every windowed group can serve.
     int32_t windowedServedPages() const;
     int32_t hashNextPages(
-        int32_t slot, int32_t const* tokens, int32_t count, PageHash* out, PageExtraKey const* keys, int32_t numKeys);
+        int32_t row, int32_t const* tokens, int32_t count, PageHash* out, PageExtraKey const* keys, int32_t numKeys);
     void checkInvariants() const;
     void checkGroupInvariants(int32_t group) const;
 };

@@ -52,7 +52,7 @@ void PageManager::State::checkStep(SequenceAppend const* appends, int32_t count)
     for (int32_t i = 0; i < count; ++i)
     {
         SequenceAppend const& append = appends[i];
-        SequenceState const& sequence = sequences[sequences.slotOf(append.sequence, "step")];
+        SequenceState const& sequence = sequences[sequences.rowOf(append.sequence, "step")];
         if (sequence.stepStamp == stamp)
         {
             throw InvalidArgumentError(fmt::format(
@@ -103,10 +103,10 @@ void forEachAppending(Policy const& policy, SequenceTable const& sequences, int3
         {
             continue;
         }
-        int32_t const slot = SequenceTable::slotOfLive(appends[i].sequence);
-        int64_t const length = sequences[slot].length;
-        int32_t const first = sequences[slot].firstHeld[static_cast<size_t>(group)];
-        f(appends[i], sequences.entries(group, slot), length, first, std::max(first, policy.firstNeeded(length)));
+        int32_t const row = SequenceTable::rowOfLive(appends[i].sequence);
+        int64_t const length = sequences[row].length;
+        int32_t const first = sequences[row].firstHeld[static_cast<size_t>(group)];
+        f(appends[i], sequences.entries(group, row), length, first, std::max(first, policy.firstNeeded(length)));
     }
 }
 
@@ -209,21 +209,21 @@ StepCopies PageManager::State::step(SequenceAppend const* appends, int32_t count
     {
         if (appends[i].count != 0)
         {
-            releaseOutOfWindow(SequenceTable::slotOfLive(appends[i].sequence));
+            releaseOutOfWindow(SequenceTable::rowOfLive(appends[i].sequence));
         }
     }
     for (int32_t i = 0; i < count; ++i)
     {
-        appendOne(appends[i], SequenceTable::slotOfLive(appends[i].sequence));
+        appendOne(appends[i], SequenceTable::rowOfLive(appends[i].sequence));
     }
     StepCopies const result(copies.data(), numGroups());
     prefix.notifyEvictions();
     return result;
 }
 
-void PageManager::State::releaseOutOfWindow(int32_t slot)
+void PageManager::State::releaseOutOfWindow(int32_t row)
 {
-    SequenceState& sequence = sequences[slot];
+    SequenceState& sequence = sequences[row];
     for (int32_t g = 0; g < numGroups(); ++g)
     {
         GroupPolicy const& policy = policies[static_cast<size_t>(g)];
@@ -231,7 +231,7 @@ void PageManager::State::releaseOutOfWindow(int32_t slot)
         {
             continue;
         }
-        int32_t* entries = sequences.entries(g, slot);
+        int32_t* entries = sequences.entries(g, row);
         int32_t& first = sequence.firstHeld[static_cast<size_t>(g)];
         int32_t const firstKept = std::max(first, policy.firstNeeded(sequence.length));
         for (; first < firstKept; ++first)
@@ -242,19 +242,19 @@ void PageManager::State::releaseOutOfWindow(int32_t slot)
     }
 }
 
-void PageManager::State::appendOne(SequenceAppend const& append, int32_t slot)
+void PageManager::State::appendOne(SequenceAppend const& append, int32_t row)
 {
     if (append.count == 0)
     {
         return;
     }
-    SequenceState& sequence = sequences[slot];
+    SequenceState& sequence = sequences[row];
     int64_t const length = sequence.length;
     int32_t const oldPages = static_cast<int32_t>(pagesFor(length));
     int32_t const newPages = static_cast<int32_t>(pagesFor(length + append.count));
     for (int32_t g = 0; g < numGroups(); ++g)
     {
-        int32_t* entries = sequences.entries(g, slot);
+        int32_t* entries = sequences.entries(g, row);
         if ((length & pageMask) != 0)
         {
             int32_t& last = entries[oldPages - 1];
@@ -274,17 +274,17 @@ void PageManager::State::appendOne(SequenceAppend const& append, int32_t slot)
     }
     if (prefix.enabled())
     {
-        registerFilledPages(append, slot);
+        registerFilledPages(append, row);
     }
     sequence.length = static_cast<int32_t>(length + append.count);
 }
 
-void PageManager::State::registerFilledPages(SequenceAppend const& append, int32_t slot)
+void PageManager::State::registerFilledPages(SequenceAppend const& append, int32_t row)
 {
     // Tokens gather in the partial-page buffer; each page that fills is hashed and registered in every group.
-    SequenceState& sequence = sequences[slot];
+    SequenceState& sequence = sequences[row];
     int64_t const newLength = int64_t{sequence.length} + append.count;
-    int32_t* partial = sequences.partial(slot);
+    int32_t* partial = sequences.partial(row);
     int64_t position = sequence.length;
     int32_t consumed = 0;
     while (consumed < append.count)
@@ -330,7 +330,7 @@ void PageManager::State::registerFilledPages(SequenceAppend const& append, int32
         int32_t const pageIndex = start >> pageShift;
         for (int32_t g = 0; g < numGroups(); ++g)
         {
-            prefix.registerPage(g, sequences.entries(g, slot)[pageIndex], hash);
+            prefix.registerPage(g, sequences.entries(g, row)[pageIndex], hash);
         }
     }
     // Keys of the new partial page wait for it to fill.

@@ -37,7 +37,7 @@ public:
     {
         return mGroups[static_cast<size_t>(group)].table.find(hash);
     }
-    //! Starts loading the table slot of `hash` in `group`.
+    //! Starts loading the table row of `hash` in `group`.
     void prefetch(int32_t group, PageHash hash) const noexcept
     {
         mGroups[static_cast<size_t>(group)].table.prefetch(hash);

@@ -15,18 +15,18 @@ SequenceTable::SequenceTable(int32_t maxSequences, int32_t maxEntries, int32_t n
     , mMaxEntries(maxEntries)
     , mTokensPerPage(tokensPerPage)
 {
-    mSlots.resize(static_cast<size_t>(maxSequences));
-    for (SequenceState& sequence : mSlots)
+    mRows.resize(static_cast<size_t>(maxSequences));
+    for (SequenceState& sequence : mRows)
     {
         sequence.firstHeld.assign(static_cast<size_t>(numGroups), 0);
         sequence.pendingKeys.reserve(4);
     }
     mEntries.assign(static_cast<size_t>(int64_t{numGroups} * maxSequences * maxEntries), kUNUSED_PAGE_ENTRY);
     mPartialTokens.assign(static_cast<size_t>(int64_t{maxSequences} * tokensPerPage), 0);
-    mFreeSlots.resize(static_cast<size_t>(maxSequences));
+    mFreeRows.resize(static_cast<size_t>(maxSequences));
     for (int32_t i = 0; i < maxSequences; ++i)
     {
-        mFreeSlots[static_cast<size_t>(i)] = maxSequences - 1 - i;
+        mFreeRows[static_cast<size_t>(i)] = maxSequences - 1 - i;
     }
 }
 
@@ -44,24 +44,24 @@ int32_t SequenceTable::take(char const* what)
         throw InvalidArgumentError(fmt::format(
             "PageManager::{}: {} sequences are alive; maxSequences is {}", what, mNumSequences, mMaxSequences));
     }
-    int32_t const slot = mFreeSlots[static_cast<size_t>(mMaxSequences - 1 - mNumSequences)];
+    int32_t const row = mFreeRows[static_cast<size_t>(mMaxSequences - 1 - mNumSequences)];
     ++mNumSequences;
-    SequenceState& sequence = mSlots[static_cast<size_t>(slot)];
+    SequenceState& sequence = mRows[static_cast<size_t>(row)];
     sequence.alive = true;
     sequence.length = 0;
     sequence.pendingKeys.clear();
     std::fill(sequence.firstHeld.begin(), sequence.firstHeld.end(), 0);
-    return slot;
+    return row;
 }
 
-void SequenceTable::release(int32_t slot) noexcept
+void SequenceTable::release(int32_t row) noexcept
 {
-    SequenceState& sequence = mSlots[static_cast<size_t>(slot)];
+    SequenceState& sequence = mRows[static_cast<size_t>(row)];
     sequence.alive = false;
     sequence.length = 0;
     // Ids stay non-negative: the generation wraps within 31 bits.
     sequence.generation = (sequence.generation + 1) & 0x7fffffffU;
-    mFreeSlots[static_cast<size_t>(mMaxSequences - mNumSequences)] = slot;
+    mFreeRows[static_cast<size_t>(mMaxSequences - mNumSequences)] = row;
     --mNumSequences;
 }
 

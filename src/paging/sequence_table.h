@@ -8,7 +8,7 @@
 namespace kvcache::rt
 {
 
-//! What a PageManager knows of one sequence slot.
+//! What a PageManager knows of one sequence row.
 struct SequenceState
 {
     uint32_t generation = 0;
@@ -25,13 +25,13 @@ struct SequenceState
     mutable uint64_t stepStamp = 0;
 };
 
-//! The sequences of a PageManager: slots reused through a free stack, ids tagged with the slot's generation so that
-//! an id is never reused, and per slot its page entries in each group and the tokens of its partial last page.
+//! The sequences of a PageManager: rows reused through a free stack, ids tagged with the row's generation so that
+//! an id is never reused, and per row its page entries in each group and the tokens of its partial last page.
 class SequenceTable
 {
 public:
     SequenceTable() = default;
-    //! Returns a table of `maxSequences` slots of `maxEntries` entries in each of `numGroups` groups; throws
+    //! Returns a table of `maxSequences` rows of `maxEntries` entries in each of `numGroups` groups; throws
     //! std::bad_alloc.
     SequenceTable(int32_t maxSequences, int32_t maxEntries, int32_t numGroups, int32_t tokensPerPage);
 
@@ -48,73 +48,73 @@ public:
         return mNumSequences;
     }
 
-    //! Returns the slot of a live sequence, or -1.
-    int32_t findSlot(SequenceId id) const noexcept
+    //! Returns the row of a live sequence, or -1.
+    int32_t findRow(SequenceId id) const noexcept
     {
         if (id >= 0)
         {
-            int64_t const slot = id & 0xffffffffLL;
+            int64_t const row = id & 0xffffffffLL;
             uint32_t const generation = static_cast<uint32_t>(static_cast<uint64_t>(id) >> 32);
-            if (slot < mMaxSequences)
+            if (row < mMaxSequences)
             {
-                SequenceState const& sequence = mSlots[static_cast<size_t>(slot)];
+                SequenceState const& sequence = mRows[static_cast<size_t>(row)];
                 if (sequence.alive && sequence.generation == generation)
                 {
-                    return static_cast<int32_t>(slot);
+                    return static_cast<int32_t>(row);
                 }
             }
         }
         return -1;
     }
-    //! Returns the slot of a live sequence; throws InvalidArgumentError naming `what` otherwise.
-    int32_t slotOf(SequenceId id, char const* what) const
+    //! Returns the row of a live sequence; throws InvalidArgumentError naming `what` otherwise.
+    int32_t rowOf(SequenceId id, char const* what) const
     {
-        int32_t const slot = findSlot(id);
-        if (slot < 0)
+        int32_t const row = findRow(id);
+        if (row < 0)
         {
             failUnknown(id, what);
         }
-        return slot;
+        return row;
     }
-    //! Returns the slot of an id already checked live.
-    static int32_t slotOfLive(SequenceId id) noexcept
+    //! Returns the row of an id already checked live.
+    static int32_t rowOfLive(SequenceId id) noexcept
     {
         return static_cast<int32_t>(id & 0xffffffffLL);
     }
-    //! Returns the id of the live sequence in `slot`.
-    SequenceId idOf(int32_t slot) const noexcept
+    //! Returns the id of the live sequence in `row`.
+    SequenceId idOf(int32_t row) const noexcept
     {
         return static_cast<SequenceId>(
-            (static_cast<uint64_t>(mSlots[static_cast<size_t>(slot)].generation) << 32) | static_cast<uint64_t>(slot));
+            (static_cast<uint64_t>(mRows[static_cast<size_t>(row)].generation) << 32) | static_cast<uint64_t>(row));
     }
 
-    SequenceState& operator[](int32_t slot) noexcept
+    SequenceState& operator[](int32_t row) noexcept
     {
-        return mSlots[static_cast<size_t>(slot)];
+        return mRows[static_cast<size_t>(row)];
     }
-    SequenceState const& operator[](int32_t slot) const noexcept
+    SequenceState const& operator[](int32_t row) const noexcept
     {
-        return mSlots[static_cast<size_t>(slot)];
+        return mRows[static_cast<size_t>(row)];
     }
-    //! Returns the entries of `slot` in `group`: maxEntries of them.
-    int32_t* entries(int32_t group, int32_t slot) noexcept
+    //! Returns the entries of `row` in `group`: maxEntries of them.
+    int32_t* entries(int32_t group, int32_t row) noexcept
     {
-        return mEntries.data() + (int64_t{group} * mMaxSequences + slot) * mMaxEntries;
+        return mEntries.data() + (int64_t{group} * mMaxSequences + row) * mMaxEntries;
     }
-    int32_t const* entries(int32_t group, int32_t slot) const noexcept
+    int32_t const* entries(int32_t group, int32_t row) const noexcept
     {
-        return mEntries.data() + (int64_t{group} * mMaxSequences + slot) * mMaxEntries;
+        return mEntries.data() + (int64_t{group} * mMaxSequences + row) * mMaxEntries;
     }
-    //! Returns the tokens of the partial last page of `slot`: tokensPerPage of them.
-    int32_t* partial(int32_t slot) noexcept
+    //! Returns the tokens of the partial last page of `row`: tokensPerPage of them.
+    int32_t* partial(int32_t row) noexcept
     {
-        return mPartialTokens.data() + int64_t{slot} * mTokensPerPage;
+        return mPartialTokens.data() + int64_t{row} * mTokensPerPage;
     }
 
-    //! Returns the slot of a new empty sequence; throws InvalidArgumentError naming `what` when every slot is taken.
+    //! Returns the row of a new empty sequence; throws InvalidArgumentError naming `what` when every row is taken.
     int32_t take(char const* what);
-    //! Forgets the sequence in `slot` (its entries must be released already), retiring its id.
-    void release(int32_t slot) noexcept;
+    //! Forgets the sequence in `row` (its entries must be released already), retiring its id.
+    void release(int32_t row) noexcept;
     //! Returns a fresh stamp for a step's duplicate check.
     uint64_t nextStamp() const noexcept
     {
@@ -128,12 +128,12 @@ private:
     int32_t mMaxSequences = 0;
     int32_t mMaxEntries = 0;
     int32_t mTokensPerPage = 0;
-    std::vector<SequenceState> mSlots;
-    //! Group g, slot s owns [(g * maxSequences + s) * maxEntries, ... + maxEntries).
+    std::vector<SequenceState> mRows;
+    //! Group g, row s owns [(g * maxSequences + s) * maxEntries, ... + maxEntries).
     std::vector<int32_t> mEntries;
-    //! Slot s owns [s * tokensPerPage, (s + 1) * tokensPerPage).
+    //! Row s owns [s * tokensPerPage, (s + 1) * tokensPerPage).
     std::vector<int32_t> mPartialTokens;
-    std::vector<int32_t> mFreeSlots;
+    std::vector<int32_t> mFreeRows;
     int32_t mNumSequences = 0;
     mutable uint64_t mStepCounter = 0;
 };

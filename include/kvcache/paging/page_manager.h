@@ -17,8 +17,8 @@
 namespace kvcache::rt
 {
 
-//! Names a sequence of a PageManager. The low 32 bits are a slot, the high bits a generation, so an id is never
-//! reused: an id of a freed sequence is refused, even after its slot serves a new one.
+//! Names a sequence of a PageManager. The low 32 bits are a row of the sequence table, the high bits a generation, so
+//! an id is never reused: an id of a freed sequence is refused, even after its row serves a new one.
 using SequenceId = int64_t;
 
 //! How a PageManager hashes pages and how many sequences it holds.
@@ -201,7 +201,7 @@ public:
     //! Writes to out[0, count / tokensPerPage) the hashes the full pages of `tokens[0, count)` would be registered
     //! under if they were appended to `sequence` now, returns how many it wrote, and changes nothing. This is the
     //! prefix hit on another tier: after adoptPrefix(), look these hashes up where evicted pages went (the eviction
-    //! callback's hashes, e.g. a HostTier's slots), append() the tokens of the run found (fresh pages, registered
+    //! callback's hashes, e.g. a HostTier's host pages), append() the tokens of the run found (fresh pages, registered
     //! under these same hashes) and fill those pages (HostTier::onboard) before the step's kernels read them. extraKeys
     //! as append() takes them (positions in [length, length + count)). Throws InvalidArgumentError for an unknown
     //! sequence, a length that is not a multiple of tokensPerPage, count outside [0, maxSequenceLength - length],
