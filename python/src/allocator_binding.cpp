@@ -8,6 +8,8 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/vector.h>
 
+#include <iterator>
+#include <string>
 #include <vector>
 
 namespace kvcache::python
@@ -23,6 +25,48 @@ struct AllocatorHandle
 };
 
 using Int32Out = nb::ndarray<int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+//! Returns the name of a DLPack element type, e.g. "int64".
+std::string dtypeName(nb::dlpack::dtype type)
+{
+    // DLPack's type codes 0 to 6; the newer float8/6/4 codes print as code<N>.
+    constexpr char const* kKINDS[] = {"int", "uint", "float", "code3", "bfloat", "complex", "bool"};
+    std::string const kind = type.code < std::size(kKINDS) ? kKINDS[type.code] : fmt::format("code{}", type.code);
+    std::string name = fmt::format("{}{}", kind, type.bits);
+    return type.lanes == 1 ? name : fmt::format("{}x{}", name, type.lanes);
+}
+
+//! Returns `out` as the array allocate_into fills in place. Anything else is refused before a page is taken: a
+//! converted copy (another dtype, a strided view) would be filled instead of `out` and its pages lost.
+Int32Out outArray(nb::handle out)
+{
+    Int32Out array;
+    if (nb::try_cast(out, array, false))
+    {
+        return array;
+    }
+    char const* const needed = "a writable one-dimensional C-contiguous int32 host array";
+    nb::ndarray<nb::ro> any;
+    if (!nb::try_cast(out, any, false))
+    {
+        throwTypeError(out, "out", needed);
+    }
+    std::string shape;
+    std::string strides;
+    for (size_t i = 0; i < any.ndim(); ++i)
+    {
+        shape += fmt::format("{}{}", i == 0 ? "" : ", ", any.shape(i));
+        strides += fmt::format("{}{}", i == 0 ? "" : ", ", any.stride(i));
+    }
+    nb::ndarray<int32_t const, nb::ndim<1>, nb::c_contig, nb::device::cpu> readOnly;
+    if (nb::try_cast(out, readOnly, false))
+    {
+        throw rt::InvalidArgumentError(fmt::format("out is a read-only array; it must be {}", needed));
+    }
+    throw rt::InvalidArgumentError(
+        fmt::format("out has dtype {}, shape ({}), strides ({}) in elements and DLPack device type {}; it must be {}",
+            dtypeName(any.dtype()), shape, strides, any.device_type(), needed));
+}
 
 } // namespace
 
@@ -64,9 +108,15 @@ void bindAllocator(nb::module_& m)
             "Returns `count` free pages, all or nothing (OutOfMemoryError naming the pages needed and free).")
         .def(
             "allocate_into",
-            [](AllocatorHandle& a, Int32Out out)
-            { a.allocator.allocate(toInt32(static_cast<int64_t>(out.shape(0)), "len(out)"), out.data()); },
-            nb::arg("out"), "Fills the int32 array `out` with free pages, all or nothing; allocates nothing.")
+            [](AllocatorHandle& a, nb::handle out)
+            {
+                Int32Out const array = outArray(out);
+                a.allocator.allocate(toInt32(static_cast<int64_t>(array.shape(0)), "len(out)"), array.data());
+            },
+            nb::arg("out"),
+            "Fills `out`, a writable one-dimensional C-contiguous int32 host array, with free pages, all or nothing; "
+            "allocates nothing. Raises InvalidArgumentError (a ValueError) for another dtype, layout or device, "
+            "TypeError for what is no array, before taking a page.")
         .def(
             "retain", [](AllocatorHandle& a, int64_t page) { a.allocator.retain(toInt32(page, "page")); },
             nb::arg("page"), "Adds a holder to a used page.")
@@ -76,7 +126,7 @@ void bindAllocator(nb::module_& m)
             {
                 if (PyLong_Check(pages.ptr()))
                 {
-                    a.allocator.release(toInt32(nb::cast<int64_t>(pages), "page"));
+                    a.allocator.release(toInt32(intArgument(pages, "page"), "page"));
                     return;
                 }
                 hostPageIds(pages, a.pages);

@@ -42,21 +42,27 @@ rt::KVLayerConfig layerConfigOf(nb::handle item, size_t index)
             index, count));
     }
     std::string const prefix = fmt::format("Config.layer_configs[{}]", index);
-    layer.numKVHeads = toInt32(nb::cast<int64_t>(fields[0]), (prefix + ".num_kv_heads").c_str());
-    layer.headDim = toInt32(nb::cast<int64_t>(fields[1]), (prefix + ".head_dim").c_str());
+    std::string const heads = prefix + ".num_kv_heads";
+    std::string const dim = prefix + ".head_dim";
+    layer.numKVHeads = toInt32(intArgument(fields[0], heads.c_str()), heads.c_str());
+    layer.headDim = toInt32(intArgument(fields[1], dim.c_str()), dim.c_str());
     if (count > 2)
     {
-        layer.slidingWindow = toInt32(nb::cast<int64_t>(fields[2]), (prefix + ".sliding_window").c_str());
+        std::string const window = prefix + ".sliding_window";
+        layer.slidingWindow = toInt32(intArgument(fields[2], window.c_str()), window.c_str());
     }
     if (count > 3)
     {
-        layer.kind = nb::cast<rt::KVLayerKind>(fields[3]);
+        layer.kind = checkedCast<rt::KVLayerKind>(fields[3], (prefix + ".kind").c_str(), "a KVLayerKind");
     }
     return layer;
 }
 
 std::vector<rt::KVLayerConfig> layerConfigsOf(nb::handle items)
 {
+    requireIterable(items, "Config.layer_configs",
+        "a sequence of KVLayerConfig or (num_kv_heads, head_dim[, "
+        "sliding_window[, kind]]) tuples");
     std::vector<rt::KVLayerConfig> layers;
     size_t index = 0;
     for (nb::handle item : items)
@@ -162,7 +168,8 @@ void bindConfig(nb::module_& m)
             value.layerConfigs = layerConfigsOf(layerConfigs);
             value.numAttentionLayers = numAttentionLayers.is_none()
                 ? static_cast<int32_t>(value.layerConfigs.size())
-                : toInt32(nb::cast<int64_t>(numAttentionLayers), "Config.num_attention_layers");
+                : toInt32(
+                    intArgument(numAttentionLayers, "Config.num_attention_layers"), "Config.num_attention_layers");
             value.maxBatchSize = toInt32(maxBatchSize, "Config.max_batch_size");
             value.maxSequenceLength = toInt32(maxSequenceLength, "Config.max_sequence_length");
             value.kvCacheType = kvCacheType;

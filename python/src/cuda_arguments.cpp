@@ -16,19 +16,19 @@ namespace kvcache::python
 namespace
 {
 
-std::string typeName(nb::handle object)
-{
-    return nb::cast<std::string>(
-        nb::str(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(object.ptr()))).attr("__name__")));
-}
-
 cudaStream_t handleOf(nb::handle value, char const* source)
 {
     if (!PyLong_Check(value.ptr()))
     {
         throw nb::type_error(fmt::format("{} is a {}; expected an int stream handle", source, typeName(value)).c_str());
     }
-    return reinterpret_cast<cudaStream_t>(nb::cast<uintptr_t>(value));
+    uintptr_t handle = 0;
+    if (!nb::try_cast<uintptr_t>(value, handle))
+    {
+        throw rt::InvalidArgumentError(fmt::format("{} is {}; a stream handle must fit in [0, {}]", source,
+            nb::str(value).c_str(), std::numeric_limits<uintptr_t>::max()));
+    }
+    return reinterpret_cast<cudaStream_t>(handle);
 }
 
 bool isRowMajor(int32_t ndim, int64_t const* shape, int64_t const* strides)
@@ -108,35 +108,39 @@ std::optional<DeviceInt32Array> fromDLPack(nb::handle list, cudaStream_t consume
 std::optional<DeviceInt32Array> fromCudaArrayInterface(
     nb::handle list, cudaStream_t consumer, int32_t device, char const* what)
 {
-    nb::dict const cai = nb::cast<nb::dict>(list.attr("__cuda_array_interface__"));
-    std::string const typestr = nb::cast<std::string>(cai["typestr"]);
+    std::string const field = fmt::format("{}.__cuda_array_interface__", what);
+    nb::dict const cai = checkedCast<nb::dict>(list.attr("__cuda_array_interface__"), field.c_str(), "a dict");
+    std::string const typestr = checkedCast<nb::str>(cai["typestr"], (field + "['typestr']").c_str(), "a str").c_str();
     if (typestr != "<i4" && typestr != "|i4" && typestr != "=i4")
     {
         throw rt::InvalidArgumentError(
             fmt::format("{} has typestr '{}' in __cuda_array_interface__; it must be int32 ('<i4')", what, typestr));
     }
-    nb::tuple const shapeTuple = nb::cast<nb::tuple>(cai["shape"]);
+    nb::tuple const shapeTuple = checkedCast<nb::tuple>(cai["shape"], (field + "['shape']").c_str(), "a tuple");
     std::vector<int64_t> shape;
     int64_t count = 1;
     for (nb::handle extent : shapeTuple)
     {
-        shape.push_back(nb::cast<int64_t>(extent));
+        shape.push_back(intArgument(extent, (field + "['shape'] entry").c_str()));
         count *= shape.back();
     }
     if (cai.contains("strides") && !cai["strides"].is_none())
     {
         std::vector<int64_t> strides;
-        for (nb::handle stride : nb::cast<nb::tuple>(cai["strides"]))
+        for (nb::handle stride : checkedCast<nb::tuple>(cai["strides"], (field + "['strides']").c_str(), "a tuple"))
         {
             // The interface gives strides in bytes.
-            strides.push_back(nb::cast<int64_t>(stride) / static_cast<int64_t>(sizeof(int32_t)));
+            strides.push_back(
+                intArgument(stride, (field + "['strides'] entry").c_str()) / static_cast<int64_t>(sizeof(int32_t)));
         }
         if (!isRowMajor(static_cast<int32_t>(shape.size()), shape.data(), strides.data()))
         {
             throw rt::InvalidArgumentError(fmt::format("{} is not contiguous; pass a contiguous int32 array", what));
         }
     }
-    auto* const data = reinterpret_cast<int32_t*>(nb::cast<uintptr_t>(nb::cast<nb::tuple>(cai["data"])[0]));
+    nb::tuple const dataField = checkedCast<nb::tuple>(cai["data"], (field + "['data']").c_str(), "a tuple");
+    auto* const data =
+        reinterpret_cast<int32_t*>(static_cast<uintptr_t>(intArgument(dataField[0], (field + "['data'][0]").c_str())));
     if (data != nullptr)
     {
         cudaPointerAttributes attributes{};
@@ -149,7 +153,7 @@ std::optional<DeviceInt32Array> fromCudaArrayInterface(
     }
     if (cai.contains("stream") && !cai["stream"].is_none())
     {
-        int64_t const producerValue = nb::cast<int64_t>(cai["stream"]);
+        int64_t const producerValue = intArgument(cai["stream"], (field + "['stream']").c_str());
         cudaStream_t const producer = producerValue == 1 ? cudaStreamLegacy
             : producerValue == 2                         ? cudaStreamPerThread
                                  : reinterpret_cast<cudaStream_t>(static_cast<uintptr_t>(producerValue));
@@ -169,29 +173,84 @@ std::optional<DeviceInt32Array> fromCudaArrayInterface(
     return DeviceInt32Array{data, count};
 }
 
+//! The argument a host list came as, for messages: its name and what its entries are (plural).
+struct ListName
+{
+    char const* what;
+    char const* noun;
+};
+
 template <typename T>
-int32_t entryToInt32(T value, char const* what, size_t index)
+int32_t entryToInt32(T value, ListName name, size_t index)
 {
     if (value < std::numeric_limits<int32_t>::min() || value > std::numeric_limits<int32_t>::max())
     {
-        throw rt::InvalidArgumentError(fmt::format("{}[{}] is {}; page ids must fit in int32 [{}, {}]", what, index,
-            static_cast<int64_t>(value), std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()));
+        throw rt::InvalidArgumentError(
+            fmt::format("{}[{}] is {}; {} must fit in int32 [{}, {}]", name.what, index, static_cast<int64_t>(value),
+                name.noun, std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()));
     }
     return static_cast<int32_t>(value);
 }
 
-int32_t objectToInt32(nb::handle item, char const* what, size_t index)
+int32_t objectToInt32(nb::handle item, ListName name, size_t index)
 {
     int64_t value = 0;
     if (!nb::try_cast<int64_t>(item, value))
     {
+        if (PyIndex_Check(item.ptr()))
+        {
+            throw rt::InvalidArgumentError(
+                fmt::format("{}[{}] is {}; {} must fit in int32 [{}, {}]", name.what, index, nb::str(item).c_str(),
+                    name.noun, std::numeric_limits<int32_t>::min(), std::numeric_limits<int32_t>::max()));
+        }
         throw nb::type_error(
-            fmt::format("{}[{}] is a {}; expected an int page id", what, index, typeName(item)).c_str());
+            fmt::format("{}[{}] is a {}; {} must be ints", name.what, index, typeName(item), name.noun).c_str());
     }
-    return entryToInt32(value, what, index);
+    return entryToInt32(value, name, index);
 }
 
+constexpr ListName kPAIRS{"pairs", "page ids"};
+
 } // namespace
+
+std::string typeName(nb::handle object)
+{
+    return nb::str(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(object.ptr()))).attr("__name__")).c_str();
+}
+
+void throwTypeError(nb::handle value, char const* field, char const* expected)
+{
+    throw nb::type_error(fmt::format("{} is a {}; expected {}", field, typeName(value), expected).c_str());
+}
+
+int64_t intArgument(nb::handle value, char const* field)
+{
+    int64_t result = 0;
+    if (nb::try_cast<int64_t>(value, result))
+    {
+        return result;
+    }
+    if (PyIndex_Check(value.ptr()))
+    {
+        throw rt::InvalidArgumentError(fmt::format("{} is {}; it must fit in int64 [{}, {}]", field,
+            nb::str(value).c_str(), std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()));
+    }
+    throwTypeError(value, field, "an int");
+}
+
+void requireIterable(nb::handle value, char const* field, char const* expected)
+{
+    if (!nb::hasattr(value, "__iter__"))
+    {
+        throwTypeError(value, field, expected);
+    }
+}
+
+std::string bytesArgument(nb::handle value, char const* field, char const* expected)
+{
+    nb::bytes const bytes = checkedCast<nb::bytes>(value, field, expected);
+    return std::string(bytes.c_str(), bytes.size());
+}
 
 int32_t toInt32(int64_t value, char const* field)
 {
@@ -216,7 +275,8 @@ cudaStream_t streamArgument(nb::handle stream, cudaStream_t fallback)
     if (nb::hasattr(stream, "__cuda_stream__"))
     {
         nb::object const protocol = stream.attr("__cuda_stream__")();
-        return handleOf(nb::cast<nb::tuple>(protocol)[1], "stream.__cuda_stream__()[1]");
+        return handleOf(checkedCast<nb::tuple>(protocol, "stream.__cuda_stream__()", "a (version, handle) tuple")[1],
+            "stream.__cuda_stream__()[1]");
     }
     if (nb::hasattr(stream, "cuda_stream"))
     {
@@ -246,8 +306,10 @@ std::optional<DeviceInt32Array> deviceInt32Array(
 {
     if (nb::hasattr(list, "__dlpack_device__"))
     {
-        nb::tuple const where = nb::cast<nb::tuple>(list.attr("__dlpack_device__")());
-        int64_t const type = nb::cast<int64_t>(where[0]);
+        std::string const field = fmt::format("{}.__dlpack_device__()", what);
+        nb::tuple const where =
+            checkedCast<nb::tuple>(list.attr("__dlpack_device__")(), field.c_str(), "a (type, id) tuple");
+        int64_t const type = intArgument(where[0], (field + "[0]").c_str());
         if (type == kDLCUDA || type == kDLCUDAManaged || type == kDLCUDAHost)
         {
             return fromDLPack(list, consumer, device, what);
@@ -280,7 +342,7 @@ void hostPagePairs(nb::handle list, std::vector<rt::PageCopy>& pairs)
         pairs.reserve(int64Pairs.shape(0));
         for (size_t i = 0; i < int64Pairs.shape(0); ++i)
         {
-            pairs.push_back({entryToInt32(int64Pairs(i, 0), "pairs", i), entryToInt32(int64Pairs(i, 1), "pairs", i)});
+            pairs.push_back({entryToInt32(int64Pairs(i, 0), kPAIRS, i), entryToInt32(int64Pairs(i, 1), kPAIRS, i)});
         }
         return;
     }
@@ -301,42 +363,48 @@ void hostPagePairs(nb::handle list, std::vector<rt::PageCopy>& pairs)
             throw rt::InvalidArgumentError(
                 fmt::format("pairs[{}] is a {}; expected a (src, dst) pair", index, typeName(pair)));
         }
-        pairs.push_back({objectToInt32(entry[0], "pairs", index), objectToInt32(entry[1], "pairs", index)});
+        pairs.push_back({objectToInt32(entry[0], kPAIRS, index), objectToInt32(entry[1], kPAIRS, index)});
         ++index;
     }
 }
 
 void hostPageIds(nb::handle list, std::vector<int32_t>& pages)
 {
-    pages.clear();
+    hostInt32s(list, pages, "pages", "page ids");
+}
+
+void hostInt32s(nb::handle list, std::vector<int32_t>& values, char const* what, char const* noun)
+{
+    values.clear();
+    ListName const name{what, noun};
     using Int32Ids = nb::ndarray<int32_t const, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
     using Int64Ids = nb::ndarray<int64_t const, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
     Int32Ids int32Ids;
     if (nb::try_cast(list, int32Ids, false))
     {
-        pages.assign(int32Ids.data(), int32Ids.data() + int32Ids.shape(0));
+        values.assign(int32Ids.data(), int32Ids.data() + int32Ids.shape(0));
         return;
     }
     Int64Ids int64Ids;
     if (nb::try_cast(list, int64Ids, false))
     {
-        pages.reserve(int64Ids.shape(0));
+        values.reserve(int64Ids.shape(0));
         for (size_t i = 0; i < int64Ids.shape(0); ++i)
         {
-            pages.push_back(entryToInt32(int64Ids(i), "pages", i));
+            values.push_back(entryToInt32(int64Ids(i), name, i));
         }
         return;
     }
     if (!nb::hasattr(list, "__iter__"))
     {
-        throw nb::type_error(
-            fmt::format("pages is a {}; expected a sequence of ints, a 1-D int array or a device array", typeName(list))
-                .c_str());
+        throw nb::type_error(fmt::format(
+            "{} is a {}; expected a sequence of ints, a 1-D int array or a device array", what, typeName(list))
+                                 .c_str());
     }
     size_t index = 0;
-    for (nb::handle page : list)
+    for (nb::handle value : list)
     {
-        pages.push_back(objectToInt32(page, "pages", index));
+        values.push_back(objectToInt32(value, name, index));
         ++index;
     }
 }

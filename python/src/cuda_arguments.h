@@ -7,6 +7,8 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 namespace kvcache::python
@@ -16,6 +18,36 @@ namespace nb = nanobind;
 
 //! Returns `value` as int32; throws InvalidArgumentError naming `field`, the value and the int32 range otherwise.
 int32_t toInt32(int64_t value, char const* field);
+
+//! Returns the name of the Python type of `object` (for messages).
+std::string typeName(nb::handle object);
+
+//! Throws TypeError: "`field` is a <type of value>; expected `expected`".
+[[noreturn]] void throwTypeError(nb::handle value, char const* field, char const* expected);
+
+//! Returns `value` (an int or an object with __index__) as int64. Throws TypeError naming `field` for anything else,
+//! InvalidArgumentError naming `field`, the value and the int64 range for an int outside it.
+int64_t intArgument(nb::handle value, char const* field);
+
+//! Returns `value` converted to T (a bound type or a nanobind object type) without the failing cast's
+//! std::bad_cast: throws TypeError naming `field`, the type it got and `expected` when `value` is not one.
+template <typename T>
+T checkedCast(nb::handle value, char const* field, char const* expected)
+{
+    T result{};
+    // A pointer cast takes None as null: no caller wants that.
+    if ((std::is_pointer_v<T> && value.is_none()) || !nb::try_cast<T>(value, result))
+    {
+        throwTypeError(value, field, expected);
+    }
+    return result;
+}
+
+//! Returns normally when `value` is iterable; throws TypeError naming `field` and `expected` otherwise.
+void requireIterable(nb::handle value, char const* field, char const* expected);
+
+//! Returns the contents of `value`, which must be bytes; throws TypeError naming `field` and `expected` otherwise.
+std::string bytesArgument(nb::handle value, char const* field, char const* expected);
 
 //! Returns the stream `stream` names: `fallback` for None, the handle of an int, of an object's __cuda_stream__()
 //! (the CUDA stream protocol's (version, handle)) or of its `cuda_stream` attribute (torch.cuda.Stream). Throws
@@ -46,7 +78,12 @@ std::optional<DeviceInt32Array> deviceInt32Array(
 //! a CPU ndarray) or a sequence of (src, dst) pairs. Throws InvalidArgumentError / TypeError naming the entry.
 void hostPagePairs(nb::handle list, std::vector<rt::PageCopy>& pairs);
 
-//! Reads host page ids into `pages`: a one-dimensional int32 or int64 array or a sequence of ints.
+//! Reads host page ids into `pages`: a one-dimensional int32 or int64 array or a sequence of ints. Throws
+//! InvalidArgumentError / TypeError naming the entry of `pages`.
 void hostPageIds(nb::handle list, std::vector<int32_t>& pages);
+
+//! Reads host int32 values into `values` as hostPageIds does; messages name the argument `what` and its entries as
+//! `noun` (e.g. "tokens", "token ids").
+void hostInt32s(nb::handle list, std::vector<int32_t>& values, char const* what, char const* noun);
 
 } // namespace kvcache::python

@@ -1,6 +1,7 @@
 #include "dlpack_view.h"
 
 #include "core/scoped_device.h"
+#include "cuda_arguments.h"
 
 #include <kvcache/errors.h>
 
@@ -172,15 +173,20 @@ DLPackView::DLPackView(
 nb::object DLPackView::exportCapsule(
     nb::handle stream, nb::handle maxVersion, nb::handle dlDevice, nb::handle copy) const
 {
-    if (!copy.is_none() && nb::cast<bool>(copy))
+    if (!copy.is_none() && checkedCast<bool>(copy, "__dlpack__ copy", "a bool or None"))
     {
         throwBufferError("__dlpack__(copy=True): kvcache views are zero-copy; copy the consumer's tensor instead");
     }
     if (!dlDevice.is_none())
     {
-        nb::tuple const wanted = nb::cast<nb::tuple>(dlDevice);
-        int64_t const type = nb::cast<int64_t>(wanted[0]);
-        int64_t const id = nb::cast<int64_t>(wanted[1]);
+        nb::tuple const wanted = checkedCast<nb::tuple>(dlDevice, "__dlpack__ dl_device", "a (type, id) tuple");
+        if (wanted.size() != 2)
+        {
+            throw rt::InvalidArgumentError(
+                fmt::format("__dlpack__ dl_device has {} entries; expected (type, id)", wanted.size()));
+        }
+        int64_t const type = intArgument(wanted[0], "__dlpack__ dl_device[0]");
+        int64_t const id = intArgument(wanted[1], "__dlpack__ dl_device[1]");
         if (type != mDevice.device_type || id != mDevice.device_id)
         {
             throwBufferError(
@@ -190,7 +196,7 @@ nb::object DLPackView::exportCapsule(
     }
     if (mDevice.device_type == kDLCPU)
     {
-        if (!stream.is_none() && nb::cast<int64_t>(stream) != -1)
+        if (!stream.is_none() && intArgument(stream, "__dlpack__ stream") != -1)
         {
             throwBufferError("__dlpack__ stream must be None for a CPU view");
         }
@@ -198,7 +204,7 @@ nb::object DLPackView::exportCapsule(
     else
     {
         // No stream means the legacy default stream (DLPack's rule for CUDA consumers).
-        int64_t const consumer = stream.is_none() ? 1 : nb::cast<int64_t>(stream);
+        int64_t const consumer = stream.is_none() ? 1 : intArgument(stream, "__dlpack__ stream");
         cudaStream_t const consumerStream = dlpackConsumerStream(consumer);
         if (consumer != -1 && mOrder != nullptr)
         {
@@ -209,8 +215,9 @@ nb::object DLPackView::exportCapsule(
     bool versioned = false;
     if (!maxVersion.is_none())
     {
-        nb::tuple const version = nb::cast<nb::tuple>(maxVersion);
-        versioned = nb::cast<int64_t>(version[0]) >= 1;
+        nb::tuple const version =
+            checkedCast<nb::tuple>(maxVersion, "__dlpack__ max_version", "a (major, minor) tuple or None");
+        versioned = version.size() > 0 && intArgument(version[0], "__dlpack__ max_version[0]") >= 1;
     }
 
     auto fill = [this](auto& exported)

@@ -119,11 +119,11 @@ rt::PageOpTarget targetOf(nb::handle target, nb::handle group)
     rt::PageOpTarget result;
     if (!target.is_none())
     {
-        result = nb::cast<rt::PageOpTarget>(target);
+        result = checkedCast<rt::PageOpTarget>(target, "target", "a PageOpTarget or None");
     }
     if (!group.is_none())
     {
-        result.group = toInt32(nb::cast<int64_t>(group), "group");
+        result.group = toInt32(intArgument(group, "group"), "group");
     }
     return result;
 }
@@ -386,7 +386,7 @@ namespace kvcache::python
 
 CacheAccess cacheAccess(nb::handle cache)
 {
-    auto* const handle = nb::cast<CacheHandle*>(cache);
+    auto* const handle = checkedCast<CacheHandle*>(cache, "cache", "a KVCacheManager");
     return CacheAccess{&handle->manager(), handle->stream()};
 }
 
@@ -394,7 +394,7 @@ DLPackView cacheView(nb::handle cache, rt::Tensor const& tensor)
 {
     Self self;
     self.h = cache;
-    self.p = nb::cast<CacheHandle*>(cache);
+    self.p = checkedCast<CacheHandle*>(cache, "cache", "a KVCacheManager");
     return viewOf(self, tensor);
 }
 

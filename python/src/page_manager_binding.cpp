@@ -28,6 +28,9 @@ struct PageManagerHandle
     {
     }
     rt::PageManager manager;
+    //! The eviction callback's owner: the manager's EvictionCallback only borrows it, so that the garbage collector
+    //! sees this reference (pageManagerTraverse) and can break a cycle through it (pageManagerClear).
+    nb::object callback;
     std::vector<std::vector<int32_t>> tokens;
     std::vector<std::vector<rt::PageExtraKey>> extraKeys;
     std::vector<rt::SequenceAppend> appends;
@@ -41,11 +44,18 @@ void extraKeysOf(nb::handle keys, std::vector<rt::PageExtraKey>& out)
     {
         return;
     }
+    requireIterable(keys, "extra_keys", "None or a sequence of (position, lo, hi) tuples");
     size_t index = 0;
     for (nb::handle key : keys)
     {
-        auto const [position, lo, hi] = nb::cast<std::tuple<int64_t, uint64_t, uint64_t>>(key);
-        out.push_back({toInt32(position, fmt::format("extra_keys[{}] position", index).c_str()), {lo, hi}});
+        std::string const field = fmt::format("extra_keys[{}]", index);
+        std::tuple<int64_t, uint64_t, uint64_t> value;
+        if (!nb::try_cast(key, value))
+        {
+            throwTypeError(key, field.c_str(), "a (position, lo, hi) tuple of ints, lo and hi in [0, 2**64)");
+        }
+        auto const [position, lo, hi] = value;
+        out.push_back({toInt32(position, (field + " position").c_str()), {lo, hi}});
         ++index;
     }
 }
@@ -58,7 +68,7 @@ rt::SequenceAppend appendOf(
         handle.tokens.resize(slot + 1);
         handle.extraKeys.resize(slot + 1);
     }
-    hostPageIds(tokens, handle.tokens[slot]);
+    hostInt32s(tokens, handle.tokens[slot], "tokens", "token ids");
     extraKeysOf(extraKeys, handle.extraKeys[slot]);
     rt::SequenceAppend append;
     append.sequence = sequence;
@@ -73,9 +83,14 @@ rt::SequenceAppend appendOf(
 void appendsOf(PageManagerHandle& handle, nb::handle appends)
 {
     handle.appends.clear();
+    requireIterable(appends, "appends", "a sequence of (sequence, tokens[, extra_keys]) tuples");
     size_t slot = 0;
     for (nb::handle entry : appends)
     {
+        if (!nb::isinstance<nb::tuple>(entry) && !nb::isinstance<nb::list>(entry))
+        {
+            throwTypeError(entry, fmt::format("appends[{}]", slot).c_str(), "a (sequence, tokens[, extra_keys]) tuple");
+        }
         nb::sequence const fields = nb::borrow<nb::sequence>(entry);
         size_t const count = nb::len(fields);
         if (count < 2 || count > 3)
@@ -84,7 +99,8 @@ void appendsOf(PageManagerHandle& handle, nb::handle appends)
                 fmt::format("appends[{}] has {} fields; expected (sequence, tokens[, extra_keys])", slot, count));
         }
         handle.appends.push_back(
-            appendOf(handle, slot, nb::cast<int64_t>(fields[0]), fields[1], count == 3 ? fields[2] : nb::none()));
+            appendOf(handle, slot, intArgument(fields[0], fmt::format("appends[{}] sequence", slot).c_str()), fields[1],
+                count == 3 ? fields[2] : nb::none()));
         ++slot;
     }
 }
@@ -116,7 +132,7 @@ rt::KVCacheLayout layoutOf(nb::handle source)
     }
     if (nb::hasattr(source, "layout"))
     {
-        return nb::cast<rt::KVCacheLayout>(source.attr("layout")());
+        return checkedCast<rt::KVCacheLayout>(source.attr("layout")(), "source.layout()", "a KVCacheLayout");
     }
     throw rt::InvalidArgumentError(fmt::format("PageManager: source is a {}; it must be a KVCacheManager, a "
                                                "KVCacheLayout or a Config",
@@ -133,17 +149,71 @@ rt::PageManagerOptions optionsOf(
     options.hashAlgorithm = algorithm;
     if (!seed.is_none())
     {
-        nb::bytes const bytes = nb::cast<nb::bytes>(seed);
+        std::string const bytes = bytesArgument(seed, "hash_seed", "32 bytes or None");
         std::array<uint8_t, 32> value{};
         if (bytes.size() != value.size())
         {
             throw rt::InvalidArgumentError(
                 fmt::format("hash_seed has {} bytes; it must have {}", bytes.size(), value.size()));
         }
-        std::memcpy(value.data(), bytes.c_str(), value.size());
+        std::memcpy(value.data(), bytes.data(), value.size());
         options.hashSeed = value;
     }
     return options;
+}
+
+// The manager owns its eviction callback, which may refer back to the manager (a bound method, a closure): without
+// these the cycle would never be collected.
+int pageManagerTraverse(PyObject* self, visitproc visit, void* arg)
+{
+    // A heap type's instances own a reference to it.
+    Py_VISIT(Py_TYPE(self));
+    if (!nb::inst_ready(self))
+    {
+        return 0;
+    }
+    Py_VISIT(nb::inst_ptr<PageManagerHandle>(self)->callback.ptr());
+    return 0;
+}
+
+int pageManagerClear(PyObject* self)
+{
+    if (nb::inst_ready(self))
+    {
+        PageManagerHandle* const handle = nb::inst_ptr<PageManagerHandle>(self);
+        handle->manager.setEvictionCallback({});
+        // Dropped after the manager lets go of it, as the last reference can run arbitrary code.
+        nb::object const callback = std::move(handle->callback);
+    }
+    return 0;
+}
+
+PyType_Slot gPageManagerSlots[] = {{Py_tp_traverse, reinterpret_cast<void*>(&pageManagerTraverse)},
+    {Py_tp_clear, reinterpret_cast<void*>(&pageManagerClear)}, {0, nullptr}};
+
+//! Makes `callback` (a callable, or None for none) the manager's eviction callback.
+void setEvictionCallback(PageManagerHandle& handle, nb::handle callback)
+{
+    if (callback.is_none())
+    {
+        handle.manager.setEvictionCallback({});
+        handle.callback.reset();
+        return;
+    }
+    if (!PyCallable_Check(callback.ptr()))
+    {
+        throwTypeError(callback, "callback", "a callable or None");
+    }
+    PyObject* const function = callback.ptr();
+    handle.manager.setEvictionCallback(
+        [function](int32_t group, int32_t page, rt::PageHash hash)
+        {
+            // Held for the call: the callback may replace itself.
+            nb::object const held = nb::borrow(function);
+            held(group, page, nb::make_tuple(hash.lo, hash.hi));
+        });
+    // Replaced after the manager stopped pointing at the old one.
+    handle.callback = nb::borrow(callback);
 }
 
 } // namespace
@@ -167,7 +237,7 @@ void bindPageManager(nb::module_& m)
         .def_ro("evicted_pages", &rt::PageManagerStats::evictedPages)
         .def_ro("copy_on_write_pages", &rt::PageManagerStats::copyOnWritePages);
 
-    nb::class_<PageManagerHandle>(m, "PageManager",
+    nb::class_<PageManagerHandle>(m, "PageManager", nb::type_slots(gPageManagerSlots), nb::is_weak_referenceable(),
         "The page lifecycle of one cache on the host: pages per sequence and group, forks with copy-on-write, prefix "
         "reuse through chained page hashes, LRU eviction. It never touches the GPU: run the copies step() returns "
         "with copy_pages before the step's kernels, and build PageTableBuffers from pages(sequence, group).")
@@ -189,8 +259,7 @@ void bindPageManager(nb::module_& m)
                 std::string bytes;
                 if (!salt.is_none())
                 {
-                    nb::bytes const value = nb::cast<nb::bytes>(salt);
-                    bytes.assign(value.c_str(), value.size());
+                    bytes = bytesArgument(salt, "salt", "bytes or None");
                     options.salt = bytes.data();
                     options.saltBytes = bytes.size();
                 }
@@ -302,18 +371,12 @@ void bindPageManager(nb::module_& m)
             nb::arg("group"), nb::arg("count"), "Drops up to `count` cached pages of `group`; returns how many.")
         .def(
             "set_eviction_callback",
-            [](PageManagerHandle& h, nb::handle callback)
-            {
-                if (callback.is_none())
-                {
-                    h.manager.setEvictionCallback({});
-                    return;
-                }
-                nb::object function = nb::borrow(callback);
-                h.manager.setEvictionCallback([function](int32_t group, int32_t page, rt::PageHash hash)
-                    { function(group, page, nb::make_tuple(hash.lo, hash.hi)); });
-            },
-            nb::arg("callback"), "callback(group, page, (lo, hi)) for each evicted page; None removes it.")
+            [](PageManagerHandle& h, nb::handle callback) { setEvictionCallback(h, callback); },
+            nb::arg("callback").none(),
+            "callback(group, page, (lo, hi)) for each evicted page, after the eviction completed; None removes it. "
+            "What it raises propagates from the call that evicted (the first exception when it raises for several "
+            "pages), the manager consistent and the call's other changes made. The manager takes part in garbage "
+            "collection, so a callback that refers back to it does not keep it alive.")
         .def(
             "counts",
             [](PageManagerHandle const& h, int64_t group) { return h.manager.counts(toInt32(group, "group")); },

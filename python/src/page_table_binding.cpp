@@ -59,7 +59,7 @@ public:
             }
             nb::sequence const entry = nb::borrow<nb::sequence>(sequence);
             hostPageIds(entry[0], mPages[count]);
-            int64_t const numTokens = nb::cast<int64_t>(entry[1]);
+            int64_t const numTokens = intArgument(entry[1], fmt::format("sequences[{}][1]", count).c_str());
             if (count == mSequences.size())
             {
                 mSequences.emplace_back();

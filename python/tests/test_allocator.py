@@ -115,3 +115,37 @@ def test_allocate_into_fills_a_numpy_array_in_lifo_order(np):
     with pytest.raises(MemoryError):
         allocator.allocate_into(np.zeros(100, dtype=np.int32))
     assert allocator.num_free() == 16 - 7
+
+
+@pytest.mark.parametrize("make_out, described", [
+    (lambda np: np.full(3, -7, dtype=np.int64), r"dtype int64, shape \(3\), strides \(1\)"),
+    (lambda np: np.full(6, -7, dtype=np.int32)[::2], r"dtype int32, shape \(3\), strides \(2\)"),
+    (lambda np: np.full((3, 1), -7, dtype=np.int32), r"dtype int32, shape \(3, 1\), strides \(1, 1\)"),
+])
+def test_allocate_into_refuses_an_array_it_cannot_fill_in_place(np, make_out, described):
+    allocator = kvcache.PageAllocator(8)
+    taken = allocator.allocate(2)
+    out = make_out(np)
+    before = out.copy()
+    with pytest.raises(kvcache.InvalidArgumentError, match=f"^out has {described}.*; it must be a writable "
+                       "one-dimensional C-contiguous int32 host array$"):
+        allocator.allocate_into(out)
+    assert np.array_equal(out, before)
+    assert allocator.num_free() == 6 and allocator.num_used() == 2  # no page taken
+    assert allocator.allocate() == 2  # the free list is as it was
+    assert [allocator.ref_count(p) for p in taken] == [1, 1]
+    allocator.check_invariants()
+
+
+def test_allocate_into_refuses_read_only_arrays_and_non_arrays(np):
+    allocator = kvcache.PageAllocator(8)
+    read_only = np.full(2, -7, dtype=np.int32)
+    read_only.flags.writeable = False
+    with pytest.raises(ValueError, match="out is a read-only array"):
+        allocator.allocate_into(read_only)
+    with pytest.raises(TypeError, match="out is a list; expected a writable"):
+        allocator.allocate_into([0, 0])
+    with pytest.raises(ValueError, match="page is 18446744073709551616; it must fit in int64"):
+        allocator.release(2**64)
+    assert allocator.num_free() == 8
+    allocator.check_invariants()

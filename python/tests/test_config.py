@@ -160,3 +160,21 @@ def test_out_of_int32_values_are_refused_when_set():
 def test_negative_budget_is_an_invalid_argument():
     with pytest.raises(kvcache.InvalidArgumentError, match="-1"):
         kvcache.max_pages_for_budget(make_config(), -1)
+
+
+@pytest.mark.parametrize("layers, message", [
+    ([("a", 128)], r"Config.layer_configs\[0\].num_kv_heads is a str; expected an int"),
+    ([(8, 128), (2, 64.0)], r"Config.layer_configs\[1\].head_dim is a float; expected an int"),
+    ([(8, 128, None)], r"Config.layer_configs\[0\].sliding_window is a NoneType; expected an int"),
+    ([(8, 128, 0, "KV")], r"Config.layer_configs\[0\].kind is a str; expected a KVLayerKind"),
+    (5, r"Config.layer_configs is a int; expected a sequence"),
+])
+def test_wrong_layer_config_types_raise_type_error_naming_the_field(layers, message):
+    with pytest.raises(TypeError, match=f"^{message}"):
+        make_config(layer_configs=layers)
+    with pytest.raises(TypeError, match="Config.num_attention_layers is a str; expected an int"):
+        make_config(num_attention_layers="3")
+    config = make_config()
+    with pytest.raises(TypeError, match=f"^{message}"):
+        config.layer_configs = layers
+    assert len(config.layer_configs) == len(LAYERS)  # unchanged

@@ -1,6 +1,9 @@
 """PageManager through Python: the documented page lifecycle rules (pages per sequence, fork and copy-on-write, prefix
 reuse of whole pages, all-or-nothing steps), counted by hand. No GPU."""
 
+import gc
+import weakref
+
 import pytest
 
 import kvcache
@@ -133,3 +136,137 @@ def test_built_from_a_layout():
     assert manager.pages(sequence, 0) == ([0, 1], 5)
     with pytest.raises(ValueError, match="source"):
         kvcache.PageManager(42)
+
+
+def fill_with_cached_pages(manager):
+    """Leaves every page of group 0 cached (4 freed sequences of 16 full pages, distinct tokens): the next page taken
+    is an eviction."""
+    for i in range(4):
+        sequence = manager.create()
+        manager.append(sequence, [1000 * i + t for t in range(16 * P)])
+        manager.free(sequence)
+    counts = manager.counts(0)
+    assert (counts.free, counts.cached) == (0, 64)
+
+
+def test_set_eviction_callback_none_removes_the_callback():
+    manager = make_manager()
+    evicted = []
+    manager.set_eviction_callback(lambda group, page, page_hash: evicted.append(page))
+    fill_with_cached_pages(manager)
+    assert manager.evict_cached(0, 1) == 1 and len(evicted) == 1
+    manager.set_eviction_callback(None)
+    assert manager.evict_cached(0, 2) == 2
+    assert len(evicted) == 1  # not called any more
+    assert manager.stats().evicted_pages == 3
+    with pytest.raises(TypeError, match="callback is a int; expected a callable or None"):
+        manager.set_eviction_callback(3)
+    manager.check_invariants()
+
+
+class EvictionRefused(Exception):
+    pass
+
+
+def test_a_raising_eviction_callback_leaves_the_manager_consistent():
+    manager = make_manager()
+    calls = []
+
+    def refuse(group, page, page_hash):
+        calls.append(page)
+        raise EvictionRefused(f"page {page}")
+
+    manager.set_eviction_callback(refuse)
+    fill_with_cached_pages(manager)
+    held = []
+    for round in range(1, 4):
+        sequence = manager.create()
+        held.append(sequence)
+        tokens = [5000 + 100 * round + t for t in range(2 * P)]  # two new pages, each an eviction that raises
+        with pytest.raises(EvictionRefused) as error:
+            manager.append(sequence, tokens)
+        assert str(error.value) == f"page {calls[-2]}"  # the first exception of the call comes through
+        manager.check_invariants()
+        assert manager.length(sequence) == 2 * P  # the step completed
+        assert len(manager.last_copies()) == 1
+        assert len(calls) == 2 * round
+        counts = manager.counts(0)
+        assert (counts.used, counts.cached, counts.free) == (2 * round, 64 - 2 * round, 0)
+        assert manager.stats().evicted_pages == 2 * round
+        assert sorted(manager.pages(sequence, 0)[0]) == sorted(calls[-2:])  # it holds the pages evicted for it
+    with pytest.raises(EvictionRefused):
+        manager.evict_cached(0, 3)  # every page dropped though the callback raised for each
+    manager.check_invariants()
+    counts = manager.counts(0)
+    assert (counts.used, counts.cached, counts.free) == (6, 64 - 6 - 3, 3)
+    assert len(calls) == 9 and manager.stats().evicted_pages == 9
+
+
+def manager_in_a_cycle_with_its_callback():
+    """Returns a weak reference to a manager whose callback (a closure) refers to the manager."""
+    manager = make_manager()
+    calls = []
+    manager.set_eviction_callback(lambda group, page, page_hash: calls.append(manager.counts(group).free))
+    fill_with_cached_pages(manager)
+    assert manager.evict_cached(0, 1) == 1 and calls == [1]  # called with the page already free
+    return weakref.ref(manager)
+
+
+class Tier:
+    """Holds a manager whose callback is one of its own bound methods."""
+
+    def __init__(self):
+        self.manager = make_manager()
+        self.manager.set_eviction_callback(self.on_evict)
+
+    def on_evict(self, group, page, page_hash):
+        pass
+
+
+def test_an_eviction_callback_that_refers_to_its_manager_is_collected():
+    gc.collect()
+    closure = manager_in_a_cycle_with_its_callback()
+    tier = Tier()
+    bound = weakref.ref(tier.manager)
+    del tier
+    gc.collect()
+    assert closure() is None
+    assert bound() is None
+
+
+def test_wrong_argument_types_raise_type_error_naming_the_argument():
+    manager = make_manager()
+    with pytest.raises(TypeError, match="salt is a str; expected bytes or None"):
+        manager.create(salt="x")
+    with pytest.raises(TypeError, match="hash_seed is a bytearray; expected 32 bytes or None"):
+        make_manager(hash_seed=bytearray(32))
+    sequence = manager.create()
+    with pytest.raises(TypeError, match=r"appends\[0\] sequence is a str; expected an int"):
+        manager.step([("s", [1])])
+    with pytest.raises(TypeError, match=r"appends\[1\] is a int; expected a \(sequence, tokens"):
+        manager.step([(sequence, [1]), 5])
+    with pytest.raises(TypeError, match="appends is a int"):
+        manager.can_step(5)
+    with pytest.raises(TypeError, match=r"tokens\[1\] is a str; token ids must be ints"):
+        manager.append(sequence, [1, "2"])
+    with pytest.raises(TypeError, match=r"extra_keys\[0\] is a str; expected a \(position, lo, hi\)"):
+        manager.append(sequence, [1], ["key"])
+    with pytest.raises(TypeError, match="extra_keys is a int"):
+        manager.append(sequence, [1], 7)
+    with pytest.raises(ValueError, match=r"appends\[0\] sequence is 18446744073709551616; it must fit in int64"):
+        manager.step([(2**64, [1])])
+    assert manager.length(sequence) == 0  # nothing was appended
+    manager.check_invariants()
+
+
+def test_a_token_id_over_int32_is_named_as_a_token():
+    manager = make_manager()
+    sequence = manager.create()
+    with pytest.raises(kvcache.InvalidArgumentError,
+                       match=r"^tokens\[2\] is 2147483648; token ids must fit in int32 \[-2147483648, 2147483647\]$"):
+        manager.append(sequence, [1, 2, 2**31])
+    with pytest.raises(ValueError, match=r"^tokens\[0\] is 2147483648; token ids must fit in int32"):
+        manager.step([(sequence, [2**31])])
+    with pytest.raises(ValueError, match=r"^tokens\[0\] is 36893488147419103232; token ids must fit in int32"):
+        manager.adopt_prefix(sequence, [2**65])
+    assert manager.length(sequence) == 0
