@@ -603,7 +603,7 @@ class PageAllocator:
 
     def allocate_into(self, out: Annotated[NDArray[numpy.int32], dict(shape=(None,), order='C', device='cpu')]) -> None:
         """
-        Fills the int32 array `out` with free pages, all or nothing; allocates nothing.
+        Fills `out`, a writable one-dimensional C-contiguous int32 host array, with free pages, all or nothing; allocates nothing. Raises InvalidArgumentError (a ValueError) for another dtype, layout or device, TypeError for what is no array, before taking a page.
         """
 
     def retain(self, page: int) -> None:
@@ -799,7 +799,7 @@ class PageManager:
 
     def set_eviction_callback(self, callback: Callable[[int, int, tuple[int, int]], None] | None) -> None:
         """
-        callback(group, page, (lo, hi)) for each evicted page; None removes it.
+        callback(group, page, (lo, hi)) for each evicted page, after the eviction completed; None removes it. What it raises propagates from the call that evicted (the first exception when it raises for several pages), the manager consistent and the call's other changes made. The manager takes part in garbage collection, so a callback that refers back to it does not keep it alive.
         """
 
     def counts(self, group: int) -> PageGroupCounts: ...
