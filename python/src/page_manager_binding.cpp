@@ -27,10 +27,11 @@ struct PageManagerHandle
         : manager(layout, options)
     {
     }
-    rt::PageManager manager;
     //! The eviction callback's owner: the manager's EvictionCallback only borrows it, so that the garbage collector
-    //! sees this reference (pageManagerTraverse) and can break a cycle through it (pageManagerClear).
+    //! sees this reference (pageManagerTraverse) and can break a cycle through it (pageManagerClear). Declared before
+    //! the manager so that it outlives the manager's borrowed pointer.
     nb::object callback;
+    rt::PageManager manager;
     std::vector<std::vector<int32_t>> tokens;
     std::vector<std::vector<rt::PageExtraKey>> extraKeys;
     std::vector<rt::SequenceAppend> appends;
