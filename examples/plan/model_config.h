@@ -18,6 +18,15 @@ public:
     using std::runtime_error::runtime_error;
 };
 
+//! The most decoder layers a model may have (num_hidden_layers, --layers, --layer-heads): far above any published model
+//! (DeepSeek-V3 has 61, Llama-3.1-405B 126), and low enough that the per-layer lists a plan builds stay small. Checked
+//! before anything is sized by the layer count, so a hostile config cannot make the planner allocate without bound.
+inline constexpr int32_t kMAX_MODEL_LAYERS = 65536;
+
+//! The largest config.json the planner reads, in bytes; published ones are a few kilobytes. A larger file (or a
+//! device such as /dev/zero) is an error naming the path and this limit, not unbounded memory.
+inline constexpr int64_t kMAX_CONFIG_FILE_BYTES = int64_t{16} << 20;
+
 //! How one cache layer attends, as the model's config describes it.
 enum class AttentionKind : int32_t
 {

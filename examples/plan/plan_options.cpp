@@ -1,5 +1,7 @@
 #include "plan_options.h"
 
+#include "model_config.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -56,13 +58,13 @@ std::optional<int64_t> parseInteger(std::string_view text)
     return value;
 }
 
-int32_t parseCount(std::string_view flag, std::string_view text, int32_t minimum)
+int32_t parseCount(std::string_view flag, std::string_view text, int32_t minimum, int32_t maximum)
 {
     std::optional<int64_t> const value = parseInteger(text);
-    if (!value || *value < minimum || *value > std::numeric_limits<int32_t>::max())
+    if (!value || *value < minimum || *value > maximum)
     {
-        throw UsageError(fmt::format("{} expects a whole number in [{}, {}], got \"{}\"", flag, minimum,
-            std::numeric_limits<int32_t>::max(), text));
+        throw UsageError(
+            fmt::format("{} expects a whole number in [{}, {}], got \"{}\"", flag, minimum, maximum, text));
     }
     return static_cast<int32_t>(*value);
 }
@@ -100,19 +102,22 @@ struct CountFlag
 {
     std::string_view flag;
     int32_t minimum;
+    int32_t maximum;
     void (*set)(PlanOptions& options, int32_t value);
 };
 
+constexpr int32_t kINT32_MAX = std::numeric_limits<int32_t>::max();
+
 constexpr std::array<CountFlag, 9> kCOUNT_FLAGS = {{
-    {"--batch", 1, [](PlanOptions& options, int32_t value) { options.maxBatchSize = value; }},
-    {"--seq-len", 1, [](PlanOptions& options, int32_t value) { options.maxSequenceLength = value; }},
-    {"--page-size", 1, [](PlanOptions& options, int32_t value) { options.tokensPerPage = value; }},
-    {"--pages", 0, [](PlanOptions& options, int32_t value) { options.numPages = value; }},
-    {"--step-tokens", 0, [](PlanOptions& options, int32_t value) { options.maxTokensPerStep = value; }},
-    {"--tp", 1, [](PlanOptions& options, int32_t value) { options.tp = value; }},
-    {"--layers", 1, [](PlanOptions& options, int32_t value) { options.numLayers = value; }},
-    {"--kv-heads", 1, [](PlanOptions& options, int32_t value) { options.numKVHeads = value; }},
-    {"--head-dim", 1, [](PlanOptions& options, int32_t value) { options.headDim = value; }},
+    {"--batch", 1, kINT32_MAX, [](PlanOptions& options, int32_t value) { options.maxBatchSize = value; }},
+    {"--seq-len", 1, kINT32_MAX, [](PlanOptions& options, int32_t value) { options.maxSequenceLength = value; }},
+    {"--page-size", 1, kINT32_MAX, [](PlanOptions& options, int32_t value) { options.tokensPerPage = value; }},
+    {"--pages", 0, kINT32_MAX, [](PlanOptions& options, int32_t value) { options.numPages = value; }},
+    {"--step-tokens", 0, kINT32_MAX, [](PlanOptions& options, int32_t value) { options.maxTokensPerStep = value; }},
+    {"--tp", 1, kINT32_MAX, [](PlanOptions& options, int32_t value) { options.tp = value; }},
+    {"--layers", 1, kMAX_MODEL_LAYERS, [](PlanOptions& options, int32_t value) { options.numLayers = value; }},
+    {"--kv-heads", 1, kINT32_MAX, [](PlanOptions& options, int32_t value) { options.numKVHeads = value; }},
+    {"--head-dim", 1, kINT32_MAX, [](PlanOptions& options, int32_t value) { options.headDim = value; }},
 }};
 
 //! Returns the count flag named `flag`, or nullptr.
@@ -199,6 +204,11 @@ std::vector<rt::KVLayerConfig> parseLayerHeads(std::string_view flag, std::strin
                                          "8x128,8x128,2x64; entry {} is \"{}\" in \"{}\"",
                 flag, layers.size(), entry, text));
         }
+        if (layers.size() >= static_cast<size_t>(kMAX_MODEL_LAYERS))
+        {
+            throw UsageError(
+                fmt::format("{} lists more than {} layers, kvcache-plan's limit", flag, kMAX_MODEL_LAYERS));
+        }
         layers.push_back({static_cast<int32_t>(*heads), static_cast<int32_t>(*dim)});
         if (comma == std::string_view::npos)
         {
@@ -279,7 +289,7 @@ PlanOptions parseArguments(std::vector<std::string> const& args)
         }
         else if (CountFlag const* count = findCountFlag(flag))
         {
-            count->set(options, parseCount(flag, value(), count->minimum));
+            count->set(options, parseCount(flag, value(), count->minimum, count->maximum));
         }
         else if (flag == "--dtype")
         {
