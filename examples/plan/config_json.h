@@ -17,11 +17,6 @@ namespace kvcache::plan
 
 using Json = nlohmann::json;
 
-//! The deepest nesting of objects and lists a config.json may have; published configs nest a few levels (a vision
-//! tower's sub-config, rope_scaling), and a bound keeps a hostile file from exhausting the stack of the recursive
-//! JSON writer that error messages use.
-inline constexpr int32_t kMAX_CONFIG_NESTING = 64;
-
 //! Parses the text of a config.json; throws ModelConfigError naming `source` and, where the parser had reached one,
 //! the field (e.g. "text_config.num_hidden_layers") for malformed JSON, a number out of the range of a double (1e400)
 //! or nesting deeper than kMAX_CONFIG_NESTING.
