@@ -53,6 +53,11 @@ TEST(FamilyConfigs, FalconHeadsFollowTheConfigClass)
         "num_attention_heads": 128, "hidden_size": 8192, "new_decoder_architecture": true, "n_head_kv": 8})",
         "inline.json");
     EXPECT_EQ(headShapes(grouped), uniformHeads(2, 8, 64));
+    // The same model under the names the current transformers file uses: still one KV head, not 71.
+    ModelDescription const named = parseHuggingFaceConfig(R"({"model_type": "falcon", "num_hidden_layers": 32,
+        "num_attention_heads": 71, "hidden_size": 4544, "multi_query": true, "new_decoder_architecture": false})",
+        "inline.json");
+    EXPECT_EQ(headShapes(named), uniformHeads(32, 1, 64));
     // multi_query left out: FalconConfig's default is true, so one KV head.
     ModelDescription const defaulted = parseHuggingFaceConfig(
         R"({"model_type": "falcon", "n_layer": 2, "n_head": 71, "n_embed": 4544})", "inline.json");
