@@ -3,27 +3,266 @@
 #include <fmt/format.h>
 
 #include <limits>
+#include <string>
 #include <utility>
+#include <vector>
 
 namespace kvcache::plan
 {
 
-ConfigReader::ConfigReader(Json const& object, std::string source, std::string prefix)
+namespace
+{
+
+//! The longest stretch of a field's value an error message quotes: a hostile list of a million entries is named, not
+//! printed.
+constexpr size_t kMAX_QUOTED_CHARS = 80;
+
+//! Builds the JSON document from the parser's events, keeping the path of the value being read so that an error names
+//! its field ("text_config.num_kv_heads[3]").
+class ConfigBuilder
+{
+public:
+    explicit ConfigBuilder(std::string const& source)
+        : mSource(source)
+    {
+    }
+
+    bool null()
+    {
+        return add(Json(nullptr)) != nullptr;
+    }
+    bool boolean(bool value)
+    {
+        return add(Json(value)) != nullptr;
+    }
+    bool number_integer(Json::number_integer_t value)
+    {
+        return add(Json(value)) != nullptr;
+    }
+    bool number_unsigned(Json::number_unsigned_t value)
+    {
+        return add(Json(value)) != nullptr;
+    }
+    bool number_float(Json::number_float_t value, Json::string_t const& /*text*/)
+    {
+        return add(Json(value)) != nullptr;
+    }
+    bool string(Json::string_t& value)
+    {
+        return add(Json(std::move(value))) != nullptr;
+    }
+    bool binary(Json::binary_t& value)
+    {
+        return add(Json::binary(std::move(value))) != nullptr;
+    }
+    bool start_object(size_t /*size*/)
+    {
+        return open(Json::object());
+    }
+    bool key(Json::string_t& key)
+    {
+        mFrames.back().key = key;
+        return true;
+    }
+    bool end_object()
+    {
+        mFrames.pop_back();
+        return true;
+    }
+    bool start_array(size_t /*size*/)
+    {
+        return open(Json::array());
+    }
+    bool end_array()
+    {
+        mFrames.pop_back();
+        return true;
+    }
+    // NOLINTNEXTLINE(readability-convert-member-functions-to-static): the parser calls it on the handler.
+    bool parse_error(size_t position, std::string const& token, Json::exception const& error)
+    {
+        std::string const field = path();
+        // 406: a number the parser read as a double that is not finite (1e400, -1e400).
+        if (error.id == 406)
+        {
+            throw ModelConfigError(fmt::format("{}: field {} is {}, a number out of the range of a double", mSource,
+                field.empty() ? std::string("(top level)") : field, token));
+        }
+        throw ModelConfigError(fmt::format("{}: malformed JSON{} at byte {}: {}", mSource,
+            field.empty() ? std::string() : fmt::format(" in field {}", field), position, error.what()));
+    }
+
+    Json& root()
+    {
+        return mRoot;
+    }
+
+private:
+    struct Frame
+    {
+        Json* container;
+        std::string key;
+    };
+
+    //! Returns the field being read: keys joined by '.', list entries as [index].
+    std::string path() const
+    {
+        std::string text;
+        for (size_t i = 0; i < mFrames.size(); ++i)
+        {
+            Frame const& frame = mFrames[i];
+            if (frame.container->is_array())
+            {
+                // An outer list already holds the entry being read; the innermost one has not added it yet.
+                size_t const size = frame.container->size();
+                text += fmt::format("[{}]", i + 1 < mFrames.size() ? size - 1 : size);
+            }
+            else if (!frame.key.empty())
+            {
+                text += fmt::format("{}{}", text.empty() ? "" : ".", frame.key);
+            }
+        }
+        return text;
+    }
+
+    //! Stores `value` where the parser is (the root, the next list entry or the current key) and returns it.
+    Json* add(Json value)
+    {
+        if (mFrames.empty())
+        {
+            mRoot = std::move(value);
+            return &mRoot;
+        }
+        Frame& frame = mFrames.back();
+        if (frame.container->is_array())
+        {
+            frame.container->push_back(std::move(value));
+            return &frame.container->back();
+        }
+        Json& slot = (*frame.container)[frame.key];
+        slot = std::move(value);
+        return &slot;
+    }
+
+    bool open(Json container)
+    {
+        if (mFrames.size() >= static_cast<size_t>(kMAX_CONFIG_NESTING))
+        {
+            throw ModelConfigError(fmt::format("{}: field {} nests objects and lists deeper than kvcache-plan's limit "
+                                               "of {} levels",
+                mSource, path(), kMAX_CONFIG_NESTING));
+        }
+        // Objects are ordered maps and a list is not appended to while an entry is open, so the pointer stays valid.
+        mFrames.push_back({add(std::move(container)), {}});
+        return true;
+    }
+
+    std::string const& mSource;
+    Json mRoot;
+    std::vector<Frame> mFrames;
+};
+
+//! Returns `value` as JSON text, cut to kMAX_QUOTED_CHARS characters.
+std::string quoted(Json const& value)
+{
+    std::string text = value.dump();
+    if (text.size() > kMAX_QUOTED_CHARS)
+    {
+        text = fmt::format("{}... ({} characters)", text.substr(0, kMAX_QUOTED_CHARS), text.size());
+    }
+    return text;
+}
+
+} // namespace
+
+Json parseConfigJson(std::string_view text, std::string const& source)
+{
+    ConfigBuilder builder(source);
+    Json::sax_parse(text.data(), text.data() + text.size(), &builder);
+    return std::move(builder.root());
+}
+
+ConfigReader::ConfigReader(Json const& object, std::string source, std::string prefix, FieldDefaults const* defaults)
     : mObject(object)
     , mSource(std::move(source))
     , mPrefix(std::move(prefix))
+    , mDefaults(defaults)
 {
+}
+
+Json const* ConfigReader::findInFile(std::string_view field, std::string_view* spelled) const
+{
+    auto const present = [&](std::string_view name) -> Json const*
+    {
+        auto const it = mObject.find(name);
+        return it == mObject.end() || it->is_null() ? nullptr : &*it;
+    };
+    *spelled = field;
+    if (Json const* value = present(field))
+    {
+        return value;
+    }
+    if (mDefaults != nullptr)
+    {
+        for (auto const& [canonical, alias] : mDefaults->aliases)
+        {
+            if (canonical != field)
+            {
+                continue;
+            }
+            if (Json const* value = present(alias))
+            {
+                *spelled = alias;
+                return value;
+            }
+        }
+    }
+    return nullptr;
 }
 
 Json const* ConfigReader::find(std::string_view field) const
 {
-    auto const it = mObject.find(field);
-    return it == mObject.end() || it->is_null() ? nullptr : &*it;
+    std::string_view spelled;
+    if (Json const* value = findInFile(field, &spelled))
+    {
+        return value;
+    }
+    if (mDefaults != nullptr)
+    {
+        for (auto const& [canonical, value] : mDefaults->values)
+        {
+            if (canonical == field)
+            {
+                return &value;
+            }
+        }
+    }
+    return nullptr;
 }
 
 std::string ConfigReader::name(std::string_view field) const
 {
-    return mPrefix + std::string(field);
+    std::string_view spelled;
+    findInFile(field, &spelled);
+    return mPrefix + std::string(spelled);
+}
+
+std::vector<std::string> ConfigReader::defaultedFields() const
+{
+    std::vector<std::string> fields;
+    if (mDefaults == nullptr)
+    {
+        return fields;
+    }
+    for (auto const& [field, value] : mDefaults->values)
+    {
+        std::string_view spelled;
+        if (findInFile(field, &spelled) == nullptr)
+        {
+            fields.push_back(fmt::format("{} {}", name(field), value.dump()));
+        }
+    }
+    return fields;
 }
 
 ModelConfigError ConfigReader::missing(std::string_view field, std::string_view meaning) const
@@ -33,7 +272,7 @@ ModelConfigError ConfigReader::missing(std::string_view field, std::string_view 
 
 ModelConfigError ConfigReader::bad(std::string const& field, Json const& value, std::string_view expected) const
 {
-    return ModelConfigError(fmt::format("{}: field {} is {}; expected {}", mSource, field, value.dump(), expected));
+    return ModelConfigError(fmt::format("{}: field {} is {}; expected {}", mSource, field, quoted(value), expected));
 }
 
 int32_t ConfigReader::integer(Json const& value, std::string const& field, int32_t minimum) const

@@ -10,7 +10,6 @@
 #include <cstring>
 #include <fstream>
 #include <optional>
-#include <sstream>
 #include <string_view>
 #include <utility>
 
@@ -48,6 +47,11 @@ int32_t readNumLayers(ConfigReader const& reader)
     {
         if (std::optional<int32_t> const count = reader.optionalInteger(field, 1))
         {
+            if (*count > kMAX_MODEL_LAYERS)
+            {
+                throw ModelConfigError(fmt::format("{}: field {} is {}; kvcache-plan reads models of at most {} layers",
+                    reader.source(), reader.name(field), *count, kMAX_MODEL_LAYERS));
+            }
             return *count;
         }
     }
@@ -72,23 +76,7 @@ int32_t readHeadDim(ConfigReader const& reader)
     {
         return *headDim;
     }
-    std::optional<int32_t> const hiddenSize = reader.optionalInteger("hidden_size", 1);
-    if (!hiddenSize)
-    {
-        throw reader.missing("head_dim", "or hidden_size and num_attention_heads");
-    }
-    std::optional<int32_t> const numHeads = reader.optionalInteger("num_attention_heads", 1);
-    if (!numHeads)
-    {
-        throw reader.missing("num_attention_heads", "needed for head_dim = hidden_size / num_attention_heads");
-    }
-    if (*hiddenSize % *numHeads != 0)
-    {
-        throw ModelConfigError(fmt::format("{}: {} = {} is not a multiple of {} = {}, so head_dim is not whole; give "
-                                           "head_dim",
-            reader.source(), reader.name("hidden_size"), *hiddenSize, reader.name("num_attention_heads"), *numHeads));
-    }
-    return *hiddenSize / *numHeads;
+    return families::headDimFromHiddenSize(reader);
 }
 
 //! Returns whether some family names `value` as a layer_types kind without a KV cache.
@@ -235,7 +223,32 @@ LayerAttention readLayerAttention(
                 attention.slidingWindow == 0 ? std::string("null") : fmt::format("{}", attention.slidingWindow)));
         }
     }
+    AttentionContext context{reader, types, numLayers, useSliding, attention, notes};
+    for (ModelFamily const& family : families::modelFamilies())
+    {
+        if (family.keptLayers != nullptr)
+        {
+            family.keptLayers(context);
+        }
+    }
     return attention;
+}
+
+//! Returns the other names and defaults of the config classes of the families whose model_type the config has.
+FieldDefaults familyFieldDefaults(ModelTypes const& types)
+{
+    FieldDefaults merged;
+    for (ModelFamily const& family : families::modelFamilies())
+    {
+        if (!types.isAny(family.fields.modelTypes))
+        {
+            continue;
+        }
+        merged.configClass = merged.configClass.empty() ? family.fields.configClass : merged.configClass;
+        merged.aliases.insert(merged.aliases.end(), family.fields.aliases.begin(), family.fields.aliases.end());
+        merged.values.insert(merged.values.end(), family.fields.values.begin(), family.fields.values.end());
+    }
+    return merged;
 }
 
 //! Returns the cache shape of the model's attention layers: the first family's shape rule that answers (one latent for
@@ -303,34 +316,44 @@ ModelDescription modelFromLayers(std::string name, std::vector<rt::KVLayerConfig
 
 ModelDescription parseHuggingFaceConfig(std::string_view text, std::string const& source)
 {
-    Json root;
-    try
-    {
-        root = Json::parse(text);
-    }
-    catch (Json::parse_error const& error)
-    {
-        throw ModelConfigError(fmt::format("{}: malformed JSON: {}", source, error.what()));
-    }
+    Json const root = parseConfigJson(text, source);
     if (!root.is_object())
     {
         throw ModelConfigError(fmt::format("{}: expected a JSON object, got {}", source, root.type_name()));
     }
-    ConfigReader const top(root, source, "");
-    Json const* textConfig = top.find("text_config");
+    ConfigReader const plainTop(root, source, "");
+    Json const* textConfig = plainTop.find("text_config");
     if (textConfig != nullptr && !textConfig->is_object())
     {
-        throw top.bad("text_config", *textConfig, "an object");
+        throw plainTop.bad("text_config", *textConfig, "an object");
     }
+    std::optional<ConfigReader> plainText;
+    if (textConfig != nullptr)
+    {
+        plainText.emplace(*textConfig, source, "text_config.");
+    }
+    ModelTypes const types(plainTop, plainText ? &*plainText : nullptr);
+    // The family's other names and defaults apply to the object its config class reads: text_config when present.
+    FieldDefaults const defaults = familyFieldDefaults(types);
+    ConfigReader const top(root, source, "", textConfig == nullptr ? &defaults : nullptr);
     std::optional<ConfigReader> textReader;
     if (textConfig != nullptr)
     {
-        textReader.emplace(*textConfig, source, "text_config.");
+        textReader.emplace(*textConfig, source, "text_config.", &defaults);
     }
     ConfigReader const& reader = textReader ? *textReader : top;
-    ModelTypes const types(top, textReader ? &*textReader : nullptr);
 
     ModelDescription model;
+    if (std::vector<std::string> const defaulted = reader.defaultedFields(); !defaulted.empty())
+    {
+        std::string list;
+        for (std::string const& field : defaulted)
+        {
+            list += fmt::format("{}{}", list.empty() ? "" : ", ", field);
+        }
+        model.notes.push_back(
+            fmt::format("fields left out take the defaults of transformers' {}: {}", defaults.configClass, list));
+    }
     model.numModelLayers = readNumLayers(reader);
     std::vector<rt::KVLayerConfig> const shapes = readLayerShapes(reader, model.numModelLayers, model.notes);
     LayerAttention const attention = readLayerAttention(reader, types, model.numModelLayers, model.notes);
@@ -393,13 +416,20 @@ ModelDescription loadHuggingFaceConfig(std::string const& path)
     {
         throw ModelConfigError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
     }
-    std::ostringstream text;
-    text << file.rdbuf();
+    // One byte past the limit tells a file at the limit from a longer one (or an endless device) without reading on.
+    std::string text(static_cast<size_t>(kMAX_CONFIG_FILE_BYTES) + 1, '\0');
+    file.read(text.data(), static_cast<std::streamsize>(text.size()));
     if (file.bad())
     {
         throw ModelConfigError(fmt::format("{}: cannot read", path));
     }
-    return parseHuggingFaceConfig(text.str(), path);
+    if (file.gcount() > kMAX_CONFIG_FILE_BYTES)
+    {
+        throw ModelConfigError(fmt::format(
+            "{}: more than {} bytes, kvcache-plan's limit for a config.json", path, kMAX_CONFIG_FILE_BYTES));
+    }
+    text.resize(static_cast<size_t>(file.gcount()));
+    return parseHuggingFaceConfig(text, path);
 }
 
 } // namespace kvcache::plan

@@ -18,6 +18,20 @@ public:
     using std::runtime_error::runtime_error;
 };
 
+//! The most decoder layers a model may have (num_hidden_layers, --layers, --layer-heads): far above any published model
+//! (DeepSeek-V3 has 61, Llama-3.1-405B 126), and low enough that the per-layer lists a plan builds stay small. Checked
+//! before anything is sized by the layer count, so a hostile config cannot make the planner allocate without bound.
+inline constexpr int32_t kMAX_MODEL_LAYERS = 65536;
+
+//! The largest config.json the planner reads, in bytes; published ones are a few kilobytes. A larger file (or a
+//! device such as /dev/zero) is an error naming the path and this limit, not unbounded memory.
+inline constexpr int64_t kMAX_CONFIG_FILE_BYTES = int64_t{16} << 20;
+
+//! The deepest nesting of objects and lists a config.json may have; published configs nest a few levels (a vision
+//! tower's sub-config, rope_scaling), and a bound keeps a hostile file from exhausting the stack of the recursive JSON
+//! writer that error messages quote values with.
+inline constexpr int32_t kMAX_CONFIG_NESTING = 64;
+
 //! How one cache layer attends, as the model's config describes it.
 enum class AttentionKind : int32_t
 {
@@ -66,14 +80,19 @@ ModelDescription modelFromLayers(std::string name, std::vector<rt::KVLayerConfig
 //! (Llama-4: 1 = chunked, 0 = full; empty means every 4th layer is full), use_sliding_window true (layers from
 //! max_window_layers on slide), sliding_window alone (every layer slides), else full attention. use_sliding_window
 //! false makes every layer full. Multi-head latent attention (kv_lora_rank and qk_rope_head_dim) caches one latent of
-//! kv_lora_rank + qk_rope_head_dim values a token, K only.
+//! kv_lora_rank + qk_rope_head_dim values a token, K only. Layers that keep no token cache of their own are left out
+//! with a note: the last num_kv_shared_layers (Gemma-3n) and cross_attention_layers (Llama-3.2-Vision). A family's
+//! config class lends its other field names and defaults (families/*.cpp: Falcon's n_layer and multi_query, GPT-2's
+//! n_embd, Gemma-3's head_dim 256), and a note lists every default used.
 //!
-//! Throws ModelConfigError for malformed JSON, a missing or bad field, or a config it cannot read correctly (a layer
-//! kind it does not know, one of the two MLA sizes without the other, a sliding layer without sliding_window, ...),
-//! naming `source` and the field: never a silent full-size guess.
+//! Throws ModelConfigError for malformed JSON, a number out of a double's range, a missing or bad field, more than
+//! kMAX_MODEL_LAYERS layers, or a config it cannot read correctly (a layer kind it does not know, one of the two MLA
+//! sizes without the other, a sliding layer without sliding_window, ...), naming `source` and the field: never a
+//! silent full-size guess.
 ModelDescription parseHuggingFaceConfig(std::string_view text, std::string const& source);
 
-//! Reads the file at `path` and parses it with parseHuggingFaceConfig; throws ModelConfigError when it cannot be read.
+//! Reads the file at `path` and parses it with parseHuggingFaceConfig; throws ModelConfigError when it cannot be read
+//! or holds more than kMAX_CONFIG_FILE_BYTES.
 ModelDescription loadHuggingFaceConfig(std::string const& path);
 
 } // namespace kvcache::plan

@@ -1,5 +1,7 @@
 #include "plan_options.h"
 
+#include "model_config.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -56,13 +58,13 @@ std::optional<int64_t> parseInteger(std::string_view text)
     return value;
 }
 
-int32_t parseCount(std::string_view flag, std::string_view text, int32_t minimum)
+int32_t parseCount(std::string_view flag, std::string_view text, int32_t minimum, int32_t maximum)
 {
     std::optional<int64_t> const value = parseInteger(text);
-    if (!value || *value < minimum || *value > std::numeric_limits<int32_t>::max())
+    if (!value || *value < minimum || *value > maximum)
     {
-        throw UsageError(fmt::format("{} expects a whole number in [{}, {}], got \"{}\"", flag, minimum,
-            std::numeric_limits<int32_t>::max(), text));
+        throw UsageError(
+            fmt::format("{} expects a whole number in [{}, {}], got \"{}\"", flag, minimum, maximum, text));
     }
     return static_cast<int32_t>(*value);
 }
@@ -100,19 +102,22 @@ struct CountFlag
 {
     std::string_view flag;
     int32_t minimum;
+    int32_t maximum;
     void (*set)(PlanOptions& options, int32_t value);
 };
 
+constexpr int32_t kINT32_MAX = std::numeric_limits<int32_t>::max();
+
 constexpr std::array<CountFlag, 9> kCOUNT_FLAGS = {{
-    {"--batch", 1, [](PlanOptions& options, int32_t value) { options.maxBatchSize = value; }},
-    {"--seq-len", 1, [](PlanOptions& options, int32_t value) { options.maxSequenceLength = value; }},
-    {"--page-size", 1, [](PlanOptions& options, int32_t value) { options.tokensPerPage = value; }},
-    {"--pages", 0, [](PlanOptions& options, int32_t value) { options.numPages = value; }},
-    {"--step-tokens", 0, [](PlanOptions& options, int32_t value) { options.maxTokensPerStep = value; }},
-    {"--tp", 1, [](PlanOptions& options, int32_t value) { options.tp = value; }},
-    {"--layers", 1, [](PlanOptions& options, int32_t value) { options.numLayers = value; }},
-    {"--kv-heads", 1, [](PlanOptions& options, int32_t value) { options.numKVHeads = value; }},
-    {"--head-dim", 1, [](PlanOptions& options, int32_t value) { options.headDim = value; }},
+    {"--batch", 1, kINT32_MAX, [](PlanOptions& options, int32_t value) { options.maxBatchSize = value; }},
+    {"--seq-len", 1, kINT32_MAX, [](PlanOptions& options, int32_t value) { options.maxSequenceLength = value; }},
+    {"--page-size", 1, kINT32_MAX, [](PlanOptions& options, int32_t value) { options.tokensPerPage = value; }},
+    {"--pages", 0, kINT32_MAX, [](PlanOptions& options, int32_t value) { options.numPages = value; }},
+    {"--step-tokens", 0, kINT32_MAX, [](PlanOptions& options, int32_t value) { options.maxTokensPerStep = value; }},
+    {"--tp", 1, kINT32_MAX, [](PlanOptions& options, int32_t value) { options.tp = value; }},
+    {"--layers", 1, kMAX_MODEL_LAYERS, [](PlanOptions& options, int32_t value) { options.numLayers = value; }},
+    {"--kv-heads", 1, kINT32_MAX, [](PlanOptions& options, int32_t value) { options.numKVHeads = value; }},
+    {"--head-dim", 1, kINT32_MAX, [](PlanOptions& options, int32_t value) { options.headDim = value; }},
 }};
 
 //! Returns the count flag named `flag`, or nullptr.
@@ -199,6 +204,11 @@ std::vector<rt::KVLayerConfig> parseLayerHeads(std::string_view flag, std::strin
                                          "8x128,8x128,2x64; entry {} is \"{}\" in \"{}\"",
                 flag, layers.size(), entry, text));
         }
+        if (layers.size() >= static_cast<size_t>(kMAX_MODEL_LAYERS))
+        {
+            throw UsageError(
+                fmt::format("{} lists more than {} layers, kvcache-plan's limit", flag, kMAX_MODEL_LAYERS));
+        }
         layers.push_back({static_cast<int32_t>(*heads), static_cast<int32_t>(*dim)});
         if (comma == std::string_view::npos)
         {
@@ -279,7 +289,7 @@ PlanOptions parseArguments(std::vector<std::string> const& args)
         }
         else if (CountFlag const* count = findCountFlag(flag))
         {
-            count->set(options, parseCount(flag, value(), count->minimum));
+            count->set(options, parseCount(flag, value(), count->minimum, count->maximum));
         }
         else if (flag == "--dtype")
         {
@@ -339,7 +349,7 @@ a memory budget. Uses only the layout maths; needs no GPU.
 model (default: a built-in Llama-3.1-8B-like model, 32 layers of 8 KV heads x 128, float16):
   --config PATH        read a Hugging Face config.json (fields below)
   --layer-heads LIST   one HxD entry per attention layer, e.g. 8x128,8x128,2x64 (full attention)
-  --layers N           uniform model: N attention layers (default 32)
+  --layers N           uniform model: N attention layers (default 32, at most {})
   --kv-heads H         uniform model: KV heads per layer (default 8)
   --head-dim D         uniform model: head dimension (default 128)
 
@@ -380,7 +390,8 @@ output:
 Flags take their value as "--flag value" or "--flag=value".
 
 config.json: only these fields are read, from "text_config" when present, else from the top level:
-  num_hidden_layers       number of decoder layers (num_transformer_layers in OpenELM configs)
+  num_hidden_layers       number of decoder layers (num_transformer_layers in OpenELM configs),
+                          at most {}
   num_kv_heads            KV heads, one per layer (a list) or for all layers;
                           else num_key_value_heads, else num_attention_heads
   head_dim                else hidden_size / num_attention_heads
@@ -403,15 +414,30 @@ config.json: only these fields are read, from "text_config" when present, else f
   sliding_window          alone: every layer slides (Mistral-7B-v0.1); null or absent: full attention
   and in every case:
   use_sliding_window      false: no layer slides, whatever sliding_window and layer_types say (Qwen2)
+  num_kv_shared_layers    N: the last N layers reuse earlier layers' KV and keep no cache (Gemma-3n,
+                          whose configs must give it)
+  cross_attention_layers  layers that attend to image tokens, not planned as token caches
+                          (Llama-3.2-Vision, whose configs must give it)
   torch_dtype or dtype    bfloat16, float16 or float32: the cache dtype unless --dtype is given
   hybrid_override_pattern, layers_block_type, block_types or attn_type_list without layer_types is an
   error: the planner does not read them.
+  by model_type, with the field names and defaults of transformers' config class:
+  gpt2                    n_layer, n_head and n_embd for num_hidden_layers, num_attention_heads and
+                          hidden_size; one KV head per attention head
+  falcon                  n_layer, n_head, n_head_kv and n_embed as other names; KV heads: num_kv_heads
+                          (default num_attention_heads) with new_decoder_architecture (default false),
+                          else 1 with multi_query (default true), else num_attention_heads; head_dim is
+                          hidden_size / num_attention_heads
+  gemma3, gemma3_text     fields left out: head_dim 256, num_key_value_heads 4, num_attention_heads 8,
+                          num_hidden_layers 26, sliding_window 4096 (Gemma3TextConfig's defaults)
+
+A config.json larger than {} bytes or nesting deeper than {} levels is an error.
 
 Exit status: 0 on success; 2 for a bad flag, a config.json that cannot be read, lacks a field or describes
 layers the planner cannot size (the message names the field), or an invalid cache config.
 )",
-        kDEFAULT_BATCH_SIZE, kDEFAULT_SEQUENCE_LENGTH, kSUGGESTED_STEP_TOKENS, rt::kMAX_TOKENS_PER_PAGE,
-        rt::kTOKENS_PER_PAGE);
+        kMAX_MODEL_LAYERS, kDEFAULT_BATCH_SIZE, kDEFAULT_SEQUENCE_LENGTH, kSUGGESTED_STEP_TOKENS,
+        rt::kMAX_TOKENS_PER_PAGE, rt::kTOKENS_PER_PAGE, kMAX_MODEL_LAYERS, kMAX_CONFIG_FILE_BYTES, kMAX_CONFIG_NESTING);
 }
 
 } // namespace kvcache::plan

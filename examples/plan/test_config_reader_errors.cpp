@@ -108,5 +108,75 @@ TEST(HuggingFaceConfig, ConfigsThePlannerCannotReadAreErrors)
     }
 }
 
+TEST(HuggingFaceConfig, HostileNumbersAreNamedErrors)
+{
+    std::vector<std::pair<std::string, std::vector<std::string>>> const cases = {
+        // A layer count that would size lists of 2^31 entries: refused against the limit before anything is sized.
+        {R"({"num_hidden_layers": 2147483647, "num_key_value_heads": 8, "head_dim": 128})",
+            {"inline.json", "field num_hidden_layers is 2147483647", "at most 65536 layers"}},
+        {R"({"text_config": {"num_hidden_layers": 65537, "num_key_value_heads": 8, "head_dim": 128}})",
+            {"text_config.num_hidden_layers is 65537", "65536"}},
+        // Numbers past a double's range: the file and the field, not the JSON library's words alone.
+        {R"({"num_hidden_layers": 1e400, "num_key_value_heads": 8, "head_dim": 128})",
+            {"inline.json", "field num_hidden_layers is 1e400", "out of the range"}},
+        {R"({"text_config": {"num_hidden_layers": 2, "num_kv_heads": [2, -1e400], "head_dim": 64}})",
+            {"field text_config.num_kv_heads[1] is -1e400"}},
+        {R"({"a": [1, [2, 3, {"b": [4, 1e999]}]]})", {"field a[1][2].b[1] is 1e999"}},
+        // In range for a double, not for a count.
+        {R"({"num_hidden_layers": 2, "num_key_value_heads": 2, "head_dim": 1e300})", {"field head_dim is 1e+300"}},
+        {R"({"num_hidden_layers": 2, "num_key_value_heads": 18446744073709551615, "head_dim": 64})",
+            {"field num_key_value_heads"}},
+        // Malformed JSON names where the parser was.
+        {R"({"text_config": {"head_dim": 64,)", {"inline.json", "malformed JSON in field text_config"}},
+        {"{\"a\": " + std::string(100, '[') + std::string(100, ']') + "}", {"field a[0]", "deeper", "64 levels"}},
+    };
+    for (auto const& [json, fragments] : cases)
+    {
+        std::string const message = configErrorOf(json);
+        for (std::string const& fragment : fragments)
+        {
+            EXPECT_NE(message.find(fragment), std::string::npos) << "\"" << message << "\" lacks " << fragment;
+        }
+    }
+}
+
+TEST(HuggingFaceConfig, HostileValuesAreQuotedShort)
+{
+    // A million-entry list in the wrong place is named and cut, not printed whole.
+    std::string list = "[1";
+    for (int i = 0; i < 1000000; ++i)
+    {
+        list += ",1";
+    }
+    list += "]";
+    std::string const message = configErrorOf(R"({"num_hidden_layers": )" + list + "}");
+    EXPECT_NE(message.find("field num_hidden_layers is [1,1,1"), std::string::npos) << message.substr(0, 200);
+    EXPECT_LT(message.size(), 400u);
+}
+
+TEST(HuggingFaceConfig, HostileFilesAndFlagsEndInNamedErrors)
+{
+    // An endless file is read up to the limit and refused, naming the path and the limit; exit status 2.
+    ProgramResult const endless = runProgram({"--config", "/dev/zero"});
+    EXPECT_EQ(endless.status, kEXIT_BAD_INPUT);
+    EXPECT_NE(endless.err.find("/dev/zero: more than 16777216 bytes"), std::string::npos) << endless.err;
+
+    std::string const path = writeTempFile("overflow.json", R"({"num_hidden_layers": 1e400})");
+    ProgramResult const overflow = runProgram({"--config", path});
+    EXPECT_EQ(overflow.status, kEXIT_BAD_INPUT);
+    EXPECT_NE(overflow.err.find(path + ": field num_hidden_layers is 1e400"), std::string::npos) << overflow.err;
+
+    // --layers and --layer-heads are bounded by the same limit as num_hidden_layers.
+    EXPECT_NE(usageErrorOf({"--layers", "100000000"}).find("--layers expects a whole number in [1, 65536]"),
+        std::string::npos);
+    EXPECT_EQ(parseArguments({"--layers", "65536"}).numLayers, kMAX_MODEL_LAYERS);
+    std::string heads = "1x1";
+    for (int32_t i = 0; i < kMAX_MODEL_LAYERS; ++i)
+    {
+        heads += ",1x1";
+    }
+    EXPECT_NE(usageErrorOf({"--layer-heads", heads}).find("more than 65536 layers"), std::string::npos);
+}
+
 } // namespace
 } // namespace kvcache::plan

@@ -148,7 +148,8 @@ TEST(Program, HelpListsFlagsAndConfigFields)
              "--kv-heads", "--head-dim", "--layer-heads", "--config", "--per-layer", "--step-tokens", "--json", "--tp",
              "num_key_value_heads", "layer_types", "attn_layer_period", "text_config", "torch_dtype", "sliding_window",
              "sliding_window_pattern", "use_sliding_window", "max_window_layers", "attention_chunk_size",
-             "no_rope_layers", "kv_lora_rank", "qk_rope_head_dim"})
+             "no_rope_layers", "kv_lora_rank", "qk_rope_head_dim", "num_kv_shared_layers", "cross_attention_layers",
+             "multi_query", "n_embd", "Gemma3TextConfig", "at most 65536"})
     {
         EXPECT_NE(result.out.find(text), std::string::npos) << text;
     }

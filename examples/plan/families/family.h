@@ -47,6 +47,11 @@ using AttentionRule = bool (*)(AttentionContext& context);
 using ShapeRule = std::optional<std::vector<rt::KVLayerConfig>> (*)(
     ConfigReader const& reader, int32_t numLayers, std::vector<std::string>& notes);
 
+//! Drops from context.attention.kinds the layers that keep no token cache of their own although the rules above made
+//! them attention layers (layers that reuse another layer's KV, cross-attention layers), and adds a note naming them,
+//! when the family's fields say so. Throws ModelConfigError naming the field.
+using KeptLayersRule = void (*)(AttentionContext& context);
+
 //! A model family as the config reader sees it; every part is optional.
 struct ModelFamily
 {
@@ -55,6 +60,8 @@ struct ModelFamily
     AttentionLayersRule attentionLayers = nullptr;      //!< which layers attend (without layer_types)
     AttentionRule attention = nullptr;                  //!< how they attend (without layer_types)
     ShapeRule shapes = nullptr;                         //!< the cache shape, when not K and V heads
+    FieldDefaults fields = {};                          //!< other field names and defaults of its config class
+    KeptLayersRule keptLayers = nullptr;                //!< attention layers without a token cache of their own
 };
 
 //! Returns the families in the order their rules are tried (registry.cpp).
@@ -79,6 +86,10 @@ void applyWindowPattern(AttentionContext& context, int32_t period, std::string c
 
 //! Returns the window as notes give it: the field's full name and its value, e.g. "sliding_window 4096".
 std::string windowText(AttentionContext const& context);
+
+//! Returns hidden_size / num_attention_heads; throws ModelConfigError naming the missing field, or both fields when the
+//! division is not whole.
+int32_t headDimFromHiddenSize(ConfigReader const& reader);
 
 //! Returns "2nd", "4th", "21st", ...
 std::string ordinal(int32_t n);

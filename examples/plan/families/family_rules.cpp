@@ -46,6 +46,27 @@ std::string windowText(AttentionContext const& context)
     return fmt::format("{} {}", context.reader.name("sliding_window"), context.attention.slidingWindow);
 }
 
+int32_t headDimFromHiddenSize(ConfigReader const& reader)
+{
+    std::optional<int32_t> const hiddenSize = reader.optionalInteger("hidden_size", 1);
+    if (!hiddenSize)
+    {
+        throw reader.missing("head_dim", "or hidden_size and num_attention_heads");
+    }
+    std::optional<int32_t> const numHeads = reader.optionalInteger("num_attention_heads", 1);
+    if (!numHeads)
+    {
+        throw reader.missing("num_attention_heads", "needed for head_dim = hidden_size / num_attention_heads");
+    }
+    if (*hiddenSize % *numHeads != 0)
+    {
+        throw ModelConfigError(fmt::format("{}: {} = {} is not a multiple of {} = {}, so head_dim is not whole; give "
+                                           "head_dim",
+            reader.source(), reader.name("hidden_size"), *hiddenSize, reader.name("num_attention_heads"), *numHeads));
+    }
+    return *hiddenSize / *numHeads;
+}
+
 std::string ordinal(int32_t n)
 {
     int32_t const lastTwo = n % 100;

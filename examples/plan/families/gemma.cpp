@@ -49,10 +49,16 @@ bool gemmaAttention(AttentionContext& context)
 } // namespace
 
 //! Gemma-2 and Gemma-3: sliding-window layers between full-attention ones, in a fixed pattern when the config has no
-//! layer_types.
+//! layer_types. Gemma-3 fields a config leaves out take transformers' Gemma3TextConfig defaults: 26 layers, 8 attention
+//! heads, 4 KV heads, head_dim 256 (not hidden_size / num_attention_heads) and sliding_window 4096.
 ModelFamily gemmaFamily()
 {
-    return {"Gemma", {}, nullptr, &gemmaAttention};
+    // Gemma3Config reads text_config as a Gemma3TextConfig, so the defaults hold there too. Only the fields the cache
+    // depends on; sliding_window_pattern's default 6 is the rule above.
+    return {"Gemma", {}, nullptr, &gemmaAttention, nullptr,
+        FieldDefaults{{"gemma3", "gemma3_text"}, "Gemma3TextConfig", {},
+            {{"num_hidden_layers", Json(26)}, {"num_attention_heads", Json(8)}, {"num_key_value_heads", Json(4)},
+                {"head_dim", Json(256)}, {"sliding_window", Json(4096)}}}};
 }
 
 } // namespace kvcache::plan::families

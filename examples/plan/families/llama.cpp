@@ -1,4 +1,8 @@
+#include "plan_internal.h"
+
 #include <fmt/format.h>
+
+#include <algorithm>
 
 #include "families/family.h"
 
@@ -88,12 +92,51 @@ bool llama4ChunkedLayers(AttentionContext& context)
     return true;
 }
 
+//! Llama-3.2-Vision (mllama): the layers cross_attention_layers lists attend to the image's tokens, whose fixed-size
+//! cache the runtime keeps apart from the token cache, so they are not planned. An mllama config without the list is
+//! refused: transformers fills in a default the planner does not assume.
+void dropCrossAttentionLayers(AttentionContext& context)
+{
+    ConfigReader const& reader = context.reader;
+    std::string const field = reader.name("cross_attention_layers");
+    Json const* list = reader.find("cross_attention_layers");
+    if (list == nullptr)
+    {
+        if (context.types.isAny({"mllama", "mllama_text_model"}))
+        {
+            throw reader.missing("cross_attention_layers", "the layers that attend to image tokens");
+        }
+        return;
+    }
+    if (!list->is_array() || list->size() >= static_cast<size_t>(context.numLayers))
+    {
+        throw reader.bad(field, *list, fmt::format("a list of fewer than {} layer indices", context.numLayers));
+    }
+    std::vector<int32_t> crossLayers;
+    for (size_t i = 0; i < list->size(); ++i)
+    {
+        int32_t const layer = reader.integer((*list)[i], fmt::format("{}[{}]", field, i), 0);
+        if (layer >= context.numLayers || !context.attention.kinds[static_cast<size_t>(layer)])
+        {
+            throw reader.bad(fmt::format("{}[{}]", field, i), (*list)[i],
+                fmt::format("the index of an attention layer below {}, listed once", context.numLayers));
+        }
+        crossLayers.push_back(layer);
+        context.attention.kinds[static_cast<size_t>(layer)] = std::nullopt;
+    }
+    std::sort(crossLayers.begin(), crossLayers.end());
+    context.notes.push_back(fmt::format("{} {}: cross-attention layers attend to image tokens, a fixed-size cache the "
+                                        "runtime keeps apart; not planned as token caches",
+        field, detail::formatRuns(crossLayers)));
+}
+
 } // namespace
 
-//! Llama: full attention in every layer (the generic rules), and Llama-4's chunked attention with NoPE layers.
+//! Llama: full attention in every layer (the generic rules), Llama-4's chunked attention with NoPE layers, and
+//! Llama-3.2-Vision's cross-attention layers, which keep no token cache.
 ModelFamily llamaFamily()
 {
-    return {"Llama", {}, nullptr, &llama4ChunkedLayers};
+    return {"Llama", {}, nullptr, &llama4ChunkedLayers, nullptr, {}, &dropCrossAttentionLayers};
 }
 
 } // namespace kvcache::plan::families

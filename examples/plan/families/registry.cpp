@@ -11,11 +11,14 @@ namespace kvcache::plan::families
     FAMILY(lfm2)                                                                                                       \
     FAMILY(recurrentGemma)                                                                                             \
     FAMILY(gemma)                                                                                                      \
+    FAMILY(gemma3n)                                                                                                    \
     FAMILY(cohere)                                                                                                     \
     FAMILY(llama)                                                                                                      \
     FAMILY(qwen)                                                                                                       \
     FAMILY(mistral)                                                                                                    \
-    FAMILY(deepseek)
+    FAMILY(deepseek)                                                                                                   \
+    FAMILY(falcon)                                                                                                     \
+    FAMILY(gpt2)
 
 #define KVCACHE_PLAN_DECLARE_FAMILY(name) ModelFamily name##Family();
 KVCACHE_PLAN_FAMILIES(KVCACHE_PLAN_DECLARE_FAMILY)
