@@ -44,6 +44,9 @@ rt::PageGeometry mixedGeometry()
     return geometry;
 }
 
+//! Header bytes of a file of mixedGeometry(): the fixed 56, three 16-byte layer records, the 8-byte checksum.
+constexpr int64_t kMIXED_HEADER_BYTES = 56 + 3 * 16 + 8;
+
 class SequenceFileTest : public ::testing::Test
 {
 protected:
@@ -118,6 +121,14 @@ protected:
         std::ifstream in(mPath, std::ios::binary);
         return std::vector<char>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
     }
+    //! Writes `count` pages of random bytes of mixedGeometry() holding `tokens` tokens and returns the file's bytes.
+    std::vector<char> writeMixedFile(int count, int64_t tokens, uint32_t seed) const
+    {
+        rt::PageGeometry const geometry = mixedGeometry();
+        auto const pages = randomPages(geometry, count, seed);
+        rt::writeSequenceFile(mPath, geometry, tokens, pointers(pages).data(), count);
+        return fileBytes();
+    }
     void writeBytes(std::vector<char> const& bytes) const
     {
         std::ofstream out(mPath, std::ios::binary | std::ios::trunc);
@@ -180,10 +191,8 @@ TEST_F(SequenceFileTest, GeometryOfALayoutMatchesTheFormulas)
 TEST_F(SequenceFileTest, AFlippedByteAnywhereIsRefusedAndWritesNoPage)
 {
     rt::PageGeometry const geometry = mixedGeometry();
-    auto const pages = randomPages(geometry, 3, 2);
-    rt::writeSequenceFile(mPath, geometry, 40, pointers(pages).data(), 3);
-    std::vector<char> const good = fileBytes();
-    int64_t const headerBytes = 56 + 3 * 16 + 8;
+    std::vector<char> const good = writeMixedFile(3, 40, 2);
+    int64_t const headerBytes = kMIXED_HEADER_BYTES;
     int64_t const checksumBytes = 3 * 8;
     // Header fields, the header checksum, the page checksums, the first, a middle and the last page byte.
     std::vector<int64_t> const offsets{0, 9, 17, 33, 41, 49, 60, headerBytes - 1, headerBytes, headerBytes + 15,
@@ -313,12 +322,10 @@ void patchHeader(std::vector<char>& bytes, int64_t headerBytes, int64_t offset, 
 TEST_F(SequenceFileTest, OutOfRangeHeaderFieldsWithAValidChecksumAreRefused)
 {
     rt::PageGeometry const geometry = mixedGeometry();
-    auto const pages = randomPages(geometry, 1, 8);
-    rt::writeSequenceFile(mPath, geometry, 16, pointers(pages).data(), 1);
-    std::vector<char> const good = fileBytes();
+    std::vector<char> const good = writeMixedFile(1, 16, 8);
     // Fixed part: dataType at 12, tokensPerPage 16, slidingWindow 20, reserved 28, bytesPerPage 32, pageCount 40,
     // tokenCount 48; then 16-byte layer records from 56: kind, numKVHeads, headDim, reserved.
-    int64_t const headerBytes = 56 + 3 * 16 + 8;
+    int64_t const headerBytes = kMIXED_HEADER_BYTES;
     int32_t const huge = 1 << 30;
     int64_t const int64Max = std::numeric_limits<int64_t>::max();
     struct Case
