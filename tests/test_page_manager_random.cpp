@@ -5,6 +5,10 @@
 // counts(), the copies the steps returned and stats() of every group, and the eviction callback's calls are compared
 // with the model; checkInvariants() runs every kINVARIANT_PERIOD operations (it is linear and allocates). Pools are
 // small so that steps run out of pages, and prompts share a few prefixes so that adoptPrefix() finds them.
+//
+// KVCACHE_RANDOM_OPERATIONS=<n> sets the operations of each run (default 260,000): the sanitizer build (test preset
+// "asan") runs fewer, since every operation costs many times more there. A value that is not a positive integer
+// fails the test rather than falling back to the default.
 
 #include "kvcache/errors.h"
 #include "kvcache/page_hash.h"
@@ -15,7 +19,9 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
+#include <cerrno>
 #include <cstdint>
+#include <cstdlib>
 #include <iostream>
 #include <map>
 #include <numeric>
@@ -44,6 +50,21 @@ constexpr int32_t kMAX_SEQUENCES = 6;
 constexpr int32_t kFAMILIES = 3;
 constexpr int64_t kOPERATIONS_PER_RUN = 260000;
 constexpr int64_t kINVARIANT_PERIOD = 64;
+
+//! Returns the operations of each run: KVCACHE_RANDOM_OPERATIONS when set, else kOPERATIONS_PER_RUN; -1 for a value
+//! that is not a positive integer.
+int64_t operationsPerRun()
+{
+    char const* const text = std::getenv("KVCACHE_RANDOM_OPERATIONS");
+    if (text == nullptr || *text == '\0')
+    {
+        return kOPERATIONS_PER_RUN;
+    }
+    char* end = nullptr;
+    errno = 0;
+    long long const value = std::strtoll(text, &end, 10);
+    return errno != 0 || *end != '\0' || value <= 0 ? -1 : static_cast<int64_t>(value);
+}
 
 //! A config and the options of one run.
 struct RunSpec
@@ -140,9 +161,10 @@ public:
         }
     }
 
-    std::string run()
+    //! Runs `operations` operations.
+    std::string run(int64_t operations)
     {
-        for (mOperation = 0; mOperation < kOPERATIONS_PER_RUN; ++mOperation)
+        for (mOperation = 0; mOperation < operations; ++mOperation)
         {
             std::string failure = oneOperation();
             if (failure.empty())
@@ -566,8 +588,11 @@ class PageManagerRandom : public ::testing::TestWithParam<RunSpec>
 
 TEST_P(PageManagerRandom, MatchesTheModel)
 {
+    int64_t const operations = operationsPerRun();
+    ASSERT_GT(operations, 0) << "KVCACHE_RANDOM_OPERATIONS is '" << std::getenv("KVCACHE_RANDOM_OPERATIONS")
+                             << "'; it must be a positive integer (operations of each run)";
     RandomRun run(GetParam());
-    std::string const failure = run.run();
+    std::string const failure = run.run(operations);
     EXPECT_EQ(failure, "") << "reproduce with this run's fixed seed " << GetParam().seed;
     for (auto const& [outcome, count] : run.tally())
     {

@@ -9,14 +9,19 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "support/config_builder.h"
 #include "support/error_matchers.h"
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 namespace
 {
@@ -38,6 +43,9 @@ rt::PageGeometry mixedGeometry()
     geometry.bytesPerPage = 8192 + 3072 + 8192;
     return geometry;
 }
+
+//! Header bytes of a file of mixedGeometry(): the fixed 56, three 16-byte layer records, the 8-byte checksum.
+constexpr int64_t kMIXED_HEADER_BYTES = 56 + 3 * 16 + 8;
 
 class SequenceFileTest : public ::testing::Test
 {
@@ -113,6 +121,14 @@ protected:
         std::ifstream in(mPath, std::ios::binary);
         return std::vector<char>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
     }
+    //! Writes `count` pages of random bytes of mixedGeometry() holding `tokens` tokens and returns the file's bytes.
+    std::vector<char> writeMixedFile(int count, int64_t tokens, uint32_t seed) const
+    {
+        rt::PageGeometry const geometry = mixedGeometry();
+        auto const pages = randomPages(geometry, count, seed);
+        rt::writeSequenceFile(mPath, geometry, tokens, pointers(pages).data(), count);
+        return fileBytes();
+    }
     void writeBytes(std::vector<char> const& bytes) const
     {
         std::ofstream out(mPath, std::ios::binary | std::ios::trunc);
@@ -175,10 +191,8 @@ TEST_F(SequenceFileTest, GeometryOfALayoutMatchesTheFormulas)
 TEST_F(SequenceFileTest, AFlippedByteAnywhereIsRefusedAndWritesNoPage)
 {
     rt::PageGeometry const geometry = mixedGeometry();
-    auto const pages = randomPages(geometry, 3, 2);
-    rt::writeSequenceFile(mPath, geometry, 40, pointers(pages).data(), 3);
-    std::vector<char> const good = fileBytes();
-    int64_t const headerBytes = 56 + 3 * 16 + 8;
+    std::vector<char> const good = writeMixedFile(3, 40, 2);
+    int64_t const headerBytes = kMIXED_HEADER_BYTES;
     int64_t const checksumBytes = 3 * 8;
     // Header fields, the header checksum, the page checksums, the first, a middle and the last page byte.
     std::vector<int64_t> const offsets{0, 9, 17, 33, 41, 49, 60, headerBytes - 1, headerBytes, headerBytes + 15,
@@ -292,6 +306,131 @@ TEST_F(SequenceFileTest, BadWriteArgumentsAreRefusedAndLeaveNoFile)
     // A folder that does not exist: an I/O error, no temporary left anywhere.
     EXPECT_THROW(rt::writeSequenceFile((mDir / "no" / "file").string(), mixedGeometry(), 1, pointers(pages).data(), 2),
         rt::Error);
+    EXPECT_EQ(std::distance(fs::directory_iterator(mDir), fs::directory_iterator()), 0);
+}
+
+//! Writes `value` at `offset` of a header of `headerBytes` bytes at the start of `bytes` and recomputes the header's
+//! checksum (XXH3-64 of all the header before its last 8 bytes), so only the field's own check can refuse it.
+template <typename T>
+void patchHeader(std::vector<char>& bytes, int64_t headerBytes, int64_t offset, T value)
+{
+    std::memcpy(bytes.data() + offset, &value, sizeof(T));
+    uint64_t const checksum = XXH3_64bits(bytes.data(), static_cast<size_t>(headerBytes - 8));
+    std::memcpy(bytes.data() + headerBytes - 8, &checksum, sizeof(checksum));
+}
+
+TEST_F(SequenceFileTest, OutOfRangeHeaderFieldsWithAValidChecksumAreRefused)
+{
+    rt::PageGeometry const geometry = mixedGeometry();
+    std::vector<char> const good = writeMixedFile(1, 16, 8);
+    // Fixed part: dataType at 12, tokensPerPage 16, slidingWindow 20, reserved 28, bytesPerPage 32, pageCount 40,
+    // tokenCount 48; then 16-byte layer records from 56: kind, numKVHeads, headDim, reserved.
+    int64_t const headerBytes = kMIXED_HEADER_BYTES;
+    int32_t const huge = 1 << 30;
+    int64_t const int64Max = std::numeric_limits<int64_t>::max();
+    struct Case
+    {
+        int64_t offset;
+        int64_t value;
+        bool wide;
+        std::vector<std::string> words;
+    };
+    std::vector<Case> const cases{
+        {16, huge, false, {"tokensPerPage is 1073741824", "power of two in [1, 1024]"}},
+        {16, 3, false, {"tokensPerPage is 3", "power of two in [1, 1024]"}},
+        {16, 0, false, {"tokensPerPage is 0", "power of two in [1, 1024]"}},
+        {12, 99, false, {"dataType is 99"}},
+        {20, -5, false, {"slidingWindow is -5", ">= 0"}},
+        {28, 1, false, {"reserved field at byte 28 is 1", "must be 0"}},
+        {56, 7, false, {"layers[0].kind is 7", "kKV (0) or kLATENT (1)"}},
+        {60, 0, false, {"layers[0].numKVHeads is 0", "> 0"}},
+        // 2^30 heads of 64 bfloat16 values, K and V, 16 tokens: 2 * 16 * 2^30 * 64 * 2 = 2^42 bytes, plus the other
+        // two layers' 3072 + 8192: no overflow, but not the page size the header says.
+        {60, huge, false, {"bytesPerPage is 19456", "pages of 4398046522368 bytes"}},
+        {72 + 4, huge, false, {"layers[1].numKVHeads is 1073741824", "latent", "must be 1"}},
+        {88 + 8, -7, false, {"layers[2].headDim is -7", "> 0"}},
+        // 2 * 16 * 4 * (2^31 - 1) * 2 = 549755813632, plus 8192 + 3072.
+        {88 + 8, std::numeric_limits<int32_t>::max(), false, {"bytesPerPage is 19456", "pages of 549755824896 bytes"}},
+        {88 + 12, 2, false, {"reserved field at byte 100 is 2"}},
+        {32, int64Max, true, {"bytesPerPage is 9223372036854775807", "19456"}},
+        {40, int64Max / 2, true, {"pageCount is 4611686018427387903", "overflows 64 bits"}},
+        {40, -1, true, {"pageCount is -1", ">= 0"}},
+        {48, 17, true, {"tokenCount is 17", "at most 16"}},
+    };
+    for (Case const& c : cases)
+    {
+        std::vector<char> bad = good;
+        if (c.wide)
+        {
+            patchHeader<int64_t>(bad, headerBytes, c.offset, c.value);
+        }
+        else
+        {
+            patchHeader<int32_t>(bad, headerBytes, c.offset, static_cast<int32_t>(c.value));
+        }
+        writeBytes(bad);
+        EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>([&] { rt::readSequenceFileInfo(mPath); }, c.words))
+            << "byte " << c.offset << " = " << c.value;
+        auto loaded = poisoned(geometry, 1);
+        EXPECT_THROW(rt::readSequenceFile(mPath, geometry, pointers(loaded).data(), 1), rt::InvalidArgumentError);
+        EXPECT_TRUE(allPoison(loaded)) << "byte " << c.offset << " let a page be written";
+    }
+
+    // Heads and head size of 2^30 each: 2 * 16 * 2^30 * 2^30 * 2 bytes leaves int64; the overflow is named.
+    std::vector<char> bad = good;
+    patchHeader<int32_t>(bad, headerBytes, 60, huge);
+    patchHeader<int32_t>(bad, headerBytes, 64, huge);
+    writeBytes(bad);
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>([&] { rt::readSequenceFileInfo(mPath); },
+        {"layers[0]", "numKVHeads 1073741824", "headDim 1073741824", "overflows", "9223372036854775807"}));
+
+    // A layer count beyond the limit or none: refused before the layer records are read.
+    for (int32_t const layers : {1 << 20, 0, -1})
+    {
+        bad = good;
+        std::memcpy(bad.data() + 24, &layers, sizeof(layers));
+        writeBytes(bad);
+        EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
+            [&] { rt::readSequenceFileInfo(mPath); }, {"numLayers is " + std::to_string(layers), "[1, 65536]"}));
+    }
+}
+
+TEST_F(SequenceFileTest, TheWriterRefusesWhatALayoutRefuses)
+{
+    auto const pages = randomPages(mixedGeometry(), 1, 9);
+    auto const refused = [&](rt::PageGeometry const& geometry, int64_t pageCount, std::vector<std::string> words)
+    {
+        return throwsNaming<rt::InvalidArgumentError>(
+            [&] { rt::writeSequenceFile(mPath, geometry, 0, pointers(pages).data(), pageCount); }, std::move(words));
+    };
+    rt::PageGeometry window = mixedGeometry();
+    window.slidingWindow = -5;
+    EXPECT_TRUE(refused(window, 1, {"geometry.slidingWindow is -5", ">= 0"}));
+    rt::PageGeometry three = mixedGeometry();
+    three.tokensPerPage = 3;
+    three.bytesPerPage = three.bytesPerPage / 16 * 3; // what 3 tokens would take: the rule, not the size, refuses
+    EXPECT_TRUE(refused(three, 1, {"geometry.tokensPerPage is 3", "power of two in [1, 1024]"}));
+    rt::PageGeometry big = mixedGeometry();
+    big.tokensPerPage = 2048;
+    big.bytesPerPage *= 128;
+    EXPECT_TRUE(refused(big, 1, {"geometry.tokensPerPage is 2048", "[1, 1024]"}));
+    rt::PageGeometry latent = mixedGeometry();
+    latent.layers[1].numKVHeads = 2;
+    latent.bytesPerPage += 3072;
+    EXPECT_TRUE(refused(latent, 1, {"geometry.layers[1].numKVHeads is 2", "must be 1"}));
+    rt::PageGeometry overflow = mixedGeometry();
+    overflow.layers[2].numKVHeads = 1 << 30;
+    overflow.layers[2].headDim = 1 << 30;
+    EXPECT_TRUE(refused(overflow, 1, {"geometry.layers[2]", "overflows", "9223372036854775807"}));
+    rt::PageGeometry none = mixedGeometry();
+    none.layers.clear();
+    none.bytesPerPage = 0;
+    EXPECT_TRUE(refused(none, 0, {"geometry.layers has 0 entries"}));
+    // A page count whose file size leaves int64 is refused before any page pointer is read.
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>([&]
+        { rt::writeSequenceFile(mPath, mixedGeometry(), 0, nullptr, std::numeric_limits<int64_t>::max() / 2); },
+        {"pageCount is 4611686018427387903", "overflows 64 bits"}));
+    EXPECT_FALSE(fs::exists(mPath));
     EXPECT_EQ(std::distance(fs::directory_iterator(mDir), fs::directory_iterator()), 0);
 }
 

@@ -167,10 +167,17 @@ void writeSequenceFile(std::string const& path, PageGeometry const& geometry, in
     void const* const* pages, int64_t pageCount)
 {
     constexpr char const* kWHAT = "writeSequenceFile";
-    detail::checkFileGeometry(kWHAT, geometry);
+    detail::checkFileGeometry(fmt::format("{}: ", kWHAT), geometry);
     if (pageCount < 0)
     {
         throw InvalidArgumentError(fmt::format("{}: pageCount is {}; it must be >= 0", kWHAT, pageCount));
+    }
+    int64_t const headerBytes = detail::sequenceHeaderBytes(static_cast<int64_t>(geometry.layers.size()));
+    if (detail::sequenceFileBytes(headerBytes, geometry.bytesPerPage, pageCount) < 0)
+    {
+        throw InvalidArgumentError(
+            fmt::format("{}: pageCount is {}; with pages of {} bytes the file size overflows 64 bits (limit {})", kWHAT,
+                pageCount, geometry.bytesPerPage, std::numeric_limits<int64_t>::max()));
     }
     if (pages == nullptr && pageCount > 0)
     {
@@ -183,8 +190,7 @@ void writeSequenceFile(std::string const& path, PageGeometry const& geometry, in
             throw InvalidArgumentError(fmt::format("{}: pages[{}] is null", kWHAT, i));
         }
     }
-    int64_t const maxTokens =
-        geometry.slidingWindow == 0 ? pageCount * geometry.tokensPerPage : std::numeric_limits<int64_t>::max();
+    int64_t const maxTokens = detail::sequenceTokenLimit(geometry, pageCount);
     if (tokenCount < 0 || tokenCount > maxTokens)
     {
         throw InvalidArgumentError(

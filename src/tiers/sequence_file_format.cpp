@@ -12,6 +12,7 @@
 
 #include <array>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 
 namespace kvcache::rt::detail
@@ -40,40 +41,87 @@ T get(std::vector<char> const& in, int64_t offset)
     return value;
 }
 
-//! Returns the page bytes `geometry`'s layers imply, or -1 when a field is out of range (named in `*problem`).
-int64_t impliedPageBytes(PageGeometry const& geometry, std::string* problem)
+//! Returns the product of `factors` (each >= 0), or -1 when it leaves int64.
+int64_t checkedProduct(std::initializer_list<int64_t> factors)
 {
-    int64_t const elementBytes = dataTypeSize(geometry.dataType);
-    if (elementBytes == 0 || !isKVCacheDataType(geometry.dataType))
+    int64_t product = 1;
+    for (int64_t const factor : factors)
     {
-        *problem = fmt::format("dataType is {}; it must be a KV cache type", static_cast<int32_t>(geometry.dataType));
-        return -1;
+        if (__builtin_mul_overflow(product, factor, &product))
+        {
+            return -1;
+        }
     }
-    if (geometry.tokensPerPage <= 0)
+    return product;
+}
+
+//! Returns "" when every field of `geometry` is within the rules computeLayout applies to the layers of a page
+//! group, else the first broken rule naming the field, its value and the limit.
+std::string geometryProblem(PageGeometry const& geometry)
+{
+    if (!isKVCacheDataType(geometry.dataType))
     {
-        *problem = fmt::format("tokensPerPage is {}; it must be > 0", geometry.tokensPerPage);
-        return -1;
+        return fmt::format("dataType is {}; it must be a KV cache type", static_cast<int32_t>(geometry.dataType));
+    }
+    int32_t const tokensPerPage = geometry.tokensPerPage;
+    if (tokensPerPage < 1 || tokensPerPage > kMAX_TOKENS_PER_PAGE || (tokensPerPage & (tokensPerPage - 1)) != 0)
+    {
+        return fmt::format(
+            "tokensPerPage is {}; it must be a power of two in [1, {}]", tokensPerPage, kMAX_TOKENS_PER_PAGE);
+    }
+    if (geometry.slidingWindow < 0)
+    {
+        return fmt::format("slidingWindow is {}; it must be >= 0 (0 means full attention)", geometry.slidingWindow);
     }
     if (geometry.layers.empty() || geometry.layers.size() > static_cast<size_t>(kMAX_FILE_LAYERS))
     {
-        *problem =
-            fmt::format("the layer count is {}; it must be in [1, {}]", geometry.layers.size(), kMAX_FILE_LAYERS);
-        return -1;
+        return fmt::format("layers has {} entries; it must have [1, {}]", geometry.layers.size(), kMAX_FILE_LAYERS);
     }
+    for (size_t i = 0; i < geometry.layers.size(); ++i)
+    {
+        PageLayerGeometry const& layer = geometry.layers[i];
+        if (layer.kind != KVLayerKind::kKV && layer.kind != KVLayerKind::kLATENT)
+        {
+            return fmt::format(
+                "layers[{}].kind is {}; it must be kKV (0) or kLATENT (1)", i, static_cast<int32_t>(layer.kind));
+        }
+        if (layer.numKVHeads <= 0)
+        {
+            return fmt::format("layers[{}].numKVHeads is {}; it must be > 0", i, layer.numKVHeads);
+        }
+        if (layer.kind == KVLayerKind::kLATENT && layer.numKVHeads != 1)
+        {
+            return fmt::format("layers[{}].numKVHeads is {}; a latent layer's must be 1", i, layer.numKVHeads);
+        }
+        if (layer.headDim <= 0)
+        {
+            return fmt::format("layers[{}].headDim is {}; it must be > 0", i, layer.headDim);
+        }
+    }
+    return {};
+}
+
+//! Returns the page bytes `geometry`'s layers imply, or -1 with the field whose size leaves int64 in `*problem`.
+//! `geometry` has passed geometryProblem.
+int64_t impliedPageBytes(PageGeometry const& geometry, std::string* problem)
+{
+    int64_t const elementBytes = dataTypeSize(geometry.dataType);
     int64_t total = 0;
     for (size_t i = 0; i < geometry.layers.size(); ++i)
     {
         PageLayerGeometry const& layer = geometry.layers[i];
-        bool const kindOk = layer.kind == KVLayerKind::kKV || layer.kind == KVLayerKind::kLATENT;
-        if (!kindOk || layer.numKVHeads <= 0 || layer.headDim <= 0)
+        int64_t const halves = layer.kind == KVLayerKind::kLATENT ? 1 : 2;
+        int64_t const bytes =
+            checkedProduct({halves, geometry.tokensPerPage, layer.numKVHeads, layer.headDim, elementBytes});
+        if (bytes < 0 || __builtin_add_overflow(total, bytes, &total))
         {
-            *problem = fmt::format("layers[{}] is kind {}, {} heads, headDim {}; kinds are 0 or 1, sizes > 0", i,
-                static_cast<int32_t>(layer.kind), layer.numKVHeads, layer.headDim);
+            *problem = fmt::format("layers[{}] ({} halves x tokensPerPage {} x numKVHeads {} x headDim {} x {} "
+                                   "bytes, added to the {} bytes of the layers before it) overflows 64-bit page "
+                                   "sizes (limit {})",
+                i, halves, geometry.tokensPerPage, layer.numKVHeads, layer.headDim, elementBytes, total,
+                std::numeric_limits<int64_t>::max());
             return -1;
         }
-        int64_t const halves = layer.kind == KVLayerKind::kLATENT ? 1 : 2;
-        // Each factor is below 2^31 and there are at most 2^16 layers, so nothing here overflows 64 bits.
-        total += halves * geometry.tokensPerPage * int64_t{layer.numKVHeads} * layer.headDim * elementBytes;
     }
     return total;
 }
@@ -105,19 +153,42 @@ uint64_t storedChecksum(std::vector<char> const& bytes, int64_t offset)
     return get<uint64_t>(bytes, offset);
 }
 
-void checkFileGeometry(char const* what, PageGeometry const& geometry)
+void checkFileGeometry(std::string const& prefix, PageGeometry const& geometry)
 {
-    std::string problem;
-    int64_t const implied = impliedPageBytes(geometry, &problem);
+    std::string problem = geometryProblem(geometry);
+    int64_t const implied = problem.empty() ? impliedPageBytes(geometry, &problem) : -1;
     if (implied < 0)
     {
-        throw InvalidArgumentError(fmt::format("{}: geometry {}", what, problem));
+        throw InvalidArgumentError(fmt::format("{}geometry.{}", prefix, problem));
     }
     if (implied != geometry.bytesPerPage)
     {
-        throw InvalidArgumentError(fmt::format(
-            "{}: bytesPerPage is {}; the layers make pages of {} bytes", what, geometry.bytesPerPage, implied));
+        throw InvalidArgumentError(fmt::format("{}geometry.bytesPerPage is {}; the layers make pages of {} bytes",
+            prefix, geometry.bytesPerPage, implied));
     }
+}
+
+int64_t sequenceFileBytes(int64_t headerBytes, int64_t bytesPerPage, int64_t pageCount)
+{
+    int64_t perPage = 0;
+    int64_t body = 0;
+    int64_t total = 0;
+    if (__builtin_add_overflow(bytesPerPage, kSEQUENCE_CHECKSUM_BYTES, &perPage)
+        || __builtin_mul_overflow(pageCount, perPage, &body) || __builtin_add_overflow(headerBytes, body, &total))
+    {
+        return -1;
+    }
+    return total;
+}
+
+int64_t sequenceTokenLimit(PageGeometry const& geometry, int64_t pageCount)
+{
+    int64_t tokens = 0;
+    if (geometry.slidingWindow != 0 || __builtin_mul_overflow(pageCount, int64_t{geometry.tokensPerPage}, &tokens))
+    {
+        return std::numeric_limits<int64_t>::max();
+    }
+    return tokens;
 }
 
 std::vector<char> encodeSequenceHeader(PageGeometry const& geometry, int64_t pageCount, int64_t tokenCount)
@@ -192,6 +263,18 @@ SequenceFileInfo decodeSequenceHeader(
     info.geometry.bytesPerPage = get<int64_t>(header, 32);
     info.pageCount = get<int64_t>(header, 40);
     info.tokenCount = get<int64_t>(header, 48);
+    std::string const prefix = fmt::format("{}: '{}' header ", what, path);
+    // The padding after the layer count and in each layer record: a writer leaves it 0.
+    auto const checkReserved = [&](int64_t at)
+    {
+        auto const reserved = get<int32_t>(header, at);
+        if (reserved != 0)
+        {
+            throw InvalidArgumentError(
+                fmt::format("{}reserved field at byte {} is {}; it must be 0 (corrupt header)", prefix, at, reserved));
+        }
+    };
+    checkReserved(28);
     auto const numLayers = get<int32_t>(header, 24);
     info.geometry.layers.resize(static_cast<size_t>(numLayers));
     for (int32_t i = 0; i < numLayers; ++i)
@@ -201,23 +284,28 @@ SequenceFileInfo decodeSequenceHeader(
         layer.kind = static_cast<KVLayerKind>(get<int32_t>(header, at));
         layer.numKVHeads = get<int32_t>(header, at + 4);
         layer.headDim = get<int32_t>(header, at + 8);
+        checkReserved(at + 12);
     }
-    checkFileGeometry(what, info.geometry);
+    checkFileGeometry(prefix, info.geometry);
     if (info.pageCount < 0 || info.tokenCount < 0)
     {
-        throw InvalidArgumentError(fmt::format("{}: '{}' header pageCount is {} and tokenCount {}; both must be >= 0",
-            what, path, info.pageCount, info.tokenCount));
+        throw InvalidArgumentError(fmt::format(
+            "{}pageCount is {} and tokenCount {}; both must be >= 0", prefix, info.pageCount, info.tokenCount));
     }
     // Checksums and pages after the header: the file's size must be exactly that, computed without overflow.
-    int64_t const maxPages = (std::numeric_limits<int64_t>::max() - allHeaderBytes)
-        / (info.geometry.bytesPerPage + kSEQUENCE_CHECKSUM_BYTES);
-    if (info.pageCount > maxPages)
+    int64_t const expectedBytes = sequenceFileBytes(allHeaderBytes, info.geometry.bytesPerPage, info.pageCount);
+    if (expectedBytes < 0)
     {
-        throw InvalidArgumentError(fmt::format("{}: '{}' header pageCount is {}; the limit for its page size is {}",
-            what, path, info.pageCount, maxPages));
+        throw InvalidArgumentError(fmt::format("{}pageCount is {}; with pages of {} bytes the file size overflows "
+                                               "64 bits (limit {})",
+            prefix, info.pageCount, info.geometry.bytesPerPage, std::numeric_limits<int64_t>::max()));
     }
-    int64_t const expectedBytes =
-        allHeaderBytes + info.pageCount * (kSEQUENCE_CHECKSUM_BYTES + info.geometry.bytesPerPage);
+    int64_t const maxTokens = sequenceTokenLimit(info.geometry, info.pageCount);
+    if (info.tokenCount > maxTokens)
+    {
+        throw InvalidArgumentError(fmt::format("{}tokenCount is {}; {} pages of full attention hold at most {}", prefix,
+            info.tokenCount, info.pageCount, maxTokens));
+    }
     if (fileBytes < expectedBytes)
     {
         throw InvalidArgumentError(fmt::format("{}: '{}' is truncated: file size is {} bytes; its header promises {}",

@@ -25,9 +25,21 @@ uint64_t sequencePageChecksum(void const* page, int64_t bytes, int64_t index);
 //! Returns the checksum stored at `offset` of `bytes`.
 uint64_t storedChecksum(std::vector<char> const& bytes, int64_t offset);
 
-//! Throws InvalidArgumentError, prefixed with `what`, for a geometry a file cannot hold: a data type that is not a KV
-//! cache type, tokensPerPage <= 0, no layers or too many, a bad layer, or bytesPerPage other than the layers imply.
-void checkFileGeometry(char const* what, PageGeometry const& geometry);
+//! Throws InvalidArgumentError, naming `prefix` then the field, its value and the limit, for a geometry a file
+//! cannot hold: what computeLayout refuses in a page group's layers (a data type that is not a KV cache type,
+//! tokensPerPage not a power of two in [1, kMAX_TOKENS_PER_PAGE], a negative slidingWindow, a layer kind other than
+//! kKV or kLATENT, numKVHeads or headDim <= 0, a latent layer of other than one head), no layers or more than a file
+//! holds, page bytes that leave int64, or bytesPerPage other than the layers imply.
+void checkFileGeometry(std::string const& prefix, PageGeometry const& geometry);
+
+//! Returns the bytes of a file of `pageCount` pages of `bytesPerPage` bytes after a header of `headerBytes` (each
+//! >= 0), or -1 when they leave int64.
+int64_t sequenceFileBytes(int64_t headerBytes, int64_t bytesPerPage, int64_t pageCount);
+
+//! Returns the most tokens `pageCount` pages of `geometry` hold: pageCount * tokensPerPage for full attention,
+//! int64's largest value for a sliding window (its sequence may be longer than its pages) or when the product leaves
+//! int64.
+int64_t sequenceTokenLimit(PageGeometry const& geometry, int64_t pageCount);
 
 //! Returns the whole header (magic, version, geometry, counts, layer records, checksum) of a file of `pageCount`
 //! pages and `tokenCount` tokens.
