@@ -118,7 +118,7 @@ struct alignas(sizeof(T) * N > 16 ? 16 : sizeof(T) * N) ElementChunk
 
 //! Moves one chunk of N elements from `from` to `to`, converting each.
 template <typename To, typename From, int32_t N>
-__device__ __forceinline__ void moveChunk(To* to, From const* from)
+__device__ __forceinline__ void convertChunk(To* to, From const* from)
 {
     using Source = ElementChunk<From, N>;
     using Target = ElementChunk<To, N>;
@@ -138,11 +138,11 @@ __device__ __forceinline__ void moveBetween(CacheT* page, TensorT* tensor)
 {
     if constexpr (kWRITE)
     {
-        moveChunk<CacheT, TensorT, kVECTOR>(page, tensor);
+        convertChunk<CacheT, TensorT, kVECTOR>(page, tensor);
     }
     else
     {
-        moveChunk<TensorT, CacheT, kVECTOR>(tensor, page);
+        convertChunk<TensorT, CacheT, kVECTOR>(tensor, page);
     }
 }
 

@@ -40,7 +40,7 @@ InlineList<Item, N> const& partOf(InlineList<Item, N> const& list, int64_t /*fir
 template <typename Item>
 DeviceList<Item> partOf(DeviceList<Item> const& list, int64_t first, int32_t positions)
 {
-    return DeviceList<Item>{list.items + first, list.count, static_cast<int32_t>(first), positions};
+    return DeviceList<Item>{list.items + first, list.count, static_cast<int32_t>(list.first + first), positions};
 }
 
 //! Launches over `listSize` entries of `list` (the capacity, for device lists): one launch per kMAX_GRID_YZ entries.

@@ -218,14 +218,17 @@ SequenceId PageManager::fork(SequenceId parent)
 {
     State& s = *mState;
     int32_t const parentRow = s.sequences.rowOf(parent, "fork");
+    // The copies that can throw come before the row is taken, so a failed fork changes nothing.
+    std::vector<int32_t> firstHeld = s.sequences[parentRow].firstHeld;
+    auto pendingKeys = s.sequences[parentRow].pendingKeys;
     int32_t const row = s.sequences.take("fork");
     SequenceState const& from = s.sequences[parentRow];
     SequenceState& to = s.sequences[row];
     to.length = from.length;
     to.root = from.root;
     to.lastHash = from.lastHash;
-    to.firstHeld = from.firstHeld;
-    to.pendingKeys = from.pendingKeys;
+    to.firstHeld = std::move(firstHeld);
+    to.pendingKeys = std::move(pendingKeys);
     std::memcpy(s.sequences.partial(row), s.sequences.partial(parentRow),
         static_cast<size_t>(s.tokensPerPage) * sizeof(int32_t));
     int32_t const numEntries = static_cast<int32_t>(s.pagesFor(from.length));

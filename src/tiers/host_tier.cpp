@@ -217,15 +217,14 @@ HostTierMethod HostTier::Impl::transfer(Direction direction, KVCacheManager cons
     }
     // The kernel's parameters, built once for the check below and the launch.
     detail::HostTierKernelParams const params = kernelParams(cache, numPinnedNow, nullptr);
-    if (method == HostTierMethod::kKERNEL)
+    // Both methods launch the host tier kernel (the copy engine's gather and scatter too), at most
+    // kMAX_INLINE_PAGE_OPS entries a launch.
+    int64_t const perEntry = detail::hostTierItemsPerEntry(params);
+    if (int64_t{kMAX_INLINE_PAGE_OPS} * perEntry > std::numeric_limits<uint32_t>::max())
     {
-        int64_t const perEntry = detail::hostTierItemsPerEntry(params);
-        if (int64_t{kMAX_INLINE_PAGE_OPS} * perEntry > std::numeric_limits<uint32_t>::max())
-        {
-            throw InvalidArgumentError(
-                fmt::format("{}: the kernel method needs fewer than 2^32 work items a launch; {} an entry are too many",
-                    what, perEntry));
-        }
+        throw InvalidArgumentError(
+            fmt::format("{}: the host tier kernel needs fewer than 2^32 work items a launch; {} an entry are too many",
+                what, perEntry));
     }
     if (count == 0)
     {

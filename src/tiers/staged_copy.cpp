@@ -119,8 +119,11 @@ void StagedCopy::enqueue(bool toHost, HostTierKernelParams const& cacheParams, P
             char* const device = buffer + static_cast<size_t>(i) * pageBytes;
             char* const dst = toHost ? host : device;
             char const* const src = toHost ? device : host;
-            // Host pages adjacent on both sides (in one pinned chunk) make one descriptor.
-            if (!sizes.empty() && static_cast<char*>(dsts.back()) + sizes.back() == dst
+            // Host pages adjacent on both sides and in one pinned chunk make one descriptor (two chunks can lie side
+            // by side in the address space, but one descriptor must stay inside one registered range).
+            int64_t const chunk = entries[first + i].hostPage / chunks.hostPagesPerChunk();
+            bool const sameChunk = i > 0 && entries[first + i - 1].hostPage / chunks.hostPagesPerChunk() == chunk;
+            if (!sizes.empty() && sameChunk && static_cast<char*>(dsts.back()) + sizes.back() == dst
                 && static_cast<char const*>(srcs.back()) + sizes.back() == src)
             {
                 sizes.back() += pageBytes;

@@ -88,7 +88,9 @@ public:
     //! OutOfMemoryError when the staging buffer cannot be allocated or the first chunk cannot be mapped or pinned,
     //! CudaError for other CUDA failures.
     HostTier(KVCacheManager const& cache, int32_t group, int64_t numHostPages, HostTierOptions const& options = {});
-    //! Stops the pinning thread, waits for the tier's transfers, then unpins and frees everything; never throws.
+    //! Stops the pinning thread, waits for the tier's host-list transfers, then unpins and frees everything; never
+    //! throws. Transfers from device lists (offloadDevice, onboardDevice, graph-capturable) are not tracked: they must
+    //! have completed before the tier is destroyed.
     ~HostTier() noexcept;
     HostTier(HostTier const&) = delete;
     HostTier& operator=(HostTier const&) = delete;
