@@ -40,7 +40,7 @@ summary()
 
 python=${KVCACHE_PYTHON:-}
 if [[ -z ${python} ]]; then
-    for candidate in /opt/*/bin/python; do
+    for candidate in /opt/*/bin/python /opt/*/.venv/bin/python; do
         if [[ -x ${candidate} ]] && "${candidate}" -c "import torch, nanobind, scikit_build_core, pytest" 2>/dev/null; then
             python=${candidate}
             break
