@@ -3,8 +3,9 @@
 //    cudaMemcpyAsync of the same bytes (K and V: each byte read once and written once, as the write does);
 //  - decode: 256 tokens of one layer against an empty kernel launch plus the bytes at the copy's rate, and the host
 //    time one writeTokens call takes to enqueue;
-//  - shapes: head dims 64/128/256/576 with 1-16 heads (prefill-sized), bytes a second as a ratio to the uniform 8 x
-//  128.
+//  - shapes: head dims 64/128/256/576 with 1-16 heads, each moving the prefill's bytes (8192 x 8 x 128 elements of K
+//    and of V, so 64 MiB of traffic, beyond the 50 MiB L2: fewer bytes would partly stay in L2 between repetitions
+//    and read faster than HBM allows), as a time ratio to the uniform 8 x 128.
 // Each write is checked once by reading it back (readTokens) before it is timed. Prints one table; exits 77 without a
 // GPU (1 under KVCACHE_REQUIRE_GPU=1). Flags: --reps=N (default 50) launches a timing; --smoke (5 reps, prefill and
 // decode only).
@@ -82,7 +83,7 @@ struct WriteSetup
 {
     WriteSetup(int32_t heads, int32_t dim, int64_t tokens, cudaStream_t stream)
         : manager(kvcache::test::ConfigBuilder({{heads, dim}})
-                      .maxSequenceLength(static_cast<int32_t>(kPREFILL_TOKENS))
+                      .maxSequenceLength(static_cast<int32_t>(std::max(tokens, kPREFILL_TOKENS)))
                       .tokensPerPage(kTOKENS_PER_PAGE)
                       .dataType(rt::DataType::kHALF)
                       .build(),
@@ -207,7 +208,9 @@ int run(bool smoke)
     {
         for (int32_t const heads : {1, 2, 4, 8, 16})
         {
-            WriteSetup const shaped(heads, dim, kPREFILL_TOKENS, s);
+            // The prefill's elements, in whole tokens of this shape.
+            int64_t const tokens = kPREFILL_TOKENS * 8 * 128 / (int64_t{heads} * dim);
+            WriteSetup const shaped(heads, dim, tokens, s);
             shaped.check(s);
             double const seconds = secondsPerCall(s, [&] { shaped.write(s); });
             // As a time ratio at the uniform case's rate for these bytes.

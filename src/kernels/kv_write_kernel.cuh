@@ -13,6 +13,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <climits>
 #include <cstdint>
 #include <type_traits>
 
@@ -116,70 +117,139 @@ struct alignas(sizeof(T) * N > 16 ? 16 : sizeof(T) * N) ElementChunk
     T values[N];
 };
 
-//! Moves one chunk of N elements from `from` to `to`, converting each.
+//! Converts a chunk of N elements, rounding each once.
 template <typename To, typename From, int32_t N>
-__device__ __forceinline__ void convertChunk(To* to, From const* from)
+__device__ __forceinline__ ElementChunk<To, N> convertChunk(ElementChunk<From, N> const& from)
 {
-    using Source = ElementChunk<From, N>;
-    using Target = ElementChunk<To, N>;
-    Source const source = *reinterpret_cast<Source const*>(from);
-    Target target;
-#pragma unroll
-    for (int32_t e = 0; e < N; ++e)
+    if constexpr (std::is_same_v<To, From>)
     {
-        target.values[e] = convertElement<To>(source.values[e]);
-    }
-    *reinterpret_cast<Target*>(to) = target;
-}
-
-//! Moves one chunk between a page and a tensor, in the direction kWRITE says (tensor -> page when true).
-template <bool kWRITE, int32_t kVECTOR, typename TensorT, typename CacheT>
-__device__ __forceinline__ void moveBetween(CacheT* page, TensorT* tensor)
-{
-    if constexpr (kWRITE)
-    {
-        convertChunk<CacheT, TensorT, kVECTOR>(page, tensor);
+        return from;
     }
     else
     {
-        convertChunk<TensorT, CacheT, kVECTOR>(tensor, page);
+        ElementChunk<To, N> to;
+#pragma unroll
+        for (int32_t e = 0; e < N; ++e)
+        {
+            to.values[e] = convertElement<To>(from.values[e]);
+        }
+        return to;
+    }
+}
+
+//! Splits a resolved token address into its page and offset; page -1 for a token that is not moved. The 32-bit
+//! division when the address fits (every cache under 2^31 tokens a layer) is several times cheaper than the 64-bit one.
+__device__ __forceinline__ void splitTokenAddress(int64_t address, int32_t tokensPerPage, int32_t& page, int32_t& offset)
+{
+    if (address < 0)
+    {
+        page = -1;
+        offset = 0;
+    }
+    else if (address <= INT32_MAX)
+    {
+        auto const fits = static_cast<uint32_t>(address);
+        auto const divisor = static_cast<uint32_t>(tokensPerPage);
+        page = static_cast<int32_t>(fits / divisor);
+        offset = static_cast<int32_t>(fits - static_cast<uint32_t>(page) * divisor);
+    }
+    else
+    {
+        page = static_cast<int32_t>(address / tokensPerPage);
+        offset = static_cast<int32_t>(address - int64_t{page} * tokensPerPage);
     }
 }
 
 //! Moves tokens between the tensors (TensorT elements) and the pages (CacheT elements), kVECTOR elements a thread
-//! access; kWRITE moves tensor -> pages. Grid-strided over tokens, so any grid covers any capacity.
-template <typename TensorT, typename CacheT, int32_t kVECTOR, bool kWRITE, typename Source>
+//! access; kWRITE moves tensor -> pages. A thread takes kUNROLL tokens a pass, gridDim.x * blockDim.y apart, and
+//! issues all their loads before any store: a token is a few kilobytes, so one token a thread leaves too few bytes in
+//! flight to fill HBM. Grid-strided over passes, so any grid covers any capacity.
+template <typename TensorT, typename CacheT, int32_t kVECTOR, int32_t kUNROLL, bool kWRITE, typename Source>
 __global__ void __launch_bounds__(256) tokenKernel(TokenKernelParams params, Source source)
 {
+    using From = std::conditional_t<kWRITE, TensorT, CacheT>;
+    using To = std::conditional_t<kWRITE, CacheT, TensorT>;
+    using FromChunk = ElementChunk<From, kVECTOR>;
+    using ToChunk = ElementChunk<To, kVECTOR>;
+    constexpr int32_t kHALVES = 2; // K, then V
     int32_t const count =
         params.count == nullptr ? params.capacity : min(max(loadWord(params.count), 0), params.capacity);
     int64_t const tokensPerGrid = int64_t{gridDim.x} * blockDim.y;
-    auto* const kTensor = static_cast<TensorT*>(params.k.data);
-    auto* const vTensor = static_cast<TensorT*>(params.v.data);
-    for (int64_t t = int64_t{blockIdx.x} * blockDim.y + threadIdx.y; t < count; t += tokensPerGrid)
+    TensorT* const tensors[kHALVES] = {static_cast<TensorT*>(params.k.data), static_cast<TensorT*>(params.v.data)};
+    TokenTensorRef const refs[kHALVES] = {params.k, params.v};
+    // A latent layer has no V (its tensor is null too).
+    int32_t const halves = params.v.data != nullptr ? kHALVES : 1;
+    for (int64_t first = int64_t{blockIdx.x} * blockDim.y + threadIdx.y; first < count;
+         first += tokensPerGrid * kUNROLL)
     {
-        int64_t const address = source.address(static_cast<int32_t>(t), params.layer);
-        if (address < 0)
+        int64_t token[kUNROLL];
+        int32_t page[kUNROLL];
+        int32_t offset[kUNROLL];
+#pragma unroll
+        for (int32_t u = 0; u < kUNROLL; ++u)
         {
+            token[u] = first + u * tokensPerGrid;
+            int64_t const address =
+                token[u] < count ? source.address(static_cast<int32_t>(token[u]), params.layer) : kSKIPPED_TOKEN;
             if (address == kBAD_TOKEN && threadIdx.x == 0 && params.errorCount != nullptr)
             {
                 atomicAdd(params.errorCount, 1);
             }
-            continue;
+            splitTokenAddress(address, params.layer.tokensPerPage, page[u], offset[u]);
         }
-        auto const page = static_cast<int32_t>(address / params.layer.tokensPerPage);
-        auto const offset = static_cast<int32_t>(address % params.layer.tokensPerPage);
         for (int32_t c = static_cast<int32_t>(threadIdx.x); c < params.chunksPerToken; c += blockDim.x)
         {
             int32_t const head = c / params.chunksPerHead;
             int32_t const dim = (c - head * params.chunksPerHead) * kVECTOR;
-            moveBetween<kWRITE, kVECTOR>(params.layer.k<CacheT>(page, offset, head) + dim,
-                kTensor + t * params.k.tokenStride + head * params.k.headStride + dim);
-            // A latent layer has no V (its tensor is null too).
-            if (vTensor != nullptr)
+            From const* from[kHALVES][kUNROLL];
+            To* to[kHALVES][kUNROLL];
+#pragma unroll
+            for (int32_t u = 0; u < kUNROLL; ++u)
             {
-                moveBetween<kWRITE, kVECTOR>(params.layer.v<CacheT>(page, offset, head) + dim,
-                    vTensor + t * params.v.tokenStride + head * params.v.headStride + dim);
+#pragma unroll
+                for (int32_t half = 0; half < kHALVES; ++half)
+                {
+                    CacheT* const inPage = page[u] < 0 ? nullptr
+                        : half == 0                    ? params.layer.k<CacheT>(page[u], offset[u], head) + dim
+                                                       : params.layer.v<CacheT>(page[u], offset[u], head) + dim;
+                    TensorT* const inTensor = tensors[half] + token[u] * refs[half].tokenStride
+                        + int64_t{head} * refs[half].headStride + dim;
+                    if constexpr (kWRITE)
+                    {
+                        from[half][u] = inTensor;
+                        to[half][u] = inPage;
+                    }
+                    else
+                    {
+                        from[half][u] = inPage;
+                        to[half][u] = inTensor;
+                    }
+                }
+            }
+            FromChunk loaded[kHALVES][kUNROLL];
+#pragma unroll
+            for (int32_t half = 0; half < kHALVES; ++half)
+            {
+#pragma unroll
+                for (int32_t u = 0; u < kUNROLL; ++u)
+                {
+                    if (half < halves && page[u] >= 0)
+                    {
+                        loaded[half][u] = *reinterpret_cast<FromChunk const*>(from[half][u]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int32_t half = 0; half < kHALVES; ++half)
+            {
+#pragma unroll
+                for (int32_t u = 0; u < kUNROLL; ++u)
+                {
+                    if (half < halves && page[u] >= 0)
+                    {
+                        *reinterpret_cast<ToChunk*>(to[half][u]) = convertChunk<To>(loaded[half][u]);
+                    }
+                }
             }
         }
     }
