@@ -179,11 +179,10 @@ TEST(TokenWriteValidationTest, NullListsAndBadTablesAreRefused)
 TEST(TokenWritePlanTest, VectorsWhereShapesAndStridesAllowThemElementsElsewhere)
 {
     rt::KVCacheLayout const layout = layoutOf(rt::DataType::kHALF);
-    // 16 bytes of float16: 8 elements a thread, 2 heads of 8 chunks a token, 16 tokens a block at once and 4 passes of
-    // them (64 tokens) a block, so 100 tokens take 2 blocks.
+    // 16 bytes of float16: 8 elements a thread, 2 heads of 8 chunks a token, 16 tokens a block.
     detail::TokenOpPlan const packed = plan(layout, 0, tokens(100, 2, 64), tokens(100, 2, 64));
     EXPECT_EQ(std::make_tuple(packed.vectorElems, packed.chunksPerToken, packed.blockX, packed.blockY, packed.gridX),
-        std::make_tuple(8, 16, 16, 16, int64_t{2}))
+        std::make_tuple(8, 16, 16, 16, int64_t{7}))
         << "vector elements, chunks a token, block x and y, blocks";
     EXPECT_TRUE(packed.hasV);
     // Strides in multiples of 8 keep vectors (float32 input, so 32 bytes read a chunk).
@@ -200,13 +199,13 @@ TEST(TokenWritePlanTest, VectorsWhereShapesAndStridesAllowThemElementsElsewhere)
     EXPECT_FALSE(latent.hasV);
     EXPECT_EQ(latent.vectorElems, 8);
     EXPECT_EQ(latent.blockX, 16);
-    // float32 cache: 4 elements a chunk; 1 x 128 is 32 chunks, a warp a token; 8 x 4 tokens a block.
+    // float32 cache: 4 elements a chunk; 1 x 128 is 32 chunks, a warp a token.
     detail::TokenOpPlan const wide = plan(layoutOf(rt::DataType::kFLOAT), 1, tokens(9, 1, 128, rt::DataType::kBF16),
         tokens(9, 1, 128, rt::DataType::kBF16));
     EXPECT_EQ(wide.vectorElems, 4);
     EXPECT_EQ(wide.blockX, 32);
     EXPECT_EQ(wide.blockY, 8);
-    EXPECT_EQ(wide.gridX, 1);
+    EXPECT_EQ(wide.gridX, 2);
     EXPECT_EQ(
         plan(layout, 0, tokens(0, 2, 64, rt::DataType::kHALF, nullptr), tokens(0, 2, 64, rt::DataType::kHALF, nullptr))
             .gridX,

@@ -160,96 +160,107 @@ __device__ __forceinline__ void splitTokenAddress(int64_t address, int32_t token
     }
 }
 
+//! Reads a chunk once with the evict-first hint (ld.global.cs): each byte a token move reads is read once, and keeping
+//! it out of the way of the lines being written measured 7-12% faster on the H200 than plain loads (as fast as a
+//! contiguous cudaMemcpyAsync of the same bytes).
+template <typename Chunk>
+__device__ __forceinline__ Chunk loadOnce(Chunk const* from)
+{
+    Chunk chunk;
+    if constexpr (sizeof(Chunk) % 16 == 0)
+    {
+        auto const* words = reinterpret_cast<int4 const*>(from);
+#pragma unroll
+        for (size_t i = 0; i < sizeof(Chunk) / 16; ++i)
+        {
+            reinterpret_cast<int4*>(&chunk)[i] = __ldcs(words + i);
+        }
+    }
+    else if constexpr (sizeof(Chunk) == 8)
+    {
+        *reinterpret_cast<int2*>(&chunk) = __ldcs(reinterpret_cast<int2 const*>(from));
+    }
+    else if constexpr (sizeof(Chunk) == 4)
+    {
+        *reinterpret_cast<int32_t*>(&chunk) = __ldcs(reinterpret_cast<int32_t const*>(from));
+    }
+    else
+    {
+        static_assert(sizeof(Chunk) == 2, "token chunks are 2, 4, 8 or a multiple of 16 bytes");
+        *reinterpret_cast<uint16_t*>(&chunk) = __ldcs(reinterpret_cast<unsigned short const*>(from));
+    }
+    return chunk;
+}
+
+//! The end of a move that is read: the tensor when writing the cache, the page when reading it.
+template <bool kWRITE, typename TensorT, typename CacheT>
+__device__ __forceinline__ auto* readEnd(TensorT* tensor, CacheT* page)
+{
+    if constexpr (kWRITE)
+    {
+        return tensor;
+    }
+    else
+    {
+        return page;
+    }
+}
+
+//! The end of a move that is written.
+template <bool kWRITE, typename TensorT, typename CacheT>
+__device__ __forceinline__ auto* writeEnd(TensorT* tensor, CacheT* page)
+{
+    return readEnd<!kWRITE>(tensor, page);
+}
+
 //! Moves tokens between the tensors (TensorT elements) and the pages (CacheT elements), kVECTOR elements a thread
-//! access; kWRITE moves tensor -> pages. A thread takes kUNROLL tokens a pass, gridDim.x * blockDim.y apart, and
-//! issues all their loads before any store: a token is a few kilobytes, so one token a thread leaves too few bytes in
-//! flight to fill HBM. Grid-strided over passes, so any grid covers any capacity.
-template <typename TensorT, typename CacheT, int32_t kVECTOR, int32_t kUNROLL, bool kWRITE, typename Source>
+//! access; kWRITE moves tensor -> pages. A thread issues its K and V loads before either store (several tokens a
+//! thread, for more bytes in flight, measured slower). Grid-strided over tokens, so any grid covers any capacity.
+template <typename TensorT, typename CacheT, int32_t kVECTOR, bool kWRITE, typename Source>
 __global__ void __launch_bounds__(256) tokenKernel(TokenKernelParams params, Source source)
 {
     using From = std::conditional_t<kWRITE, TensorT, CacheT>;
     using To = std::conditional_t<kWRITE, CacheT, TensorT>;
     using FromChunk = ElementChunk<From, kVECTOR>;
     using ToChunk = ElementChunk<To, kVECTOR>;
-    constexpr int32_t kHALVES = 2; // K, then V
     int32_t const count =
         params.count == nullptr ? params.capacity : min(max(loadWord(params.count), 0), params.capacity);
     int64_t const tokensPerGrid = int64_t{gridDim.x} * blockDim.y;
-    TensorT* const tensors[kHALVES] = {static_cast<TensorT*>(params.k.data), static_cast<TensorT*>(params.v.data)};
-    TokenTensorRef const refs[kHALVES] = {params.k, params.v};
-    // A latent layer has no V (its tensor is null too).
-    int32_t const halves = params.v.data != nullptr ? kHALVES : 1;
-    for (int64_t first = int64_t{blockIdx.x} * blockDim.y + threadIdx.y; first < count;
-         first += tokensPerGrid * kUNROLL)
+    auto* const kTensor = static_cast<TensorT*>(params.k.data);
+    auto* const vTensor = static_cast<TensorT*>(params.v.data);
+    for (int64_t t = int64_t{blockIdx.x} * blockDim.y + threadIdx.y; t < count; t += tokensPerGrid)
     {
-        int64_t token[kUNROLL];
-        int32_t page[kUNROLL];
-        int32_t offset[kUNROLL];
-#pragma unroll
-        for (int32_t u = 0; u < kUNROLL; ++u)
+        int64_t const address = source.address(static_cast<int32_t>(t), params.layer);
+        if (address == kBAD_TOKEN && threadIdx.x == 0 && params.errorCount != nullptr)
         {
-            token[u] = first + u * tokensPerGrid;
-            int64_t const address =
-                token[u] < count ? source.address(static_cast<int32_t>(token[u]), params.layer) : kSKIPPED_TOKEN;
-            if (address == kBAD_TOKEN && threadIdx.x == 0 && params.errorCount != nullptr)
-            {
-                atomicAdd(params.errorCount, 1);
-            }
-            splitTokenAddress(address, params.layer.tokensPerPage, page[u], offset[u]);
+            atomicAdd(params.errorCount, 1);
+        }
+        int32_t page = 0;
+        int32_t offset = 0;
+        splitTokenAddress(address, params.layer.tokensPerPage, page, offset);
+        if (page < 0)
+        {
+            continue;
         }
         for (int32_t c = static_cast<int32_t>(threadIdx.x); c < params.chunksPerToken; c += blockDim.x)
         {
             int32_t const head = c / params.chunksPerHead;
             int32_t const dim = (c - head * params.chunksPerHead) * kVECTOR;
-            From const* from[kHALVES][kUNROLL];
-            To* to[kHALVES][kUNROLL];
-#pragma unroll
-            for (int32_t u = 0; u < kUNROLL; ++u)
+            CacheT* const kPage = params.layer.k<CacheT>(page, offset, head) + dim;
+            TensorT* const kRow = kTensor + t * params.k.tokenStride + int64_t{head} * params.k.headStride + dim;
+            FromChunk const kChunk = loadOnce(reinterpret_cast<FromChunk const*>(readEnd<kWRITE>(kRow, kPage)));
+            // A latent layer has no V (its tensor is null too).
+            if (vTensor != nullptr)
             {
-#pragma unroll
-                for (int32_t half = 0; half < kHALVES; ++half)
-                {
-                    CacheT* const inPage = page[u] < 0 ? nullptr
-                        : half == 0                    ? params.layer.k<CacheT>(page[u], offset[u], head) + dim
-                                                       : params.layer.v<CacheT>(page[u], offset[u], head) + dim;
-                    TensorT* const inTensor = tensors[half] + token[u] * refs[half].tokenStride
-                        + int64_t{head} * refs[half].headStride + dim;
-                    if constexpr (kWRITE)
-                    {
-                        from[half][u] = inTensor;
-                        to[half][u] = inPage;
-                    }
-                    else
-                    {
-                        from[half][u] = inPage;
-                        to[half][u] = inTensor;
-                    }
-                }
+                CacheT* const vPage = params.layer.v<CacheT>(page, offset, head) + dim;
+                TensorT* const vRow = vTensor + t * params.v.tokenStride + int64_t{head} * params.v.headStride + dim;
+                FromChunk const vChunk = loadOnce(reinterpret_cast<FromChunk const*>(readEnd<kWRITE>(vRow, vPage)));
+                *reinterpret_cast<ToChunk*>(writeEnd<kWRITE>(kRow, kPage)) = convertChunk<To>(kChunk);
+                *reinterpret_cast<ToChunk*>(writeEnd<kWRITE>(vRow, vPage)) = convertChunk<To>(vChunk);
             }
-            FromChunk loaded[kHALVES][kUNROLL];
-#pragma unroll
-            for (int32_t half = 0; half < kHALVES; ++half)
+            else
             {
-#pragma unroll
-                for (int32_t u = 0; u < kUNROLL; ++u)
-                {
-                    if (half < halves && page[u] >= 0)
-                    {
-                        loaded[half][u] = *reinterpret_cast<FromChunk const*>(from[half][u]);
-                    }
-                }
-            }
-#pragma unroll
-            for (int32_t half = 0; half < kHALVES; ++half)
-            {
-#pragma unroll
-                for (int32_t u = 0; u < kUNROLL; ++u)
-                {
-                    if (half < halves && page[u] >= 0)
-                    {
-                        *reinterpret_cast<ToChunk*>(to[half][u]) = convertChunk<To>(loaded[half][u]);
-                    }
-                }
+                *reinterpret_cast<ToChunk*>(writeEnd<kWRITE>(kRow, kPage)) = convertChunk<To>(kChunk);
             }
         }
     }

@@ -31,7 +31,7 @@ void launchShaped(TokenOpPlan const& plan, TokenKernelParams const& params, Sour
 {
     dim3 const block(static_cast<uint32_t>(plan.blockX), static_cast<uint32_t>(plan.blockY));
     dim3 const grid(static_cast<uint32_t>(plan.gridX));
-    tokenKernel<TensorT, CacheT, kVECTOR, kTOKEN_UNROLL, kWRITE><<<grid, block, 0, stream>>>(params, source);
+    tokenKernel<TensorT, CacheT, kVECTOR, kWRITE><<<grid, block, 0, stream>>>(params, source);
     KVCACHE_CUDA_TRY(cudaGetLastError());
 }
 

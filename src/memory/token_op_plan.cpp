@@ -173,8 +173,7 @@ TokenOpPlan planTokenOp(char const* what, KVCacheLayout const& layout, int32_t l
     plan.blockX = plan.chunksPerToken >= 32 ? std::min((plan.chunksPerToken + 31) / 32 * 32, kTOKEN_BLOCK_THREADS)
                                             : nextPowerOfTwo(plan.chunksPerToken);
     plan.blockY = std::max(1, kTOKEN_BLOCK_THREADS / plan.blockX);
-    int64_t const tokensPerBlock = int64_t{plan.blockY} * kTOKEN_UNROLL;
-    plan.gridX = (int64_t{plan.capacity} + tokensPerBlock - 1) / tokensPerBlock;
+    plan.gridX = (int64_t{plan.capacity} + plan.blockY - 1) / plan.blockY;
     return plan;
 }
 

@@ -20,8 +20,6 @@ enum class TokenDirection : int32_t
 
 //! Bytes one thread moves on the cache side when the shapes and strides allow it (one 16-byte vector).
 inline constexpr int32_t kTOKEN_VECTOR_BYTES = 16;
-//! Tokens one thread of the token kernel moves a pass (all loads before the stores).
-inline constexpr int32_t kTOKEN_UNROLL = 4;
 //! Threads of one block of the token kernel.
 inline constexpr int32_t kTOKEN_BLOCK_THREADS = 256;
 
@@ -37,7 +35,7 @@ struct TokenOpPlan
     int32_t chunksPerToken = 0;
     int32_t blockX = 0; //!< threads over one token's chunks
     int32_t blockY = 0; //!< tokens a block moves at once
-    int64_t gridX = 0;  //!< blocks: capacity / (blockY * kTOKEN_UNROLL) rounded up
+    int64_t gridX = 0;  //!< blocks: capacity / blockY rounded up
 };
 
 //! Checks the layer, the cache's type, the group and both tensors of a token operation on the cache of `layout`, and
