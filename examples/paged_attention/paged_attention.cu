@@ -2,8 +2,10 @@
 // the device block table that rt::PageTableBuffers builds from a PageManager's pages, checked against the same
 // attention computed from the slot view of an identity-mapped copy of the cache, and against a float64 CPU reference.
 // The batch is made as a runtime makes it: earlier requests come and go, prompts prefill in chunks, one sample forks
-// and shares its parent's pages. It shows that LayerRef and the pool view are exactly the [numPages, tokensPerPage, H,
-// D] K and V pools that paged attention kernels take, and that a PageManager's page table addresses them.
+// and shares its parent's pages. Each layer's step is a runtime's: rt::writeTokens puts the new K and V into the
+// layer's pages through the PageTableBuffers (their CSR form), then the attention kernel reads them. It shows that
+// LayerRef and the pool view are exactly the [numPages, tokensPerPage, H, D] K and V pools that paged attention kernels
+// take, and that a PageManager's page table addresses them.
 //
 // Run: kvcache-paged-attention   (exits 77 without a GPU, or 1 when KVCACHE_REQUIRE_GPU=1 is set)
 
@@ -21,6 +23,7 @@
 #include <cstdlib>
 #include <exception>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -44,6 +47,8 @@ constexpr double kPAGED_VS_DENSE_TOLERANCE = 1e-6;
 constexpr double kRELATIVE_TOLERANCE = 1e-3;
 //! float16 NaN: fills every cache position no sequence owns, so a kernel that reads one produces NaN and fails.
 constexpr uint16_t kPOISON_BITS = 0x7E00;
+//! Two of them, the 4-byte pattern rt::resetPages fills pages with.
+constexpr uint32_t kPOISON_PATTERN = (uint32_t{kPOISON_BITS} << 16) | kPOISON_BITS;
 //! Prompt tokens a sequence appends per step (chunked prefill).
 constexpr int32_t kPREFILL_CHUNK = 16;
 //! Earlier requests that filled the pool before the batch and finished, and their lengths: 5 x 12 pages of 16 tokens
@@ -459,6 +464,27 @@ int runPagedAttention()
     DeviceArray<int32_t> deviceSeqLens(seqLens.size());
     deviceSeqLens.upload(seqLens, stream.get());
 
+    // Every cache position no sequence owns holds the poison (all layers, K and V, one launch), so a kernel that
+    // reads one produces NaN and fails.
+    std::vector<int32_t> allPages(static_cast<size_t>(paged.numPages()));
+    std::iota(allPages.begin(), allPages.end(), 0);
+    rt::resetPages(paged, allPages, stream.get(), kPOISON_PATTERN);
+
+    // Where the write puts each row of a layer's new K and V (row b * capPadded + t): token t of sequence b, looked
+    // up in the CSR page table the attention reads. Rows past a sequence's length are skipped (sequence -1), and so
+    // are the fork's shared tokens: its parent writes them, and the fork reads them through the shared pages.
+    std::vector<rt::TokenPosition> positions(static_cast<size_t>(batch * capPadded), rt::TokenPosition{-1, 0});
+    for (int32_t b = 0; b < batch; ++b)
+    {
+        for (int32_t t = b == kFORKED ? kFORK_TOKENS : 0; t < seqLens[b]; ++t)
+        {
+            positions[static_cast<size_t>(b * capPadded + t)] = rt::TokenPosition{b, t};
+        }
+    }
+    DeviceArray<rt::TokenPosition> devicePositions(positions.size());
+    devicePositions.upload(positions, stream.get());
+    rt::DevicePageTable const table{tables.deviceIndptr(), tables.deviceIndices(), tables.deviceFirstToken(), batch};
+
     bool pass = true;
     for (int32_t layer = 0; layer < paged.numLayers(); ++layer)
     {
@@ -492,43 +518,41 @@ int runPagedAttention()
             q = queryValue(rng);
         }
 
-        // The paged cache: token t of sequence b goes to page rows[b].pages[t / P], position t % P, where the layer's
-        // LayerRef says (its offsets work on the host too). Every position no sequence owns keeps the poison. The
-        // fork's shared tokens are written once, by its parent: the fork reads them only through the shared pages.
-        rt::LayerRef const ref = paged.layerRef(layer);
-        size_t const poolElems = static_cast<size_t>(int64_t{ref.numPages} * ref.pageStride); // one of K or V
-        std::vector<__half> kPool(poolElems, poison());
-        std::vector<__half> vPool(poolElems, poison());
-        for (int32_t b = 0; b < batch; ++b)
-        {
-            for (int32_t t = b == kFORKED ? kFORK_TOKENS : 0; t < seqLens[b]; ++t)
-            {
-                int32_t const page = rows[b].pages[t / tokensPerPage];
-                int64_t const to = ref.offset(page, t % tokensPerPage, 0);
-                int64_t const from = (b * capPadded + t) * rowElems;
-                std::copy_n(&keys[from], rowElems, &kPool[to]);
-                std::copy_n(&values[from], rowElems, &vPool[to]);
-            }
-        }
-        KVCACHE_CUDA_TRY(
-            cudaMemcpyAsync(ref.kPool, kPool.data(), poolElems * sizeof(__half), cudaMemcpyHostToDevice, stream.get()));
-        KVCACHE_CUDA_TRY(
-            cudaMemcpyAsync(ref.vPool, vPool.data(), poolElems * sizeof(__half), cudaMemcpyHostToDevice, stream.get()));
+        // The layer's K and V of the batch's tokens, in device memory as a model's projections leave them: rows
+        // [batch * capPadded, H, D]. One write covers them all here; a runtime writes each step's chunk the same way.
+        DeviceArray<__half> newKeys(keys.size());
+        DeviceArray<__half> newValues(values.size());
+        newKeys.upload(keys, stream.get());
+        newValues.upload(values, stream.get());
+        rt::Coords const rowsShape{int64_t{batch} * capPadded, numKVHeads, headDim};
+        rt::Tensor const k(newKeys.get(), rowsShape, rt::DataType::kHALF, rt::DeviceType::kGPU);
+        rt::Tensor const v(newValues.get(), rowsShape, rt::DataType::kHALF, rt::DeviceType::kGPU);
 
-        // The identity-mapped cache is the slot view [2, batch, capPadded, H, D]: keys, then values.
+        // The paged cache: one launch writes every row to its (sequence, position) through the page table, with the
+        // layer's geometry. Positions the table does not hold are counted, not written.
+        DeviceArray<int32_t> writeErrors(1);
+        KVCACHE_CUDA_TRY(cudaMemsetAsync(writeErrors.get(), 0, sizeof(int32_t), stream.get()));
+        rt::TokenOpOptions writeOptions;
+        writeOptions.deviceErrorCount = writeErrors.get();
+        rt::writeTokens(paged, layer, k, v, table, devicePositions.get(), stream.get(), writeOptions);
+
+        // The identity-mapped cache is the slot view [2, batch, capPadded, H, D]: the host rows, keys then values,
+        // copied as they are, so the dense reference does not depend on the write under test.
         rt::Tensor const& slotView = dense.getCombinedKVCache(layer);
         rt::Coords const& slotStride = slotView.getStride();
-        std::vector<__half> slots(keys);
-        slots.insert(slots.end(), values.begin(), values.end());
-        if (slotView.volume() != static_cast<int64_t>(slots.size())
+        if (slotView.volume() != static_cast<int64_t>(2 * keys.size())
             || slotStride[0] != static_cast<int64_t>(keys.size()))
         {
             throw std::runtime_error("the slot view is not [2, batch, capPadded, H, D]");
         }
-        KVCACHE_CUDA_TRY(cudaMemcpyAsync(slotView.dataPointer<__half>(), slots.data(), slots.size() * sizeof(__half),
+        __half* const slotBase = slotView.dataPointer<__half>();
+        KVCACHE_CUDA_TRY(
+            cudaMemcpyAsync(slotBase, keys.data(), keys.size() * sizeof(__half), cudaMemcpyHostToDevice, stream.get()));
+        KVCACHE_CUDA_TRY(cudaMemcpyAsync(slotBase + slotStride[0], values.data(), values.size() * sizeof(__half),
             cudaMemcpyHostToDevice, stream.get()));
 
         // Engines that take a tensor bind the pool view: it must be the memory the LayerRef describes.
+        rt::LayerRef const ref = paged.layerRef(layer);
         rt::Tensor const& poolView = paged.getCombinedKVCachePoolView(layer);
         rt::Coords const& poolStride = poolView.getStride();
         if (poolView.dataPointer<__half>() != ref.kPool || poolView.dataPointer<__half>() + poolStride[0] != ref.vPool
@@ -542,7 +566,6 @@ int runPagedAttention()
         {
             throw std::runtime_error("the kernels expect headDim to be the contiguous dimension");
         }
-        __half const* slotBase = slotView.dataPointer<__half>();
         DenseKV const denseKV{slotBase, slotBase + slotStride[0], slotStride[1], slotStride[2], slotStride[3]};
 
         DeviceArray<float> deviceQueries(queries.size());
@@ -567,7 +590,16 @@ int runPagedAttention()
             cudaMemcpyDeviceToHost, stream.get()));
         KVCACHE_CUDA_TRY(cudaMemcpyAsync(denseResult.data(), denseOut.get(), denseResult.size() * sizeof(float),
             cudaMemcpyDeviceToHost, stream.get()));
+        int32_t unwritten = 0;
+        KVCACHE_CUDA_TRY(
+            cudaMemcpyAsync(&unwritten, writeErrors.get(), sizeof(int32_t), cudaMemcpyDeviceToHost, stream.get()));
         KVCACHE_CUDA_TRY(cudaStreamSynchronize(stream.get()));
+        if (unwritten != 0)
+        {
+            std::fprintf(
+                stderr, "layer %d: %d tokens lie outside the page table and were not written\n", layer, unwritten);
+            pass = false;
+        }
 
         // The float64 reference, straight from the tokens in order.
         std::vector<double> reference(queries.size());

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Paged decode attention in PyTorch over a kvcache pool view.
 
-Builds a two-layer cache, writes three sequences' K and V through torch.from_dlpack(cache.pool_view(layer)) at pages
-handed out by a PageAllocator, forks one sequence (shared full pages, copy-on-write of its partial last page with
-copy_pages), builds the block table with PageTableBuffers, and runs a decode step of paged attention in torch that
-reads K and V through the block table. Each result is checked against a dense float32 attention over the same
-tokens. Needs a GPU and torch; exits 77 with a message without one.
+Builds a two-layer cache, prefills three sequences at pages handed out by a PageAllocator, forks one sequence (shared
+full pages, copy-on-write of its partial last page with copy_pages), and runs a decode step. Each step builds the page
+tables with PageTableBuffers, and each layer writes its new K and V with kvcache.write_tokens_paged (torch tensors,
+zero copy; every token placed by its (sequence, position) in the CSR tables), then runs paged attention in torch that
+reads K and V from torch.from_dlpack(cache.pool_view(layer)) through the block table. Each result is checked against a
+dense float32 attention over the same tokens. Needs a GPU and torch; exits 77 with a message without one.
 """
 
 import math
@@ -41,20 +42,31 @@ def main() -> int:
     print(f"cache: {cache.num_layers()} layers, {cache.num_pages()} pages of {TOKENS_PER_PAGE} tokens, "
           f"{cache.allocated_bytes() / 2**20:.1f} MiB; pool view of layer 0: {tuple(pools[0].shape)}")
 
+    # Poison every page with a finite value (float16 61280): attention that reads a token no write placed goes wrong.
+    # Not NaN, since the torch attention below also reads the padding of each page and gives it zero weight.
+    cache.reset_pages(list(range(cache.num_pages())), stream, pattern=0x7B7B7B7B)
+
     allocator = kvcache.PageAllocator(cache.num_pages())
     # Take and give back a few pages, so that sequences get pages out of order.
     allocator.release(allocator.allocate(5)[::-1])
+    # The tables every write and the attention read; rebuilt each step at the same device addresses.
+    tables = kvcache.PageTableBuffers(MAX_BATCH, cache.layout().pages_per_slot, TOKENS_PER_PAGE, stream)
+    # Every write counts here the tokens the tables do not place (not written).
+    unwritten = torch.zeros(1, dtype=torch.int32, device="cuda")
 
-    # Dense float32 K/V per sequence and layer: the reference's data. The cache holds their float16 roundings.
+    # Dense float32 K/V per sequence and layer: the reference's data. The cache holds their float16 roundings, which
+    # the write makes.
     lengths = [37, 70, 5]
     dense = [[(torch.randn(n, h, d, device="cuda"), torch.randn(n, h, d, device="cuda")) for h, d in LAYERS]
              for n in lengths]
-    pages = []
-    for sequence, length in enumerate(lengths):
-        owned = allocator.allocate(math.ceil(length / TOKENS_PER_PAGE))
-        pages.append(owned)
-        for layer, pool in enumerate(pools):
-            write_tokens(torch, pool, owned, 0, *dense[sequence][layer])
+    pages = [allocator.allocate(math.ceil(n / TOKENS_PER_PAGE)) for n in lengths]
+
+    # Prefill: each layer writes every prompt token of every sequence in one call.
+    tables.build(list(zip(pages, lengths)))
+    prompt = [(sequence, position) for sequence, n in enumerate(lengths) for position in range(n)]
+    for layer in range(len(LAYERS)):
+        keys, values = (torch.cat([history[layer][kv] for history in dense]) for kv in range(2))
+        write_new_tokens(torch, cache, layer, tables, prompt, keys, values, unwritten)
 
     # Fork sequence 0: share its full pages, copy its partial last page (copy-on-write) before the child writes.
     parent = 0
@@ -67,22 +79,15 @@ def main() -> int:
     child_pages = child_pages + [last]
     pages.append(child_pages)
     lengths.append(lengths[parent])
-    dense.append([(k.clone(), v.clone()) for k, v in dense[parent]])
+    dense.append(dense[parent])  # the child's history is its parent's (the histories are not changed below)
 
     # Decode step: every sequence appends one token of its own (the child's differs from the parent's).
-    for sequence in range(len(lengths)):
-        position = lengths[sequence]
-        if position % TOKENS_PER_PAGE == 0:
+    step = list(enumerate(lengths))  # the (sequence, position) of each new token
+    for sequence, length in step:
+        if length % TOKENS_PER_PAGE == 0:
             pages[sequence].append(allocator.allocate())
-        for layer, (heads, dim) in enumerate(LAYERS):
-            k, v = (torch.randn(1, heads, dim, device="cuda") for _ in range(2))
-            write_tokens(torch, pools[layer], pages[sequence], position, k, v)
-            old_k, old_v = dense[sequence][layer]
-            dense[sequence][layer] = (torch.cat([old_k, k]), torch.cat([old_v, v]))
-        lengths[sequence] += 1
+    lengths = [length + 1 for length in lengths]
     allocator.check_invariants()
-
-    tables = kvcache.PageTableBuffers(MAX_BATCH, cache.layout().pages_per_slot, TOKENS_PER_PAGE, stream)
     tables.build(list(zip(pages, lengths)))
     block_table = torch.from_dlpack(tables.block_table())
     last_page_len = torch.from_dlpack(tables.last_page_len())
@@ -90,25 +95,33 @@ def main() -> int:
 
     worst = 0.0
     for layer, (heads, dim) in enumerate(LAYERS):
+        # The layer's step: write the new tokens, then attention reads the pool view.
+        new_k, new_v = (torch.randn(batch, heads, dim, device="cuda") for _ in range(2))
+        write_new_tokens(torch, cache, layer, tables, step, new_k, new_v, unwritten)
         query = torch.randn(batch, heads * QUERY_HEADS_PER_KV_HEAD, dim, device="cuda")
         paged = paged_decode_attention(torch, query, pools[layer], block_table[:batch], last_page_len[:batch])
         for sequence in range(batch):
-            k, v = dense[sequence][layer]
+            k, v = (torch.cat([dense[sequence][layer][kv], new[sequence:sequence + 1]])
+                    for kv, new in enumerate((new_k, new_v)))
             reference = dense_attention(torch, query[sequence], k.half().float(), v.half().float())
-            worst = max(worst, (paged[sequence] - reference).abs().max().item())
+            error = (paged[sequence] - reference).abs().max().item()
+            worst = error if math.isnan(error) else max(worst, error)  # a NaN stays, and fails below
     print(f"{batch} sequences (one forked), {len(LAYERS)} layers: paged vs dense float32 max abs error {worst:.2e}")
-    if worst > 1e-3:
+    if unwritten.item() != 0:
+        print(f"FAILED: {unwritten.item()} tokens lie outside the page tables and were not written")
+        return 1
+    if not worst <= 1e-3:
         print("FAILED: paged attention differs from the dense reference")
         return 1
     return 0
 
 
-def write_tokens(torch, pool, pages, start, k, v):
-    """Writes tokens [start, start + len(k)) of a sequence whose pages are `pages` into a [2, pages, P, H, D] pool."""
-    positions = torch.arange(start, start + k.shape[0], device="cuda")
-    page_ids = torch.tensor(pages, device="cuda")[positions // TOKENS_PER_PAGE]
-    pool[0, page_ids, positions % TOKENS_PER_PAGE] = k.to(pool.dtype)
-    pool[1, page_ids, positions % TOKENS_PER_PAGE] = v.to(pool.dtype)
+def write_new_tokens(torch, cache, layer, tables, positions, k, v, unwritten):
+    """Writes rows k, v [n, H, D] (float32, rounded to the cache's float16 by the write) into layer `layer`'s pages,
+    row i at the (sequence, position) pair positions[i] of the CSR tables, in one launch on torch's stream."""
+    pairs = torch.tensor(positions, dtype=torch.int32, device="cuda")  # [n, 2]
+    kvcache.write_tokens_paged(cache, layer, k, v, tables.indptr(), tables.indices(), tables.first_token(), pairs,
+                               torch.cuda.current_stream(), error_count=unwritten)
 
 
 def paged_decode_attention(torch, query, pool, block_table, last_page_len):
