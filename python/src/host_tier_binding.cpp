@@ -303,7 +303,7 @@ void bindHostTier(nb::module_& m)
     static std::string const onboardDoc =
         std::string("Copies each entry's host page to its device page, every layer of the group, K and V.\n")
         + kTRANSFER_DOC;
-    nb::class_<TierHandle>(m, "HostTier",
+    nb::class_<TierHandle>(m, "HostTier", nb::is_weak_referenceable(),
         "Pinned host memory for pages of one page group of a cache, in host pages: a host page holds one page id's "
         "bytes of every layer of the group in layer order, K then V (a latent layer: its one half), "
         "host_page_bytes() in all. Offload (device pages to host pages) and onboard (host pages to device pages) move "

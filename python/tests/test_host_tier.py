@@ -222,6 +222,7 @@ def test_device_lists_replay_in_a_graph_and_count_bad_entries(torch):
     assert_pools(torch, pools, expected)
 
 
+@pytest.mark.filterwarnings("ignore:The CUDA Graph is empty")  # the refused call captured nothing
 def test_a_host_list_transfer_refuses_a_capturing_stream(torch):
     cache = make_cache(torch)
     tier = kvcache.HostTier(cache, 0, 2)
