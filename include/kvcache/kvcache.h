@@ -24,6 +24,7 @@
 // tiers: the pinned host tier and sequence files
 #include "kvcache/tiers/host_tier.h"
 #include "kvcache/tiers/sequence_file.h"
+#include "kvcache/tiers/tiered_prefix_cache.h"
 // dist: tensor-parallel shards
 #include "kvcache/dist/tensor_parallel.h"
 #include "kvcache/version.h"

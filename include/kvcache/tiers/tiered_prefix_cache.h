@@ -1,0 +1,173 @@
+#pragma once
+
+#include "kvcache/memory/kv_cache_manager.h"
+#include "kvcache/paging/page_hash.h"
+#include "kvcache/paging/page_manager.h"
+#include "kvcache/tiers/host_tier.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace kvcache::rt
+{
+
+//! How large a TieredPrefixCache's host tiers are and how they pin and stage their memory.
+struct TieredPrefixCacheOptions
+{
+    //! Host pages of each page group's tier, one entry per group of the cache, each in [1, INT32_MAX]. Every group
+    //! needs a tier, windowed groups included: a run onboarded from the host appends its pages in every group, and
+    //! each such page is registered under its hash (a later prompt may adopt it), so every group must be able to
+    //! fill it.
+    std::vector<int64_t> numHostPages = {};
+    //! How each tier pins its memory and stages copy-engine transfers (one setting for every tier; each tier
+    //! allocates its own staging buffer).
+    HostTierOptions hostTier = {};
+};
+
+//! What one TieredPrefixCache::admit() found for a prompt of `count` tokens: the sequence now holds
+//! deviceTokens + hostTokens tokens, and the runtime appends (step()) and computes the other computeTokens.
+struct TieredAdmission
+{
+    //! Tokens adopted from pages cached on the device (PageManager::adoptPrefix).
+    int32_t deviceTokens = 0;
+    //! Tokens after those, onboarded from the host tiers into fresh pages registered under the same hashes.
+    int32_t hostTokens = 0;
+    //! count - deviceTokens - hostTokens: at least 1 for a prompt of at least one token.
+    int32_t computeTokens = 0;
+};
+
+//! A TieredPrefixCache's counters since construction (or resetStats()).
+struct TieredPrefixCacheStats
+{
+    //! admit() calls that succeeded, and the prompt tokens they were given.
+    int64_t admissions = 0;
+    int64_t queryTokens = 0;
+    //! Prompt tokens found on the device, found on the host, and found nowhere (left to compute): the three add up to
+    //! queryTokens.
+    int64_t deviceHitTokens = 0;
+    int64_t hostHitTokens = 0;
+    int64_t missedTokens = 0;
+    //! Evicted device pages copied to a host page, all groups.
+    int64_t offloadedPages = 0;
+    //! Evicted device pages whose hash a host page held already (nothing to copy; it becomes the most recent), all
+    //! groups.
+    int64_t alreadyOnHostPages = 0;
+    //! Evicted device pages the host tier could not take (every usable host page pinned by the same call), dropped.
+    int64_t droppedPages = 0;
+    //! Host pages whose page was dropped, least recently used first, to make room for an offload, all groups.
+    int64_t evictedHostPages = 0;
+    //! Host pages copied into fresh device pages by admissions, all groups.
+    int64_t onboardedPages = 0;
+};
+
+//! A two-tier prefix cache: a PageManager's cached device pages, and pinned host memory (one HostTier per page group)
+//! that keeps the pages the device evicts. It owns the wiring a runtime would otherwise write around
+//! PageManager::setEvictionCallback, HostTier::offload and onboard, and PageManager::hashNextPages:
+//!
+//! - Offload (step(), and admit() and evictCached()). The manager's eviction callback only records (group, page,
+//!   hash); once the manager call returns, the evicted pages go to host pages in one HostTier::offload a group,
+//!   enqueued on the call's stream before anything else the call enqueues and before whatever the runtime enqueues
+//!   there afterwards (the step's kernels, which may overwrite the pages). A page whose hash a host page holds already
+//!   is not copied again. When a group's tier has no free host page, the least recently used host page is given up
+//!   (evictedHostPages); host pages an onboard of the same call reads are pinned and never given up.
+//! - Onboard (admit()). A prompt first adopts what the device holds (PageManager::adoptPrefix); the hashes of the
+//!   following whole pages (PageManager::hashNextPages) are then looked up in every group's tier, and the longest
+//!   run that every group holds (at most count - 1 tokens in all, so that the runtime computes the last prompt token)
+//!   is appended to the sequence (fresh pages, registered under the same hashes, so later prompts adopt them from the
+//!   device) in pieces of at most maxTokensPerStep tokens, each piece's host pages onboarded into its pages on the
+//!   stream right after the piece's evictions were offloaded. A piece that would run out of device pages
+//!   (PageManager::canStep) is not appended: the run stops there and the runtime computes the rest.
+//! - Windowed page groups keep their own tier like any group (TieredPrefixCacheOptions::numHostPages says why). A run
+//!   counts as held by the host only where every group's tier holds it; a windowed group's pages of the run are all
+//!   onboarded, also those its window releases before the prompt's end (they stay registered, and so must hold their
+//!   bytes).
+//!
+//! Ordering: everything is enqueued on the stream a call is given, in the order above; the runtime enqueues the
+//! step's kernels (which read onboarded pages and write new ones) on that stream after the call, or orders them after
+//! it. The host tiers' own tracking orders transfers on different streams that touch one host page. Every step,
+//! append and eviction of the manager must go through this class (it sets the manager's eviction callback, replacing
+//! any other, and clears it on destruction); the manager's other calls (create, fork, free, pages, canStep, ...) are
+//! the runtime's to make directly. An eviction made by a direct PageManager::evictCached is offloaded by the next call
+//! of this class, which is still before any step can reuse the page.
+//!
+//! Errors: every call checks its arguments before it changes anything (the manager's own checks included) and throws
+//! InvalidArgumentError or OutOfRangeError naming the field, the value and the limit; a rejected call enqueues
+//! nothing and changes neither the manager, the host tiers nor the counters. A CudaError from a transfer leaves the
+//! device's and the host pages' contents unspecified (the sequence of the call keeps its pages): treat the device as
+//! failed. A third tier of sequence files is not part of this class: saveSequence/loadSequence work on a HostTier
+//! directly.
+//!
+//! Not thread-safe: one owner at a time, like the PageManager. Move-constructible, not copyable; the cache and the
+//! manager must outlive it and stay where they are (not moved from).
+class TieredPrefixCache
+{
+public:
+    //! Wires `pages` (sized from `cache`'s layout) to one HostTier per page group of `cache` (options.numHostPages[g]
+    //! host pages each) and sets the manager's eviction callback. Throws InvalidArgumentError when the manager's
+    //! layout differs from the cache's (naming the group and the field), when numHostPages has another number of
+    //! entries than the cache has groups or an entry outside [1, INT32_MAX] (naming numHostPages[g], the value and the
+    //! limit), and what HostTier's constructor throws (OutOfMemoryError, CudaError); nothing is changed then.
+    TieredPrefixCache(KVCacheManager const& cache, PageManager& pages, TieredPrefixCacheOptions const& options);
+    //! Clears the manager's eviction callback, waits for the tiers' transfers and frees their memory; never throws.
+    //! Evictions recorded but not offloaded yet (a direct evictCached) are lost.
+    ~TieredPrefixCache();
+    //! Takes over `other`'s tiers and wiring; `other` may then only be destroyed. (No move assignment: the object
+    //! assigned to would clear the callback of a manager it no longer serves.)
+    TieredPrefixCache(TieredPrefixCache&& other) noexcept;
+    TieredPrefixCache& operator=(TieredPrefixCache&&) = delete;
+    TieredPrefixCache(TieredPrefixCache const&) = delete;
+    TieredPrefixCache& operator=(TieredPrefixCache const&) = delete;
+
+    //! Admits the prompt `tokens[0, count)` into the empty sequence `sequence`: adopts the device's cached prefix,
+    //! then onboards what the host tiers hold of the following pages (see the class comment), enqueuing the transfers
+    //! on `stream`. Returns how many tokens came from each tier and how many the runtime must still compute; the
+    //! sequence's length is then count - computeTokens, and the runtime appends tokens[length, count) with step().
+    //! extraKeys as PageManager::adoptPrefix takes them (positions in [0, count), ascending). Throws what
+    //! PageManager::adoptPrefix throws for bad arguments (InvalidArgumentError: an unknown or non-empty sequence, a
+    //! count outside [0, maxSequenceLength], null pointers, extra keys out of order or range) and InvalidArgumentError
+    //! for a stream that is capturing a graph (host-list transfers query events), before changing anything; CudaError
+    //! from a transfer.
+    TieredAdmission admit(SequenceId sequence, int32_t const* tokens, int32_t count, cudaStream_t stream,
+        PageExtraKey const* extraKeys = nullptr, int32_t numExtraKeys = 0);
+
+    //! PageManager::step(appends, count), then on `stream`: the offload of the pages it evicted, then its copies
+    //! (copy-on-write, copyPages in each group). Returns the copies, already enqueued (for information; valid until
+    //! the manager's next step). The runtime enqueues the step's kernels on `stream` after this call. Throws what
+    //! PageManager::step throws (InvalidArgumentError, OutOfMemoryError naming the group) and InvalidArgumentError for
+    //! a capturing stream, before changing anything; CudaError from a transfer or copy.
+    StepCopies step(SequenceAppend const* appends, int32_t count, cudaStream_t stream);
+
+    //! PageManager::evictCached(group, count), then the offload of the pages it evicted on `stream`; returns how many
+    //! it evicted. Throws what PageManager::evictCached throws (OutOfRangeError for a bad group, InvalidArgumentError
+    //! for a negative count) and InvalidArgumentError for a capturing stream, before changing anything; CudaError.
+    int32_t evictCached(int32_t group, int32_t count, cudaStream_t stream);
+
+    //! Returns the counters.
+    TieredPrefixCacheStats stats() const noexcept;
+    //! Sets every counter to 0.
+    void resetStats() noexcept;
+
+    //! Returns the number of page groups (one host tier each).
+    int32_t numGroups() const noexcept;
+    //! Returns the host tier of `group` (its host pages belong to this class: read them, e.g. with saveSequence, but
+    //! never allocate or release them). Throws OutOfRangeError for a group outside [0, numGroups()).
+    HostTier& hostTier(int32_t group) const;
+    //! Returns the host pages of `group` holding a page now. Throws OutOfRangeError for a bad group.
+    int32_t numHostPagesHeld(int32_t group) const;
+    //! Returns the host page of `group` holding the page of `hash`, or -1. Throws OutOfRangeError for a bad group.
+    int32_t findHostPage(int32_t group, PageHash hash) const;
+
+    //! Returns normally when the bookkeeping is consistent (each group's hash -> host page map and its least recently
+    //! used order; no host page left pinned between calls); throws std::logic_error naming the first broken rule.
+    //! Linear time; allocates.
+    void checkInvariants() const;
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> mImpl;
+};
+
+} // namespace kvcache::rt

@@ -1,0 +1,469 @@
+// TieredPrefixCache's bookkeeping: evictions recorded by the callback and offloaded once the manager's call returned,
+// admissions that adopt the device's prefix and onboard the host's run in pieces, and the checks of a layout and of
+// the host tiers' sizes. Host only: transfers go through a TierMover.
+#include "tiers/tiered_prefix_cache_core.h"
+
+#include "kvcache/core/errors.h"
+#include "kvcache/core/page_geometry.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+#include <stdexcept>
+
+namespace kvcache::rt::detail
+{
+namespace
+{
+
+constexpr char const* kWHAT = "TieredPrefixCache";
+
+//! Throws InvalidArgumentError naming the field, the manager's value and the cache's.
+template <typename Value>
+void checkField(char const* field, Value manager, Value cache)
+{
+    if (manager != cache)
+    {
+        throw InvalidArgumentError(fmt::format("{}: the page manager's layout is not the cache's: {} is {} in the "
+                                               "manager and {} in the cache; size the manager from cache.layout()",
+            kWHAT, field, manager, cache));
+    }
+}
+
+} // namespace
+
+void checkSameLayout(KVCacheLayout const& cache, KVCacheLayout const& manager)
+{
+    checkField("the number of page groups", manager.groups.size(), cache.groups.size());
+    checkField("tokensPerPage", manager.tokensPerPage, cache.tokensPerPage);
+    checkField("maxSequenceLength", manager.maxSequenceLength, cache.maxSequenceLength);
+    for (size_t g = 0; g < cache.groups.size(); ++g)
+    {
+        std::string const numPages = fmt::format("group {} numPages", g);
+        checkField(numPages.c_str(), manager.groups[g].numPages, cache.groups[g].numPages);
+        std::string const window = fmt::format("group {} slidingWindow", g);
+        checkField(window.c_str(), manager.groups[g].slidingWindow, cache.groups[g].slidingWindow);
+        if (pageGeometry(manager, static_cast<int32_t>(g)) != pageGeometry(cache, static_cast<int32_t>(g)))
+        {
+            throw InvalidArgumentError(fmt::format("{}: the page manager's layout is not the cache's: group {}'s page "
+                                                   "geometry (data type, layers) differs ({} and {} bytes a page)",
+                kWHAT, g, manager.groups[g].bytesPerPage, cache.groups[g].bytesPerPage));
+        }
+    }
+}
+
+void checkNumHostPages(KVCacheLayout const& layout, std::vector<int64_t> const& numHostPages)
+{
+    if (numHostPages.size() != layout.groups.size())
+    {
+        throw InvalidArgumentError(fmt::format("{}: numHostPages has {} entries; it must have one per page group ({}): "
+                                               "every group needs a host tier",
+            kWHAT, numHostPages.size(), layout.groups.size()));
+    }
+    for (size_t g = 0; g < numHostPages.size(); ++g)
+    {
+        if (numHostPages[g] < 1 || numHostPages[g] > std::numeric_limits<int32_t>::max())
+        {
+            throw InvalidArgumentError(fmt::format("{}: numHostPages[{}] is {}; it must be in [1, {}] (group {}, {}, "
+                                                   "needs a host tier: an onboarded run fills its pages in every "
+                                                   "group)",
+                kWHAT, g, numHostPages[g], std::numeric_limits<int32_t>::max(), g,
+                layout.groups[g].slidingWindow == 0
+                    ? std::string("full attention")
+                    : fmt::format("sliding window of {} tokens", layout.groups[g].slidingWindow)));
+        }
+    }
+}
+
+TieredPrefixCacheCore::TieredPrefixCacheCore(PageManager& pages, std::vector<int64_t> const& numHostPages)
+    : mPages(&pages)
+{
+    KVCacheLayout const& layout = pages.layout();
+    checkNumHostPages(layout, numHostPages);
+    mTokensPerPage = layout.tokensPerPage;
+    mPieceTokens = layout.maxTokensPerStep >= mTokensPerPage ? layout.maxTokensPerStep / mTokensPerPage * mTokensPerPage
+                                                             : layout.maxTokensPerStep;
+    int64_t const pagesPerSequence = (int64_t{layout.maxSequenceLength} + mTokensPerPage - 1) / mTokensPerPage;
+    mHashes.resize(static_cast<size_t>(pagesPerSequence));
+    mGroups.reserve(layout.groups.size());
+    for (size_t g = 0; g < layout.groups.size(); ++g)
+    {
+        auto const numPages = static_cast<size_t>(layout.groups[g].numPages);
+        // A group's evictions between two offloads are distinct pages (recordEviction replaces a page's older
+        // record), and an offload or an onboard lists at most every page once: numPages bounds every list.
+        Group group{HostPageMap(numHostPages[g]), {}, std::vector<int32_t>(numPages, -1), {}, {},
+            std::vector<int32_t>(static_cast<size_t>(pagesPerSequence), HostPageMap::kNONE)};
+        group.pending.reserve(numPages);
+        group.entries.reserve(numPages);
+        group.pinned.reserve(numPages);
+        mGroups.push_back(std::move(group));
+    }
+    // Last, once nothing can throw any more: a failed construction leaves the manager's callback as it was.
+    pages.setEvictionCallback(
+        [this](int32_t group, int32_t page, PageHash hash) { recordEviction(group, page, hash); });
+}
+
+TieredPrefixCacheCore::~TieredPrefixCacheCore()
+{
+    try
+    {
+        mPages->setEvictionCallback({});
+    }
+    catch (...)
+    {
+        // Clearing a std::function does not throw in practice; a destructor must not let anything out regardless.
+    }
+}
+
+HostPageMap const& TieredPrefixCacheCore::hostMap(int32_t group, char const* what) const
+{
+    if (group < 0 || group >= numGroups())
+    {
+        throw OutOfRangeError(fmt::format("{}: group is {}; groups are [0, {})", what, group, numGroups()));
+    }
+    return mGroups[static_cast<size_t>(group)].map;
+}
+
+int64_t TieredPrefixCacheCore::numPendingEvictions() const noexcept
+{
+    int64_t pending = 0;
+    for (Group const& group : mGroups)
+    {
+        pending += static_cast<int64_t>(group.pending.size());
+    }
+    return pending;
+}
+
+void TieredPrefixCacheCore::recordEviction(int32_t group, int32_t page, PageHash hash) noexcept
+{
+    // The manager gives only its own groups and pages; the checks keep a broken promise from writing out of bounds.
+    if (group < 0 || group >= numGroups())
+    {
+        return;
+    }
+    Group& state = mGroups[static_cast<size_t>(group)];
+    if (page < 0 || static_cast<size_t>(page) >= state.pendingIndex.size())
+    {
+        return;
+    }
+    int32_t& index = state.pendingIndex[static_cast<size_t>(page)];
+    if (index >= 0)
+    {
+        // Evicted again before an offload (a direct evictCached, then a step that bypassed this class): the older
+        // bytes are gone, the page holds those of `hash`.
+        state.pending[static_cast<size_t>(index)].hash = hash;
+        return;
+    }
+    index = static_cast<int32_t>(state.pending.size());
+    state.pending.push_back(Eviction{page, hash});
+}
+
+void TieredPrefixCacheCore::offloadEvicted(TierMover& mover)
+{
+    for (int32_t g = 0; g < numGroups(); ++g)
+    {
+        offloadGroup(mover, g);
+    }
+}
+
+void TieredPrefixCacheCore::offloadGroup(TierMover& mover, int32_t g)
+{
+    Group& group = mGroups[static_cast<size_t>(g)];
+    if (group.pending.empty())
+    {
+        return;
+    }
+    HostPageMap& map = group.map;
+    int64_t const usable = std::min<int64_t>(mover.usableHostPages(g), map.numHostPages());
+    map.setUsable(std::max<int64_t>(usable, map.numUsable()));
+    for (Eviction const& eviction : group.pending)
+    {
+        group.pendingIndex[static_cast<size_t>(eviction.page)] = -1;
+    }
+    // Pass 1: evicted pages the host holds already need no copy; they are pinned so that no new one displaces them.
+    // The rest are counted, so that when more are new than the tier can take, the oldest evictions are the ones
+    // dropped (the device evicts least recently used first).
+    group.pinned.clear();
+    group.entries.clear();
+    int32_t fresh = 0;
+    for (Eviction& eviction : group.pending)
+    {
+        int32_t const held = map.find(eviction.hash);
+        if (held == HostPageMap::kNONE)
+        {
+            ++fresh;
+            continue;
+        }
+        map.pin(held);
+        group.pinned.push_back(held);
+        ++mStats.alreadyOnHostPages;
+        eviction.page = -1;
+    }
+    int32_t toDrop = std::max(0, fresh - map.numAvailable());
+    // Pass 2: a host page for each new one, pinned until the offload is enqueued.
+    for (Eviction const& eviction : group.pending)
+    {
+        if (eviction.page < 0)
+        {
+            continue;
+        }
+        if (map.find(eviction.hash) != HostPageMap::kNONE)
+        {
+            // The same hash twice in one batch (possible only after a bypassed step): the first copy serves.
+            ++mStats.alreadyOnHostPages;
+            continue;
+        }
+        if (toDrop > 0)
+        {
+            --toDrop;
+            ++mStats.droppedPages;
+            continue;
+        }
+        HostPageMap::Insertion const insertion = map.insert(eviction.hash);
+        if (insertion.hostPage == HostPageMap::kNONE)
+        {
+            ++mStats.droppedPages;
+            continue;
+        }
+        mStats.evictedHostPages += insertion.evicted ? 1 : 0;
+        map.pin(insertion.hostPage);
+        group.pinned.push_back(insertion.hostPage);
+        group.entries.push_back(HostTierEntry{eviction.page, insertion.hostPage});
+    }
+    group.pending.clear();
+    try
+    {
+        if (!group.entries.empty())
+        {
+            mover.offload(g, group.entries.data(), static_cast<int32_t>(group.entries.size()));
+        }
+    }
+    catch (...)
+    {
+        // The host pages of the failed offload hold unknown bytes: they hold no page any more.
+        for (int32_t const hostPage : group.pinned)
+        {
+            map.unpin(hostPage);
+        }
+        for (HostTierEntry const& entry : group.entries)
+        {
+            map.erase(entry.hostPage);
+        }
+        throw;
+    }
+    for (int32_t const hostPage : group.pinned)
+    {
+        map.unpin(hostPage);
+    }
+    mStats.offloadedPages += static_cast<int64_t>(group.entries.size());
+}
+
+void TieredPrefixCacheCore::runCopies(TierMover& mover, StepCopies const& copies)
+{
+    for (int32_t g = 0; g < copies.numGroups(); ++g)
+    {
+        std::vector<PageCopy> const& list = copies[g];
+        if (!list.empty())
+        {
+            mover.copy(g, list.data(), static_cast<int32_t>(list.size()));
+        }
+    }
+}
+
+TieredPrefixCacheCore::KeySlice TieredPrefixCacheCore::keysIn(
+    PageExtraKey const* keys, int32_t numKeys, int64_t begin, int64_t end) noexcept
+{
+    if (numKeys <= 0 || keys == nullptr)
+    {
+        return {};
+    }
+    auto const byPosition = [](PageExtraKey const& key, int64_t position) { return key.position < position; };
+    PageExtraKey const* const first = std::lower_bound(keys, keys + numKeys, begin, byPosition);
+    PageExtraKey const* const last = std::lower_bound(first, keys + numKeys, end, byPosition);
+    return {first, static_cast<int32_t>(last - first)};
+}
+
+TieredAdmission TieredPrefixCacheCore::admit(TierMover& mover, SequenceId sequence, int32_t const* tokens,
+    int32_t count, PageExtraKey const* extraKeys, int32_t numExtraKeys)
+{
+    // adoptPrefix checks every argument before it changes anything; past it no argument can be wrong.
+    int32_t const deviceTokens = mPages->adoptPrefix(sequence, tokens, count, extraKeys, numExtraKeys);
+    ++mStats.admissions;
+    mStats.queryTokens += count;
+    mStats.deviceHitTokens += deviceTokens;
+    // Evictions a direct evictCached left behind go to the host before this call can reuse their pages.
+    offloadEvicted(mover);
+    int32_t const hostTokens = onboardRun(mover, sequence, tokens, count, deviceTokens, extraKeys, numExtraKeys);
+    mStats.hostHitTokens += hostTokens;
+    int32_t const computeTokens = count - deviceTokens - hostTokens;
+    mStats.missedTokens += computeTokens;
+    return TieredAdmission{deviceTokens, hostTokens, computeTokens};
+}
+
+int32_t TieredPrefixCacheCore::onboardRun(TierMover& mover, SequenceId sequence, int32_t const* tokens, int32_t count,
+    int32_t length, PageExtraKey const* keys, int32_t numKeys)
+{
+    // Whole pages, leaving at least the last prompt token to compute (as adoptPrefix does).
+    int64_t const maxPages = (int64_t{count} - 1 - length) / mTokensPerPage;
+    if (maxPages <= 0)
+    {
+        return 0;
+    }
+    auto const runTokens = static_cast<int32_t>(maxPages * mTokensPerPage);
+    KeySlice const after = keysIn(keys, numKeys, length, int64_t{length} + runTokens);
+    int32_t runPages =
+        mPages->hashNextPages(sequence, tokens + length, runTokens, mHashes.data(), after.keys, after.count);
+    for (Group const& group : mGroups)
+    {
+        int32_t held = 0;
+        while (held < runPages && group.map.find(mHashes[static_cast<size_t>(held)]) != HostPageMap::kNONE)
+        {
+            ++held;
+        }
+        runPages = held;
+    }
+    if (runPages == 0)
+    {
+        return 0;
+    }
+    // Pinned so that the offloads of the run's own evictions cannot give its host pages up before they are read.
+    for (Group& group : mGroups)
+    {
+        for (int32_t p = 0; p < runPages; ++p)
+        {
+            int32_t const hostPage = group.map.find(mHashes[static_cast<size_t>(p)]);
+            group.runHostPages[static_cast<size_t>(p)] = hostPage;
+            group.map.pin(hostPage);
+        }
+    }
+    int32_t appended = 0;
+    try
+    {
+        appended = appendAndOnboard(mover, sequence, tokens, length, runPages, keys, numKeys);
+    }
+    catch (...)
+    {
+        unpinRun(runPages);
+        throw;
+    }
+    unpinRun(runPages);
+    return appended;
+}
+
+int32_t TieredPrefixCacheCore::appendAndOnboard(TierMover& mover, SequenceId sequence, int32_t const* tokens,
+    int32_t length, int32_t runPages, PageExtraKey const* keys, int32_t numKeys)
+{
+    int64_t const tokensPerPage = mTokensPerPage;
+    int64_t const firstRunPage = length / tokensPerPage;
+    int64_t const total = int64_t{runPages} * tokensPerPage;
+    int64_t done = 0;
+    while (done < total)
+    {
+        int64_t const start = length + done;
+        int64_t const pieceTokens = std::min<int64_t>(mPieceTokens, total - done);
+        KeySlice const slice = keysIn(keys, numKeys, start, start + pieceTokens);
+        SequenceAppend const piece{
+            sequence, tokens + start, static_cast<int32_t>(pieceTokens), slice.keys, slice.count};
+        if (!mPages->canStep(&piece, 1))
+        {
+            break;
+        }
+        StepCopies const copies = mPages->append(piece);
+        // The pieces's evictions leave before anything is written: a page it evicted may be one it took.
+        offloadEvicted(mover);
+        runCopies(mover, copies);
+        // Pages the piece took: the entries from the first one starting at or after `start` to the one holding its
+        // last token. A page taken by a piece that ends inside it gets its whole host page now; the next piece fills
+        // it no further on the device (the tokens are the same).
+        int64_t const firstPage = (start + tokensPerPage - 1) / tokensPerPage;
+        int64_t const endPage = (start + pieceTokens + tokensPerPage - 1) / tokensPerPage;
+        for (int32_t g = 0; g < numGroups(); ++g)
+        {
+            Group& group = mGroups[static_cast<size_t>(g)];
+            SequencePages const held = mPages->pages(sequence, g);
+            group.entries.clear();
+            for (int64_t p = firstPage; p < endPage; ++p)
+            {
+                group.entries.push_back(
+                    HostTierEntry{held.pages[p], group.runHostPages[static_cast<size_t>(p - firstRunPage)]});
+            }
+            if (!group.entries.empty())
+            {
+                mover.onboard(g, group.entries.data(), static_cast<int32_t>(group.entries.size()));
+                mStats.onboardedPages += static_cast<int64_t>(group.entries.size());
+            }
+        }
+        done += pieceTokens;
+    }
+    return static_cast<int32_t>(done);
+}
+
+void TieredPrefixCacheCore::unpinRun(int32_t runPages) noexcept
+{
+    // Last page first, so that the run's first pages end up the most recently used: a run is only usable from its
+    // start, so its later pages should be the first ones given up.
+    for (Group& group : mGroups)
+    {
+        for (int32_t p = runPages - 1; p >= 0; --p)
+        {
+            int32_t const hostPage = group.runHostPages[static_cast<size_t>(p)];
+            if (group.map.pinCount(hostPage) > 0)
+            {
+                group.map.unpin(hostPage);
+            }
+        }
+    }
+}
+
+StepCopies TieredPrefixCacheCore::step(TierMover& mover, SequenceAppend const* appends, int32_t count)
+{
+    StepCopies const copies = mPages->step(appends, count);
+    offloadEvicted(mover);
+    runCopies(mover, copies);
+    return copies;
+}
+
+int32_t TieredPrefixCacheCore::evictCached(TierMover& mover, int32_t group, int32_t count)
+{
+    int32_t const evicted = mPages->evictCached(group, count);
+    offloadEvicted(mover);
+    return evicted;
+}
+
+void TieredPrefixCacheCore::checkInvariants() const
+{
+    for (int32_t g = 0; g < numGroups(); ++g)
+    {
+        Group const& group = mGroups[static_cast<size_t>(g)];
+        group.map.checkInvariants();
+        if (group.map.numPinned() != 0)
+        {
+            throw std::logic_error(
+                fmt::format("{}: group {} has {} host pages pinned between calls", kWHAT, g, group.map.numPinned()));
+        }
+        int64_t indexed = 0;
+        for (size_t page = 0; page < group.pendingIndex.size(); ++page)
+        {
+            int32_t const index = group.pendingIndex[page];
+            if (index < 0)
+            {
+                continue;
+            }
+            ++indexed;
+            if (static_cast<size_t>(index) >= group.pending.size()
+                || group.pending[static_cast<size_t>(index)].page != static_cast<int32_t>(page))
+            {
+                throw std::logic_error(fmt::format(
+                    "{}: group {}'s record of page {}'s eviction is not where its index says", kWHAT, g, page));
+            }
+        }
+        if (indexed != static_cast<int64_t>(group.pending.size()))
+        {
+            throw std::logic_error(fmt::format(
+                "{}: group {} has {} pending evictions but {} indexed", kWHAT, g, group.pending.size(), indexed));
+        }
+    }
+}
+
+} // namespace kvcache::rt::detail

@@ -1,0 +1,147 @@
+#pragma once
+
+// The bookkeeping of a TieredPrefixCache, host only: the eviction callback's records, each group's hash -> host page
+// map, what an admission onboards and in which pieces, and the order of the transfers, which it asks of a TierMover.
+// TieredPrefixCache gives it a mover over HostTier and copyPages; host tests give it one that models device and host
+// pages, so every decision is checked without a GPU.
+
+#include "tiers/tiered_prefix_cache_host_map.h"
+
+#include "kvcache/core/kv_cache_layout.h"
+#include "kvcache/memory/page_ops.h"
+#include "kvcache/paging/page_hash.h"
+#include "kvcache/paging/page_manager.h"
+#include "kvcache/tiers/tiered_prefix_cache.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace kvcache::rt::detail
+{
+
+//! What a TieredPrefixCacheCore enqueues, in the order it calls these (one stream's order in TieredPrefixCache). A
+//! call may throw; the core then leaves its bookkeeping consistent and rethrows.
+class TierMover
+{
+public:
+    //! Returns how many of group `group`'s host pages are usable now (a HostTier's numPinnedHostPages()).
+    virtual int64_t usableHostPages(int32_t group) const = 0;
+    //! Copies each entry's device page of `group` to its host page.
+    virtual void offload(int32_t group, HostTierEntry const* entries, int32_t count) = 0;
+    //! Copies each entry's host page to its device page of `group`.
+    virtual void onboard(int32_t group, HostTierEntry const* entries, int32_t count) = 0;
+    //! Runs the copies (copy-on-write) of `group`.
+    virtual void copy(int32_t group, PageCopy const* copies, int32_t count) = 0;
+
+protected:
+    TierMover() = default;
+    TierMover(TierMover const&) = default;
+    TierMover& operator=(TierMover const&) = default;
+    ~TierMover() = default;
+};
+
+//! Throws InvalidArgumentError naming the group, the field and both values when `manager` (a PageManager's layout)
+//! does not describe the pages of `cache` (a KVCacheManager's): another number of groups, tokensPerPage,
+//! maxSequenceLength, or a group's numPages or page geometry.
+void checkSameLayout(KVCacheLayout const& cache, KVCacheLayout const& manager);
+
+//! Throws InvalidArgumentError naming numHostPages[g], the value and the limit when `numHostPages` does not hold one
+//! entry in [1, INT32_MAX] per page group of `layout`.
+void checkNumHostPages(KVCacheLayout const& layout, std::vector<int64_t> const& numHostPages);
+
+//! TieredPrefixCache's decisions and counters (its class comment gives the rules). Sets the manager's eviction
+//! callback at the end of construction and clears it on destruction; neither copyable nor movable (the callback
+//! holds it). Nothing allocated after construction except by the manager and the mover.
+class TieredPrefixCacheCore
+{
+public:
+    //! Throws as checkNumHostPages, std::bad_alloc; the manager is left as it was then.
+    TieredPrefixCacheCore(PageManager& pages, std::vector<int64_t> const& numHostPages);
+    ~TieredPrefixCacheCore();
+    TieredPrefixCacheCore(TieredPrefixCacheCore const&) = delete;
+    TieredPrefixCacheCore& operator=(TieredPrefixCacheCore const&) = delete;
+    TieredPrefixCacheCore(TieredPrefixCacheCore&&) = delete;
+    TieredPrefixCacheCore& operator=(TieredPrefixCacheCore&&) = delete;
+
+    //! TieredPrefixCache::admit.
+    TieredAdmission admit(TierMover& mover, SequenceId sequence, int32_t const* tokens, int32_t count,
+        PageExtraKey const* extraKeys, int32_t numExtraKeys);
+    //! TieredPrefixCache::step.
+    StepCopies step(TierMover& mover, SequenceAppend const* appends, int32_t count);
+    //! TieredPrefixCache::evictCached.
+    int32_t evictCached(TierMover& mover, int32_t group, int32_t count);
+
+    //! Returns the counters.
+    TieredPrefixCacheStats const& stats() const noexcept
+    {
+        return mStats;
+    }
+    //! Sets every counter to 0.
+    void resetStats() noexcept
+    {
+        mStats = TieredPrefixCacheStats{};
+    }
+    //! Returns the number of page groups.
+    int32_t numGroups() const noexcept
+    {
+        return static_cast<int32_t>(mGroups.size());
+    }
+    //! Returns the host page map of `group`. Throws OutOfRangeError naming `what` for a bad group.
+    HostPageMap const& hostMap(int32_t group, char const* what = "TieredPrefixCache::hostMap") const;
+    //! Returns the evictions recorded and not offloaded yet, all groups.
+    int64_t numPendingEvictions() const noexcept;
+    //! Throws std::logic_error naming the first broken rule: a host page map's own invariants, a host page left
+    //! pinned, the record of pending evictions.
+    void checkInvariants() const;
+
+private:
+    //! An evicted page waiting for its offload.
+    struct Eviction
+    {
+        int32_t page = 0;
+        PageHash hash = {};
+    };
+    //! One page group: its host pages and the scratch of its transfers (sized at construction).
+    struct Group
+    {
+        HostPageMap map;
+        std::vector<Eviction> pending;
+        //! Per device page: its position in `pending`, or -1.
+        std::vector<int32_t> pendingIndex;
+        std::vector<HostTierEntry> entries;
+        //! Host pages an offload pinned while its list was put together.
+        std::vector<int32_t> pinned;
+        //! The host page of each page of an admission's run.
+        std::vector<int32_t> runHostPages;
+    };
+    //! A slice of extra keys.
+    struct KeySlice
+    {
+        PageExtraKey const* keys = nullptr;
+        int32_t count = 0;
+    };
+
+    //! The eviction callback: records the page (replacing an older record of the same page, whose bytes are gone).
+    void recordEviction(int32_t group, int32_t page, PageHash hash) noexcept;
+    //! Offloads every recorded eviction, a group at a time (see the class comment of TieredPrefixCache).
+    void offloadEvicted(TierMover& mover);
+    void offloadGroup(TierMover& mover, int32_t group);
+    void runCopies(TierMover& mover, StepCopies const& copies);
+    //! Looks the pages after `length` up in the host tiers, appends and onboards the run found; returns its tokens.
+    int32_t onboardRun(TierMover& mover, SequenceId sequence, int32_t const* tokens, int32_t count, int32_t length,
+        PageExtraKey const* keys, int32_t numKeys);
+    int32_t appendAndOnboard(TierMover& mover, SequenceId sequence, int32_t const* tokens, int32_t length,
+        int32_t runPages, PageExtraKey const* keys, int32_t numKeys);
+    void unpinRun(int32_t runPages) noexcept;
+    static KeySlice keysIn(PageExtraKey const* keys, int32_t numKeys, int64_t begin, int64_t end) noexcept;
+
+    PageManager* mPages = nullptr;
+    int32_t mTokensPerPage = 0;
+    //! Tokens of one append of an onboarded run: maxTokensPerStep, rounded down to whole pages when it holds one.
+    int32_t mPieceTokens = 0;
+    std::vector<Group> mGroups;
+    std::vector<PageHash> mHashes;
+    TieredPrefixCacheStats mStats;
+};
+
+} // namespace kvcache::rt::detail
