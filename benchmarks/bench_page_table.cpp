@@ -1,16 +1,19 @@
 // Page table building on the host (kvcache/page_table.h) for a full decode batch: 256 sequences of 64 pages, 16 tokens
 // a page. Cases, each named <case>/<maxBatchSize>x<maxPagesPerSequence> and all at the full batch:
 //  - build: PageTableBuffers::build() alone, the previous upload finished (the stream is synchronised outside the
-//    timed part, as a runtime's previous step has long finished): validation, the event check, the staging writes and
-//    the cudaMemcpyAsync enqueue.
-//  - build_back_to_back: build() called again at once, so any host wait for the previous upload counts too.
+//    timed part, as a runtime's previous step has long finished): the capture check, the event check, the staging
+//    writes with the checks of the sequences and the cudaMemcpyAsync enqueue.
+//  - build_back_to_back: build() called again at once, so any host wait for an upload (the one before the last, whose
+//    staging region the build rewrites) counts too.
 //  - build_windowed: build() of a sliding-window group's entries, the first 48 of each sequence's 64 released.
-//  - write_tables: both tables written (detail::writePageTables) into pinned staging (cudaHostAlloc), as build() writes
-//    them. Target: 10 us a call.
+//  - write_tables: both passes (detail::buildPageTables: the checks and the block table rows, then the CSR arrays and
+//    the per-sequence arrays) into pinned staging (cudaHostAlloc), alternating between two regions as build() does.
+//    Target: 10 us a call.
 //  - write_tables_pageable: the same writes into ordinary (pageable) host memory.
-//  - build_steps: build()'s steps made one by one, as build() makes them, each timed alone (counters validate_us,
-//    capture_check_us, event_query_us, write_us, copy_enqueue_us, event_record_us; the case's time is their sum), so
-//    that build's time can be split between them.
+//  - build_steps: build()'s steps made one by one, as build() makes them, each timed alone (counters
+//    capture_check_us, event_query_us, rows_us, csr_us, copy_enqueue_us, event_record_us; the case's time is their
+//    sum), so that build's time can be split between them. The stream never changes, so build()'s
+//    cudaStreamWaitEvent for a new stream is not among them.
 // Host wall time (steady clock) around the timed calls. Counters: ns_per_op and us_per_call. Exits 77 without a GPU,
 // 1 under KVCACHE_REQUIRE_GPU=1. See docs/benchmarks.md.
 
@@ -161,32 +164,56 @@ private:
     cudaEvent_t mEvent{nullptr};
 };
 
-//! write_tables/BxM (kPINNED) and write_tables_pageable/BxM: both staging writes, over the tables of the same batch
-//! (every row rewritten, none shrinking).
+//! Staging regions as PageTableBuffers keeps them: two of the tables' layout, one after the other, each starting as
+//! the tables of count 0 and then those of the workload's batch (every row of a build rewritten, none shrinking).
+class StagingRegions
+{
+public:
+    StagingRegions(Workload const& work, bool pinned)
+        : mElements(work.shape.elements())
+    {
+        if (pinned)
+        {
+            mPinned = std::make_unique<PinnedInts>(2 * mElements);
+            mData = mPinned->get();
+        }
+        else
+        {
+            mPageable.resize(static_cast<size_t>(2 * mElements));
+            mData = mPageable.data();
+        }
+        for (int32_t region = 0; region < 2; ++region)
+        {
+            rt::detail::writeEmptyPageTables(work.shape, get(region));
+            rt::detail::buildPageTables(work.shape, work.sequences.data(), work.shape.maxBatchSize, get(region));
+        }
+    }
+    //! Returns region 0 or 1.
+    int32_t* get(int32_t region) const noexcept
+    {
+        return mData + region * mElements;
+    }
+
+private:
+    int64_t mElements;
+    std::unique_ptr<PinnedInts> mPinned;
+    std::vector<int32_t> mPageable;
+    int32_t* mData{nullptr};
+};
+
+//! write_tables/BxM (kPINNED) and write_tables_pageable/BxM: both passes, alternating between two staging regions.
 template <bool kPINNED>
 void writeTables(benchmark::State& state, Workload const& work)
 {
-    std::vector<int32_t> pageable;
-    std::unique_ptr<PinnedInts> pinned;
-    int32_t* region = nullptr;
-    if constexpr (kPINNED)
-    {
-        pinned = std::make_unique<PinnedInts>(work.shape.elements());
-        region = pinned->get();
-    }
-    else
-    {
-        pageable.resize(static_cast<size_t>(work.shape.elements()));
-        region = pageable.data();
-    }
-    rt::detail::writeEmptyPageTables(work.shape, region);
-    rt::detail::buildPageTables(work.shape, work.sequences.data(), work.shape.maxBatchSize, region);
+    StagingRegions const regions(work, kPINNED);
+    int32_t region = 0;
     double total = 0.0;
     for (auto _ : state)
     {
+        region = 1 - region;
         Clock::time_point const start = Clock::now();
-        benchmark::DoNotOptimize(
-            rt::detail::writePageTables(work.shape, work.sequences.data(), work.shape.maxBatchSize, region));
+        benchmark::DoNotOptimize(rt::detail::buildPageTables(
+            work.shape, work.sequences.data(), work.shape.maxBatchSize, regions.get(region)));
         benchmark::ClobberMemory();
         double const seconds = secondsSince(start);
         state.SetIterationTime(seconds);
@@ -195,33 +222,34 @@ void writeTables(benchmark::State& state, Workload const& work)
     reportCalls(state, total);
 }
 
-//! build_steps/BxM: the steps of PageTableBuffers::build() in its order, on staging, device memory and an event of the
-//! same kinds, each step timed alone; the stream is synchronised first (untimed), as for build/BxM.
+//! build_steps/BxM: the steps of PageTableBuffers::build() in its order, on staging regions, device memory and events
+//! of the same kinds, each step timed alone; the stream is synchronised first (untimed), as for build/BxM.
 void buildSteps(benchmark::State& state, Workload const& work)
 {
     enum Step
     {
-        kVALIDATE,
         kCAPTURE_CHECK,
         kEVENT_QUERY,
-        kWRITE,
+        kROWS,
+        kCSR,
         kCOPY_ENQUEUE,
         kEVENT_RECORD,
         kSTEPS
     };
     constexpr char const* kCOUNTERS[kSTEPS] = {
-        "validate_us", "capture_check_us", "event_query_us", "write_us", "copy_enqueue_us", "event_record_us"};
+        "capture_check_us", "event_query_us", "rows_us", "csr_us", "copy_enqueue_us", "event_record_us"};
     test::CudaStream stream;
-    PinnedInts staging(work.shape.elements());
+    StagingRegions const regions(work, true);
     test::DeviceArray<int32_t> device(static_cast<size_t>(work.shape.elements()));
-    UploadEvent uploaded;
-    rt::detail::writeEmptyPageTables(work.shape, staging.get());
+    UploadEvent const uploaded[2];
     int32_t const count = work.shape.maxBatchSize;
+    int32_t region = 0;
     double seconds[kSTEPS] = {};
     double total = 0.0;
     for (auto _ : state)
     {
         stream.synchronize();
+        region = 1 - region;
         Clock::time_point start = Clock::now();
         // Each step's time runs from the previous step's end, so the clock reads are counted once.
         auto const lap = [&](Step step)
@@ -231,23 +259,24 @@ void buildSteps(benchmark::State& state, Workload const& work)
             start = now;
         };
         Clock::time_point const first = start;
-        rt::detail::validateSequences(work.shape, work.sequences.data(), count);
-        lap(kVALIDATE);
         cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
         KVCACHE_CUDA_TRY(cudaStreamIsCapturing(stream.get(), &capture));
         lap(kCAPTURE_CHECK);
-        cudaError_t const status = cudaEventQuery(uploaded.get());
+        cudaError_t const status = cudaEventQuery(uploaded[region].get());
         if (status != cudaSuccess)
         {
-            KVCACHE_CUDA_TRY(cudaEventSynchronize(uploaded.get()));
+            KVCACHE_CUDA_TRY(cudaEventSynchronize(uploaded[region].get()));
         }
         lap(kEVENT_QUERY);
-        int64_t const elements = rt::detail::writePageTables(work.shape, work.sequences.data(), count, staging.get());
-        lap(kWRITE);
-        KVCACHE_CUDA_TRY(cudaMemcpyAsync(device.get(), staging.get(), static_cast<size_t>(elements) * sizeof(int32_t),
-            cudaMemcpyHostToDevice, stream.get()));
+        rt::detail::writeBlockTableRows(work.shape, work.sequences.data(), count, regions.get(region));
+        lap(kROWS);
+        int64_t const elements =
+            rt::detail::writeCsrAndLengths(work.shape, work.sequences.data(), count, regions.get(region));
+        lap(kCSR);
+        KVCACHE_CUDA_TRY(cudaMemcpyAsync(device.get(), regions.get(region),
+            static_cast<size_t>(elements) * sizeof(int32_t), cudaMemcpyHostToDevice, stream.get()));
         lap(kCOPY_ENQUEUE);
-        KVCACHE_CUDA_TRY(cudaEventRecord(uploaded.get(), stream.get()));
+        KVCACHE_CUDA_TRY(cudaEventRecord(uploaded[region].get(), stream.get()));
         lap(kEVENT_RECORD);
         double const iteration = std::chrono::duration<double>(start - first).count();
         state.SetIterationTime(iteration);

@@ -1,8 +1,10 @@
 // PageTableBuffers, the device page tables attention kernels read. Without a GPU: the sizes checks, the table building
-// (src/page_table_build.h) against a reference written from the documentation for random batches, and the argument
-// checks leaving the previous tables whole. On a GPU: uploads at fixed addresses, a second build that must wait for
-// the first upload, failed builds, moves, destruction with an upload in flight, builds refused inside a capture, and a
-// captured kernel that reads the block table replaying with the rebuilt tables.
+// (src/paging/page_table_build.h) against a reference written from the documentation for random batches, in one
+// region and in two alternating ones as the staging does, and the argument checks leaving the region as it was, rows
+// written before a refused sequence included. On a GPU: uploads at fixed addresses, the build after next waiting for
+// an upload (the next need not), uploads on two streams landing in build order, failed builds, moves, destruction with
+// an upload in flight, builds refused inside a capture, and a captured kernel that reads the block table replaying with
+// the rebuilt tables.
 
 #include "paging/page_table_build.h"
 
@@ -432,6 +434,101 @@ TEST(PageTableBuildTest, RandomBatchesGiveTheReferenceTablesAsTheyGrowAndShrink)
     }
 }
 
+//! Returns a staging region of `shape`, poisoned and then written with the tables of count 0.
+std::vector<int32_t> emptyRegion(rt::detail::PageTableShape const& shape)
+{
+    std::vector<int32_t> region(static_cast<size_t>(shape.elements()));
+    std::memset(region.data(), kPOISON_BYTE, region.size() * sizeof(int32_t));
+    rt::detail::writeEmptyPageTables(shape, region.data());
+    return region;
+}
+
+TEST(PageTableBuildTest, AlternatingRegionsUploadWhatAFreshBuildWould)
+{
+    // PageTableBuffers alternates between two staging regions, each rewritten over what it held two builds before.
+    std::mt19937_64 rng(99);
+    for (Sizes const sizes : {Sizes{16, 12, 16}, Sizes{7, 33, 5}, Sizes{64, 8, 16}})
+    {
+        SCOPED_TRACE("maxBatchSize " + std::to_string(sizes.maxBatchSize));
+        rt::detail::PageTableShape const shape =
+            rt::detail::makePageTableShape(sizes.maxBatchSize, sizes.maxPagesPerSequence, sizes.tokensPerPage);
+        std::vector<int32_t> regions[2] = {emptyRegion(shape), emptyRegion(shape)};
+        int32_t const poolPages = 2 * sizes.maxBatchSize * sizes.maxPagesPerSequence;
+        std::vector<int32_t> const counts = buildCounts(rng, sizes.maxBatchSize, 60);
+        for (size_t build = 0; build < counts.size(); ++build)
+        {
+            SCOPED_TRACE("build " + std::to_string(build) + ", count " + std::to_string(counts[build]));
+            Batch const batch = randomBatch(rng, sizes, counts[build], poolPages);
+            std::vector<rt::SequencePages> const sequences = batch.sequences();
+            std::vector<int32_t>& region = regions[build % 2];
+            int64_t const elements = rt::detail::buildPageTables(shape, sequences.data(), batch.count(), region.data());
+            ASSERT_TRUE(sameTables(referenceTables(batch, sizes), readTables(regionViews(shape, region), sizes)));
+            // What the upload copies, padding between the arrays included, is what it would be from a fresh region.
+            std::vector<int32_t> fresh = emptyRegion(shape);
+            ASSERT_EQ(rt::detail::buildPageTables(shape, sequences.data(), batch.count(), fresh.data()), elements);
+            ASSERT_TRUE(std::equal(region.begin(), region.begin() + elements, fresh.begin()));
+        }
+    }
+}
+
+TEST(PageTableBuildTest, ARefusedSequencePutsBackTheRowsWrittenBeforeIt)
+{
+    // Rows are checked as they are written; a sequence refused after others were written restores their rows from
+    // the region's indptr and indices, so that the region is as it was and the next build into it is exact.
+    std::mt19937_64 rng(4242);
+    Sizes const sizes{24, 9, 4};
+    rt::detail::PageTableShape const shape = rt::detail::makePageTableShape(24, 9, 4);
+    std::vector<int32_t> region = emptyRegion(shape);
+    int32_t const poolPages = 2 * sizes.maxBatchSize * sizes.maxPagesPerSequence;
+    std::uniform_int_distribution<int32_t> anyCount(1, sizes.maxBatchSize);
+    for (int32_t round = 0; round < 200; ++round)
+    {
+        SCOPED_TRACE("round " + std::to_string(round));
+        Batch const batch = randomBatch(rng, sizes, anyCount(rng), poolPages);
+        std::vector<rt::SequencePages> sequences = batch.sequences();
+        if (round % 2 == 0)
+        {
+            rt::detail::buildPageTables(shape, sequences.data(), batch.count(), region.data());
+            ASSERT_TRUE(sameTables(referenceTables(batch, sizes), readTables(regionViews(shape, region), sizes)));
+            continue;
+        }
+        // One sequence made invalid by one of three rules; those before it are valid and are written first.
+        int32_t const index = std::uniform_int_distribution<int32_t>(0, batch.count() - 1)(rng);
+        rt::SequencePages& bad = sequences[static_cast<size_t>(index)];
+        std::vector<int32_t> pages(bad.pages, bad.pages + bad.numPages);
+        std::string const sequence = "sequences[" + std::to_string(index) + "]";
+        std::string named;
+        int32_t const rule = std::uniform_int_distribution<int32_t>(0, 2)(rng);
+        if (rule == 2 && bad.numPages > 0)
+        {
+            // A negative id other than kUNUSED_PAGE_ENTRY is refused wherever it is.
+            auto const entry = std::uniform_int_distribution<size_t>(0, pages.size() - 1)(rng);
+            pages[entry] = -2 - static_cast<int32_t>(entry);
+            bad.pages = pages.data();
+            // The message names the first negative id after the leading released entries: this one or one before.
+            auto const resident =
+                std::find_if(pages.begin(), pages.end(), [](int32_t id) { return id != rt::kUNUSED_PAGE_ENTRY; });
+            auto const hole = std::find_if(resident, pages.end(), [](int32_t id) { return id < 0; });
+            named = ".pages[" + std::to_string(hole - pages.begin()) + "] is " + std::to_string(*hole);
+        }
+        else if (rule == 1)
+        {
+            bad.numPages = sizes.maxPagesPerSequence + 1;
+            named = ".numPages is " + std::to_string(bad.numPages);
+        }
+        else
+        {
+            bad.numTokens = bad.numPages * sizes.tokensPerPage + 1;
+            named = ".numTokens is " + std::to_string(bad.numTokens);
+        }
+        std::vector<int32_t> const before = region;
+        ASSERT_TRUE(throwsNaming<rt::InvalidArgumentError>([&]
+            { rt::detail::buildPageTables(shape, sequences.data(), batch.count(), region.data()); },
+            {sequence + named}));
+        ASSERT_TRUE(region == before) << "the refused build changed the region";
+    }
+}
+
 TEST(PageTableBuildTest, TokensAtTheEdgesOfTheirPagesGiveFullAndOneTokenLastPages)
 {
     Sizes const sizes{6, 3, 16};
@@ -483,7 +580,12 @@ TEST(PageTableBuildTest, BadBuildsNameTheFieldAndLeaveTheTablesAsTheyWere)
             [&] { rt::detail::buildPageTables(shape, bad.list(), bad.count, region.data()); }, bad.named))
             << bad.named.front();
         ASSERT_EQ(region, before) << "a refused build wrote: " << bad.named.front();
+        // validateSequences, the check alone, refuses the same builds with the same words.
+        EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
+            [&] { rt::detail::validateSequences(shape, bad.list(), bad.count); }, bad.named))
+            << bad.named.front();
     }
+    EXPECT_NO_THROW(rt::detail::validateSequences(shape, sequences.data(), good.count()));
 }
 
 TEST(PageTableBuffersTest, AnEmptyObjectOwnsNothingAndRefusesToBuild)
@@ -605,47 +707,112 @@ TEST_F(PageTableGpuTest, UploadsGiveTheReferenceTablesAtAddressesThatNeverChange
     }
 }
 
-TEST_F(PageTableGpuTest, ASecondBuildWaitsForTheFirstUploadWhichACopyBetweenThemSees)
+//! Device arrays as large as `sizes`' tables, poisoned on `stream`, into which a copy of the device tables is queued.
+struct TableSnapshot
+{
+    TableSnapshot(Sizes const& sizes, cudaStream_t stream)
+        : rows(static_cast<size_t>(sizes.maxBatchSize))
+        , entries(rows * static_cast<size_t>(sizes.maxPagesPerSequence))
+        , indptr(rows + 1)
+        , indices(entries)
+        , lastPageLen(rows)
+        , blockTable(entries)
+        , firstToken(rows)
+        , residentTokens(rows)
+    {
+        for (auto* array : {&indptr, &indices, &lastPageLen, &blockTable, &firstToken, &residentTokens})
+        {
+            array->fillBytes(kPOISON_BYTE, stream);
+        }
+    }
+    //! Queues a copy of the device tables of `tables` on `stream`.
+    void copy(rt::PageTableBuffers const& tables, cudaStream_t stream)
+    {
+        TableViews const device = deviceViews(tables);
+        for (auto const& [from, to, count] : {std::tuple{device.indptr, &indptr, rows + 1},
+                 std::tuple{device.indices, &indices, entries}, std::tuple{device.lastPageLen, &lastPageLen, rows},
+                 std::tuple{device.blockTable, &blockTable, entries}, std::tuple{device.firstToken, &firstToken, rows},
+                 std::tuple{device.residentTokens, &residentTokens, rows}})
+        {
+            KVCACHE_TEST_CUDA(
+                cudaMemcpyAsync(to->get(), from, count * sizeof(int32_t), cudaMemcpyDeviceToDevice, stream));
+        }
+    }
+    //! Returns the snapshot's tables after the work queued on `stream`.
+    Tables download(Sizes const& sizes, cudaStream_t stream) const
+    {
+        TableViews const views{
+            indptr.get(), indices.get(), lastPageLen.get(), blockTable.get(), firstToken.get(), residentTokens.get()};
+        return downloadTables(views, sizes, stream);
+    }
+
+    size_t rows;
+    size_t entries;
+    kvcache::test::DeviceArray<int32_t> indptr;
+    kvcache::test::DeviceArray<int32_t> indices;
+    kvcache::test::DeviceArray<int32_t> lastPageLen;
+    kvcache::test::DeviceArray<int32_t> blockTable;
+    kvcache::test::DeviceArray<int32_t> firstToken;
+    kvcache::test::DeviceArray<int32_t> residentTokens;
+};
+
+TEST_F(PageTableGpuTest, TheBuildAfterNextWaitsForAnUploadAndCopiesBetweenBuildsSeeEachBuild)
 {
     TablesUnderTest tut({8, 6, 16}, 5);
     Batch const first = tut.randomBatch(8);
     Batch const second = tut.randomBatch(5);
-    size_t const rows = static_cast<size_t>(tut.sizes.maxBatchSize);
-    size_t const entries = rows * static_cast<size_t>(tut.sizes.maxPagesPerSequence);
-    kvcache::test::DeviceArray<int32_t> indptr(rows + 1);
-    kvcache::test::DeviceArray<int32_t> indices(entries);
-    kvcache::test::DeviceArray<int32_t> lastPageLen(rows);
-    kvcache::test::DeviceArray<int32_t> blockTable(entries);
-    kvcache::test::DeviceArray<int32_t> firstToken(rows);
-    kvcache::test::DeviceArray<int32_t> residentTokens(rows);
-    for (auto* snapshot : {&indptr, &indices, &lastPageLen, &blockTable, &firstToken, &residentTokens})
-    {
-        snapshot->fillBytes(kPOISON_BYTE, tut.stream.get());
-    }
+    Batch const third = tut.randomBatch(7);
+    TableSnapshot afterFirst(tut.sizes, tut.stream.get());
+    TableSnapshot afterSecond(tut.sizes, tut.stream.get());
 
-    // The first upload queues behind a held stream, so it is still pending when the second build starts: had that
-    // build not waited, it would have rewritten the staging under the first copy.
+    // The first upload queues behind a held stream, so it is still pending when the next builds start. The second
+    // writes the other staging region and need not wait (100 ms is far more than a build takes); the third writes the
+    // first's region again and must wait, or it would rewrite the staging under the first copy.
     std::atomic<bool> released{false};
     holdStream(tut.stream.get(), released);
     tut.build(first);
-    TableViews const device = deviceViews(tut.tables);
-    for (auto const& [from, to, count] :
-        {std::tuple{device.indptr, &indptr, rows + 1}, std::tuple{device.indices, &indices, entries},
-            std::tuple{device.lastPageLen, &lastPageLen, rows}, std::tuple{device.blockTable, &blockTable, entries},
-            std::tuple{device.firstToken, &firstToken, rows}, std::tuple{device.residentTokens, &residentTokens, rows}})
-    {
-        KVCACHE_TEST_CUDA(
-            cudaMemcpyAsync(to->get(), from, count * sizeof(int32_t), cudaMemcpyDeviceToDevice, tut.stream.get()));
-    }
+    afterFirst.copy(tut.tables, tut.stream.get());
     tut.build(second);
-    EXPECT_TRUE(released.load()) << "the second build returned before the first upload could have run";
+    EXPECT_FALSE(released.load()) << "the second build waited for the first upload";
+    EXPECT_TRUE(sameTables(referenceTables(second, tut.sizes), tut.host())) << "the host copies before any upload ran";
+    afterSecond.copy(tut.tables, tut.stream.get());
+    tut.build(third);
+    EXPECT_TRUE(released.load()) << "the third build returned before the first upload could have run";
 
-    TableViews const snapshot{
-        indptr.get(), indices.get(), lastPageLen.get(), blockTable.get(), firstToken.get(), residentTokens.get()};
-    EXPECT_TRUE(sameTables(referenceTables(first, tut.sizes), downloadTables(snapshot, tut.sizes, tut.stream.get())))
-        << "the copy queued between the builds";
-    EXPECT_TRUE(sameTables(referenceTables(second, tut.sizes), tut.device()));
-    EXPECT_TRUE(sameTables(referenceTables(second, tut.sizes), tut.host()));
+    EXPECT_TRUE(sameTables(referenceTables(first, tut.sizes), afterFirst.download(tut.sizes, tut.stream.get())))
+        << "the copy queued after the first build";
+    EXPECT_TRUE(sameTables(referenceTables(second, tut.sizes), afterSecond.download(tut.sizes, tut.stream.get())))
+        << "the copy queued after the second build";
+    EXPECT_TRUE(sameTables(referenceTables(third, tut.sizes), tut.device()));
+    EXPECT_TRUE(sameTables(referenceTables(third, tut.sizes), tut.host()));
+}
+
+TEST_F(PageTableGpuTest, AnUploadOnAnotherStreamLandsAfterTheLastOne)
+{
+    TablesUnderTest tut({6, 5, 16}, 17);
+    kvcache::test::CudaStream other;
+    Batch const first = tut.randomBatch(6);
+    Batch const second = tut.randomBatch(4);
+    // The first upload waits 100 ms behind a held stream; the second, on another stream, must land after it.
+    std::atomic<bool> released{false};
+    holdStream(tut.stream.get(), released);
+    tut.build(first);
+    build(tut.tables, second, other.get());
+    tut.stream.synchronize();
+    other.synchronize();
+    EXPECT_TRUE(sameTables(referenceTables(second, tut.sizes), tut.device()))
+        << "the first upload overwrote the second";
+    // And back on the first stream, after an upload held up on the other.
+    Batch const third = tut.randomBatch(5);
+    Batch const fourth = tut.randomBatch(2);
+    std::atomic<bool> releasedOther{false};
+    holdStream(other.get(), releasedOther);
+    build(tut.tables, third, other.get());
+    tut.build(fourth);
+    other.synchronize();
+    tut.stream.synchronize();
+    EXPECT_TRUE(sameTables(referenceTables(fourth, tut.sizes), tut.device()))
+        << "the third upload overwrote the fourth";
 }
 
 TEST_F(PageTableGpuTest, ARefusedBuildLeavesTheHostAndDeviceTablesAsTheyWere)

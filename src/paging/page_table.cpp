@@ -29,53 +29,128 @@ void checkPositive(char const* field, int32_t value)
     }
 }
 
-void validateSequence(PageTableShape const& shape, SequencePages const& sequence, int32_t index)
+//! Throws unless `count` sequences fit the tables and `sequences` points to them.
+void checkCount(PageTableShape const& shape, SequencePages const* sequences, int32_t count)
+{
+    if (count < 0 || count > shape.maxBatchSize)
+    {
+        throw InvalidArgumentError(
+            fmt::format("{}: count is {}; it must be in [0, {}] (maxBatchSize)", kBUILD, count, shape.maxBatchSize));
+    }
+    if (count > 0 && sequences == nullptr)
+    {
+        throw InvalidArgumentError(fmt::format(
+            "{}: sequences is null with count {}; it must point to {} SequencePages", kBUILD, count, count));
+    }
+}
+
+[[noreturn]] void throwNumPages(int32_t index, int64_t numPages, int64_t most)
+{
+    throw InvalidArgumentError(
+        fmt::format("{}: sequences[{}].numPages is {}; it must be in [0, {}] (maxPagesPerSequence)", kBUILD, index,
+            numPages, most));
+}
+
+[[noreturn]] void throwNullPages(int32_t index, int64_t numPages)
+{
+    throw InvalidArgumentError(
+        fmt::format("{}: sequences[{}].pages is null with numPages {}; it must point to {} page ids", kBUILD, index,
+            numPages, numPages));
+}
+
+[[noreturn]] void throwNumTokens(
+    int32_t index, int64_t numTokens, int64_t numPages, int64_t tokensPerPage, int64_t fewest, int64_t most)
+{
+    throw InvalidArgumentError(
+        fmt::format("{}: sequences[{}].numTokens is {} with numPages {} and tokensPerPage {}; it "
+                    "must be in [{}, {}]",
+            kBUILD, index, numTokens, numPages, tokensPerPage, fewest, most));
+}
+
+//! Throws unless the sizes of `sequence` are valid, so that its page list can be read. The messages are made out of
+//! line, which keeps this small enough to inline into the row pass.
+inline void checkSizes(PageTableShape const& shape, SequencePages const& sequence, int32_t index)
 {
     int64_t const numPages = sequence.numPages;
     if (numPages < 0 || numPages > shape.maxPagesPerSequence)
     {
-        throw InvalidArgumentError(fmt::format("{}: sequences[{}].numPages is {}; it must be in [0, {}] "
-                                               "(maxPagesPerSequence)",
-            kBUILD, index, numPages, shape.maxPagesPerSequence));
+        throwNumPages(index, numPages, shape.maxPagesPerSequence);
     }
     if (numPages > 0 && sequence.pages == nullptr)
     {
-        throw InvalidArgumentError(fmt::format("{}: sequences[{}].pages is null with numPages {}; it must point to {} "
-                                               "page ids",
-            kBUILD, index, numPages, numPages));
+        throwNullPages(index, numPages);
     }
     int64_t const tokensPerPage = shape.tokensPerPage;
     int64_t const fewest = numPages == 0 ? 0 : (numPages - 1) * tokensPerPage + 1;
     int64_t const most = numPages * tokensPerPage;
     if (sequence.numTokens < fewest || sequence.numTokens > most)
     {
-        throw InvalidArgumentError(fmt::format("{}: sequences[{}].numTokens is {} with numPages {} and tokensPerPage "
-                                               "{}; it must be in [{}, {}]",
-            kBUILD, index, sequence.numTokens, numPages, tokensPerPage, fewest, most));
+        throwNumTokens(index, sequence.numTokens, numPages, tokensPerPage, fewest, most);
     }
-    if (numPages == 0)
+}
+
+//! Throws for the first negative id of `sequence` from its first resident page on (`released` entries lead it), or its
+//! last entry when every entry was released; called once a check found one.
+[[noreturn]] void throwNegativeId(SequencePages const& sequence, int32_t index, int64_t released)
+{
+    int64_t const numPages = sequence.numPages;
+    int64_t entry = released == numPages ? numPages - 1 : released;
+    while (sequence.pages[entry] >= 0)
     {
-        return;
+        ++entry;
     }
-    // Pages a window released lead the list; from the first resident page on every id must be one (the last page
-    // always is: it holds the newest token).
-    int64_t const released = releasedPages(sequence);
-    int32_t negatives = 0;
-    for (int64_t j = released; j < numPages; ++j)
+    throw InvalidArgumentError(fmt::format("{}: sequences[{}].pages[{}] is {}; page ids from the first resident page "
+                                           "(entry {}) to the last (entry {}) must be >= 0 (only released pages "
+                                           "before them may be kUNUSED_PAGE_ENTRY)",
+        kBUILD, index, entry, sequence.pages[entry], std::min(released, numPages - 1), numPages - 1));
+}
+
+//! Returns the OR of `count` ids, negative when one is. Eight accumulators make it vectorisable at -O2 as well (GCC's
+//! cheap cost model vectorises no single-accumulator reduction of unknown length).
+int32_t orOfIds(int32_t const* ids, int64_t count) noexcept
+{
+    int32_t lanes[8] = {};
+    int64_t j = 0;
+    for (; j + 8 <= count; j += 8)
     {
-        negatives |= sequence.pages[j];
-    }
-    if (negatives < 0 || released == numPages)
-    {
-        int64_t entry = released == numPages ? numPages - 1 : released;
-        while (sequence.pages[entry] >= 0)
+        for (int32_t k = 0; k < 8; ++k)
         {
-            ++entry;
+            lanes[k] |= ids[j + k];
         }
-        throw InvalidArgumentError(fmt::format("{}: sequences[{}].pages[{}] is {}; page ids from the first resident "
-                                               "page (entry {}) to the last (entry {}) must be >= 0 (only released "
-                                               "pages before them may be kUNUSED_PAGE_ENTRY)",
-            kBUILD, index, entry, sequence.pages[entry], std::min(released, numPages - 1), numPages - 1));
+    }
+    for (; j < count; ++j)
+    {
+        lanes[0] |= ids[j];
+    }
+    int32_t all = 0;
+    for (int32_t const lane : lanes)
+    {
+        all |= lane;
+    }
+    return all;
+}
+
+//! Throws unless the entries of `sequence` from its first resident page on (after `released` leading entries) are
+//! page ids and there is one; `ids` is their OR.
+void checkIds(SequencePages const& sequence, int32_t index, int64_t released, int32_t ids)
+{
+    if (ids < 0 || (released > 0 && released == sequence.numPages))
+    {
+        throwNegativeId(sequence, index, released);
+    }
+}
+
+//! Writes block table rows [0, rows) of `region` back as its indptr and indices say they were.
+void restoreRows(PageTableShape const& shape, int64_t rows, int32_t* region) noexcept
+{
+    int32_t const* const indptr = region + shape.indptrOffset();
+    int32_t const* const indices = region + shape.indicesOffset();
+    int64_t const width = shape.maxPagesPerSequence;
+    for (int64_t b = 0; b < rows; ++b)
+    {
+        int32_t* const row = region + shape.blockTableOffset() + b * width;
+        int32_t* const end = std::copy(indices + indptr[b], indices + indptr[b + 1], row);
+        std::fill(end, row + width, kUNUSED_PAGE_ENTRY);
     }
 }
 
@@ -97,24 +172,6 @@ PageTableShape makePageTableShape(int32_t maxBatchSize, int32_t maxPagesPerSeque
     return shape;
 }
 
-void validateSequences(PageTableShape const& shape, SequencePages const* sequences, int32_t count)
-{
-    if (count < 0 || count > shape.maxBatchSize)
-    {
-        throw InvalidArgumentError(
-            fmt::format("{}: count is {}; it must be in [0, {}] (maxBatchSize)", kBUILD, count, shape.maxBatchSize));
-    }
-    if (count > 0 && sequences == nullptr)
-    {
-        throw InvalidArgumentError(fmt::format(
-            "{}: sequences is null with count {}; it must point to {} SequencePages", kBUILD, count, count));
-    }
-    for (int32_t i = 0; i < count; ++i)
-    {
-        validateSequence(shape, sequences[i], i);
-    }
-}
-
 void writeEmptyPageTables(PageTableShape const& shape, int32_t* region) noexcept
 {
     std::fill(region, region + shape.elements(), 0);
@@ -122,39 +179,81 @@ void writeEmptyPageTables(PageTableShape const& shape, int32_t* region) noexcept
     std::fill(table, table + shape.entries(), kUNUSED_PAGE_ENTRY);
 }
 
-int64_t writePageTables(
+void validateSequences(PageTableShape const& shape, SequencePages const* sequences, int32_t count)
+{
+    checkCount(shape, sequences, count);
+    for (int32_t b = 0; b < count; ++b)
+    {
+        SequencePages const& sequence = sequences[b];
+        checkSizes(shape, sequence, b);
+        int64_t const released = releasedPages(sequence);
+        checkIds(sequence, b, released, orOfIds(sequence.pages + released, sequence.numPages - released));
+    }
+}
+
+void writeBlockTableRows(PageTableShape const& shape, SequencePages const* sequences, int32_t count, int32_t* region)
+{
+    checkCount(shape, sequences, count);
+    int32_t const* const indptr = region + shape.indptrOffset();
+    int32_t* const table = region + shape.blockTableOffset();
+    int64_t const width = shape.maxPagesPerSequence;
+    // Checking a sequence as its row is written reads its page list once, where a separate check pass would read it
+    // from memory first. Indptr and indices stay the previous build's until the second pass, so a refused sequence
+    // puts the rows written before it back from them.
+    int64_t b = 0;
+    try
+    {
+        for (; b < count; ++b)
+        {
+            SequencePages const& sequence = sequences[b];
+            checkSizes(shape, sequence, static_cast<int32_t>(b));
+            // Released pages are left out: rows start at the first resident page, and firstToken says which token
+            // that is.
+            int64_t const released = releasedPages(sequence);
+            int64_t const pages = sequence.numPages - released;
+            int32_t* const row = table + b * width;
+            int32_t const* const resident = sequence.pages + released;
+            // copy_n takes an empty range (and a null list with no pages) without a branch here.
+            std::copy_n(resident, pages, row);
+            checkIds(sequence, static_cast<int32_t>(b), released, orOfIds(resident, pages));
+            // Padding over the rest of the old pages leaves the row whole without rewriting its unused tail.
+            int64_t const held = indptr[b + 1] - indptr[b];
+            if (held > pages)
+            {
+                std::fill(row + pages, row + held, kUNUSED_PAGE_ENTRY);
+            }
+        }
+    }
+    catch (...)
+    {
+        restoreRows(shape, std::min<int64_t>(b + 1, count), region);
+        throw;
+    }
+    // Rows from `count` on are empty now; only those that held pages before need padding.
+    for (int64_t row = count; row < shape.maxBatchSize && indptr[row] < indptr[shape.maxBatchSize]; ++row)
+    {
+        std::fill(table + row * width, table + row * width + (indptr[row + 1] - indptr[row]), kUNUSED_PAGE_ENTRY);
+    }
+}
+
+int64_t writeCsrAndLengths(
     PageTableShape const& shape, SequencePages const* sequences, int32_t count, int32_t* region) noexcept
 {
     int32_t* const indptr = region + shape.indptrOffset();
     int32_t* const lastPageLen = region + shape.lastPageLenOffset();
     int32_t* const firstToken = region + shape.firstTokenOffset();
     int32_t* const residentTokens = region + shape.residentTokensOffset();
-    int32_t* const table = region + shape.blockTableOffset();
     int32_t* const indices = region + shape.indicesOffset();
-    int64_t const width = shape.maxPagesPerSequence;
     int64_t const tokensPerPage = shape.tokensPerPage;
-    // One pass reads each page list once, for both tables. The previous indptr says how many pages each row held; the
-    // pass overwrites indptr[b + 1] only after reading it, carrying the previous indptr[b] in `heldFrom`.
-    int64_t const heldInAll = indptr[shape.maxBatchSize];
-    int64_t heldFrom = 0;
     int64_t used = 0;
     for (int64_t b = 0; b < count; ++b)
     {
         SequencePages const& sequence = sequences[b];
-        // Released pages are left out: rows start at the first resident page, and firstToken says which token that is.
         int64_t const released = releasedPages(sequence);
-        int32_t const* const resident = sequence.pages + released;
         int64_t const pages = sequence.numPages - released;
-        int64_t const heldTo = indptr[b + 1];
-        int32_t* const row = table + b * width;
-        // copy_n and fill take empty ranges (and a null list with no pages) without a branch here.
-        std::copy_n(resident, pages, row);
-        // From the list, not the row just written: indices sit a multiple of 4 KiB after the block table at the
+        // From the list again, not the row just written: indices sit a multiple of 4 KiB after the block table at the
         // usual sizes, and reading the row while storing there stalls on 4K aliasing.
-        std::copy_n(resident, pages, indices + used);
-        // Padding over the rest of the old pages leaves the row whole without rewriting its unused tail.
-        std::fill(row + pages, row + std::max(heldTo - heldFrom, pages), kUNUSED_PAGE_ENTRY);
-        heldFrom = heldTo;
+        std::copy_n(sequence.pages + released, pages, indices + used);
         used += pages;
         // At most maxBatchSize * maxPagesPerSequence, which makePageTableShape keeps within int32.
         indptr[b + 1] = static_cast<int32_t>(used);
@@ -166,15 +265,6 @@ int64_t writePageTables(
         firstToken[b] = static_cast<int32_t>(firstResident);
         residentTokens[b] = static_cast<int32_t>(sequence.numTokens - firstResident);
     }
-    // Rows from `count` on are empty now; only those that held pages before need padding, and they end where the
-    // previous pages in use do.
-    for (int64_t b = count; b < shape.maxBatchSize && heldFrom < heldInAll; ++b)
-    {
-        int64_t const heldTo = indptr[b + 1];
-        int32_t* const row = table + b * width;
-        std::fill(row, row + (heldTo - heldFrom), kUNUSED_PAGE_ENTRY);
-        heldFrom = heldTo;
-    }
     std::fill(indptr + count + 1, indptr + shape.maxBatchSize + 1, static_cast<int32_t>(used));
     std::fill(lastPageLen + count, lastPageLen + shape.maxBatchSize, 0);
     std::fill(firstToken + count, firstToken + shape.maxBatchSize, 0);
@@ -184,8 +274,8 @@ int64_t writePageTables(
 
 int64_t buildPageTables(PageTableShape const& shape, SequencePages const* sequences, int32_t count, int32_t* region)
 {
-    validateSequences(shape, sequences, count);
-    return writePageTables(shape, sequences, count, region);
+    writeBlockTableRows(shape, sequences, count, region);
+    return writeCsrAndLengths(shape, sequences, count, region);
 }
 
 } // namespace detail
@@ -205,22 +295,30 @@ PageTableBuffers::PageTableBuffers(
 {
     detail::PageTableShape const shape = detail::makePageTableShape(maxBatchSize, maxPagesPerSequence, tokensPerPage);
     int64_t const bytes = shape.elements() * static_cast<int64_t>(sizeof(int32_t));
+    // Set first, as the staging regions' addresses derive from them; release() clears them again on failure.
+    mMaxBatchSize = maxBatchSize;
+    mMaxPagesPerSequence = maxPagesPerSequence;
+    mTokensPerPage = tokensPerPage;
     try
     {
         mDeviceTables = DeviceAllocation(bytes, stream);
-        mStaging = static_cast<int32_t*>(detail::PinnedHostBuffer(bytes).release());
-        mUploaded = detail::CudaEvent().release();
-        detail::writeEmptyPageTables(shape, mStaging);
-        upload(shape.indicesOffset() * static_cast<int64_t>(sizeof(int32_t)), stream);
+        mStaging = static_cast<int32_t*>(detail::PinnedHostBuffer(kSTAGING_REGIONS * bytes).release());
+        for (cudaEvent_t& uploaded : mUploaded)
+        {
+            uploaded = detail::CudaEvent().release();
+        }
+        // Both regions start as the tables of count 0, which their first builds rewrite incrementally.
+        for (int32_t region = 0; region < kSTAGING_REGIONS; ++region)
+        {
+            detail::writeEmptyPageTables(shape, stagingRegion(region));
+        }
+        upload(0, shape.indicesOffset() * static_cast<int64_t>(sizeof(int32_t)), stream);
     }
     catch (...)
     {
         release();
         throw;
     }
-    mMaxBatchSize = maxBatchSize;
-    mMaxPagesPerSequence = maxPagesPerSequence;
-    mTokensPerPage = tokensPerPage;
 }
 
 PageTableBuffers::~PageTableBuffers() noexcept
@@ -239,7 +337,9 @@ PageTableBuffers& PageTableBuffers::operator=(PageTableBuffers&& other) noexcept
     release();
     mDeviceTables = std::move(other.mDeviceTables);
     mStaging = std::exchange(other.mStaging, nullptr);
-    mUploaded = std::exchange(other.mUploaded, nullptr);
+    mUploaded = std::exchange(other.mUploaded, {});
+    mRegion = std::exchange(other.mRegion, 0);
+    mUploadStream = std::exchange(other.mUploadStream, nullptr);
     mMaxBatchSize = std::exchange(other.mMaxBatchSize, 0);
     mMaxPagesPerSequence = std::exchange(other.mMaxPagesPerSequence, 0);
     mTokensPerPage = std::exchange(other.mTokensPerPage, 0);
@@ -255,20 +355,28 @@ void PageTableBuffers::build(SequencePages const* sequences, int32_t count, cuda
         throw InvalidArgumentError(
             fmt::format("{}: this object owns no tables (default-constructed or moved from)", detail::kBUILD));
     }
-    detail::PageTableShape const shape = shapeOf(*this);
-    detail::validateSequences(shape, sequences, count);
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     KVCACHE_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
     if (capture != cudaStreamCaptureStatusNone)
     {
         throw InvalidArgumentError(fmt::format("{}: stream is capturing a CUDA graph; it must not be: build() uploads "
-                                               "from host staging that the next build rewrites (capture the kernels "
+                                               "from host staging that later builds rewrite (capture the kernels "
                                                "that read the tables instead)",
             detail::kBUILD));
     }
-    waitForUpload();
-    int64_t const elements = detail::writePageTables(shape, sequences, count, mStaging);
-    upload(elements * static_cast<int64_t>(sizeof(int32_t)), stream);
+    // The region the last upload read stays as it is: this build writes the other, whose upload (the one before) has
+    // almost always finished, so the wait is rarely a real one.
+    int32_t const next = 1 - mRegion;
+    waitForUpload(next);
+    int64_t const elements = detail::buildPageTables(shapeOf(*this), sequences, count, stagingRegion(next));
+    // Uploads on one stream land in build order; on another stream, this one waits for the last on the device (no
+    // host wait ordered them).
+    if (stream != mUploadStream)
+    {
+        KVCACHE_CUDA_TRY(cudaStreamWaitEvent(stream, mUploaded[static_cast<size_t>(mRegion)], 0));
+    }
+    upload(next, elements * static_cast<int64_t>(sizeof(int32_t)), stream);
+    mRegion = next;
     mCount = count;
 }
 
@@ -340,42 +448,56 @@ int32_t* PageTableBuffers::deviceArray(int64_t offset) const noexcept
 
 int32_t* PageTableBuffers::hostArray(int64_t offset) const noexcept
 {
-    return mStaging == nullptr ? nullptr : mStaging + offset;
+    return mStaging == nullptr ? nullptr : stagingRegion(mRegion) + offset;
 }
 
-void PageTableBuffers::waitForUpload() const
+int32_t* PageTableBuffers::stagingRegion(int32_t region) const noexcept
+{
+    return mStaging + region * shapeOf(*this).elements();
+}
+
+void PageTableBuffers::waitForUpload(int32_t region) const
 {
     // Querying first keeps the common case (the copy long done) free of a blocking call.
-    cudaError_t const status = cudaEventQuery(mUploaded);
+    cudaEvent_t const uploaded = mUploaded[static_cast<size_t>(region)];
+    cudaError_t const status = cudaEventQuery(uploaded);
     if (status == cudaErrorNotReady)
     {
-        KVCACHE_CUDA_TRY(cudaEventSynchronize(mUploaded));
+        KVCACHE_CUDA_TRY(cudaEventSynchronize(uploaded));
     }
     else if (status != cudaSuccess)
     {
-        detail::throwCudaError(status, "cudaEventQuery(mUploaded)", __FILE__, __LINE__);
+        detail::throwCudaError(status, "cudaEventQuery(mUploaded[region])", __FILE__, __LINE__);
     }
 }
 
-void PageTableBuffers::upload(int64_t bytes, cudaStream_t stream)
+void PageTableBuffers::upload(int32_t region, int64_t bytes, cudaStream_t stream)
 {
-    KVCACHE_CUDA_TRY(
-        cudaMemcpyAsync(mDeviceTables.data(), mStaging, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream));
-    KVCACHE_CUDA_TRY(cudaEventRecord(mUploaded, stream));
+    KVCACHE_CUDA_TRY(cudaMemcpyAsync(
+        mDeviceTables.data(), stagingRegion(region), static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream));
+    KVCACHE_CUDA_TRY(cudaEventRecord(mUploaded[static_cast<size_t>(region)], stream));
     mUploadBytes = bytes;
+    mUploadStream = stream;
 }
 
 void PageTableBuffers::release() noexcept
 {
     {
-        // The staging must outlive the copy reading it, and the device memory the copy writing it: once the event has
-        // completed, freeing both (the device memory stream-ordered after it) is safe. The owners free in reverse
-        // order: the event, then the staging.
+        // The staging must outlive the copies reading it, and the device memory the copies writing it: once both
+        // events have completed, freeing both (the device memory stream-ordered after them) is safe. The owners free
+        // in reverse order: the events, then the staging.
         detail::PinnedHostBuffer const staging = detail::PinnedHostBuffer::adopt(std::exchange(mStaging, nullptr), 0);
-        detail::CudaEvent const uploaded = detail::CudaEvent::adopt(std::exchange(mUploaded, nullptr));
-        uploaded.synchronizeNoThrow();
+        detail::CudaEvent const uploaded[kSTAGING_REGIONS] = {
+            detail::CudaEvent::adopt(std::exchange(mUploaded[0], nullptr)),
+            detail::CudaEvent::adopt(std::exchange(mUploaded[1], nullptr))};
+        for (detail::CudaEvent const& event : uploaded)
+        {
+            event.synchronizeNoThrow();
+        }
     }
     mDeviceTables.reset();
+    mRegion = 0;
+    mUploadStream = nullptr;
     mMaxBatchSize = 0;
     mMaxPagesPerSequence = 0;
     mTokensPerPage = 0;

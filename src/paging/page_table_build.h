@@ -84,23 +84,29 @@ inline int64_t releasedPages(SequencePages const& sequence) noexcept
     return released;
 }
 
-//! Throws InvalidArgumentError, naming the sequence index, the field, the value and the limit, unless `count`
-//! sequences make tables of `shape` (the rules of PageTableBuffers::build, a negative id after the released pages
-//! included); touches nothing.
-void validateSequences(PageTableShape const& shape, SequencePages const* sequences, int32_t count);
-
 //! Writes the tables of count 0 over the whole `region` (shape.elements() entries), padding included.
 void writeEmptyPageTables(PageTableShape const& shape, int32_t* region) noexcept;
 
-//! Writes the tables of `count` validated sequences into `region`, which holds tables of `shape` (its indptr, not yet
-//! rewritten, says how many pages each block table row holds: only those and the new pages are written), in one pass
-//! over the sequences; returns the elements one upload must copy from the region's start (indicesOffset() +
-//! indptr[count]).
-int64_t writePageTables(
+//! Throws InvalidArgumentError, naming the sequence index, the field, the value and the limit, unless `count`
+//! sequences make tables of `shape` (the rules of PageTableBuffers::build); touches nothing. Builds check as they write
+//! (writeBlockTableRows): this is for a caller that only checks.
+void validateSequences(PageTableShape const& shape, SequencePages const* sequences, int32_t count);
+
+//! The first of a build's two passes over the sequences: checks each (the rules of PageTableBuffers::build) and writes
+//! its block table row into `region`, which holds tables of `shape`. Only the rows are written: the region's indptr
+//! and indices stay those of its previous build, which say how many pages each row held (only those and the new pages
+//! are written) and, when a sequence is refused, what the rows written so far held. Throws InvalidArgumentError,
+//! naming the sequence index, the field, the value and the limit, with `region` restored as it was.
+void writeBlockTableRows(PageTableShape const& shape, SequencePages const* sequences, int32_t count, int32_t* region);
+
+//! The second pass, over sequences writeBlockTableRows accepted into `region`: writes indptr, indices, lastPageLen,
+//! firstToken and residentTokens; returns the elements one upload must copy from the region's start (indicesOffset()
+//! + indptr[count]).
+int64_t writeCsrAndLengths(
     PageTableShape const& shape, SequencePages const* sequences, int32_t count, int32_t* region) noexcept;
 
-//! Validates `count` sequences (throwing as validateSequences, `region` then untouched), then writes their tables into
-//! `region`, which holds tables of `shape`; returns the elements one upload must copy from the region's start.
+//! Both passes: checks `count` sequences and writes their tables into `region`, which holds tables of `shape`; returns
+//! the elements one upload must copy from the region's start. Throws as writeBlockTableRows, `region` then as it was.
 int64_t buildPageTables(PageTableShape const& shape, SequencePages const* sequences, int32_t count, int32_t* region);
 
 } // namespace kvcache::rt::detail

@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <cstdint>
 
 namespace kvcache::rt
@@ -69,13 +70,14 @@ class PageTableBuffers
 public:
     //! Owns nothing: every pointer is null, every size 0, and build() throws InvalidArgumentError.
     PageTableBuffers() noexcept = default;
-    //! Allocates pinned staging (cudaHostAlloc) and one stream-ordered device allocation (rt::DeviceAllocation) for
-    //! all six arrays, laid out contiguously so one copy moves them, and uploads the tables of count 0 on `stream`.
+    //! Allocates pinned staging (cudaHostAlloc, two regions) and one stream-ordered device allocation
+    //! (rt::DeviceAllocation) for all six arrays, laid out contiguously so one copy moves them, and uploads the tables
+    //! of count 0 on `stream`.
     //! Throws InvalidArgumentError (before any CUDA call) for a non-positive size or a table of more than INT32_MAX
     //! entries (maxBatchSize * maxPagesPerSequence: indptr holds int32), OutOfMemoryError / CudaError from CUDA.
     PageTableBuffers(int32_t maxBatchSize, int32_t maxPagesPerSequence, int32_t tokensPerPage, cudaStream_t stream);
-    //! Waits on the host for the last upload, then frees the staging (cudaFreeHost) and the device memory
-    //! (stream-ordered on the constructor's stream); never throws (CUDA failures are logged).
+    //! Waits on the host for the last upload from each staging region, then frees the staging (cudaFreeHost) and the
+    //! device memory (stream-ordered on the constructor's stream); never throws (CUDA failures are logged).
     ~PageTableBuffers() noexcept;
 
     PageTableBuffers(PageTableBuffers const&) = delete;
@@ -86,15 +88,17 @@ public:
     PageTableBuffers& operator=(PageTableBuffers&& other) noexcept;
 
     //! Builds the tables of `count` sequences and enqueues their upload on `stream`; never synchronises the device.
-    //! Validates everything first and throws InvalidArgumentError (count outside [0, maxBatchSize], a null list with
-    //! count > 0, a sequence of numPages outside [0, maxPagesPerSequence], numTokens inconsistent with numPages, a
-    //! null pages pointer with numPages > 0, a negative id after the leading kUNUSED_PAGE_ENTRY entries or a list of
-    //! them alone, `stream` capturing a graph, an object that owns nothing), naming the sequence index, the field (the
-    //! entry, for an id), the value and the limit; the previous tables (host and device) are then untouched. Resident
-    //! page ids are copied as given (their range is the caller's: the tables do not know the pool). Staging is reused:
-    //! before writing it, build() waits for the previous upload's event (a host wait only if that copy has not finished
-    //! yet), so an in-flight copy is never overwritten. Throws CudaError when CUDA fails (the staging may then hold the
-    //! new tables while the device holds the old).
+    //! Throws InvalidArgumentError (count outside [0, maxBatchSize], a null list with count > 0, a sequence of numPages
+    //! outside [0, maxPagesPerSequence], numTokens inconsistent with numPages, a null pages pointer with numPages > 0,
+    //! a negative id after the leading kUNUSED_PAGE_ENTRY entries or a list of them alone, `stream` capturing a graph,
+    //! an object that owns nothing), naming the sequence index, the field (the entry, for an id), the value and the
+    //! limit; the previous tables (host and device) are then untouched and nothing is enqueued. Resident page ids are
+    //! copied as given (their range is the caller's: the tables do not know the pool). Of the two staging regions,
+    //! build() writes the one the last upload did not read, after waiting for the event of that region's own upload,
+    //! the one before the last (a host wait only if that copy has not finished yet), so an in-flight copy is never
+    //! overwritten. On a stream other than the last upload's, the upload is ordered after the last one on the device
+    //! (cudaStreamWaitEvent, no host wait). Throws CudaError when CUDA fails (the host copies then still show the
+    //! previous tables; the device may hold the new ones).
     void build(SequencePages const* sequences, int32_t count, cudaStream_t stream);
 
     //! Returns the device CSR row pointers: maxBatchSize + 1 entries, indptr[0] = 0 (null when owning nothing).
@@ -107,19 +111,19 @@ public:
     int32_t const* deviceFirstToken() const noexcept;
     //! Returns the device tokens each row holds, from its first token on: maxBatchSize entries (kernels' seq_lens).
     int32_t const* deviceResidentTokens() const noexcept;
-    //! Returns the staging copy of deviceFirstToken() as last built (rewritten by the next build).
+    //! Returns the staging copy of deviceFirstToken() as last built (valid until the build after next).
     int32_t const* hostFirstToken() const noexcept;
-    //! Returns the staging copy of deviceResidentTokens() as last built (rewritten by the next build).
+    //! Returns the staging copy of deviceResidentTokens() as last built (valid until the build after next).
     int32_t const* hostResidentTokens() const noexcept;
     //! Returns the device dense block table: [maxBatchSize, maxPagesPerSequence], row-major.
     int32_t const* deviceBlockTable() const noexcept;
-    //! Returns the staging copy of deviceIndptr() as last built (rewritten by the next build).
+    //! Returns the staging copy of deviceIndptr() as last built (valid until the build after next).
     int32_t const* hostIndptr() const noexcept;
-    //! Returns the staging copy of deviceIndices() as last built (rewritten by the next build).
+    //! Returns the staging copy of deviceIndices() as last built (valid until the build after next).
     int32_t const* hostIndices() const noexcept;
-    //! Returns the staging copy of deviceLastPageLen() as last built (rewritten by the next build).
+    //! Returns the staging copy of deviceLastPageLen() as last built (valid until the build after next).
     int32_t const* hostLastPageLen() const noexcept;
-    //! Returns the staging copy of deviceBlockTable() as last built (rewritten by the next build).
+    //! Returns the staging copy of deviceBlockTable() as last built (valid until the build after next).
     int32_t const* hostBlockTable() const noexcept;
 
     //! Returns the sequences of the last build (0 before the first).
@@ -149,15 +153,24 @@ public:
     }
 
 private:
+    static constexpr int32_t kSTAGING_REGIONS = 2;
+
     int32_t* deviceArray(int64_t offset) const noexcept;
     int32_t* hostArray(int64_t offset) const noexcept;
-    void waitForUpload() const;
-    void upload(int64_t bytes, cudaStream_t stream);
+    int32_t* stagingRegion(int32_t region) const noexcept;
+    void waitForUpload(int32_t region) const;
+    void upload(int32_t region, int64_t bytes, cudaStream_t stream);
     void release() noexcept;
 
     DeviceAllocation mDeviceTables;
+    //! kSTAGING_REGIONS regions of the tables' layout, one after the other.
     int32_t* mStaging{nullptr};
-    cudaEvent_t mUploaded{nullptr};
+    //! Recorded after each region's last upload.
+    std::array<cudaEvent_t, kSTAGING_REGIONS> mUploaded{};
+    //! The region the last build wrote: the host copies.
+    int32_t mRegion{0};
+    //! The stream of the last upload.
+    cudaStream_t mUploadStream{nullptr};
     int32_t mMaxBatchSize{0};
     int32_t mMaxPagesPerSequence{0};
     int32_t mTokensPerPage{0};
