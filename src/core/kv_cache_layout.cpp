@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <limits>
 #include <string>
+#include <string_view>
 
 namespace kvcache::rt
 {
@@ -49,6 +50,68 @@ int64_t checkedAdd(int64_t a, int64_t b, std::string const& what)
     int64_t sum = 0;
     throwIfOverflowed(__builtin_add_overflow(a, b, &sum), what, a, '+', b);
     return sum;
+}
+
+//! Bytes of one FP8 per-token-head scale (float32, as FlashInfer's kv_cache_sf reads it).
+constexpr int64_t kTOKEN_HEAD_SCALE_BYTES = 4;
+//! Bytes of one NVFP4 block scale (FP8 E4M3).
+constexpr int64_t kNVFP4_SCALE_BYTES = 1;
+
+//! Throws InvalidConfigError when `config.quantization` is outside the enumeration, or when its storage type or a
+//! layer's headDim cannot hold the format. Runs after the layers' own checks, so headDim is positive here.
+void checkQuantization(KVCacheConfig const& config)
+{
+    KVQuantization const quantization = config.quantization;
+    std::string_view const name = kvQuantizationName(quantization);
+    switch (quantization)
+    {
+    case KVQuantization::kNONE: return;
+    case KVQuantization::kFP8_PER_TENSOR:
+    case KVQuantization::kFP8_PER_TOKEN_HEAD:
+        // The scales are amax / 448, E4M3's largest finite value: the values must be stored as E4M3.
+        if (config.kvCacheType != DataType::kFP8_E4M3)
+        {
+            throw InvalidConfigError(fmt::format("KVCacheConfig.quantization is {}, which stores FP8 E4M3 values; "
+                                                 "kvCacheType is {} and must be {}",
+                name, dataTypeName(config.kvCacheType), dataTypeName(DataType::kFP8_E4M3)));
+        }
+        return;
+    case KVQuantization::kNVFP4:
+        // Two 4-bit values a byte: views and FlashInfer read the data as uint8 [numPages, P, H, D / 2].
+        if (config.kvCacheType != DataType::kUINT8)
+        {
+            throw InvalidConfigError(fmt::format("KVCacheConfig.quantization is {}, which packs two 4-bit values a "
+                                                 "byte; kvCacheType is {} and must be {}",
+                name, dataTypeName(config.kvCacheType), dataTypeName(DataType::kUINT8)));
+        }
+        for (size_t i = 0; i < config.layerConfigs.size(); ++i)
+        {
+            int32_t const headDim = config.layerConfigs[i].headDim;
+            if (headDim % kNVFP4_BLOCK_VALUES != 0)
+            {
+                throw InvalidConfigError(fmt::format("KVCacheConfig.layerConfigs[{}].headDim is {}; quantization {} "
+                                                     "scales blocks of {} values, so it must be a multiple of {}",
+                    i, headDim, name, kNVFP4_BLOCK_VALUES, kNVFP4_BLOCK_VALUES));
+            }
+        }
+        return;
+    }
+    throw InvalidConfigError(fmt::format("KVCacheConfig.quantization is {}; it must be kNONE (0), kFP8_PER_TENSOR (1), "
+                                         "kFP8_PER_TOKEN_HEAD (2) or kNVFP4 (3)",
+        static_cast<int32_t>(quantization)));
+}
+
+//! Returns the scale bytes of one token and head of one half in `quantization` for heads of `headDim` values.
+int64_t scaleBytesPerTokenHead(KVQuantization quantization, int64_t headDim)
+{
+    switch (quantization)
+    {
+    case KVQuantization::kFP8_PER_TOKEN_HEAD: return kTOKEN_HEAD_SCALE_BYTES;
+    case KVQuantization::kNVFP4: return headDim / kNVFP4_BLOCK_VALUES * kNVFP4_SCALE_BYTES;
+    case KVQuantization::kNONE:
+    case KVQuantization::kFP8_PER_TENSOR: break; // per-tensor scales are per layer, on the host, not in pages
+    }
+    return 0;
 }
 
 } // namespace
@@ -120,6 +183,8 @@ KVCacheLayout computeLayout(KVCacheConfig const& config)
         }
     }
 
+    checkQuantization(config);
+
     if (config.maxTokensPerStep < 0 || config.maxTokensPerStep > config.maxSequenceLength)
     {
         throw InvalidConfigError(fmt::format("KVCacheConfig.maxTokensPerStep is {}; it must be in [0, "
@@ -181,6 +246,7 @@ KVCacheLayout computeLayout(KVCacheConfig const& config)
     layout.maxTokensPerStep = static_cast<int32_t>(stepTokens);
     layout.maxSequenceLength = config.maxSequenceLength;
     layout.elementBytes = dataTypeSize(config.kvCacheType);
+    layout.quantization = config.quantization;
     layout.capPadded = 0;
     for (size_t g = 0; g < windows.size(); ++g)
     {
@@ -258,17 +324,28 @@ KVCacheLayout computeLayout(KVCacheConfig const& config)
         layer.numHalves = layerConfig.kind == KVLayerKind::kLATENT ? 1 : 2;
         layer.slotTokens = group.slotTokens;
         layer.numPages = group.numPages;
-        layer.pageElems = checkedMul(checkedMul(tokensPerPage, layerConfig.numKVHeads, where + "page elements"),
-            layerConfig.headDim, where + "page elements");
+        // NVFP4 stores two values a byte (headDim is a multiple of 16, so even).
+        layer.storedDim = config.quantization == KVQuantization::kNVFP4 ? layerConfig.headDim / 2 : layerConfig.headDim;
+        int64_t const tokenHeads = int64_t{tokensPerPage} * layerConfig.numKVHeads; // < 2^41: no overflow
+        layer.pageElems = checkedMul(tokenHeads, layer.storedDim, where + "page elements");
         layer.pageBytes = checkedMul(layer.pageElems, layout.elementBytes, where + "page bytes");
         layer.halfElems = checkedMul(group.numPages, layer.pageElems, where + "elements per half");
         layer.layerBytes = checkedMul(
             checkedMul(layer.numHalves, layer.halfElems, where + "elements"), layout.elementBytes, where + "bytes");
+        // Scales live in an allocation of their own (docs/layout.md, "Quantized pages"): no padding, so a page id's
+        // bytes times the pages are the cache's bytes exactly and the budget maths stay closed form.
+        layer.scalePageBytes = checkedMul(
+            tokenHeads, scaleBytesPerTokenHead(config.quantization, layerConfig.headDim), where + "scale page bytes");
+        layer.scaleBytes = checkedMul(checkedMul(layer.numHalves, group.numPages, where + "scale pages"),
+            layer.scalePageBytes, where + "scale bytes");
+        int64_t const layerPageBytes = checkedMul(layer.numHalves,
+            checkedAdd(layer.pageBytes, layer.scalePageBytes, where + "page and scale bytes"), where + "page bytes");
+        int64_t const allocatedBytes = checkedAdd(layer.layerBytes, layer.scaleBytes, where + "data and scale bytes");
         group.layers.push_back(static_cast<int32_t>(i));
-        group.bytesPerPage = checkedAdd(group.bytesPerPage, layer.numHalves * layer.pageBytes, "bytes per page");
-        group.cacheBytes = checkedAdd(group.cacheBytes, layer.layerBytes, "group bytes");
-        layout.cacheBytes = checkedAdd(layout.cacheBytes, layer.layerBytes, "total cache bytes");
-        layout.bytesPerPage = checkedAdd(layout.bytesPerPage, layer.numHalves * layer.pageBytes, "bytes per page");
+        group.bytesPerPage = checkedAdd(group.bytesPerPage, layerPageBytes, "bytes per page");
+        group.cacheBytes = checkedAdd(group.cacheBytes, allocatedBytes, "group bytes");
+        layout.cacheBytes = checkedAdd(layout.cacheBytes, allocatedBytes, "total cache bytes");
+        layout.bytesPerPage = checkedAdd(layout.bytesPerPage, layerPageBytes, "bytes per page");
         layout.layers.push_back(layer);
     }
     return layout;

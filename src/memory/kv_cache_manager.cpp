@@ -18,11 +18,28 @@ double toGiB(int64_t bytes)
     return static_cast<double>(bytes) / static_cast<double>(int64_t{1} << 30);
 }
 
+//! Returns the layout of `config`, or throws InvalidArgumentError for a quantization whose scales the cache cannot
+//! keep yet: its page operations (copy, reset, host tier, sequence files, transfer) would move data without scales
+//! and corrupt every page they touch, silently. Runs before anything is allocated.
+KVCacheLayout constructibleLayout(KVCacheConfig const& config)
+{
+    KVCacheLayout layout = computeLayout(config);
+    if (layout.quantization != KVQuantization::kNONE)
+    {
+        throw InvalidArgumentError(fmt::format("KVCacheManager: KVCacheConfig.quantization is {}, which is not "
+                                               "implemented yet: the cache keeps no scales and its page operations "
+                                               "would drop them; supported: none (computeLayout and the budget maths "
+                                               "accept every quantization)",
+            kvQuantizationName(layout.quantization)));
+    }
+    return layout;
+}
+
 } // namespace
 
 KVCacheManager::KVCacheManager(Config const& config, cudaStream_t stream)
     : mConfig(config)
-    , mLayout(computeLayout(config))
+    , mLayout(constructibleLayout(config))
     , mStream(stream)
 {
     int device = 0;

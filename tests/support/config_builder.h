@@ -41,6 +41,7 @@ public:
     KVCACHE_TEST_CONFIG_SETTER(memPool, memPool, cudaMemPool_t)
     KVCACHE_TEST_CONFIG_SETTER(maxTokensPerStep, maxTokensPerStep, int32_t)
     KVCACHE_TEST_CONFIG_SETTER(numPagesPerGroup, numPagesPerGroup, std::vector<int32_t>)
+    KVCACHE_TEST_CONFIG_SETTER(quantization, quantization, rt::KVQuantization)
 #undef KVCACHE_TEST_CONFIG_SETTER
 
     //! Returns the config.

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 namespace kvcache::rt
@@ -24,6 +25,38 @@ enum class KVLayerKind : int32_t
     //! headDim = kv_lora_rank + qk_rope_head_dim). numKVHeads must be 1.
     kLATENT = 1,
 };
+
+//! How a cache stores K and V values, and the scales it keeps beside them (docs/layout.md, "Quantized pages"). Every
+//! format keeps the layouts FlashInfer's NHD paged kernels read. Sizes are per (token, head, half) with D = headDim.
+enum class KVQuantization : int32_t
+{
+    //! Values stored as kvCacheType, no scales: e * D bytes (a runtime may still keep its own fp8 scales).
+    kNONE = 0,
+    //! FP8 E4M3 values and one float K scale and one float V scale per layer, kept by the cache on the host: D bytes,
+    //! no per-page scales.
+    kFP8_PER_TENSOR = 1,
+    //! FP8 E4M3 values and a float32 scale per (page, token, head), K and V each: D + 4 bytes.
+    kFP8_PER_TOKEN_HEAD = 2,
+    //! NVFP4: E2M1 values two a byte (low nibble first) and one FP8 E4M3 scale per 16 values along the head dimension,
+    //! plus a float32 global scale per layer and half kept on the host: D / 2 + D / 16 bytes.
+    kNVFP4 = 3,
+};
+
+//! Values that share one NVFP4 block scale, along the head dimension.
+inline constexpr int32_t kNVFP4_BLOCK_VALUES = 16;
+
+//! Returns the printable name of `quantization` ("fp8_per_token_head", ...), or "unknown" outside the enumeration.
+constexpr std::string_view kvQuantizationName(KVQuantization quantization) noexcept
+{
+    switch (quantization)
+    {
+    case KVQuantization::kNONE: return "none";
+    case KVQuantization::kFP8_PER_TENSOR: return "fp8_per_tensor";
+    case KVQuantization::kFP8_PER_TOKEN_HEAD: return "fp8_per_token_head";
+    case KVQuantization::kNVFP4: return "nvfp4";
+    }
+    return "unknown";
+}
 
 //! Shape of one attention layer's cache. `{numKVHeads, headDim}` keeps the seed's meaning: full attention, K and V.
 struct KVLayerConfig
@@ -57,6 +90,10 @@ struct KVCacheConfig
     //! Pages per half of each page group's layers (0 for a group's minimum); empty means every group's minimum, or
     //! numPages for a single group. Group order: see KVCacheLayout::groups.
     std::vector<int32_t> numPagesPerGroup = {};
+    //! How values are stored and scaled. kFP8_PER_TENSOR and kFP8_PER_TOKEN_HEAD need kvCacheType kFP8_E4M3; kNVFP4
+    //! needs kUINT8 (two values a byte) and every headDim a multiple of kNVFP4_BLOCK_VALUES. computeLayout counts the
+    //! scale bytes; KVCacheManager does not construct a scaled cache yet (its page operations do not carry scales).
+    KVQuantization quantization = KVQuantization::kNONE;
 };
 
 } // namespace kvcache::rt

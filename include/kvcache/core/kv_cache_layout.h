@@ -19,10 +19,16 @@ struct KVLayerLayout
     int32_t numHalves = {};     //!< 2 (K and V), or 1 for a latent layer
     int32_t slotTokens = {};    //!< tokens of one slot of the slot view: the group's pagesPerSequence * tokensPerPage
     int32_t numPages = {};      //!< pages per half: the group's numPages
-    int64_t pageElems = {};     //!< tokensPerPage * numKVHeads * headDim
-    int64_t pageBytes = {};     //!< pageElems * element size
+    int32_t storedDim = {};     //!< elements of one head as stored: headDim, or headDim / 2 bytes for kNVFP4
+    int64_t pageElems = {};     //!< tokensPerPage * numKVHeads * storedDim
+    int64_t pageBytes = {};     //!< pageElems * element size: data of one page of one half
     int64_t halfElems = {};     //!< numPages * pageElems; the V pool starts this many elements after K
-    int64_t layerBytes = {};    //!< numHalves * halfElems * element size: the whole allocation
+    int64_t layerBytes = {};    //!< numHalves * halfElems * element size: the data allocation
+    //! Scale bytes of one page of one half: tokensPerPage * numKVHeads * 4 (kFP8_PER_TOKEN_HEAD), tokensPerPage *
+    //! numKVHeads * headDim / 16 (kNVFP4), else 0.
+    int64_t scalePageBytes = {};
+    //! numHalves * numPages * scalePageBytes: the layer's scale allocation (K scales, then V scales), 0 without one.
+    int64_t scaleBytes = {};
 };
 
 //! Layers that share one page-id space: the same pages-per-sequence rule. Full-attention layers (KV and latent) form
@@ -36,8 +42,8 @@ struct KVPageGroupLayout
     int32_t minPages = {};         //!< maxBatchSize * pagesPerSequence
     int32_t numPages = {};         //!< pages per half of each of its layers: numPagesPerGroup's entry, or minPages
     std::vector<int32_t> layers = {}; //!< its layers, ascending
-    int64_t bytesPerPage = {};        //!< one page id across its layers and their halves
-    int64_t cacheBytes = {};          //!< its layers' allocations together
+    int64_t bytesPerPage = {};        //!< one page id across its layers and their halves, data and scales
+    int64_t cacheBytes = {};          //!< its layers' allocations together, data and scales
 };
 
 //! The layout maths of a validated config: what every view, kernel and accounting figure derives from.
@@ -59,11 +65,12 @@ struct KVCacheLayout
     int32_t minPages = {};         //!< group 0's minPages
     int32_t numPages = {};         //!< group 0's numPages
     int64_t elementBytes = {};
+    KVQuantization quantization = KVQuantization::kNONE;
     std::vector<KVLayerLayout> layers = {};
     std::vector<KVPageGroupLayout> groups = {};
-    int64_t cacheBytes = {};   //!< sum of layerBytes
+    int64_t cacheBytes = {};   //!< sum of layerBytes and scaleBytes
     int64_t bytesPerPage = {}; //!< the sum of the groups' bytesPerPage: one page id in every layer (one group: K and V
-                               //!< of one page id across all layers)
+                               //!< of one page id across all layers), data and scales
     //! S above: the config's maxSequenceLength (what a PageManager built from this layout bounds sequences by).
     int32_t maxSequenceLength = {};
 };

@@ -31,7 +31,8 @@ public:
     KVCacheManager() noexcept = default;
     //! Validates `config`, then allocates each layer with cudaMallocAsync on `stream` (never reallocated); `stream`
     //! must outlive the manager, which frees its memory on it.
-    //! Throws InvalidConfigError for a bad config (before allocating anything), OutOfMemoryError when a layer
+    //! Throws InvalidConfigError for a bad config and InvalidArgumentError for a quantization other than kNONE, whose
+    //! scales the cache does not keep yet (both before allocating anything), OutOfMemoryError when a layer
     //! cannot be allocated (after freeing the layers already allocated) and CudaError for other CUDA failures.
     KVCacheManager(Config const& config, cudaStream_t stream);
     //! Returns all memory with cudaFreeAsync on the constructor's stream and device; never throws.
