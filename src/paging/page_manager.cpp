@@ -299,7 +299,10 @@ void PageManager::free(SequenceId id)
     int32_t const numEntries = static_cast<int32_t>(s.pagesFor(sequence.length));
     // A later request may resume where this one stops (a conversation's next turn): cut at its whole pages, anchoring
     // the window pages it still holds before they are let go.
-    s.makeCut(row, sequence.length >> s.pageShift);
+    if (s.cuts.enabled())
+    {
+        s.makeCut(row, sequence.length >> s.pageShift);
+    }
     for (int32_t g = 0; g < s.numGroups(); ++g)
     {
         int32_t* entries = s.sequences.entries(g, row);

@@ -71,7 +71,8 @@ struct PageManager::State
         {
             return pool.pages.allocate();
         }
-        int32_t const page = evictOne(group);
+        // A cache without cuts evicts the oldest cached page, inline: the path every step of such a cache takes.
+        int32_t const page = cuts.enabled() ? evictOne(group) : prefix.evictOldest(group, pool);
         pool.pages.hold(page);
         return page;
     }
