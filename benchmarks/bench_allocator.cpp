@@ -4,17 +4,23 @@
 //   b. an 8192-token request's pages (512 at 16 tokens a page, 64 at 128) allocated and freed;
 //   c. the prefix lookup of an 8192-token prompt whose first 75% is cached, hashing included;
 //   d. caching a prompt's full pages;
-//   e. a continuous-batching simulation: 256 sequences sharing a 2048-token prefix, one step() for every decode.
-// No GPU. Counters: ns_per_op (and ns_per_page) for a-d, ns_per_sequence_step and prefix_hit_rate for e; wall time
-// from a steady clock. A case whose check fails stops with an error and makes the process exit 1. See
-// docs/benchmarks.md.
+//   e. a continuous-batching simulation: 256 sequences sharing a 2048-token prefix, one step() for every decode;
+//   f. (ours, no baseline) a serving workload with shared prefixes, repeats and follow-ups on hybrid models (sliding
+//      window and full attention) and their full-attention twins of the same device bytes (hybrid_serving_sim.cpp).
+// No GPU. Counters: ns_per_op (and ns_per_page) for a-d, ns_per_sequence_step and prefix_hit_rate for e, the hit rate
+// of each model of f; wall time from a steady clock. A case whose check fails stops with an error and makes the process
+// exit 1. See docs/benchmarks.md.
 
+#include "hybrid_serving_sim.h"
+
+#include "kvcache/kv_cache_layout.h"
 #include "kvcache/page_allocator.h"
 #include "kvcache/page_manager.h"
 
 #include <benchmark/benchmark.h>
 #include <time.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -23,6 +29,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kvcache::bench
@@ -584,6 +591,86 @@ void batchingSim(benchmark::State& state, int32_t tokensPerPage, rt::PageHashAlg
         });
 }
 
+// Case f: hybrid models against their full-attention twins
+
+//! Seeds of case f: each iteration runs one.
+constexpr int32_t kHYBRID_SEEDS = 5;
+
+//! hybrid_prefix/MODEL/SPLIT/P: one iteration runs the workload of hybrid_serving_sim.cpp with one seed on the
+//! full-attention twin, then on the hybrid model whose cache takes at most the twin's bytes (split per SPLIT). The
+//! hit rates are adopted tokens over prompt tokens offered, after warm-up, summed over the iterations.
+void hybridPrefix(benchmark::State& state, HybridModelShape shape, HybridSplit split, int32_t tokensPerPage)
+{
+    guarded(state,
+        [&]
+        {
+            rt::KVCacheConfig const twin = twinConfig(shape, tokensPerPage);
+            int64_t const twinBytes = rt::computeLayout(twin).cacheBytes;
+            rt::KVCacheConfig const hybrid = hybridConfig(shape, tokensPerPage, split, twinBytes);
+            HybridRunResult twinTotal;
+            HybridRunResult hybridTotal;
+            uint64_t seed = 1;
+            for (auto _ : state)
+            {
+                HybridRunResult const t = runHybridWorkload(twin, seed);
+                HybridRunResult const h = runHybridWorkload(hybrid, seed);
+                ++seed;
+                check(t.offeredTokens == h.offeredTokens && t.admitted == h.admitted,
+                    "the twin and the hybrid model were offered different prompts");
+                check(h.cacheBytes <= t.cacheBytes,
+                    "the hybrid cache takes " + std::to_string(h.cacheBytes) + " bytes, more than the twin's "
+                        + std::to_string(t.cacheBytes));
+                for (HybridRunResult* total : {&twinTotal, &hybridTotal})
+                {
+                    HybridRunResult const& run = total == &twinTotal ? t : h;
+                    total->offeredTokens += run.offeredTokens;
+                    total->adoptedTokens += run.adoptedTokens;
+                    for (size_t k = 0; k < run.offeredByKind.size(); ++k)
+                    {
+                        total->offeredByKind[k] += run.offeredByKind[k];
+                        total->adoptedByKind[k] += run.adoptedByKind[k];
+                    }
+                    total->admitted += run.admitted;
+                    total->evictedPages += run.evictedPages;
+                    total->nanoseconds += run.nanoseconds;
+                    total->numPagesPerGroup = run.numPagesPerGroup;
+                    total->cacheBytes = run.cacheBytes;
+                }
+                state.SetIterationTime((t.nanoseconds + h.nanoseconds) * 1e-9);
+            }
+            auto rate = [](HybridRunResult const& r) {
+                return static_cast<double>(r.adoptedTokens)
+                    / static_cast<double>(std::max<int64_t>(r.offeredTokens, 1));
+            };
+            state.counters["twin_hit_rate"] = rate(twinTotal);
+            state.counters["hybrid_hit_rate"] = rate(hybridTotal);
+            state.counters["hybrid_over_twin"] = rate(hybridTotal) / std::max(rate(twinTotal), 1e-12);
+            char const* const kinds[] = {"new", "repeat", "follow_up"};
+            for (size_t k = 0; k < 3; ++k)
+            {
+                auto kindRate = [k](HybridRunResult const& r) {
+                    return static_cast<double>(r.adoptedByKind[k])
+                        / static_cast<double>(std::max<int64_t>(r.offeredByKind[k], 1));
+                };
+                state.counters[std::string("twin_hit_rate_") + kinds[k]] = kindRate(twinTotal);
+                state.counters[std::string("hybrid_hit_rate_") + kinds[k]] = kindRate(hybridTotal);
+            }
+            state.counters["admitted"] = static_cast<double>(hybridTotal.admitted);
+            state.counters["twin_evicted"] = static_cast<double>(twinTotal.evictedPages);
+            state.counters["hybrid_evicted"] = static_cast<double>(hybridTotal.evictedPages);
+            state.counters["twin_ms"] = twinTotal.nanoseconds * 1e-6;
+            state.counters["hybrid_ms"] = hybridTotal.nanoseconds * 1e-6;
+            state.counters["twin_bytes"] = static_cast<double>(twinTotal.cacheBytes);
+            state.counters["hybrid_bytes"] = static_cast<double>(hybridTotal.cacheBytes);
+            for (size_t g = 0; g < hybridTotal.numPagesPerGroup.size(); ++g)
+            {
+                state.counters["hybrid_pages_g" + std::to_string(g)] =
+                    static_cast<double>(hybridTotal.numPagesPerGroup[g]);
+            }
+            state.counters["twin_pages"] = static_cast<double>(twinTotal.numPagesPerGroup.at(0));
+        });
+}
+
 // Registration
 
 struct HashCase
@@ -615,6 +702,22 @@ void registerAll()
                 ->UseManualTime()
                 ->Iterations(3)
                 ->Unit(benchmark::kMillisecond);
+        }
+    }
+    for (HybridModelShape const& shape : {kGPT_OSS_LIKE, kGEMMA3_LIKE})
+    {
+        for (auto const& [splitName, split] : {std::pair{"split_budget", HybridSplit::kSPLIT_BUDGET},
+                 std::pair{"minimum_windowed", HybridSplit::kMINIMUM_WINDOWED}})
+        {
+            for (int32_t const tokensPerPage : {16, 128})
+            {
+                std::string const name =
+                    std::string("hybrid_prefix/") + shape.name + "/" + splitName + "/" + std::to_string(tokensPerPage);
+                benchmark::RegisterBenchmark(name.c_str(), hybridPrefix, shape, split, tokensPerPage)
+                    ->UseManualTime()
+                    ->Iterations(kHYBRID_SEEDS)
+                    ->Unit(benchmark::kMillisecond);
+            }
         }
     }
     benchmark::AddCustomContext("pool_pages", std::to_string(kPOOL_PAGES));

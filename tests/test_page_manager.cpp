@@ -25,6 +25,7 @@
 #include "support/config_builder.h"
 #include "support/error_matchers.h"
 #include "support/page_manager_model.h"
+#include "support/page_manager_pair.h"
 
 namespace kvcache::rt
 {
@@ -32,6 +33,7 @@ namespace
 {
 
 using test::ConfigBuilder;
+using test::expectRejected;
 using test::ModelOutcome;
 using test::PageManagerModel;
 using test::throwsNaming;
@@ -80,129 +82,7 @@ std::vector<int32_t> tokensFrom(int32_t first, int32_t count)
     return tokens;
 }
 
-//! A manager and the model side by side: every call goes to both and is checked against the model.
-class Pair
-{
-public:
-    Pair(KVCacheConfig const& config, PageManagerOptions const& options)
-        : manager(config, options)
-        , model(shapesOf(manager.layout()), manager.layout().tokensPerPage, config.maxSequenceLength,
-              manager.layout().maxTokensPerStep, manager.maxSequences(), options.enablePrefixCaching,
-              PageHasher(options.hashAlgorithm, *options.hashSeed))
-    {
-        manager.setEvictionCallback(
-            [this](int32_t group, int32_t page, PageHash hash) {
-                evicted.push_back({group, page, hash});
-            });
-    }
-
-    static std::vector<PageManagerModel::GroupShape> shapesOf(KVCacheLayout const& layout)
-    {
-        std::vector<PageManagerModel::GroupShape> shapes;
-        for (KVPageGroupLayout const& group : layout.groups)
-        {
-            shapes.push_back({group.slidingWindow, group.numPages});
-        }
-        return shapes;
-    }
-
-    std::vector<SequenceId> ids() const
-    {
-        std::vector<SequenceId> list;
-        for (auto const& entry : model.sequences())
-        {
-            list.push_back(entry.first);
-        }
-        return list;
-    }
-
-    //! Checks the manager against the model: snapshot, evictions, invariants.
-    void expectMatch() const
-    {
-        EXPECT_EQ(test::differenceOf(test::snapshotOf(manager, ids(), copies), test::snapshotOf(model)), "");
-        ASSERT_EQ(evicted.size(), model.evictions().size());
-        for (size_t i = 0; i < evicted.size(); ++i)
-        {
-            EXPECT_EQ(evicted[i].group, model.evictions()[i].group) << "eviction " << i;
-            EXPECT_EQ(evicted[i].page, model.evictions()[i].page) << "eviction " << i;
-        }
-        EXPECT_NO_THROW(manager.checkInvariants());
-    }
-
-    SequenceId create(void const* salt = nullptr, size_t saltBytes = 0)
-    {
-        SequenceOptions options;
-        options.salt = salt;
-        options.saltBytes = saltBytes;
-        SequenceId const id = manager.create(options);
-        EXPECT_EQ(model.create(id, salt, saltBytes), ModelOutcome::kOK);
-        expectMatch();
-        return id;
-    }
-    void append(SequenceId id, std::vector<int32_t> const& tokens, std::vector<PageExtraKey> const& keys = {})
-    {
-        SequenceAppend a{
-            id, tokens.data(), static_cast<int32_t>(tokens.size()), keys.data(), static_cast<int32_t>(keys.size())};
-        copies.add(manager.append(a));
-        EXPECT_EQ(model.step(&a, 1), ModelOutcome::kOK);
-        expectMatch();
-    }
-    void step(std::vector<SequenceAppend> const& appends)
-    {
-        copies.add(manager.step(appends.data(), static_cast<int32_t>(appends.size())));
-        EXPECT_EQ(model.step(appends.data(), static_cast<int32_t>(appends.size())), ModelOutcome::kOK);
-        expectMatch();
-    }
-    int32_t adopt(SequenceId id, std::vector<int32_t> const& tokens, std::vector<PageExtraKey> const& keys = {})
-    {
-        int32_t const got = manager.adoptPrefix(
-            id, tokens.data(), static_cast<int32_t>(tokens.size()), keys.data(), static_cast<int32_t>(keys.size()));
-        int32_t expected = -1;
-        EXPECT_EQ(model.adoptPrefix(id, tokens.data(), static_cast<int32_t>(tokens.size()), keys.data(),
-                      static_cast<int32_t>(keys.size()), &expected),
-            ModelOutcome::kOK);
-        EXPECT_EQ(got, expected);
-        expectMatch();
-        return got;
-    }
-    SequenceId fork(SequenceId parent)
-    {
-        SequenceId const child = manager.fork(parent);
-        EXPECT_EQ(model.fork(parent, child), ModelOutcome::kOK);
-        expectMatch();
-        return child;
-    }
-    void free(SequenceId id)
-    {
-        manager.free(id);
-        EXPECT_EQ(model.free(id), ModelOutcome::kOK);
-        expectMatch();
-    }
-    int32_t evict(int32_t group, int32_t count)
-    {
-        int32_t const got = manager.evictCached(group, count);
-        int32_t expected = -1;
-        EXPECT_EQ(model.evictCached(group, count, &expected), ModelOutcome::kOK);
-        EXPECT_EQ(got, expected);
-        expectMatch();
-        return got;
-    }
-    std::vector<int32_t> pages(SequenceId id, int32_t group = 0) const
-    {
-        SequencePages const p = manager.pages(id, group);
-        return {p.pages, p.pages + p.numPages};
-    }
-    test::PageManagerSnapshot snapshot() const
-    {
-        return test::snapshotOf(manager, ids(), copies);
-    }
-
-    PageManager manager;
-    PageManagerModel model;
-    //! The copies of the steps since the last clearCopies().
-    test::CopyLog copies;
-    std::vector<test::ModelEviction> evicted;
-};
+using Pair = test::PageManagerPair;
 
 std::vector<int32_t> copyPairs(std::vector<PageCopy> const& copies)
 {
@@ -722,17 +602,6 @@ TEST(PageManager, SequenceIdsAreNeverReused)
 }
 
 //! Expects `call` to throw `Error` naming `words` and to leave `pair` as it was.
-template <typename Error, typename Call>
-void expectRejected(Pair& pair, Call&& call, std::vector<std::string> const& words)
-{
-    test::PageManagerSnapshot const before = pair.snapshot();
-    std::vector<test::ModelEviction> const evicted = pair.evicted;
-    EXPECT_TRUE(throwsNaming<Error>(call, words));
-    EXPECT_EQ(test::differenceOf(pair.snapshot(), before), "");
-    EXPECT_EQ(pair.evicted.size(), evicted.size());
-    EXPECT_NO_THROW(pair.manager.checkInvariants());
-}
-
 TEST(PageManager, RejectsBadArgumentsNamingThemAndChangesNothing)
 {
     Pair pair(windowedConfig(), optionsWith(3));

@@ -1,10 +1,12 @@
 // Randomised host test of the page lifecycle (kvcache/page_manager.h) against the independent model
-// (tests/support/page_manager_model.h): 1,040,000 operations over four runs (one page group and a full plus windowed
-// pair of groups, each with SHA-256 and XXH3-128), invalid calls and out-of-pages steps included, from fixed seeds.
-// After every operation the outcome (result or exception type), every live sequence's page entries and length,
-// counts(), the copies the steps returned and stats() of every group, and the eviction callback's calls are compared
-// with the model; checkInvariants() runs every kINVARIANT_PERIOD operations (it is linear and allocates). Pools are
-// small so that steps run out of pages, and prompts share a few prefixes so that adoptPrefix() finds them.
+// (tests/support/page_manager_model.h): 1,170,000 operations over five runs (one page group, a full plus windowed pair
+// of groups, each with SHA-256 and XXH3-128, and a hybrid cache of a full and two windowed groups whose invariants are
+// checked after every operation), invalid calls and out-of-pages steps included, from fixed seeds. After every
+// operation the outcome (result or exception type), every live sequence's page entries and length, counts() (anchored
+// pages included), the copies the steps returned and stats() of every group, and the eviction callback's calls are
+// compared with the model, which keeps a hybrid cache's cuts its own way; checkInvariants() runs every
+// RunSpec::invariantPeriod operations (it is linear and allocates). Pools are small so that steps run out of pages and
+// windowed groups drop cuts, and prompts share a few prefixes so that adoptPrefix() finds them.
 //
 // KVCACHE_RANDOM_OPERATIONS=<n> sets the operations of each run (default 260,000): the sanitizer build (test preset
 // "asan") runs fewer, since every operation costs many times more there. A value that is not a positive integer
@@ -73,6 +75,10 @@ struct RunSpec
     KVCacheConfig config;
     PageHashAlgorithm algorithm;
     uint32_t seed;
+    //! checkInvariants() every this many operations.
+    int64_t invariantPeriod = kINVARIANT_PERIOD;
+    //! This run's share of the operations (the invariant check after every operation costs more).
+    int64_t operationsDivisor = 1;
 };
 
 //! Prints a run by its name (test names and failure messages).
@@ -95,6 +101,17 @@ KVCacheConfig oneGroup()
 KVCacheConfig fullAndWindowed()
 {
     return test::ConfigBuilder({{1, 8, 6}, {1, 8}})
+        .maxBatchSize(2)
+        .maxSequenceLength(kMAX_LENGTH)
+        .tokensPerPage(kTOKENS_PER_PAGE)
+        .maxTokensPerStep(4);
+}
+
+//! Full attention (16 pages) and windows of 6 and 10 tokens (4 and 5 pages a sequence, 8 and 10 pages), 4 tokens a
+//! step: a hybrid cache whose cuts span two windowed groups.
+KVCacheConfig fullAndTwoWindows()
+{
+    return test::ConfigBuilder({{1, 8, 6}, {1, 8}, {1, 8, 10}})
         .maxBatchSize(2)
         .maxSequenceLength(kMAX_LENGTH)
         .tokensPerPage(kTOKENS_PER_PAGE)
@@ -171,7 +188,7 @@ public:
             {
                 failure = compare();
             }
-            if (failure.empty() && mOperation % kINVARIANT_PERIOD == 0)
+            if (failure.empty() && mOperation % mSpec.invariantPeriod == 0)
             {
                 try
                 {
@@ -196,6 +213,8 @@ public:
     //! Returns how many of each outcome the run saw (so a run that never runs out of pages is noticed).
     std::map<std::string, int64_t> const& tally() const
     {
+        mTally["cuts dropped for pages"] = mModel.cutsDroppedForPages();
+        mTally["cuts dropped with their page"] = mModel.cutsDroppedWithCarrier();
         return mTally;
     }
 
@@ -533,6 +552,10 @@ private:
         {
             return difference;
         }
+        for (int32_t g = 0; g < mModel.numGroups(); ++g)
+        {
+            mTally["anchored cached pages"] += mModel.counts(g).anchored;
+        }
         std::vector<test::ModelEviction> const& expected = mModel.evictions();
         mTally["evictions"] += static_cast<int64_t>(expected.size());
         if (mEvicted.size() != expected.size())
@@ -576,7 +599,7 @@ private:
     std::vector<test::ModelEviction> mEvicted;
     std::map<std::pair<uint64_t, uint64_t>, std::pair<uint64_t, uint64_t>> mHashMap;
     std::map<std::pair<uint64_t, uint64_t>, std::pair<uint64_t, uint64_t>> mHashMapBack;
-    std::map<std::string, int64_t> mTally;
+    mutable std::map<std::string, int64_t> mTally;
     std::vector<int32_t> const mLong = std::vector<int32_t>(2 * kMAX_LENGTH, 1);
     int64_t mOperation = 0;
     std::string mLast;
@@ -592,7 +615,7 @@ TEST_P(PageManagerRandom, MatchesTheModel)
     ASSERT_GT(operations, 0) << "KVCACHE_RANDOM_OPERATIONS is '" << std::getenv("KVCACHE_RANDOM_OPERATIONS")
                              << "'; it must be a positive integer (operations of each run)";
     RandomRun run(GetParam());
-    std::string const failure = run.run(operations);
+    std::string const failure = run.run(std::max<int64_t>(1, operations / GetParam().operationsDivisor));
     EXPECT_EQ(failure, "") << "reproduce with this run's fixed seed " << GetParam().seed;
     for (auto const& [outcome, count] : run.tally())
     {
@@ -607,6 +630,14 @@ TEST_P(PageManagerRandom, MatchesTheModel)
         EXPECT_GT(run.tally().count("OutOfMemoryError"), 0u);
         EXPECT_GT(run.tally().count("InvalidArgumentError"), 0u);
         EXPECT_GT(run.tally().count("OutOfRangeError"), 0u);
+        if (GetParam().config.layerConfigs.size() > 1)
+        {
+            // Hybrid: cuts were made and kept window pages past their last holder.
+            EXPECT_GT(run.tally().count("anchored cached pages"), 0u);
+            EXPECT_GT(run.tally().at("anchored cached pages"), 0);
+            EXPECT_GT(run.tally().at("cuts dropped for pages"), 0);
+            EXPECT_GT(run.tally().at("cuts dropped with their page"), 0);
+        }
     }
 }
 
@@ -625,7 +656,9 @@ INSTANTIATE_TEST_SUITE_P(Runs, PageManagerRandom,
     ::testing::Values(RunSpec{"one group SHA256", oneGroup(), PageHashAlgorithm::kSHA256, 20240601u},
         RunSpec{"one group XXH3", oneGroup(), PageHashAlgorithm::kXXH3_128, 7u},
         RunSpec{"full and windowed SHA256", fullAndWindowed(), PageHashAlgorithm::kSHA256, 99991u},
-        RunSpec{"full and windowed XXH3", fullAndWindowed(), PageHashAlgorithm::kXXH3_128, 31337u}),
+        RunSpec{"full and windowed XXH3", fullAndWindowed(), PageHashAlgorithm::kXXH3_128, 31337u},
+        RunSpec{"full and two windows, invariants every operation", fullAndTwoWindows(), PageHashAlgorithm::kXXH3_128,
+            4242u, 1, 2}),
     runName);
 
 } // namespace

@@ -9,7 +9,8 @@ namespace kvcache::rt
 
 //! The cached pages of one page group in release order (oldest first), as an intrusive doubly linked list over page
 //! ids: O(1) push, unlink and pop of the oldest, nothing allocated after construction. A page is in the list or not;
-//! the list does not check which (its owner knows).
+//! the list does not check which (its owner knows). The cuts of a hybrid cache (prefix_cuts.h) use one too, over the
+//! full-attention pages that carry a cut, least recently made first.
 class CachedPageList
 {
 public:
@@ -56,6 +57,16 @@ public:
         mNext[static_cast<size_t>(page)] = kNONE;
         (mTail == kNONE ? mHead : mNext[static_cast<size_t>(mTail)]) = page;
         mTail = page;
+        ++mSize;
+    }
+
+    //! Puts `page`, which must not be in the list, before every other page: it is evicted next.
+    void pushOldest(int32_t page) noexcept
+    {
+        mPrev[static_cast<size_t>(page)] = kNONE;
+        mNext[static_cast<size_t>(page)] = mHead;
+        (mHead == kNONE ? mTail : mPrev[static_cast<size_t>(mHead)]) = page;
+        mHead = page;
         ++mSize;
     }
 

@@ -82,11 +82,49 @@ PageManager::State::State(KVCacheLayout const& source, PageManagerOptions const&
         anyWindowed = anyWindowed || policies.back().windowed();
         copies.emplace_back().reserve(static_cast<size_t>(maxSequences));
     }
-    sequences = SequenceTable(maxSequences, maxEntries, numGroups(), tokensPerPage);
+    setUpCuts(maxEntries);
+    sequences = SequenceTable(maxSequences, maxEntries, numGroups(), tokensPerPage, cuts.enabled());
     stepNeeded.assign(layout.groups.size(), 0);
     stepReleased.assign(layout.groups.size(), 0);
     promptHashes.reserve(static_cast<size_t>(maxEntries));
     promptPages.reserve(static_cast<size_t>(maxEntries) * layout.groups.size());
+}
+
+void PageManager::State::setUpCuts(int32_t maxEntries)
+{
+    // Hybrid: prefix caching, and a full-attention group for the windowed groups' cuts to hang on (a cache of windowed
+    // groups only, or of one group, keeps plain per-group LRU).
+    int32_t full = -1;
+    std::vector<int32_t> windowed;
+    for (int32_t g = 0; g < numGroups(); ++g)
+    {
+        if (!policies[static_cast<size_t>(g)].windowed())
+        {
+            full = full < 0 ? g : full;
+        }
+        else
+        {
+            windowed.push_back(g);
+        }
+    }
+    if (!options.enablePrefixCaching || full < 0 || windowed.empty())
+    {
+        return;
+    }
+    int32_t const fullPages = pools[static_cast<size_t>(full)].pages.numPages();
+    cuts.fullGroup = full;
+    cuts.windowedGroups = windowed;
+    cuts.cutPages.assign(static_cast<size_t>(fullPages), 0);
+    cuts.order = CachedPageList(fullPages);
+    for (int32_t const g : windowed)
+    {
+        PagePool& pool = pools[static_cast<size_t>(g)];
+        pool.enableAnchors();
+        cuts.tail.emplace_back(static_cast<size_t>(fullPages), CachedPageList::kNONE);
+        cuts.previous.emplace_back(static_cast<size_t>(pool.pages.numPages()), CachedPageList::kNONE);
+    }
+    // A window has fewer pages than a sequence's entries.
+    cuts.window.reserve(static_cast<size_t>(maxEntries) * windowed.size());
 }
 
 void PageManager::State::checkGroup(int32_t group, char const* what) const
@@ -229,9 +267,16 @@ SequenceId PageManager::fork(SequenceId parent)
     to.lastHash = from.lastHash;
     to.firstHeld = std::move(firstHeld);
     to.pendingKeys = std::move(pendingKeys);
+    to.promptCut = from.promptCut;
+    to.matchCut = from.matchCut;
     std::memcpy(s.sequences.partial(row), s.sequences.partial(parentRow),
         static_cast<size_t>(s.tokensPerPage) * sizeof(int32_t));
     int32_t const numEntries = static_cast<int32_t>(s.pagesFor(from.length));
+    if (s.sequences.keepsHashes())
+    {
+        PageHash const* hashes = s.sequences.hashes(parentRow);
+        std::copy(hashes, hashes + (from.length >> s.pageShift), s.sequences.hashes(row));
+    }
     for (int32_t g = 0; g < s.numGroups(); ++g)
     {
         PagePool& pool = s.pools[static_cast<size_t>(g)];
@@ -252,6 +297,12 @@ void PageManager::free(SequenceId id)
     int32_t const row = s.sequences.rowOf(id, "free");
     SequenceState const& sequence = s.sequences[row];
     int32_t const numEntries = static_cast<int32_t>(s.pagesFor(sequence.length));
+    // A later request may resume where this one stops (a conversation's next turn): cut at its whole pages, anchoring
+    // the window pages it still holds before they are let go.
+    if (s.cuts.enabled())
+    {
+        s.makeCut(row, sequence.length >> s.pageShift);
+    }
     for (int32_t g = 0; g < s.numGroups(); ++g)
     {
         int32_t* entries = s.sequences.entries(g, row);
@@ -293,9 +344,9 @@ int32_t PageManager::evictCached(int32_t group, int32_t count)
     }
     PagePool& pool = s.pools[static_cast<size_t>(group)];
     int32_t evicted = 0;
-    while (evicted < count && pool.cached.size() > 0)
+    while (evicted < count && pool.numCached() > 0)
     {
-        pool.pages.freeParked(s.prefix.evictOldest(group, pool));
+        pool.pages.freeParked(s.evictOne(group));
         ++evicted;
     }
     s.prefix.notifyEvictions();
@@ -314,7 +365,8 @@ PageGroupCounts PageManager::counts(int32_t group) const
     PageGroupCounts result;
     result.numPages = pool.pages.numPages();
     result.free = pool.pages.numFree();
-    result.cached = pool.cached.size();
+    result.cached = pool.numCached();
+    result.anchored = pool.numAnchoredCached;
     result.used = pool.pages.numUsed();
     result.shared = pool.numShared;
     return result;

@@ -1,5 +1,6 @@
 // PageManager::checkInvariants(): the parts agree with each other (reference counts with the sequences' entries, the
-// cached list with the parked pages and the registered hashes).
+// cached list and the anchored pages with the parked pages and the registered hashes); the cuts' own checks are in
+// page_manager_cuts.cpp.
 #include "paging/page_manager_state.h"
 
 #include "kvcache/core/errors.h"
@@ -36,6 +37,7 @@ void PageManager::State::checkInvariants() const
     {
         checkGroupInvariants(g);
     }
+    checkCutInvariants();
 }
 
 void PageManager::State::checkGroupInvariants(int32_t g) const
@@ -108,8 +110,14 @@ void PageManager::State::checkGroupInvariants(int32_t g) const
     {
         fail(fmt::format("group {} cached list holds {} pages, counted {}", g, cachedCount, pool.cached.size()));
     }
+    bool const anchorable = cuts.enabled() && policy.windowed();
+    if (pool.anchors.size() != (anchorable ? n : 0))
+    {
+        fail(fmt::format("group {} has {} anchor counts for {} pages", g, pool.anchors.size(), numPages));
+    }
     int32_t registeredCount = 0;
     int32_t shared = 0;
+    int32_t anchoredCached = 0;
     for (int32_t p = 0; p < numPages; ++p)
     {
         size_t const i = static_cast<size_t>(p);
@@ -117,20 +125,25 @@ void PageManager::State::checkGroupInvariants(int32_t g) const
         bool const parked = pool.pages.isParked(p);
         bool const isFree = refs == 0 && !parked;
         bool const isRegistered = prefix.isRegistered(g, p);
+        bool const anchored = pool.anchored(p);
         if (refs != holders[i])
         {
             fail(fmt::format("group {} page {} has reference count {} and {} holders", g, p, refs, holders[i]));
         }
-        int32_t const states = (refs > 0 ? 1 : 0) + (isFree ? 1 : 0) + onCached[i];
-        if (states != 1 || parked != (onCached[i] != 0))
+        // A cached (parked) page is on the list, or kept off it by an anchor (a cut's window needs it); used and
+        // free pages are on neither.
+        int32_t const states = (refs > 0 ? 1 : 0) + (isFree ? 1 : 0) + onCached[i] + (parked && anchored ? 1 : 0);
+        if (states != 1)
         {
-            fail(fmt::format("group {} page {} is in {} states (used {}, free {}, cached {}, parked {})", g, p, states,
-                refs, isFree, onCached[i], parked));
+            fail(fmt::format("group {} page {} is in {} states (used {}, free {}, listed {}, anchored {}, parked {})",
+                g, p, states, refs, isFree, onCached[i], anchored, parked));
         }
-        if ((isFree && isRegistered) || (onCached[i] != 0 && !isRegistered))
+        if ((isFree && isRegistered) || (parked && !isRegistered) || (anchored && !isRegistered))
         {
-            fail(fmt::format("group {} page {}: registered {} but {}", g, p, isRegistered, isFree ? "free" : "cached"));
+            fail(fmt::format("group {} page {}: registered {} but {}{}", g, p, isRegistered,
+                isFree ? "free" : (parked ? "cached" : "used"), anchored ? " and anchored" : ""));
         }
+        anchoredCached += parked && anchored ? 1 : 0;
         if (isRegistered)
         {
             ++registeredCount;
@@ -150,6 +163,11 @@ void PageManager::State::checkGroupInvariants(int32_t g) const
     if (shared != pool.numShared)
     {
         fail(fmt::format("group {} has {} shared pages, counted {}", g, shared, pool.numShared));
+    }
+    if (anchoredCached != pool.numAnchoredCached)
+    {
+        fail(fmt::format(
+            "group {} has {} anchored cached pages, counted {}", g, anchoredCached, pool.numAnchoredCached));
     }
 }
 

@@ -33,6 +33,10 @@ int32_t PageManager::State::adoptPrefix(
     }
     checkExtraKeys("adoptPrefix", keys, numKeys, 0, count);
     prefixQueryTokens += count;
+    // The cuts a sequence waits for are those of the last prompt it was offered (an empty sequence may be offered
+    // several).
+    sequence.promptCut = 0;
+    sequence.matchCut = 0;
     if (!prefix.enabled() || count <= tokensPerPage)
     {
         return 0;
@@ -93,6 +97,16 @@ int32_t PageManager::State::adoptPrefix(
         parent = hash;
     }
     int32_t const pages = windowedServedPages();
+    if (cuts.enabled())
+    {
+        // Cuts where later requests are likeliest to resume: this prompt's own whole pages (a repeat of it) and the
+        // run the full-attention group has (a prefix others share), each once the sequence's pages reach it; the
+        // prefix adopted now is one too (below).
+        int32_t const found = static_cast<int32_t>(promptHashes.size());
+        sequence.promptCut = maxPages > pages ? maxPages : 0;
+        sequence.matchCut = found > pages ? found : 0;
+        std::copy(promptHashes.begin(), promptHashes.begin() + pages, sequences.hashes(row));
+    }
     if (pages == 0)
     {
         return 0;
@@ -117,6 +131,7 @@ int32_t PageManager::State::adoptPrefix(
     sequence.length = pages * tokensPerPage;
     sequence.lastHash = promptHashes[static_cast<size_t>(pages - 1)];
     prefixHitTokens += sequence.length;
+    makeCut(row, pages);
     return sequence.length;
 }
 

@@ -3,6 +3,7 @@
 #include "paging/group_policy.h"
 #include "paging/page_pool.h"
 #include "paging/prefix_cache.h"
+#include "paging/prefix_cuts.h"
 #include "paging/sequence_table.h"
 
 #include "kvcache/paging/page_manager.h"
@@ -14,7 +15,7 @@ namespace kvcache::rt
 {
 
 //! What a PageManager is made of, and the operations that span its parts. The parts: per group a PagePool and a
-//! GroupPolicy, the SequenceTable, the PrefixCache; the step's copy buffers.
+//! GroupPolicy, the SequenceTable, the PrefixCache, a hybrid cache's PrefixCuts; the step's copy buffers.
 struct PageManager::State
 {
     KVCacheLayout layout;
@@ -31,6 +32,7 @@ struct PageManager::State
     bool anyWindowed = false;
     SequenceTable sequences;
     PrefixCache prefix;
+    PrefixCuts cuts;
     //! The latest step's copies, one list per group, reused from step to step.
     std::vector<std::vector<PageCopy>> copies;
     //! The step's page count per group (step(), pagesNeeded()).
@@ -55,11 +57,13 @@ struct PageManager::State
     {
         return (tokens + pageMask) >> pageShift;
     }
+    //! Sets up the cuts when the cache is hybrid; called once the pools and policies exist.
+    void setUpCuts(int32_t maxEntries);
     //! Throws OutOfRangeError naming `what` for a group outside [0, numGroups()).
     void checkGroup(int32_t group, char const* what) const;
 
-    //! Takes a page of `group` for a new holder: the most recently freed, else the oldest cached one (evicting it).
-    //! The caller has checked that one is available.
+    //! Takes a page of `group` for a new holder: the most recently freed, else the cached one evictOne() evicts. The
+    //! caller has checked that one is available.
     int32_t takePage(int32_t group)
     {
         PagePool& pool = pools[static_cast<size_t>(group)];
@@ -67,7 +71,8 @@ struct PageManager::State
         {
             return pool.pages.allocate();
         }
-        int32_t const page = prefix.evictOldest(group, pool);
+        // A cache without cuts evicts the oldest cached page, inline: the path every step of such a cache takes.
+        int32_t const page = cuts.enabled() ? evictOne(group) : prefix.evictOldest(group, pool);
         pool.pages.hold(page);
         return page;
     }
@@ -77,6 +82,32 @@ struct PageManager::State
         // Whether the page is registered matters only to its last holder.
         pools[static_cast<size_t>(group)].letGo(page, [&](int32_t last) { return prefix.isRegistered(group, last); });
     }
+
+    // Cuts of a hybrid cache (page_manager_cuts.cpp) --------------------------------------------------------------
+
+    //! Drops the content of the cached page of `group` that goes first and returns it, parked and unregistered: the
+    //! oldest on the list, after dropping cuts (least recently made first) while the list is empty, which happens only
+    //! in a windowed group whose cached pages are all anchored; a full-attention page's cut goes with it. The group
+    //! must have a cached page.
+    int32_t evictOne(int32_t group);
+    //! Makes the cut of the first `pages` whole pages of the sequence in `row` (its hashes known), or makes it the most
+    //! recent again when it exists; makes none when the full-attention page or a window page is not registered.
+    void makeCut(int32_t row, int32_t pages);
+    //! Drops the cut `page` of the full-attention group carries: its window pages lose an anchor, and those left
+    //! cached without one go before every other cached page of their group, the window's last page first.
+    void dropCut(int32_t page);
+    //! Notes that the sequence in `row` filled its page `index` (hashed `hash`, registered in every group): keeps the
+    //! hash and makes the cuts the sequence waits for at that length.
+    void filledPage(int32_t row, int32_t index, PageHash hash)
+    {
+        sequences.hashes(row)[index] = hash;
+        SequenceState const& sequence = sequences[row];
+        if (index + 1 == sequence.promptCut || index + 1 == sequence.matchCut)
+        {
+            makeCut(row, index + 1);
+        }
+    }
+    void checkCutInvariants() const;
 
     // Validation (page_manager_step.cpp) ---------------------------------------------------------------------------
 

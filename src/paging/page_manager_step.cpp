@@ -196,7 +196,7 @@ StepCopies PageManager::State::step(SequenceAppend const* appends, int32_t count
             throw OutOfMemoryError(fmt::format(
                 "PageManager::step: page group {} needs {} pages for this step and has {} available ({} free, {} "
                 "cached, {} released by the step); nothing was appended",
-                g, stepNeeded[static_cast<size_t>(g)], available, pool.pages.numFree(), pool.cached.size(),
+                g, stepNeeded[static_cast<size_t>(g)], available, pool.pages.numFree(), pool.numCached(),
                 stepReleased[static_cast<size_t>(g)]));
         }
     }
@@ -331,6 +331,10 @@ void PageManager::State::registerFilledPages(SequenceAppend const& append, int32
         for (int32_t g = 0; g < numGroups(); ++g)
         {
             prefix.registerPage(g, sequences.entries(g, row)[pageIndex], hash);
+        }
+        if (cuts.enabled())
+        {
+            filledPage(row, pageIndex, hash);
         }
     }
     // Keys of the new partial page wait for it to fill.

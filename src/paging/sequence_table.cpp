@@ -10,7 +10,8 @@
 namespace kvcache::rt
 {
 
-SequenceTable::SequenceTable(int32_t maxSequences, int32_t maxEntries, int32_t numGroups, int32_t tokensPerPage)
+SequenceTable::SequenceTable(
+    int32_t maxSequences, int32_t maxEntries, int32_t numGroups, int32_t tokensPerPage, bool keepHashes)
     : mMaxSequences(maxSequences)
     , mMaxEntries(maxEntries)
     , mTokensPerPage(tokensPerPage)
@@ -23,6 +24,10 @@ SequenceTable::SequenceTable(int32_t maxSequences, int32_t maxEntries, int32_t n
     }
     mEntries.assign(static_cast<size_t>(int64_t{numGroups} * maxSequences * maxEntries), kUNUSED_PAGE_ENTRY);
     mPartialTokens.assign(static_cast<size_t>(int64_t{maxSequences} * tokensPerPage), 0);
+    if (keepHashes)
+    {
+        mHashes.assign(static_cast<size_t>(int64_t{maxSequences} * maxEntries), PageHash{});
+    }
     mFreeRows.resize(static_cast<size_t>(maxSequences));
     for (int32_t i = 0; i < maxSequences; ++i)
     {
@@ -50,6 +55,8 @@ int32_t SequenceTable::take(char const* what)
     sequence.alive = true;
     sequence.length = 0;
     sequence.pendingKeys.clear();
+    sequence.promptCut = 0;
+    sequence.matchCut = 0;
     std::fill(sequence.firstHeld.begin(), sequence.firstHeld.end(), 0);
     return row;
 }

@@ -21,6 +21,10 @@ struct SequenceState
     std::vector<int32_t> firstHeld;
     //! Extra keys of the partial last page.
     std::vector<PageExtraKey> pendingKeys;
+    //! Cuts of a hybrid cache (prefix_cuts.h) to make once the sequence holds this many whole pages (0: none): the
+    //! prompt's whole pages before its last token and the longest run adoptPrefix() found in the full-attention group.
+    int32_t promptCut = 0;
+    int32_t matchCut = 0;
     //! Step stamp, to refuse a sequence listed twice in one step.
     mutable uint64_t stepStamp = 0;
 };
@@ -31,9 +35,10 @@ class SequenceTable
 {
 public:
     SequenceTable() = default;
-    //! Returns a table of `maxSequences` rows of `maxEntries` entries in each of `numGroups` groups; throws
-    //! std::bad_alloc.
-    SequenceTable(int32_t maxSequences, int32_t maxEntries, int32_t numGroups, int32_t tokensPerPage);
+    //! Returns a table of `maxSequences` rows of `maxEntries` entries in each of `numGroups` groups, with the hash of
+    //! every full page when `keepHashes` (a hybrid cache's cuts look their pages up by them); throws std::bad_alloc.
+    SequenceTable(
+        int32_t maxSequences, int32_t maxEntries, int32_t numGroups, int32_t tokensPerPage, bool keepHashes = false);
 
     int32_t maxSequences() const noexcept
     {
@@ -105,6 +110,20 @@ public:
     {
         return mEntries.data() + (int64_t{group} * mMaxSequences + row) * mMaxEntries;
     }
+    //! Returns the hashes of the full pages of `row`, in token order (maxEntries of them); only with keepHashes.
+    PageHash* hashes(int32_t row) noexcept
+    {
+        return mHashes.data() + int64_t{row} * mMaxEntries;
+    }
+    PageHash const* hashes(int32_t row) const noexcept
+    {
+        return mHashes.data() + int64_t{row} * mMaxEntries;
+    }
+    //! Returns whether the table keeps page hashes.
+    bool keepsHashes() const noexcept
+    {
+        return !mHashes.empty();
+    }
     //! Returns the tokens of the partial last page of `row`: tokensPerPage of them.
     int32_t* partial(int32_t row) noexcept
     {
@@ -133,6 +152,8 @@ private:
     std::vector<int32_t> mEntries;
     //! Row s owns [s * tokensPerPage, (s + 1) * tokensPerPage).
     std::vector<int32_t> mPartialTokens;
+    //! Row s owns [s * maxEntries, (s + 1) * maxEntries); empty without keepHashes.
+    std::vector<PageHash> mHashes;
     std::vector<int32_t> mFreeRows;
     int32_t mNumSequences = 0;
     mutable uint64_t mStepCounter = 0;

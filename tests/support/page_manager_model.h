@@ -5,6 +5,8 @@
 // order, each group's cache a std::map from hash to page, lists searched linearly. Hashes come from the same
 // rt::PageHasher (same algorithm and seed); extra keys are fed to it in the model's own byte encoding, so a model
 // hash equals the manager's only for pages without extra keys, and tests compare the rest through a one-to-one map.
+// A hybrid cache's cuts (the header's "Hybrid caches" paragraph) are kept as a vector of records, least recently made
+// first, each with its windows' page ids; whether a page is anchored is found by searching them.
 
 #include "kvcache/kv_cache_config.h"
 #include "kvcache/page_hash.h"
@@ -62,8 +64,10 @@ public:
         std::vector<rt::PageHash> hash;
         //! Free pages; back() is the most recently freed, taken first.
         std::vector<int32_t> freeStack;
-        //! Cached pages; front() is the least recently released, taken (evicted) first.
+        //! Cached pages no cut anchors; front() is evicted first (the least recently released, or a dropped cut's).
         std::vector<int32_t> lru;
+        //! Cached pages a cut anchors (windowed groups of a hybrid cache), in no order.
+        std::vector<int32_t> anchoredCached;
         std::map<std::pair<uint64_t, uint64_t>, int32_t> cache;
         std::vector<rt::PageCopy> copies;
     };
@@ -79,6 +83,18 @@ public:
         std::vector<int32_t> partialTokens;
         //! Entries per group: page ids in token order, kUNUSED_PAGE_ENTRY where a window released one.
         std::vector<std::vector<int32_t>> entries;
+        //! Cuts of a hybrid cache to make once the sequence holds this many whole pages (0: none).
+        int32_t promptCut = 0;
+        int32_t matchCut = 0;
+    };
+
+    //! A cut of a hybrid cache: `pages` whole pages, on page `fullPage` of the full-attention group; per group, the
+    //! window pages it anchors in token order (none in the full-attention group).
+    struct Cut
+    {
+        int32_t fullPage = 0;
+        int32_t pages = 0;
+        std::vector<std::vector<int32_t>> window;
     };
 
     //! The OutOfMemoryError the model predicts: the first group short of pages.
@@ -112,6 +128,20 @@ public:
                 group.freeStack.push_back(page);
             }
             mGroups.push_back(std::move(group));
+        }
+        // Hybrid: prefix caching, a full-attention group (the first carries the cuts) and a windowed one.
+        bool anyWindowed = false;
+        for (int32_t g = 0; g < numGroups(); ++g)
+        {
+            anyWindowed = anyWindowed || mGroups[static_cast<size_t>(g)].slidingWindow != 0;
+            if (mGroups[static_cast<size_t>(g)].slidingWindow == 0 && mCutGroup < 0)
+            {
+                mCutGroup = g;
+            }
+        }
+        if (!prefixCaching || !anyWindowed)
+        {
+            mCutGroup = -1;
         }
     }
 
@@ -157,6 +187,20 @@ public:
     {
         return mShortage;
     }
+    //! The cuts, least recently made first.
+    std::vector<Cut> const& cuts() const
+    {
+        return mCuts;
+    }
+    //! Cuts dropped so far because a windowed group needed a page, and because their full-attention page was evicted.
+    int64_t cutsDroppedForPages() const
+    {
+        return mCutsDroppedForPages;
+    }
+    int64_t cutsDroppedWithCarrier() const
+    {
+        return mCutsDroppedWithCarrier;
+    }
 
     //! Returns the counts of group `g`, counted page by page.
     rt::PageGroupCounts counts(int32_t g) const
@@ -165,7 +209,8 @@ public:
         rt::PageGroupCounts counts;
         counts.numPages = group.numPages;
         counts.free = static_cast<int32_t>(group.freeStack.size());
-        counts.cached = static_cast<int32_t>(group.lru.size());
+        counts.cached = static_cast<int32_t>(group.lru.size() + group.anchoredCached.size());
+        counts.anchored = static_cast<int32_t>(group.anchoredCached.size());
         for (int32_t const refs : group.refCount)
         {
             counts.used += refs > 0 ? 1 : 0;
@@ -251,6 +296,8 @@ public:
         }
         Sequence& sequence = found->second;
         mStats.prefixQueryTokens += count;
+        sequence.promptCut = 0;
+        sequence.matchCut = 0;
         *adopted = 0;
         if (!mPrefixCaching || count == 0)
         {
@@ -263,6 +310,16 @@ public:
         {
             parent = hashPage(parent, tokens + int64_t{p} * mTokensPerPage, int64_t{p} * mTokensPerPage, keys, numKeys);
             hashes.push_back(parent);
+        }
+        // The run the full-attention groups have (a hybrid cache cuts there later).
+        int32_t fullRun = 0;
+        for (bool all = true; all && fullRun < maxWhole; fullRun += all ? 1 : 0)
+        {
+            for (int32_t g = 0; g < numGroups() && all; ++g)
+            {
+                all = mGroups[static_cast<size_t>(g)].slidingWindow != 0
+                    || lookup(mGroups[static_cast<size_t>(g)], hashes[static_cast<size_t>(fullRun)]).has_value();
+            }
         }
         // The longest n whose needed pages are cached in every group.
         int32_t n = maxWhole;
@@ -296,7 +353,7 @@ public:
                 int32_t const page = *lookup(group, hashes[static_cast<size_t>(p)]);
                 if (group.refCount[static_cast<size_t>(page)] == 0)
                 {
-                    group.lru.erase(std::find(group.lru.begin(), group.lru.end(), page));
+                    unlist(group, page);
                 }
                 ++group.refCount[static_cast<size_t>(page)];
                 entries.push_back(page);
@@ -306,6 +363,12 @@ public:
         sequence.length = n * mTokensPerPage;
         mStats.prefixHitTokens += sequence.length;
         *adopted = sequence.length;
+        if (mCutGroup >= 0)
+        {
+            sequence.promptCut = maxWhole > n ? maxWhole : 0;
+            sequence.matchCut = fullRun > n ? fullRun : 0;
+            makeCut(sequence.pageHashes, n);
+        }
         return ModelOutcome::kOK;
     }
 
@@ -383,7 +446,9 @@ public:
                     }
                 }
             }
-            int64_t const available = static_cast<int64_t>(group.freeStack.size() + group.lru.size()) + releasedToZero;
+            int64_t const available =
+                static_cast<int64_t>(group.freeStack.size() + group.lru.size() + group.anchoredCached.size())
+                + releasedToZero;
             if (needed > available)
             {
                 mShortage = Shortage{g, needed, available};
@@ -459,6 +524,7 @@ public:
             }
             std::vector<rt::PageHash> const& hashes = newHashes[static_cast<size_t>(i)];
             int64_t const firstFull = sequence.length / mTokensPerPage;
+            std::vector<rt::PageHash> known = sequence.pageHashes;
             for (size_t h = 0; h < hashes.size(); ++h)
             {
                 for (int32_t g = 0; g < numGroups(); ++g)
@@ -466,6 +532,13 @@ public:
                     Group& group = mGroups[static_cast<size_t>(g)];
                     registerPage(
                         group, sequence.entries[static_cast<size_t>(g)][static_cast<size_t>(firstFull) + h], hashes[h]);
+                }
+                // A cut the sequence waits for is made as soon as the page that completes it is registered.
+                known.push_back(hashes[h]);
+                int32_t const whole = static_cast<int32_t>(known.size());
+                if (mCutGroup >= 0 && (whole == sequence.promptCut || whole == sequence.matchCut))
+                {
+                    makeCut(known, whole);
                 }
             }
         }
@@ -522,6 +595,10 @@ public:
         {
             return ModelOutcome::kINVALID_ARGUMENT;
         }
+        if (mCutGroup >= 0)
+        {
+            makeCut(found->second.pageHashes, found->second.length / mTokensPerPage);
+        }
         for (int32_t g = 0; g < numGroups(); ++g)
         {
             std::vector<int32_t> const& entries = found->second.entries[static_cast<size_t>(g)];
@@ -550,10 +627,10 @@ public:
         }
         Group& group = mGroups[static_cast<size_t>(g)];
         *dropped = 0;
-        while (*dropped < count && !group.lru.empty())
+        while (*dropped < count && !(group.lru.empty() && group.anchoredCached.empty()))
         {
-            int32_t const page = evictOldest(g);
-            group.freeStack.push_back(page);
+            int32_t const page = evictNext(g);
+            mGroups[static_cast<size_t>(g)].freeStack.push_back(page);
             ++*dropped;
         }
         return ModelOutcome::kOK;
@@ -627,7 +704,7 @@ private:
         {
             if (group.registered[static_cast<size_t>(page)] != 0)
             {
-                group.lru.push_back(page);
+                (anchors(group, page) > 0 ? group.anchoredCached : group.lru).push_back(page);
             }
             else
             {
@@ -651,6 +728,134 @@ private:
         return page;
     }
 
+    //! Removes the cached `page` from whichever of the group's cached lists holds it.
+    static void unlist(Group& group, int32_t page)
+    {
+        std::vector<int32_t>& list =
+            std::find(group.lru.begin(), group.lru.end(), page) != group.lru.end() ? group.lru : group.anchoredCached;
+        list.erase(std::find(list.begin(), list.end(), page));
+    }
+
+    //! Returns how many cuts have `page` of `group` in a window.
+    int32_t anchors(Group const& group, int32_t page) const
+    {
+        size_t const g = static_cast<size_t>(&group - mGroups.data());
+        int32_t count = 0;
+        for (Cut const& cut : mCuts)
+        {
+            count += static_cast<int32_t>(std::count(cut.window[g].begin(), cut.window[g].end(), page));
+        }
+        return count;
+    }
+
+    //! Evicts the cached page of group `g` that goes first and returns it (in no list): the front of its list, after
+    //! dropping cuts (least recently made first) while only anchored pages are cached; a full-attention page takes its
+    //! cut with it.
+    int32_t evictNext(int32_t g)
+    {
+        while (mGroups[static_cast<size_t>(g)].lru.empty())
+        {
+            dropCut(0);
+            ++mCutsDroppedForPages;
+        }
+        int32_t const page = evictOldest(g);
+        if (g == mCutGroup)
+        {
+            for (size_t c = 0; c < mCuts.size(); ++c)
+            {
+                if (mCuts[c].fullPage == page)
+                {
+                    dropCut(c);
+                    ++mCutsDroppedWithCarrier;
+                    break;
+                }
+            }
+        }
+        return page;
+    }
+
+    //! Makes the cut of `pages` whole pages of the chain `hashes`, or makes an existing one the most recent; none when
+    //! the full-attention page or a window page is not registered.
+    void makeCut(std::vector<rt::PageHash> const& hashes, int32_t pages)
+    {
+        if (pages <= 0)
+        {
+            return;
+        }
+        std::optional<int32_t> const carrier =
+            lookup(mGroups[static_cast<size_t>(mCutGroup)], hashes[static_cast<size_t>(pages - 1)]);
+        if (!carrier)
+        {
+            return;
+        }
+        for (size_t c = 0; c < mCuts.size(); ++c)
+        {
+            if (mCuts[c].fullPage == *carrier)
+            {
+                Cut const again = mCuts[c];
+                mCuts.erase(mCuts.begin() + static_cast<std::ptrdiff_t>(c));
+                mCuts.push_back(again);
+                return;
+            }
+        }
+        Cut cut{*carrier, pages, std::vector<std::vector<int32_t>>(mGroups.size())};
+        for (int32_t g = 0; g < numGroups(); ++g)
+        {
+            if (mGroups[static_cast<size_t>(g)].slidingWindow == 0)
+            {
+                continue;
+            }
+            for (int32_t p = firstNeededPage(g, int64_t{pages} * mTokensPerPage); p < pages; ++p)
+            {
+                std::optional<int32_t> const page =
+                    lookup(mGroups[static_cast<size_t>(g)], hashes[static_cast<size_t>(p)]);
+                if (!page)
+                {
+                    return;
+                }
+                cut.window[static_cast<size_t>(g)].push_back(*page);
+            }
+        }
+        for (int32_t g = 0; g < numGroups(); ++g)
+        {
+            Group& group = mGroups[static_cast<size_t>(g)];
+            for (int32_t const page : cut.window[static_cast<size_t>(g)])
+            {
+                auto listed = std::find(group.lru.begin(), group.lru.end(), page);
+                if (listed != group.lru.end())
+                {
+                    group.lru.erase(listed);
+                    group.anchoredCached.push_back(page);
+                }
+            }
+        }
+        mCuts.push_back(std::move(cut));
+    }
+
+    //! Drops cut `c`: its window pages left cached with no anchor go to the front of their group's list, the window's
+    //! last page first.
+    void dropCut(size_t c)
+    {
+        Cut const cut = mCuts.at(c);
+        mCuts.erase(mCuts.begin() + static_cast<std::ptrdiff_t>(c));
+        for (int32_t g = 0; g < numGroups(); ++g)
+        {
+            Group& group = mGroups[static_cast<size_t>(g)];
+            std::vector<int32_t> front;
+            std::vector<int32_t> const& window = cut.window[static_cast<size_t>(g)];
+            for (auto it = window.rbegin(); it != window.rend(); ++it)
+            {
+                auto kept = std::find(group.anchoredCached.begin(), group.anchoredCached.end(), *it);
+                if (kept != group.anchoredCached.end() && anchors(group, *it) == 0)
+                {
+                    group.anchoredCached.erase(kept);
+                    front.push_back(*it);
+                }
+            }
+            group.lru.insert(group.lru.begin(), front.begin(), front.end());
+        }
+    }
+
     int32_t take(int32_t g)
     {
         Group& group = mGroups[static_cast<size_t>(g)];
@@ -660,9 +865,9 @@ private:
             page = group.freeStack.back();
             group.freeStack.pop_back();
         }
-        else if (!group.lru.empty())
+        else if (!group.lru.empty() || !group.anchoredCached.empty())
         {
-            page = evictOldest(g);
+            page = evictNext(g);
         }
         else
         {
@@ -683,6 +888,11 @@ private:
     rt::PageManagerStats mStats;
     std::vector<ModelEviction> mEvictions;
     std::optional<Shortage> mShortage;
+    //! The full-attention group cuts hang on; -1 when the cache is not hybrid.
+    int32_t mCutGroup = -1;
+    std::vector<Cut> mCuts;
+    int64_t mCutsDroppedForPages = 0;
+    int64_t mCutsDroppedWithCarrier = 0;
 };
 
 //! Everything a PageManager's caller can observe of the listed sequences and of every group.
@@ -790,11 +1000,11 @@ inline std::string differenceOf(PageManagerSnapshot const& actual, PageManagerSn
         rt::PageGroupCounts const& a = actual.counts[g];
         rt::PageGroupCounts const& e = expected.counts[g];
         if (a.numPages != e.numPages || a.free != e.free || a.used != e.used || a.cached != e.cached
-            || a.shared != e.shared)
+            || a.shared != e.shared || a.anchored != e.anchored)
         {
-            return "counts(" + std::to_string(g)
-                + ") {numPages, free, used, cached, shared} = " + list({a.numPages, a.free, a.used, a.cached, a.shared})
-                + ", expected " + list({e.numPages, e.free, e.used, e.cached, e.shared});
+            return "counts(" + std::to_string(g) + ") {numPages, free, used, cached, shared, anchored} = "
+                + list({a.numPages, a.free, a.used, a.cached, a.shared, a.anchored}) + ", expected "
+                + list({e.numPages, e.free, e.used, e.cached, e.shared, e.anchored});
         }
         std::vector<int32_t> flatA;
         std::vector<int32_t> flatE;

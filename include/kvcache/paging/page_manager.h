@@ -106,6 +106,9 @@ struct PageGroupCounts
     int32_t cached = 0;
     //! Used pages with more than one holder (forks, adopted prefixes); a part of `used`.
     int32_t shared = 0;
+    //! Cached pages in the window of a cut (a windowed group of a hybrid cache; see PageManager), evicted only after
+    //! the group's other cached pages; a part of `cached`.
+    int32_t anchored = 0;
 };
 
 //! Prefix reuse and copy-on-write since construction (or resetStats()).
@@ -152,20 +155,36 @@ using EvictionCallback = std::function<void(int32_t group, int32_t page, PageHas
 //! the first token to compute), at most the prompt's length minus one token, so a runtime always computes at least
 //! the last prompt token.
 //!
+//! Hybrid caches (prefix caching on, a full-attention group and one or more windowed groups, as gpt-oss, Gemma 3 or
+//! Command R7B have): a prefix of k whole pages is adoptable when the full-attention group has its pages 0..k-1 cached
+//! and each windowed group the pages its window at token k * tokensPerPage reaches, so the manager keeps those windows
+//! as units, called cuts. A cut of k pages is made for a sequence: by adoptPrefix(), at the pages it adopted; once the
+//! sequence's whole pages reach them (entries register, group by group, then the cut), at the prompt's whole pages
+//! before its last token and at the run of prompt pages adoptPrefix() found in the full-attention group, each when
+//! larger than what it adopted (the last adoptPrefix() call of the sequence counts; forks inherit these); and by
+//! free(), at its whole pages, before its pages are let go. A cut is made only when the full-attention page of entry
+//! k - 1 and every page of its windows are registered (found by hash); it hangs on that full-attention page (making
+//! it again only makes it the most recent) and anchors its windows' pages. An anchored cached page counts in
+//! counts().cached and counts().anchored and is evicted only after every unanchored cached page of its group. When a
+//! windowed group must evict and all its cached pages are anchored, cuts are dropped, least recently made first, until
+//! one is not. Evicting a full-attention page drops the cut it carries. A dropped cut's window pages left cached with
+//! no anchor go before every other cached page of their group, the window's last page first: no cut needs them. Caches
+//! of one group, of windowed groups only, or without prefix caching make no cuts.
+//!
 //! Extra keys enter the hash of the page holding their position: 20 bytes each, in position order (the position's
 //! offset in the page as int32, then key.lo and key.hi as uint64, little-endian), as PageHasher::next's extra bytes.
 //! Keys given for a page that is not full yet are kept until it fills (more than four on one page allocate).
 //!
 //! Order, so that page ids are predictable: a group's pages are taken from its free pages first, most recently freed
 //! first (a new manager hands out 0, 1, 2, ...), then from its cached pages, least recently released first (evicting
-//! them). step() and append() skip entries of 0 tokens (no window release either); for the others they first
-//! release every entry's out-of-window pages (entries in list order, groups ascending, pages ascending), so that a
-//! page one sequence lets go of can serve another in the same step; then, entry by entry in list order and, within
-//! an entry, group by group: a shared partial last page is replaced (new page taken, copy queued, shared page
-//! released), then new pages are taken in token order; after all of an entry's pages are taken, the pages it filled
-//! are hashed and registered in every group. free() releases a sequence's entries last page first, group by group
-//! (so a prompt's later pages are evicted before its earlier ones). adoptPrefix() and fork() take pages in token
-//! order. evictCached() puts the pages it empties on top of the free pages, in the order it evicts them.
+//! them; in a hybrid cache, unanchored ones first, as above). step() and append() skip entries of 0 tokens (no window
+//! release either); for the others they first release every entry's out-of-window pages (entries in list order, groups
+//! ascending, pages ascending), so that a page one sequence lets go of can serve another in the same step; then, entry
+//! by entry in list order and, within an entry, group by group: a shared partial last page is replaced (new page taken,
+//! copy queued, shared page released), then new pages are taken in token order; after all of an entry's pages are
+//! taken, the pages it filled are hashed and registered in every group. free() releases a sequence's entries last page
+//! first, group by group (so a prompt's later pages are evicted before its earlier ones). adoptPrefix() and fork() take
+//! pages in token order. evictCached() puts the pages it empties on top of the free pages, in the order it evicts them.
 //!
 //! Every call validates everything before it changes anything: a rejected call throws and leaves the state as it
 //! was. Not thread-safe: one owner at a time. Movable, not copyable.
@@ -255,8 +274,9 @@ public:
     //! changes or is freed. Throws InvalidArgumentError for an unknown sequence, OutOfRangeError for a bad group.
     SequencePages pages(SequenceId sequence, int32_t group) const;
 
-    //! Drops the content of up to `count` cached pages of `group`, least recently released first (calling the
-    //! eviction callback and counting them in stats().evictedPages), making them free; returns how many it dropped.
+    //! Drops the content of up to `count` cached pages of `group`, in the order taking pages evicts them (least
+    //! recently released first; a hybrid cache's cuts as the class comment says), calling the eviction callback and
+    //! counting them in stats().evictedPages, making them free; returns how many it dropped.
     //! Throws OutOfRangeError for a bad group, InvalidArgumentError for a negative count; an exception from the
     //! eviction callback propagates after every page was dropped (EvictionCallback).
     int32_t evictCached(int32_t group, int32_t count);
@@ -272,9 +292,11 @@ public:
 
     //! Returns normally when the state is consistent; throws std::logic_error describing the first broken invariant:
     //! every page is free xor used xor cached; a page's reference count equals the number of entries that hold it
-    //! across live sequences; free pages appear once in the free list, cached pages once in the LRU list, and exactly
-    //! the registered pages have a hash, each hash once in its group's cache; no sequence holds more pages of a
-    //! windowed group than the group allows. Linear time; allocates scratch memory.
+    //! across live sequences; free pages appear once in the free list, unanchored cached pages once in the LRU list,
+    //! and exactly the registered pages have a hash, each hash once in its group's cache; no sequence holds more pages
+    //! of a windowed group than the group allows; in a hybrid cache, cuts hang on registered full-attention pages, each
+    //! page's anchors are the cut windows that hold it, a window's pages are registered, its last under its cut's hash,
+    //! and anchored cached pages are off the LRU list. Linear time; allocates scratch memory.
     void checkInvariants() const;
 
     //! Returns the number of page groups (as in the cache's layout).
