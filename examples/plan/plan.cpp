@@ -42,6 +42,10 @@ ModelDescription resolveModel(PlanOptions const& options)
 
 rt::DataType resolveDataType(ModelDescription const& model, PlanOptions const& options)
 {
+    if (options.kvFormat)
+    {
+        return options.kvFormat->storage;
+    }
     if (options.dataType)
     {
         return *options.dataType;
@@ -76,6 +80,7 @@ Plan makePlan(ModelDescription model, PlanOptions const& options)
     plan.config.maxSequenceLength = options.maxSequenceLength;
     plan.config.layerConfigs = model.layers;
     plan.config.kvCacheType = resolveDataType(model, options);
+    plan.config.quantization = options.kvFormat ? options.kvFormat->quantization : rt::KVQuantization::kNONE;
     plan.config.tokensPerPage = options.tokensPerPage;
     plan.config.maxTokensPerStep = options.maxTokensPerStep;
     plan.config.numPages = 0;

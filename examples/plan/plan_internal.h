@@ -3,6 +3,7 @@
 // Helpers the plan's maths (plan.cpp), text (plan_text.cpp) and JSON (plan_json.cpp) share; text_format.cpp has them.
 
 #include "kvcache/kv_cache_config.h"
+#include "kvcache/kv_cache_layout.h"
 
 #include <algorithm>
 #include <array>
@@ -63,6 +64,24 @@ inline bool hasLatentLayers(rt::KVCacheConfig const& config)
 {
     return std::any_of(config.layerConfigs.begin(), config.layerConfigs.end(),
         [](rt::KVLayerConfig const& layer) { return layer.kind == rt::KVLayerKind::kLATENT; });
+}
+
+//! Returns the bytes of every layer's scale pool together: the part of cacheBytes that scales take (0 unquantized).
+inline int64_t totalScaleBytes(rt::KVCacheLayout const& layout)
+{
+    int64_t bytes = 0;
+    for (rt::KVLayerLayout const& layer : layout.layers)
+    {
+        bytes += layer.scaleBytes;
+    }
+    return bytes;
+}
+
+//! Returns the bytes one (token, head) of one half of `layer` takes, data and scales: the per-format figure
+//! (float16 2D, fp8 D, fp8 per token-head D + 4, NVFP4 D/2 + D/16), from the layout's page sizes.
+inline int64_t bytesPerTokenHeadHalf(rt::KVCacheLayout const& layout, rt::KVLayerLayout const& layer)
+{
+    return (layer.pageBytes + layer.scalePageBytes) / (int64_t{layout.tokensPerPage} * layer.numKVHeads);
 }
 
 } // namespace kvcache::plan::detail

@@ -1,4 +1,5 @@
 #include "plan.h"
+#include "plan_internal.h"
 
 #include <nlohmann/json.hpp>
 
@@ -17,7 +18,9 @@ std::string formatPlanJson(Plan const& plan)
     json["maxSequenceLength"] = plan.config.maxSequenceLength;
     json["maxTokensPerStep"] = layout.maxTokensPerStep;
     json["dtype"] = rt::dataTypeName(plan.config.kvCacheType);
+    json["quantization"] = rt::kvQuantizationName(layout.quantization);
     json["totalBytes"] = layout.cacheBytes;
+    json["scaleBytes"] = detail::totalScaleBytes(layout);
     json["groups"] = Json::array();
     for (size_t g = 0; g < layout.groups.size(); ++g)
     {
@@ -44,6 +47,8 @@ std::string formatPlanJson(Plan const& plan)
         entry["slotTokens"] = layer.slotTokens;
         entry["numPages"] = layer.numPages;
         entry["bytes"] = layer.layerBytes;
+        entry["scaleBytes"] = layer.scaleBytes;
+        entry["bytesPerTokenHeadHalf"] = detail::bytesPerTokenHeadHalf(layout, layer);
         json["layers"].push_back(std::move(entry));
     }
     if (plan.shard)

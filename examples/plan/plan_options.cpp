@@ -232,6 +232,30 @@ rt::DataType parseDataType(std::string_view flag, std::string_view text)
     throw UsageError(fmt::format("{} expects one of {}, got \"{}\"", flag, names, text));
 }
 
+// The formats of --kv-dtype, as engines name them (vLLM's --kv-cache-dtype fp8 is per tensor; fp8-token-head keeps a
+// float32 scale a token and head; nvfp4 stores E2M1 pairs in uint8 with E4M3 block scales).
+constexpr std::array<KVFormat, 5> kKV_FORMATS = {{
+    {"fp16", rt::DataType::kHALF, rt::KVQuantization::kNONE},
+    {"bf16", rt::DataType::kBF16, rt::KVQuantization::kNONE},
+    {"fp8", rt::DataType::kFP8_E4M3, rt::KVQuantization::kFP8_PER_TENSOR},
+    {"fp8-token-head", rt::DataType::kFP8_E4M3, rt::KVQuantization::kFP8_PER_TOKEN_HEAD},
+    {"nvfp4", rt::DataType::kUINT8, rt::KVQuantization::kNVFP4},
+}};
+
+KVFormat parseKVFormat(std::string_view flag, std::string_view text)
+{
+    std::string names;
+    for (KVFormat const& format : kKV_FORMATS)
+    {
+        if (format.name == text)
+        {
+            return format;
+        }
+        names += fmt::format("{}{}", names.empty() ? "" : "|", format.name);
+    }
+    throw UsageError(fmt::format("{} expects one of {}, got \"{}\"", flag, names, text));
+}
+
 PlanOptions parseArguments(std::vector<std::string> const& args)
 {
     PlanOptions options;
@@ -295,6 +319,10 @@ PlanOptions parseArguments(std::vector<std::string> const& args)
         {
             options.dataType = parseDataType(flag, value());
         }
+        else if (flag == "--kv-dtype")
+        {
+            options.kvFormat = parseKVFormat(flag, value());
+        }
         else if (flag == "--budget")
         {
             options.budgetBytes = parseByteSize(flag, value());
@@ -317,6 +345,11 @@ PlanOptions parseArguments(std::vector<std::string> const& args)
         }
     }
 
+    if (options.kvFormat && options.dataType)
+    {
+        throw UsageError(fmt::format("--kv-dtype {} and --dtype {} both choose the cache type; give one of them",
+            options.kvFormat->name, rt::dataTypeName(*options.dataType)));
+    }
     if (!options.configPath.empty() && !options.layerHeads.empty())
     {
         throw UsageError("--config and --layer-heads both describe the model; give one of them");
@@ -362,6 +395,10 @@ cache:
                        the plan then says what --step-tokens {} would save
   --dtype NAME         float32|float16|bfloat16|fp8_e4m3|fp8_e5m2|int8|uint8
                        (default: the config's torch_dtype or dtype, else float16)
+  --kv-dtype NAME      fp16|bf16|fp8|fp8-token-head|nvfp4, a cache format instead of --dtype: fp8 is
+                       E4M3 with a K and a V scale a layer (on the host, no page bytes); fp8-token-head
+                       adds a float32 scale a token and head (D + 4 bytes a token, head and half);
+                       nvfp4 stores E2M1 pairs in uint8 and an E4M3 scale a 16 values (D/2 + D/16)
   --page-size N        tokens per page, a power of two up to {} (default {})
   --pages N            pages per layer half; 0 means the minimum, batch x pages per sequence (default 0);
                        only for a model with one page group (no sliding windows, or all the same window)
@@ -379,11 +416,13 @@ output:
   --per-layer          one table row per layer instead of one per set of identical layers
   --json               print the plan as one JSON object: tokensPerPage, maxBatchSize, maxSequenceLength,
                        maxTokensPerStep (the effective one: --seq-len when --step-tokens is 0), dtype,
-                       totalBytes, groups [{{index, slidingWindow, pagesPerSequence, numPages, layers}}],
-                       layers [{{index, kind (kv or latent), numKVHeads, headDim, slidingWindow, group,
-                       slotTokens, numPages, bytes}}], and budget {{bytes, sequences, numPagesPerGroup,
-                       cacheBytes}} when --budget is given; with --tp, the plan of GPU 0's shard plus
-                       tp {{size, rank, totalBytesAllRanks, layers [{{index, firstHead, numKVHeads,
+                       quantization (none, fp8_per_tensor, fp8_per_token_head or nvfp4), totalBytes,
+                       scaleBytes (the scale pools' part of totalBytes), groups [{{index, slidingWindow,
+                       pagesPerSequence, numPages, layers}}], layers [{{index, kind (kv or latent),
+                       numKVHeads, headDim, slidingWindow, group, slotTokens, numPages, bytes (data),
+                       scaleBytes, bytesPerTokenHeadHalf}}], and budget {{bytes, sequences,
+                       numPagesPerGroup, cacheBytes}} when --budget is given; with --tp, the plan of GPU 0's
+                       shard plus tp {{size, rank, totalBytesAllRanks, layers [{{index, firstHead, numKVHeads,
                        replicas}}]}}: the heads GPU 0 holds, each also held by replicas - 1 other GPUs
   -h, --help           print this help
 

@@ -27,12 +27,21 @@ inline constexpr int32_t kDEFAULT_SEQUENCE_LENGTH = 8192;
 //! The --step-tokens a plan with full-length windowed caches (--step-tokens 0) shows the saving of.
 inline constexpr int32_t kSUGGESTED_STEP_TOKENS = 2048;
 
+//! A cache format of --kv-dtype: the storage type and quantization kvcache is given.
+struct KVFormat
+{
+    std::string_view name;           //!< as the flag spells it: fp16, bf16, fp8, fp8-token-head, nvfp4
+    rt::DataType storage;            //!< KVCacheConfig::kvCacheType
+    rt::KVQuantization quantization; //!< KVCacheConfig::quantization
+};
+
 //! What the command line asks for; unset optionals fall back to the model's or the built-in defaults.
 struct PlanOptions
 {
     int32_t maxBatchSize = kDEFAULT_BATCH_SIZE;           //!< --batch
     int32_t maxSequenceLength = kDEFAULT_SEQUENCE_LENGTH; //!< --seq-len
     std::optional<rt::DataType> dataType = {};            //!< --dtype; unset means the config's dtype, else float16
+    std::optional<KVFormat> kvFormat = {};                //!< --kv-dtype (never together with --dtype)
     int32_t tokensPerPage = rt::kTOKENS_PER_PAGE;         //!< --page-size
     int32_t numPages = 0;                                 //!< --pages; 0 means the minimum
     int32_t maxTokensPerStep = 0;                         //!< --step-tokens; 0 means a whole sequence in one step
@@ -60,6 +69,9 @@ std::vector<rt::KVLayerConfig> parseLayerHeads(std::string_view flag, std::strin
 
 //! Parses the name of a KV cache data type ("float16", "fp8_e4m3", ...); throws UsageError naming `flag` and `text`.
 rt::DataType parseDataType(std::string_view flag, std::string_view text);
+
+//! Parses a --kv-dtype name (fp16, bf16, fp8, fp8-token-head, nvfp4); throws UsageError naming `flag` and `text`.
+KVFormat parseKVFormat(std::string_view flag, std::string_view text);
 
 //! Returns the --help text.
 std::string usageText();

@@ -176,14 +176,17 @@ std::string formatLayerTable(Plan const& plan, bool perLayer)
         {
             row.push_back(fmt::format("{}", layer.group));
         }
+        // Views have the stored last dimension (D / 2 bytes for NVFP4); a layer's bytes count its scale pool too, so
+        // that the rows add up to the total.
         row.push_back(formatShape(
-            {layer.numHalves, plan.config.maxBatchSize, layer.slotTokens, layer.numKVHeads, layer.headDim}));
+            {layer.numHalves, plan.config.maxBatchSize, layer.slotTokens, layer.numKVHeads, layer.storedDim}));
         row.push_back(
-            formatShape({layer.numHalves, layer.numPages, layout.tokensPerPage, layer.numKVHeads, layer.headDim}));
-        row.push_back(formatBytes(layer.layerBytes));
+            formatShape({layer.numHalves, layer.numPages, layout.tokensPerPage, layer.numKVHeads, layer.storedDim}));
+        int64_t const bytes = layer.layerBytes + layer.scaleBytes;
+        row.push_back(formatBytes(bytes));
         if (!perLayer)
         {
-            int64_t const rowBytes = static_cast<int64_t>(cacheLayers.size()) * layer.layerBytes;
+            int64_t const rowBytes = static_cast<int64_t>(cacheLayers.size()) * bytes;
             row.push_back(fmt::format("{} ({})", formatBytes(rowBytes), formatSize(rowBytes)));
         }
         table.addRow(std::move(row));
@@ -339,6 +342,37 @@ std::string formatTensorParallel(Plan const& plan)
     return text;
 }
 
+//! The quantization line: the format, where its scales live and the bytes of one (token, head, half), or nothing for
+//! an unquantized cache.
+std::string formatQuantization(Plan const& plan)
+{
+    rt::KVCacheLayout const& layout = plan.layout;
+    if (layout.quantization == rt::KVQuantization::kNONE || layout.layers.empty())
+    {
+        return {};
+    }
+    std::string_view scales;
+    switch (layout.quantization)
+    {
+    case rt::KVQuantization::kFP8_PER_TENSOR:
+        scales = "E4M3 values; one float32 K and one V scale a layer, kept on the host (no page bytes)";
+        break;
+    case rt::KVQuantization::kFP8_PER_TOKEN_HEAD:
+        scales =
+            "E4M3 values and a float32 scale a token and head: scale pool [halves, pages, tokensPerPage, H] per layer";
+        break;
+    default:
+        scales =
+            "E2M1 values two a byte and an E4M3 scale a 16 values: scale pool [halves, pages, tokensPerPage, H, D/16] "
+            "per layer, plus a float32 global scale a layer half on the host";
+        break;
+    }
+    rt::KVLayerLayout const& first = layout.layers.front();
+    std::string line = fmt::format("{}: {}; {} bytes a token, head and half (layer 0, data and scales)",
+        rt::kvQuantizationName(layout.quantization), scales, detail::bytesPerTokenHeadHalf(layout, first));
+    return wrapText(line, "  quant     ", "            ", 118);
+}
+
 } // namespace
 
 std::string formatPlan(Plan const& plan, bool perLayer)
@@ -364,6 +398,7 @@ std::string formatPlan(Plan const& plan, bool perLayer)
     text += fmt::format("  cache     {} ({} byte{}), batch {}, sequences up to {} tokens, {} tokens per page\n",
         rt::dataTypeName(plan.config.kvCacheType), layout.elementBytes, layout.elementBytes == 1 ? "" : "s",
         plan.config.maxBatchSize, formatBytes(plan.config.maxSequenceLength), layout.tokensPerPage);
+    text += formatQuantization(plan);
     text += formatStep(plan);
     text += formatTensorParallel(plan);
     if (layout.groups.size() > 1)
@@ -405,8 +440,15 @@ std::string formatPlan(Plan const& plan, bool perLayer)
     }
 
     text += "\n" + formatLayerTable(plan, perLayer) + "\n";
-    text += fmt::format("  total     {} bytes ({}) in {} layer buffers\n", formatBytes(layout.cacheBytes),
-        formatSize(layout.cacheBytes), numCacheLayers);
+    int64_t const scaleBytes = detail::totalScaleBytes(layout);
+    text += fmt::format("  total     {} bytes ({}) in {} layer buffers{}\n", formatBytes(layout.cacheBytes),
+        formatSize(layout.cacheBytes), numCacheLayers,
+        scaleBytes == 0 ? std::string() : fmt::format(" and {} scale pools", numCacheLayers));
+    if (scaleBytes != 0)
+    {
+        text += fmt::format("  scales    {} bytes ({}) of the total: {} of the cache\n", formatBytes(scaleBytes),
+            formatSize(scaleBytes), formatPercent(scaleBytes, layout.cacheBytes));
+    }
     text += formatSaving(plan);
     if (layout.groups.size() > 1)
     {

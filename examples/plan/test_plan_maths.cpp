@@ -129,6 +129,67 @@ TEST(MakePlan, DtypeFromConfigNeedsAKnownName)
     EXPECT_EQ(makePlan(model, options).config.kvCacheType, rt::DataType::kINT8);
 }
 
+TEST(MakePlan, KVFormatsPlanTheIssuesExampleToTheByte)
+{
+    // 32 layers of 8 heads of D = 128, batch 64 x 8192 tokens: 64 * 8192 / 128 = 4096 pages a half; a layer holds
+    // 2 halves * 4096 pages * 128 tokens * 8 heads = 2^23 (token, head, half) entries, the cache 32 * 2^23 = 2^28.
+    // Bytes an entry: fp16 2D = 256; fp8 D = 128; fp8 per token-head D + 4 = 132; NVFP4 D/2 + D/16 = 64 + 8 = 72.
+    struct Expected
+    {
+        char const* name;
+        rt::DataType storage;
+        rt::KVQuantization quantization;
+        int64_t entryBytes;
+        int64_t entryScaleBytes; //!< of entryBytes: 4 (float32) per token-head, D/16 = 8 for NVFP4, else 0
+    };
+    Expected const expected[] = {
+        {"fp16", rt::DataType::kHALF, rt::KVQuantization::kNONE, 256, 0},
+        {"bf16", rt::DataType::kBF16, rt::KVQuantization::kNONE, 256, 0},
+        {"fp8", rt::DataType::kFP8_E4M3, rt::KVQuantization::kFP8_PER_TENSOR, 128, 0},
+        {"fp8-token-head", rt::DataType::kFP8_E4M3, rt::KVQuantization::kFP8_PER_TOKEN_HEAD, 132, 4},
+        {"nvfp4", rt::DataType::kUINT8, rt::KVQuantization::kNVFP4, 72, 8},
+    };
+    int64_t const entriesPerLayer = int64_t{2} * 4096 * 128 * 8;
+    for (Expected const& format : expected)
+    {
+        Plan const plan = planFor({"--kv-dtype", format.name, "--batch", "64", "--seq-len", "8192"});
+        EXPECT_EQ(plan.config.kvCacheType, format.storage) << format.name;
+        EXPECT_EQ(plan.config.quantization, format.quantization) << format.name;
+        ASSERT_EQ(plan.layout.layers.size(), 32u);
+        EXPECT_EQ(plan.layout.numPages, 4096) << format.name;
+        for (rt::KVLayerLayout const& layer : plan.layout.layers)
+        {
+            EXPECT_EQ(layer.layerBytes + layer.scaleBytes, entriesPerLayer * format.entryBytes) << format.name;
+            EXPECT_EQ(layer.scaleBytes, entriesPerLayer * format.entryScaleBytes) << format.name;
+        }
+        EXPECT_EQ(plan.layout.cacheBytes, 32 * entriesPerLayer * format.entryBytes) << format.name;
+    }
+    // The same figures written out: 64 GiB, 32 GiB, 2^28 * 132 and 2^28 * 72 (18 GiB).
+    EXPECT_EQ(planFor({"--kv-dtype", "fp16", "--batch", "64"}).layout.cacheBytes, 68719476736);
+    EXPECT_EQ(planFor({"--kv-dtype", "fp8", "--batch", "64"}).layout.cacheBytes, 34359738368);
+    EXPECT_EQ(planFor({"--kv-dtype", "fp8-token-head", "--batch", "64"}).layout.cacheBytes, 35433480192);
+    EXPECT_EQ(planFor({"--kv-dtype", "nvfp4", "--batch", "64"}).layout.cacheBytes, 19327352832);
+}
+
+TEST(MakePlan, KVFormatBudgetCountsScaleBytes)
+{
+    // fp8 per token-head, built-in model: a page id is 32 layers * 2 halves * 128 tokens * 8 heads * 132 bytes =
+    // 8,650,752 bytes; 10 GiB = 10,737,418,240 / 8,650,752 = 1,241.2, so 1,241 pages (fp8 alone would fit 1,280).
+    Plan const plan = planFor({"--kv-dtype", "fp8-token-head", "--budget", "10GiB"});
+    EXPECT_EQ(plan.layout.bytesPerPage, 8650752);
+    EXPECT_EQ(plan.budgetPages, 1241);
+}
+
+TEST(MakePlan, LibraryRefusesAFormatTheModelCannotStore)
+{
+    // NVFP4 needs every head dimension a multiple of 16: 8 x 120 is refused by the library's validation.
+    EXPECT_THROW(planFor({"--kv-dtype", "nvfp4", "--head-dim", "120"}), rt::InvalidConfigError);
+    ProgramResult const result = runProgram({"--kv-dtype", "nvfp4", "--head-dim", "120"});
+    EXPECT_EQ(result.status, kEXIT_BAD_INPUT);
+    EXPECT_NE(result.err.find("headDim"), std::string::npos) << result.err;
+    EXPECT_NE(result.err.find("120"), std::string::npos) << result.err;
+}
+
 TEST(MakePlan, LibraryRejectsBadCacheConfigs)
 {
     EXPECT_THROW(planFor({"--page-size", "100"}), rt::InvalidConfigError); // not a power of two

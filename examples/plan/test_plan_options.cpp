@@ -160,6 +160,8 @@ TEST(ParseArguments, BadFlagsNameTheFlagAndTheValue)
         {{"--config", "a.json", "--layer-heads", "8x128"}, {"--config", "--layer-heads"}},
         {{"--config", "a.json", "--kv-heads", "4"}, {"--kv-heads", "--config"}},
         {{"--layer-heads", "8x128", "--layers", "4"}, {"--layers", "--layer-heads"}},
+        {{"--kv-dtype", "fp4"}, {"--kv-dtype", "fp16|bf16|fp8|fp8-token-head|nvfp4", "\"fp4\""}},
+        {{"--kv-dtype", "fp8", "--dtype", "float16"}, {"--kv-dtype fp8", "--dtype float16"}},
     };
     for (auto const& [args, fragments] : cases)
     {
@@ -169,6 +171,35 @@ TEST(ParseArguments, BadFlagsNameTheFlagAndTheValue)
             EXPECT_NE(message.find(fragment), std::string::npos) << "\"" << message << "\" lacks " << fragment;
         }
     }
+}
+
+// ---- cache formats (--kv-dtype) ----
+
+TEST(KVFormat, EachNameMapsToAStorageTypeAndQuantization)
+{
+    struct Expected
+    {
+        char const* name;
+        rt::DataType storage;
+        rt::KVQuantization quantization;
+    };
+    Expected const expected[] = {
+        {"fp16", rt::DataType::kHALF, rt::KVQuantization::kNONE},
+        {"bf16", rt::DataType::kBF16, rt::KVQuantization::kNONE},
+        {"fp8", rt::DataType::kFP8_E4M3, rt::KVQuantization::kFP8_PER_TENSOR},
+        {"fp8-token-head", rt::DataType::kFP8_E4M3, rt::KVQuantization::kFP8_PER_TOKEN_HEAD},
+        {"nvfp4", rt::DataType::kUINT8, rt::KVQuantization::kNVFP4},
+    };
+    for (Expected const& format : expected)
+    {
+        PlanOptions const options = parseArguments({std::string("--kv-dtype=") + format.name});
+        ASSERT_TRUE(options.kvFormat.has_value()) << format.name;
+        EXPECT_EQ(options.kvFormat->name, format.name);
+        EXPECT_EQ(options.kvFormat->storage, format.storage) << format.name;
+        EXPECT_EQ(options.kvFormat->quantization, format.quantization) << format.name;
+        EXPECT_FALSE(options.dataType.has_value());
+    }
+    EXPECT_FALSE(parseArguments({}).kvFormat.has_value());
 }
 
 // ---- tensor parallelism (--tp): one GPU's shard ----

@@ -105,6 +105,8 @@ TEST(Format, JsonHasEveryField)
     EXPECT_EQ(json.at("maxTokensPerStep"), 2048);
     EXPECT_EQ(json.at("dtype"), "bfloat16");
     EXPECT_EQ(json.at("totalBytes"), 2063597568);
+    EXPECT_EQ(json.at("quantization"), "none");
+    EXPECT_EQ(json.at("scaleBytes"), 0);
     EXPECT_FALSE(json.contains("budget"));
     ASSERT_EQ(json.at("groups").size(), 2u);
     nlohmann::json const& window = json.at("groups")[1];
@@ -116,7 +118,8 @@ TEST(Format, JsonHasEveryField)
     ASSERT_EQ(json.at("layers").size(), 24u);
     nlohmann::json const& layer = json.at("layers")[0];
     EXPECT_EQ(layer, nlohmann::json::parse(R"({"index": 0, "kind": "kv", "numKVHeads": 8, "headDim": 64,
-        "slidingWindow": 128, "group": 1, "slotTokens": 2304, "numPages": 144, "bytes": 37748736})"));
+        "slidingWindow": 128, "group": 1, "slotTokens": 2304, "numPages": 144, "bytes": 37748736, "scaleBytes": 0,
+        "bytesPerTokenHeadHalf": 128})"));
     EXPECT_TRUE(layer.at("bytes").is_number_integer());
     EXPECT_EQ(json.at("layers")[1].at("slotTokens"), 8192); // 64 pages * 128
 
@@ -129,6 +132,50 @@ TEST(Format, JsonHasEveryField)
         planFor({"--config", modelPath("gpt-oss-20b.json"), "--step-tokens", "2048", "--budget", "10GiB"})));
     EXPECT_EQ(budget.at("budget"), nlohmann::json::parse(R"({"bytes": 10737418240, "sequences": 41,
         "numPagesPerGroup": [2624, 738], "cacheBytes": 10575937536})"));
+}
+
+TEST(Format, QuantizedFormatsNameTheirScalesInTextAndJson)
+{
+    // The issue's example, NVFP4: 32 layers; per layer 2 * 4096 * 128 * 8 = 2^23 entries of 64 data bytes
+    // (536,870,912) and 8 scale bytes (67,108,864); scales in all 32 * 67,108,864 = 2,147,483,648 bytes of
+    // 2^28 * 72 = 19,327,352,832 (11.1%).
+    Plan const nvfp4 = planFor({"--kv-dtype", "nvfp4", "--batch", "64"});
+    nlohmann::json const json = nlohmann::json::parse(formatPlanJson(nvfp4));
+    EXPECT_EQ(json.at("dtype"), "uint8");
+    EXPECT_EQ(json.at("quantization"), "nvfp4");
+    EXPECT_EQ(json.at("totalBytes"), 19327352832);
+    EXPECT_EQ(json.at("scaleBytes"), 2147483648);
+    nlohmann::json const& layer = json.at("layers")[31];
+    EXPECT_EQ(layer.at("bytes"), 536870912);
+    EXPECT_EQ(layer.at("scaleBytes"), 67108864);
+    EXPECT_EQ(layer.at("bytesPerTokenHeadHalf"), 72); // D/2 + D/16
+
+    std::string const text = formatPlan(nvfp4, false);
+    EXPECT_NE(text.find("  quant     nvfp4: "), std::string::npos) << text;
+    EXPECT_NE(text.find("72 bytes a token, head and half"), std::string::npos) << text;
+    EXPECT_NE(text.find("[2, 4096, 128, 8, 64]"), std::string::npos) << text; // pool view of D / 2 bytes
+    EXPECT_NE(text.find("19,327,352,832 bytes (18.00 GiB) in 32 layer buffers and 32 scale pools"), std::string::npos)
+        << text;
+    EXPECT_NE(text.find("scales    2,147,483,648 bytes (2.00 GiB) of the total: 11.1%"), std::string::npos) << text;
+    EXPECT_NE(text.find("603,979,776"), std::string::npos) << text; // a layer's row: 536,870,912 + 67,108,864
+
+    // Per token-head: 2^28 * 132 = 35,433,480,192 bytes; scales 2^28 * 4 = 1,073,741,824.
+    nlohmann::json const tokenHead =
+        nlohmann::json::parse(formatPlanJson(planFor({"--kv-dtype", "fp8-token-head", "--batch", "64"})));
+    EXPECT_EQ(tokenHead.at("quantization"), "fp8_per_token_head");
+    EXPECT_EQ(tokenHead.at("totalBytes"), 35433480192);
+    EXPECT_EQ(tokenHead.at("scaleBytes"), 1073741824);
+    EXPECT_EQ(tokenHead.at("layers")[0].at("bytesPerTokenHeadHalf"), 132); // D + 4
+
+    // Per tensor: scales live on the host, no scale bytes; D bytes an entry.
+    Plan const perTensor = planFor({"--kv-dtype", "fp8"});
+    std::string const perTensorText = formatPlan(perTensor, false);
+    EXPECT_NE(perTensorText.find("  quant     fp8_per_tensor: "), std::string::npos) << perTensorText;
+    EXPECT_EQ(perTensorText.find("scale pools"), std::string::npos) << perTensorText;
+    EXPECT_EQ(nlohmann::json::parse(formatPlanJson(perTensor)).at("scaleBytes"), 0);
+
+    // Unquantized plans print no quantization line.
+    EXPECT_EQ(formatPlan(planFor({"--kv-dtype", "bf16"}), false).find("quant "), std::string::npos);
 }
 
 TEST(Program, DefaultPrintsTotals)

@@ -98,6 +98,29 @@ class KVLayerKind(enum.Enum):
     LATENT = 1
     """One latent vector of head_dim values, no V (MLA); 1 KV head."""
 
+class KVQuantization(enum.Enum):
+    """
+    How a cache stores values and the scales it keeps beside them (docs/layout.md, Quantized pages).
+    """
+
+    NONE = 0
+    """Values as kv_cache_type, no scales."""
+
+    FP8_PER_TENSOR = 1
+    """
+    FP8 E4M3 values, one K and one V float scale a layer on the host: D bytes a token, head and half.
+    """
+
+    FP8_PER_TOKEN_HEAD = 2
+    """FP8 E4M3 values and a float32 scale a (page, token, head), K and V: D + 4 bytes."""
+
+    NVFP4 = 3
+    """
+    E2M1 values two a byte (uint8 storage) and an E4M3 scale a 16 values along D: D/2 + D/16 bytes.
+    """
+
+NVFP4_BLOCK_VALUES: int = 16
+
 TOKENS_PER_PAGE: int = 128
 
 MAX_TOKENS_PER_PAGE: int = 1024
@@ -152,7 +175,7 @@ class Config:
     What a KVCacheManager allocates: one buffer per attention layer, each [2, num_pages, tokens_per_page, H_i, D_i]. Every field is checked by compute_layout(), which raises InvalidConfigError.
     """
 
-    def __init__(self, *, layer_configs: Sequence[KVLayerConfig | tuple[Any, ...]] = [], num_attention_layers: int | None = None, max_batch_size: int = 0, max_sequence_length: int = 0, kv_cache_type: DataType = DataType.FLOAT16, num_pages: int = 0, tokens_per_page: int = 128, max_tokens_per_step: int = 0, num_pages_per_group: Sequence[int] = [], mem_pool: int = 0) -> None:
+    def __init__(self, *, layer_configs: Sequence[KVLayerConfig | tuple[Any, ...]] = [], num_attention_layers: int | None = None, max_batch_size: int = 0, max_sequence_length: int = 0, kv_cache_type: DataType = DataType.FLOAT16, num_pages: int = 0, tokens_per_page: int = 128, max_tokens_per_step: int = 0, num_pages_per_group: Sequence[int] = [], mem_pool: int = 0, quantization: KVQuantization = KVQuantization.NONE) -> None:
         """
         Builds a config; layer_configs takes KVLayerConfig objects or (num_kv_heads, head_dim[, sliding_window[, kind]]) tuples, and num_attention_layers defaults to their number.
         """
@@ -207,6 +230,15 @@ class Config:
 
     @kv_cache_type.setter
     def kv_cache_type(self, arg: DataType, /) -> None: ...
+
+    @property
+    def quantization(self) -> KVQuantization:
+        """
+        How values are stored and scaled; FP8 formats need kv_cache_type FP8_E4M3, NVFP4 needs UINT8 and every head_dim a multiple of NVFP4_BLOCK_VALUES. KVCacheManager refuses every format but NONE for now.
+        """
+
+    @quantization.setter
+    def quantization(self, arg: KVQuantization, /) -> None: ...
 
     @property
     def layer_configs(self) -> list[KVLayerConfig]:
@@ -273,6 +305,15 @@ class KVLayerLayout:
 
     @property
     def layer_bytes(self) -> int: ...
+
+    @property
+    def stored_dim(self) -> int: ...
+
+    @property
+    def scale_page_bytes(self) -> int: ...
+
+    @property
+    def scale_bytes(self) -> int: ...
 
 class KVPageGroupLayout:
     """Layers that share one page-id space."""
@@ -342,6 +383,9 @@ class KVCacheLayout:
 
     @property
     def bytes_per_page(self) -> int: ...
+
+    @property
+    def quantization(self) -> KVQuantization: ...
 
 class BudgetSplit:
     """A budget split across page groups (split_budget)."""

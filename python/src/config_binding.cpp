@@ -124,6 +124,17 @@ void bindConfig(nb::module_& m)
         .value("KV", rt::KVLayerKind::kKV, "K and V, each num_kv_heads x head_dim.")
         .value("LATENT", rt::KVLayerKind::kLATENT, "One latent vector of head_dim values, no V (MLA); 1 KV head.");
 
+    nb::enum_<rt::KVQuantization>(m, "KVQuantization",
+        "How a cache stores values and the scales it keeps beside them (docs/layout.md, Quantized pages).")
+        .value("NONE", rt::KVQuantization::kNONE, "Values as kv_cache_type, no scales.")
+        .value("FP8_PER_TENSOR", rt::KVQuantization::kFP8_PER_TENSOR,
+            "FP8 E4M3 values, one K and one V float scale a layer on the host: D bytes a token, head and half.")
+        .value("FP8_PER_TOKEN_HEAD", rt::KVQuantization::kFP8_PER_TOKEN_HEAD,
+            "FP8 E4M3 values and a float32 scale a (page, token, head), K and V: D + 4 bytes.")
+        .value("NVFP4", rt::KVQuantization::kNVFP4,
+            "E2M1 values two a byte (uint8 storage) and an E4M3 scale a 16 values along D: D/2 + D/16 bytes.");
+    m.attr("NVFP4_BLOCK_VALUES") = rt::kNVFP4_BLOCK_VALUES;
+
     m.attr("TOKENS_PER_PAGE") = rt::kTOKENS_PER_PAGE;
     m.attr("MAX_TOKENS_PER_PAGE") = rt::kMAX_TOKENS_PER_PAGE;
     m.attr("MAX_NUM_PAGES") = rt::kMAX_NUM_PAGES;
@@ -162,7 +173,8 @@ void bindConfig(nb::module_& m)
         "__init__",
         [](rt::KVCacheConfig* self, nb::handle layerConfigs, nb::handle numAttentionLayers, int64_t maxBatchSize,
             int64_t maxSequenceLength, rt::DataType kvCacheType, int64_t numPages, int64_t tokensPerPage,
-            int64_t maxTokensPerStep, std::vector<int64_t> const& numPagesPerGroup, uintptr_t memPool)
+            int64_t maxTokensPerStep, std::vector<int64_t> const& numPagesPerGroup, uintptr_t memPool,
+            rt::KVQuantization quantization)
         {
             rt::KVCacheConfig value;
             value.layerConfigs = layerConfigsOf(layerConfigs);
@@ -178,6 +190,7 @@ void bindConfig(nb::module_& m)
             value.maxTokensPerStep = toInt32(maxTokensPerStep, "Config.max_tokens_per_step");
             value.numPagesPerGroup = pagesPerGroupOf(numPagesPerGroup);
             value.memPool = reinterpret_cast<cudaMemPool_t>(memPool);
+            value.quantization = quantization;
             new (self) rt::KVCacheConfig(std::move(value));
         },
         nb::kw_only(), nb::arg("layer_configs") = nb::list(), nb::arg("num_attention_layers") = nb::none(),
@@ -185,6 +198,7 @@ void bindConfig(nb::module_& m)
         nb::arg("kv_cache_type") = rt::DataType::kHALF, nb::arg("num_pages") = 0,
         nb::arg("tokens_per_page") = rt::kTOKENS_PER_PAGE, nb::arg("max_tokens_per_step") = 0,
         nb::arg("num_pages_per_group") = std::vector<int64_t>{}, nb::arg("mem_pool") = 0,
+        nb::arg("quantization") = rt::KVQuantization::kNONE,
         "Builds a config; layer_configs takes KVLayerConfig objects or (num_kv_heads, head_dim[, sliding_window[, "
         "kind]]) tuples, and num_attention_layers defaults to their number.");
     intField(config, "num_attention_layers", &rt::KVCacheConfig::numAttentionLayers, "Config",
@@ -198,6 +212,9 @@ void bindConfig(nb::module_& m)
     intField(config, "max_tokens_per_step", &rt::KVCacheConfig::maxTokensPerStep, "Config",
         "The most tokens a sequence appends in one step; 0 means max_sequence_length.");
     config.def_rw("kv_cache_type", &rt::KVCacheConfig::kvCacheType, "Element type of the cache.")
+        .def_rw("quantization", &rt::KVCacheConfig::quantization,
+            "How values are stored and scaled; FP8 formats need kv_cache_type FP8_E4M3, NVFP4 needs UINT8 and every "
+            "head_dim a multiple of NVFP4_BLOCK_VALUES. KVCacheManager refuses every format but NONE for now.")
         .def_prop_rw(
             "layer_configs", [](rt::KVCacheConfig const& self) { return self.layerConfigs; },
             [](rt::KVCacheConfig& self, nb::handle layers) { self.layerConfigs = layerConfigsOf(layers); },
@@ -222,11 +239,11 @@ void bindConfig(nb::module_& m)
                     layers += (layers.empty() ? "" : ", ") + layerRepr(layerConfig);
                 }
                 return fmt::format("Config(num_attention_layers={}, max_batch_size={}, max_sequence_length={}, "
-                                   "kv_cache_type={}, num_pages={}, tokens_per_page={}, max_tokens_per_step={}, "
-                                   "layer_configs=[{}])",
+                                   "kv_cache_type={}, quantization={}, num_pages={}, tokens_per_page={}, "
+                                   "max_tokens_per_step={}, layer_configs=[{}])",
                     self.numAttentionLayers, self.maxBatchSize, self.maxSequenceLength,
-                    rt::dataTypeName(self.kvCacheType), self.numPages, self.tokensPerPage, self.maxTokensPerStep,
-                    layers);
+                    rt::dataTypeName(self.kvCacheType), rt::kvQuantizationName(self.quantization), self.numPages,
+                    self.tokensPerPage, self.maxTokensPerStep, layers);
             });
 
     nb::class_<rt::KVLayerLayout> layerLayout(
@@ -236,7 +253,9 @@ void bindConfig(nb::module_& m)
         &rt::KVLayerLayout::group, "num_halves", &rt::KVLayerLayout::numHalves, "slot_tokens",
         &rt::KVLayerLayout::slotTokens, "num_pages", &rt::KVLayerLayout::numPages, "page_elems",
         &rt::KVLayerLayout::pageElems, "page_bytes", &rt::KVLayerLayout::pageBytes, "half_elems",
-        &rt::KVLayerLayout::halfElems, "layer_bytes", &rt::KVLayerLayout::layerBytes);
+        &rt::KVLayerLayout::halfElems, "layer_bytes", &rt::KVLayerLayout::layerBytes, "stored_dim",
+        &rt::KVLayerLayout::storedDim, "scale_page_bytes", &rt::KVLayerLayout::scalePageBytes, "scale_bytes",
+        &rt::KVLayerLayout::scaleBytes);
 
     nb::class_<rt::KVPageGroupLayout> groupLayout(m, "KVPageGroupLayout", "Layers that share one page-id space.");
     readOnlyFields(groupLayout, "sliding_window", &rt::KVPageGroupLayout::slidingWindow, "pages_per_sequence",
@@ -252,7 +271,7 @@ void bindConfig(nb::module_& m)
         &rt::KVCacheLayout::pagesPerSlot, "min_pages", &rt::KVCacheLayout::minPages, "num_pages",
         &rt::KVCacheLayout::numPages, "element_bytes", &rt::KVCacheLayout::elementBytes, "layers",
         &rt::KVCacheLayout::layers, "groups", &rt::KVCacheLayout::groups, "cache_bytes", &rt::KVCacheLayout::cacheBytes,
-        "bytes_per_page", &rt::KVCacheLayout::bytesPerPage);
+        "bytes_per_page", &rt::KVCacheLayout::bytesPerPage, "quantization", &rt::KVCacheLayout::quantization);
 
     nb::class_<rt::BudgetSplit> budgetSplit(m, "BudgetSplit", "A budget split across page groups (split_budget).");
     readOnlyFields(budgetSplit, "sequences", &rt::BudgetSplit::sequences, "num_pages_per_group",

@@ -178,3 +178,69 @@ def test_wrong_layer_config_types_raise_type_error_naming_the_field(layers, mess
     with pytest.raises(TypeError, match=f"^{message}"):
         config.layer_configs = layers
     assert len(config.layer_configs) == len(LAYERS)  # unchanged
+
+
+# ---- quantized pages (docs/layout.md, "Quantized pages") ----
+
+# The issue's example: 32 layers of 8 x 128, batch 64 x 8192 tokens in pages of 128: 4096 pages a half, so a layer
+# holds 2 * 4096 * 128 * 8 = 2**23 (token, head, half) entries. Bytes an entry, by hand from the formats:
+# fp8 per token-head D + 4 = 132 (4 of them scale), NVFP4 D/2 + D/16 = 72 (8 of them scale).
+QUANTIZED = [
+    (kvcache.KVQuantization.FP8_PER_TOKEN_HEAD, kvcache.DataType.FP8_E4M3, "fp8_per_token_head", 128, 128, 4),
+    (kvcache.KVQuantization.NVFP4, kvcache.DataType.UINT8, "nvfp4", 64, 64, 8),
+]
+
+
+def issue_example(quantization, storage, **overrides):
+    fields = dict(
+        layer_configs=[(8, 128)] * 32,
+        max_batch_size=64,
+        max_sequence_length=8192,
+        tokens_per_page=128,
+        kv_cache_type=storage,
+        quantization=quantization,
+    )
+    fields.update(overrides)
+    return kvcache.Config(**fields)
+
+
+def test_quantization_is_an_enum_field():
+    assert make_config().quantization == kvcache.KVQuantization.NONE
+    config = make_config(kv_cache_type=kvcache.DataType.FP8_E4M3, quantization=kvcache.KVQuantization.FP8_PER_TENSOR)
+    assert config.quantization == kvcache.KVQuantization.FP8_PER_TENSOR
+    config.quantization = kvcache.KVQuantization.FP8_PER_TOKEN_HEAD
+    assert config.quantization == kvcache.KVQuantization.FP8_PER_TOKEN_HEAD
+    assert "quantization=fp8_per_token_head" in repr(config)
+    assert [q.value for q in kvcache.KVQuantization] == [0, 1, 2, 3]
+    assert kvcache.NVFP4_BLOCK_VALUES == 16
+
+
+@pytest.mark.parametrize("quantization, storage, name, stored_dim, entry_data, entry_scale", QUANTIZED)
+def test_layout_counts_scale_bytes(quantization, storage, name, stored_dim, entry_data, entry_scale):
+    layout = kvcache.compute_layout(issue_example(quantization, storage))
+    entries = 2 * 4096 * 128 * 8
+    assert layout.quantization == quantization
+    assert len(layout.layers) == 32
+    for layer in layout.layers:
+        assert layer.stored_dim == stored_dim
+        assert layer.scale_page_bytes == 128 * 8 * entry_scale
+        assert layer.layer_bytes == entries * entry_data
+        assert layer.scale_bytes == entries * entry_scale
+    assert layout.cache_bytes == 32 * entries * (entry_data + entry_scale)  # 2**28 * 132 or 2**28 * 72
+
+
+def test_scaled_format_needs_its_storage_type():
+    with pytest.raises(kvcache.InvalidConfigError, match="KVCacheConfig.quantization"):
+        kvcache.compute_layout(issue_example(kvcache.KVQuantization.NVFP4, kvcache.DataType.FLOAT16))
+
+
+@pytest.mark.parametrize("quantization, storage, name, stored_dim, entry_data, entry_scale", QUANTIZED)
+def test_manager_refuses_scaled_formats_naming_the_field(quantization, storage, name, stored_dim, entry_data,
+                                                         entry_scale):
+    # stream=0 creates no stream, so the manager's refusal comes before any CUDA call: no GPU needed.
+    config = issue_example(quantization, storage, max_batch_size=1)
+    with pytest.raises(kvcache.InvalidArgumentError) as refused:
+        kvcache.KVCacheManager(config, stream=0)
+    assert "KVCacheConfig.quantization" in str(refused.value)
+    assert name in str(refused.value)
+    assert "supported: none" in str(refused.value)
