@@ -10,7 +10,6 @@
 
 #include <limits>
 #include <string>
-#include <type_traits>
 
 namespace kvcache::python
 {
@@ -210,6 +209,8 @@ int32_t objectToInt32(nb::handle item, ListName name, size_t index)
     return entryToInt32(value, name, index);
 }
 
+constexpr ListName kPAIRS{"pairs", "page ids"};
+
 } // namespace
 
 std::string typeName(nb::handle object)
@@ -322,20 +323,16 @@ std::optional<DeviceInt32Array> deviceInt32Array(
     return std::nullopt;
 }
 
-template <typename Pair>
-void hostInt32Pairs(nb::handle list, std::vector<Pair>& pairs, PairListName name)
+void hostPagePairs(nb::handle list, std::vector<rt::PageCopy>& pairs)
 {
-    static_assert(std::is_standard_layout_v<Pair> && sizeof(Pair) == 2 * sizeof(int32_t),
-        "a pair is two int32 fields: an int32 [n, 2] row's layout");
     pairs.clear();
-    ListName const entries{name.what, name.noun};
     using Int32Pairs = nb::ndarray<int32_t const, nb::shape<-1, 2>, nb::c_contig, nb::device::cpu>;
     using Int64Pairs = nb::ndarray<int64_t const, nb::shape<-1, 2>, nb::c_contig, nb::device::cpu>;
     Int32Pairs int32Pairs;
     if (nb::try_cast(list, int32Pairs, false))
     {
-        // Two int32 a row are the pair's layout.
-        auto const* const first = reinterpret_cast<Pair const*>(int32Pairs.data());
+        // {src, dst} int32 rows are PageCopy's layout.
+        auto const* const first = reinterpret_cast<rt::PageCopy const*>(int32Pairs.data());
         pairs.assign(first, first + int32Pairs.shape(0));
         return;
     }
@@ -345,15 +342,16 @@ void hostInt32Pairs(nb::handle list, std::vector<Pair>& pairs, PairListName name
         pairs.reserve(int64Pairs.shape(0));
         for (size_t i = 0; i < int64Pairs.shape(0); ++i)
         {
-            pairs.push_back({entryToInt32(int64Pairs(i, 0), entries, i), entryToInt32(int64Pairs(i, 1), entries, i)});
+            pairs.push_back({entryToInt32(int64Pairs(i, 0), kPAIRS, i), entryToInt32(int64Pairs(i, 1), kPAIRS, i)});
         }
         return;
     }
     if (!nb::isinstance<nb::sequence>(list) && !nb::hasattr(list, "__iter__"))
     {
         throw nb::type_error(
-            fmt::format("{} is a {}; expected a sequence of {} pairs, an [n, 2] int array or a device array", name.what,
-                typeName(list), name.pair)
+            fmt::format("pairs is a {}; expected a sequence of (src, dst) pairs, an [n, 2] int array or a device "
+                        "array",
+                typeName(list))
                 .c_str());
     }
     size_t index = 0;
@@ -363,42 +361,10 @@ void hostInt32Pairs(nb::handle list, std::vector<Pair>& pairs, PairListName name
         if (!nb::isinstance<nb::sequence>(pair) || nb::len(entry) != 2)
         {
             throw rt::InvalidArgumentError(
-                fmt::format("{}[{}] is a {}; expected a {} pair", name.what, index, typeName(pair), name.pair));
+                fmt::format("pairs[{}] is a {}; expected a (src, dst) pair", index, typeName(pair)));
         }
-        pairs.push_back({objectToInt32(entry[0], entries, index), objectToInt32(entry[1], entries, index)});
+        pairs.push_back({objectToInt32(entry[0], kPAIRS, index), objectToInt32(entry[1], kPAIRS, index)});
         ++index;
-    }
-}
-
-template void hostInt32Pairs<rt::PageCopy>(nb::handle, std::vector<rt::PageCopy>&, PairListName);
-template void hostInt32Pairs<rt::HostTierEntry>(nb::handle, std::vector<rt::HostTierEntry>&, PairListName);
-
-void hostPagePairs(nb::handle list, std::vector<rt::PageCopy>& pairs)
-{
-    hostInt32Pairs(list, pairs, PairListName{"pairs", "page ids", "(src, dst)"});
-}
-
-int32_t* deviceScalar(nb::handle value, cudaStream_t stream, int32_t device, char const* what)
-{
-    if (value.is_none())
-    {
-        return nullptr;
-    }
-    std::optional<DeviceInt32Array> const array = deviceInt32Array(value, stream, device, what);
-    if (!array || array->count != 1)
-    {
-        throw rt::InvalidArgumentError(fmt::format("{} must be a device int32 array of one element ({})", what,
-            array ? fmt::format("it has {}", array->count) : std::string("it is not in device memory")));
-    }
-    return array->data;
-}
-
-void requireHostListArguments(nb::handle count, nb::handle errorCount, char const* list)
-{
-    if (!count.is_none() || !errorCount.is_none())
-    {
-        throw rt::InvalidArgumentError(
-            fmt::format("count and error_count are device int32 scalars for device lists; {} is a host list", list));
     }
 }
 
