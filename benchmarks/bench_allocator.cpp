@@ -11,7 +11,9 @@
 // of each model of f; wall time from a steady clock. A case whose check fails stops with an error and makes the process
 // exit 1. See docs/benchmarks.md.
 
+#include "bench_main.h"
 #include "hybrid_serving_sim.h"
+#include "serving_workload.h"
 
 #include "kvcache/kv_cache_layout.h"
 #include "kvcache/page_allocator.h"
@@ -65,9 +67,6 @@ constexpr int32_t kSIM_MAX_LENGTH = kSIM_PREFIX_TOKENS + kSIM_MAX_USER_TOKENS + 
 using Clock = std::chrono::steady_clock;
 using Rng = std::mt19937_64;
 
-//! Cases that stopped with an error (a failed check or an exception); any makes the process exit 1.
-int32_t gFailedCases = 0;
-
 //! CPU time of the calling thread in nanoseconds: unlike the steady clock, it stops while the thread waits for a core
 //! that other processes hold, which makes runs on a shared machine comparable.
 double threadCpuNanoseconds()
@@ -92,43 +91,11 @@ void reportNanoseconds(benchmark::State& state, Clock::time_point start, int64_t
     state.counters["ns_per_page"] = nanoseconds / (iterations * static_cast<double>(pagesPerOp));
 }
 
-//! Throws std::runtime_error with `message` when `condition` is false: a benchmark whose work went wrong must not
-//! report a time.
-void check(bool condition, std::string const& message)
-{
-    if (!condition)
-    {
-        throw std::runtime_error("check failed: " + message);
-    }
-}
-
-//! The simulation's random numbers, drawn inside the timed steps: SplitMix64 (Steele, Lea and Flood) and bounded
-//! draws by a 32x32-bit multiply (Lemire), a few instructions each. std::mt19937_64 behind
+//! The simulation's random numbers, drawn inside the timed steps: SplitMix64 (serving_workload.h), a few instructions
+//! a draw. std::mt19937_64 behind
 //! std::uniform_int_distribution took about a third of a step's time here, which is the harness's cost, not the
 //! page manager's (the baseline's draws are Python's random.randint).
-class SimRng
-{
-public:
-    explicit SimRng(uint64_t seed)
-        : mState(seed)
-    {
-    }
-    uint64_t next() noexcept
-    {
-        uint64_t z = (mState += 0x9E3779B97F4A7C15ULL);
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-        return z ^ (z >> 31);
-    }
-    //! Returns a draw from [0, n), n > 0 (bias below 2^-32 for the n used here).
-    int32_t below(int32_t n) noexcept
-    {
-        return static_cast<int32_t>(((next() >> 32) * static_cast<uint64_t>(n)) >> 32);
-    }
-
-private:
-    uint64_t mState;
-};
+using SimRng = SplitMix64;
 
 std::vector<int32_t> randomTokens(Rng& rng, int32_t count)
 {
@@ -169,21 +136,6 @@ rt::PageManagerOptions managerOptions(rt::PageHashAlgorithm algorithm, int32_t m
     }
     options.hashSeed = seed;
     return options;
-}
-
-//! Runs `body` and turns an exception into a stopped case that makes the process fail.
-template <typename Body>
-void guarded(benchmark::State& state, Body&& body)
-{
-    try
-    {
-        body();
-    }
-    catch (std::exception const& error)
-    {
-        ++gFailedCases;
-        state.SkipWithError(error.what());
-    }
 }
 
 // Cases a and b: PageAllocator
@@ -730,19 +682,5 @@ void registerAll()
 
 int main(int argc, char** argv)
 {
-    benchmark::Initialize(&argc, argv);
-    if (benchmark::ReportUnrecognizedArguments(argc, argv))
-    {
-        return 1;
-    }
-    kvcache::bench::registerAll();
-    size_t const cases = benchmark::RunSpecifiedBenchmarks();
-    benchmark::Shutdown();
-    int32_t const failed = kvcache::bench::gFailedCases;
-    if (failed > 0)
-    {
-        std::fprintf(stderr, "kvcache-bench-allocator: %d of %zu case(s) failed\n", failed, cases);
-        return 1;
-    }
-    return 0;
+    return kvcache::bench::runBenchmarks(argc, argv, "kvcache-bench-allocator", kvcache::bench::registerAll);
 }

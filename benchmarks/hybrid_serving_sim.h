@@ -4,6 +4,8 @@
 // against their full-attention twins of the same device bytes, on one serving workload. See hybrid_serving_sim.cpp and
 // docs/benchmarks.md.
 
+#include "serving_workload.h"
+
 #include "kvcache/page_manager.h"
 
 #include <array>
@@ -57,8 +59,8 @@ struct HybridRunResult
 };
 
 //! Runs the serving workload (seeded by `seed`, the same requests whatever the manager) on a manager made from
-//! `config`: kWARM_STEPS untimed steps, then kMEASURED_STEPS measured ones. Throws std::runtime_error when a step runs
-//! out of pages (the workload is sized so that it must not) or a check fails.
+//! `config`: kSERVING_WARM_STEPS untimed steps, then kSERVING_MEASURED_STEPS measured ones. Throws std::runtime_error
+//! when a step runs out of pages (the workload is sized so that it must not) or a check fails.
 HybridRunResult runHybridWorkload(rt::KVCacheConfig const& config, uint64_t seed);
 
 //! Returns the hybrid config of `shape` at `tokensPerPage`, its pages split per `split` so that its cache takes at most

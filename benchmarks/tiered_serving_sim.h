@@ -1,0 +1,42 @@
+#pragma once
+
+// Case g of kvcache-bench-tiered: the prefix hit rate of a two-tier cache (device pages and a host tier several times
+// larger, TieredPrefixCache's bookkeeping with a mover that moves no bytes) on the serving workload of
+// serving_workload.cpp, against the device cache alone, a PageManager of the combined capacity, and an independent
+// model: an LRU prefix cache of the combined capacity. See tiered_serving_sim.cpp and docs/benchmarks.md.
+
+#include "serving_workload.h"
+
+#include "kvcache/tiers/tiered_prefix_cache.h"
+
+#include <cstdint>
+
+namespace kvcache::bench
+{
+
+//! One seed of case g: the same requests on each cache.
+struct TieredRunResult
+{
+    //! The device cache alone (a PageManager of devicePages).
+    ServingResult device;
+    //! The two tiers: deviceTokens adopted, hostTokens onboarded.
+    ServingResult tiered;
+    //! A PageManager of devicePages + hostPages.
+    ServingResult combined;
+    //! LruPrefixOracle of devicePages + hostPages.
+    ServingResult oracle;
+    //! The tiered cache's counters over the measured steps.
+    rt::TieredPrefixCacheStats tieredStats;
+    int64_t devicePages = 0;
+    int64_t hostPages = 0;
+};
+
+//! One full-attention layer of `numPages` pages at `tokensPerPage`, sequences up to kSERVING_MAX_LENGTH tokens, appends
+//! of up to kSERVING_CHUNK tokens.
+rt::KVCacheConfig servingPoolConfig(int32_t tokensPerPage, int64_t numPages);
+
+//! Runs the workload seeded by `seed` on the four caches at `tokensPerPage`: a device pool of the hybrid twin's
+//! 262,144 tokens, a host tier of `hostQuarters` / 4 times that. Throws std::runtime_error when a check fails.
+TieredRunResult runTieredWorkload(int32_t tokensPerPage, int32_t hostQuarters, uint64_t seed);
+
+} // namespace kvcache::bench
