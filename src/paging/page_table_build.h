@@ -7,6 +7,9 @@
 namespace kvcache::rt::detail
 {
 
+//! What build()'s errors name.
+inline constexpr char const* kBUILD = "PageTableBuffers::build";
+
 //! Each array of a page table region starts a multiple of this many bytes from the region's start, so a kernel can
 //! read it with aligned vector loads and whole cache lines.
 inline constexpr int64_t kPAGE_TABLE_ALIGNMENT_BYTES = 128;

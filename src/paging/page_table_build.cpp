@@ -1,0 +1,279 @@
+// Page table building on the host: the checks and the two passes that write a staging region (page_table_build.h).
+// No CUDA calls, so host tests drive every path.
+
+#include "paging/page_table_build.h"
+
+#include "kvcache/core/errors.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+
+namespace kvcache::rt
+{
+namespace detail
+{
+namespace
+{
+
+void checkPositive(char const* field, int32_t value)
+{
+    if (value <= 0)
+    {
+        throw InvalidArgumentError(fmt::format("PageTableBuffers: {} is {}; it must be > 0", field, value));
+    }
+}
+
+//! Throws unless `count` sequences fit the tables and `sequences` points to them.
+void checkCount(PageTableShape const& shape, SequencePages const* sequences, int32_t count)
+{
+    if (count < 0 || count > shape.maxBatchSize)
+    {
+        throw InvalidArgumentError(
+            fmt::format("{}: count is {}; it must be in [0, {}] (maxBatchSize)", kBUILD, count, shape.maxBatchSize));
+    }
+    if (count > 0 && sequences == nullptr)
+    {
+        throw InvalidArgumentError(fmt::format(
+            "{}: sequences is null with count {}; it must point to {} SequencePages", kBUILD, count, count));
+    }
+}
+
+[[noreturn]] void throwNumPages(int32_t index, int64_t numPages, int64_t most)
+{
+    throw InvalidArgumentError(
+        fmt::format("{}: sequences[{}].numPages is {}; it must be in [0, {}] (maxPagesPerSequence)", kBUILD, index,
+            numPages, most));
+}
+
+[[noreturn]] void throwNullPages(int32_t index, int64_t numPages)
+{
+    throw InvalidArgumentError(
+        fmt::format("{}: sequences[{}].pages is null with numPages {}; it must point to {} page ids", kBUILD, index,
+            numPages, numPages));
+}
+
+[[noreturn]] void throwNumTokens(
+    int32_t index, int64_t numTokens, int64_t numPages, int64_t tokensPerPage, int64_t fewest, int64_t most)
+{
+    throw InvalidArgumentError(
+        fmt::format("{}: sequences[{}].numTokens is {} with numPages {} and tokensPerPage {}; it "
+                    "must be in [{}, {}]",
+            kBUILD, index, numTokens, numPages, tokensPerPage, fewest, most));
+}
+
+//! Throws unless the sizes of `sequence` are valid, so that its page list can be read. The messages are made out of
+//! line, which keeps this small enough to inline into the row pass.
+inline void checkSizes(PageTableShape const& shape, SequencePages const& sequence, int32_t index)
+{
+    int64_t const numPages = sequence.numPages;
+    if (numPages < 0 || numPages > shape.maxPagesPerSequence)
+    {
+        throwNumPages(index, numPages, shape.maxPagesPerSequence);
+    }
+    if (numPages > 0 && sequence.pages == nullptr)
+    {
+        throwNullPages(index, numPages);
+    }
+    int64_t const tokensPerPage = shape.tokensPerPage;
+    int64_t const fewest = numPages == 0 ? 0 : (numPages - 1) * tokensPerPage + 1;
+    int64_t const most = numPages * tokensPerPage;
+    if (sequence.numTokens < fewest || sequence.numTokens > most)
+    {
+        throwNumTokens(index, sequence.numTokens, numPages, tokensPerPage, fewest, most);
+    }
+}
+
+//! Throws for the first negative id of `sequence` from its first resident page on (`released` entries lead it), or its
+//! last entry when every entry was released; called once a check found one.
+[[noreturn]] void throwNegativeId(SequencePages const& sequence, int32_t index, int64_t released)
+{
+    int64_t const numPages = sequence.numPages;
+    int64_t entry = released == numPages ? numPages - 1 : released;
+    while (sequence.pages[entry] >= 0)
+    {
+        ++entry;
+    }
+    throw InvalidArgumentError(fmt::format("{}: sequences[{}].pages[{}] is {}; page ids from the first resident page "
+                                           "(entry {}) to the last (entry {}) must be >= 0 (only released pages "
+                                           "before them may be kUNUSED_PAGE_ENTRY)",
+        kBUILD, index, entry, sequence.pages[entry], std::min(released, numPages - 1), numPages - 1));
+}
+
+//! Returns the OR of `count` ids, negative when one is. Eight accumulators make it vectorisable at -O2 as well (GCC's
+//! cheap cost model vectorises no single-accumulator reduction of unknown length).
+int32_t orOfIds(int32_t const* ids, int64_t count) noexcept
+{
+    int32_t lanes[8] = {};
+    int64_t j = 0;
+    for (; j + 8 <= count; j += 8)
+    {
+        for (int32_t k = 0; k < 8; ++k)
+        {
+            lanes[k] |= ids[j + k];
+        }
+    }
+    for (; j < count; ++j)
+    {
+        lanes[0] |= ids[j];
+    }
+    int32_t all = 0;
+    for (int32_t const lane : lanes)
+    {
+        all |= lane;
+    }
+    return all;
+}
+
+//! Throws unless the entries of `sequence` from its first resident page on (after `released` leading entries) are
+//! page ids and there is one; `ids` is their OR.
+void checkIds(SequencePages const& sequence, int32_t index, int64_t released, int32_t ids)
+{
+    if (ids < 0 || (released > 0 && released == sequence.numPages))
+    {
+        throwNegativeId(sequence, index, released);
+    }
+}
+
+//! Writes block table rows [0, rows) of `region` back as its indptr and indices say they were.
+void restoreRows(PageTableShape const& shape, int64_t rows, int32_t* region) noexcept
+{
+    int32_t const* const indptr = region + shape.indptrOffset();
+    int32_t const* const indices = region + shape.indicesOffset();
+    int64_t const width = shape.maxPagesPerSequence;
+    for (int64_t b = 0; b < rows; ++b)
+    {
+        int32_t* const row = region + shape.blockTableOffset() + b * width;
+        int32_t* const end = std::copy(indices + indptr[b], indices + indptr[b + 1], row);
+        std::fill(end, row + width, kUNUSED_PAGE_ENTRY);
+    }
+}
+
+} // namespace
+
+PageTableShape makePageTableShape(int32_t maxBatchSize, int32_t maxPagesPerSequence, int32_t tokensPerPage)
+{
+    checkPositive("maxBatchSize", maxBatchSize);
+    checkPositive("maxPagesPerSequence", maxPagesPerSequence);
+    checkPositive("tokensPerPage", tokensPerPage);
+    PageTableShape const shape{maxBatchSize, maxPagesPerSequence, tokensPerPage};
+    int64_t const limit = std::numeric_limits<int32_t>::max();
+    if (shape.entries() > limit)
+    {
+        throw InvalidArgumentError(fmt::format("PageTableBuffers: maxBatchSize * maxPagesPerSequence is {} ({} x {}); "
+                                               "it must be at most {} (indptr holds int32)",
+            shape.entries(), maxBatchSize, maxPagesPerSequence, limit));
+    }
+    return shape;
+}
+
+void writeEmptyPageTables(PageTableShape const& shape, int32_t* region) noexcept
+{
+    std::fill(region, region + shape.elements(), 0);
+    int32_t* const table = region + shape.blockTableOffset();
+    std::fill(table, table + shape.entries(), kUNUSED_PAGE_ENTRY);
+}
+
+void validateSequences(PageTableShape const& shape, SequencePages const* sequences, int32_t count)
+{
+    checkCount(shape, sequences, count);
+    for (int32_t b = 0; b < count; ++b)
+    {
+        SequencePages const& sequence = sequences[b];
+        checkSizes(shape, sequence, b);
+        int64_t const released = releasedPages(sequence);
+        checkIds(sequence, b, released, orOfIds(sequence.pages + released, sequence.numPages - released));
+    }
+}
+
+void writeBlockTableRows(PageTableShape const& shape, SequencePages const* sequences, int32_t count, int32_t* region)
+{
+    checkCount(shape, sequences, count);
+    int32_t const* const indptr = region + shape.indptrOffset();
+    int32_t* const table = region + shape.blockTableOffset();
+    int64_t const width = shape.maxPagesPerSequence;
+    // Checking a sequence as its row is written reads its page list once, where a separate check pass would read it
+    // from memory first. Indptr and indices stay the previous build's until the second pass, so a refused sequence
+    // puts the rows written before it back from them.
+    int64_t b = 0;
+    try
+    {
+        for (; b < count; ++b)
+        {
+            SequencePages const& sequence = sequences[b];
+            checkSizes(shape, sequence, static_cast<int32_t>(b));
+            // Released pages are left out: rows start at the first resident page, and firstToken says which token
+            // that is.
+            int64_t const released = releasedPages(sequence);
+            int64_t const pages = sequence.numPages - released;
+            int32_t* const row = table + b * width;
+            int32_t const* const resident = sequence.pages + released;
+            // copy_n takes an empty range (and a null list with no pages) without a branch here.
+            std::copy_n(resident, pages, row);
+            checkIds(sequence, static_cast<int32_t>(b), released, orOfIds(resident, pages));
+            // Padding over the rest of the old pages leaves the row whole without rewriting its unused tail.
+            int64_t const held = indptr[b + 1] - indptr[b];
+            if (held > pages)
+            {
+                std::fill(row + pages, row + held, kUNUSED_PAGE_ENTRY);
+            }
+        }
+    }
+    catch (...)
+    {
+        restoreRows(shape, std::min<int64_t>(b + 1, count), region);
+        throw;
+    }
+    // Rows from `count` on are empty now; only those that held pages before need padding.
+    for (int64_t row = count; row < shape.maxBatchSize && indptr[row] < indptr[shape.maxBatchSize]; ++row)
+    {
+        std::fill(table + row * width, table + row * width + (indptr[row + 1] - indptr[row]), kUNUSED_PAGE_ENTRY);
+    }
+}
+
+int64_t writeCsrAndLengths(
+    PageTableShape const& shape, SequencePages const* sequences, int32_t count, int32_t* region) noexcept
+{
+    int32_t* const indptr = region + shape.indptrOffset();
+    int32_t* const lastPageLen = region + shape.lastPageLenOffset();
+    int32_t* const firstToken = region + shape.firstTokenOffset();
+    int32_t* const residentTokens = region + shape.residentTokensOffset();
+    int32_t* const indices = region + shape.indicesOffset();
+    int64_t const tokensPerPage = shape.tokensPerPage;
+    int64_t used = 0;
+    for (int64_t b = 0; b < count; ++b)
+    {
+        SequencePages const& sequence = sequences[b];
+        int64_t const released = releasedPages(sequence);
+        int64_t const pages = sequence.numPages - released;
+        // From the list again, not the row just written: indices sit a multiple of 4 KiB after the block table at the
+        // usual sizes, and reading the row while storing there stalls on 4K aliasing.
+        std::copy_n(sequence.pages + released, pages, indices + used);
+        used += pages;
+        // At most maxBatchSize * maxPagesPerSequence, which makePageTableShape keeps within int32.
+        indptr[b + 1] = static_cast<int32_t>(used);
+        // numTokens is 0 with no pages, so the tokens past the full pages are 0 too.
+        int64_t const firstResident = released * tokensPerPage;
+        lastPageLen[b] =
+            static_cast<int32_t>(sequence.numTokens - std::max<int64_t>(sequence.numPages - 1, 0) * tokensPerPage);
+        // Both fit: numTokens is an int32 and firstResident is below it.
+        firstToken[b] = static_cast<int32_t>(firstResident);
+        residentTokens[b] = static_cast<int32_t>(sequence.numTokens - firstResident);
+    }
+    std::fill(indptr + count + 1, indptr + shape.maxBatchSize + 1, static_cast<int32_t>(used));
+    std::fill(lastPageLen + count, lastPageLen + shape.maxBatchSize, 0);
+    std::fill(firstToken + count, firstToken + shape.maxBatchSize, 0);
+    std::fill(residentTokens + count, residentTokens + shape.maxBatchSize, 0);
+    return shape.indicesOffset() + used;
+}
+
+int64_t buildPageTables(PageTableShape const& shape, SequencePages const* sequences, int32_t count, int32_t* region)
+{
+    writeBlockTableRows(shape, sequences, count, region);
+    return writeCsrAndLengths(shape, sequences, count, region);
+}
+
+} // namespace detail
+
+} // namespace kvcache::rt
