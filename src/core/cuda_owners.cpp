@@ -174,4 +174,11 @@ void CudaEvent::synchronizeNoThrow() const noexcept
     }
 }
 
+cudaStreamCaptureStatus captureStatus(cudaStream_t stream)
+{
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    KVCACHE_CUDA_TRY(cudaStreamIsCapturing(stream, &status));
+    return status;
+}
+
 } // namespace kvcache::rt::detail

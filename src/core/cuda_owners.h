@@ -237,4 +237,8 @@ private:
     }
 };
 
+//! Returns the capture status of `stream` (cudaStreamIsCapturing); throws CudaError. Host-list paths call it to
+//! refuse a capture before they change anything.
+cudaStreamCaptureStatus captureStatus(cudaStream_t stream);
+
 } // namespace kvcache::rt::detail

@@ -86,9 +86,7 @@ void PageTableBuffers::build(SequencePages const* sequences, int32_t count, cuda
         throw InvalidArgumentError(
             fmt::format("{}: this object owns no tables (default-constructed or moved from)", detail::kBUILD));
     }
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    KVCACHE_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
-    if (capture != cudaStreamCaptureStatusNone)
+    if (detail::captureStatus(stream) != cudaStreamCaptureStatusNone)
     {
         throw InvalidArgumentError(fmt::format("{}: stream is capturing a CUDA graph; it must not be: build() uploads "
                                                "from host staging that later builds rewrite (capture the kernels "

@@ -203,9 +203,7 @@ HostTierMethod HostTier::Impl::transfer(Direction direction, KVCacheManager cons
         throw InvalidArgumentError(
             fmt::format("{}: method is {}; it must be 0, 1 or 2", what, static_cast<int32_t>(method)));
     }
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    KVCACHE_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
-    if (capture != cudaStreamCaptureStatusNone)
+    if (detail::captureStatus(stream) != cudaStreamCaptureStatusNone)
     {
         throw InvalidArgumentError(fmt::format(
             "{}: the stream is capturing; host-list transfers query events, capture the device-list form", what));

@@ -2,6 +2,7 @@
 // page copies on the call's stream, and the checks that need CUDA (a capturing stream).
 #include "kvcache/tiers/tiered_prefix_cache.h"
 
+#include "core/cuda_owners.h"
 #include "tiers/tiered_prefix_cache_core.h"
 
 #include "kvcache/core/errors.h"
@@ -20,8 +21,7 @@ namespace
 //! events, which a capture forbids, and a refusal after the manager changed would leave pages without their bytes.
 void checkNotCapturing(char const* what, cudaStream_t stream)
 {
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    KVCACHE_CUDA_TRY(cudaStreamIsCapturing(stream, &status));
+    cudaStreamCaptureStatus const status = detail::captureStatus(stream);
     if (status != cudaStreamCaptureStatusNone)
     {
         throw InvalidArgumentError(fmt::format("TieredPrefixCache::{}: the stream is capturing a graph (status {}); "
