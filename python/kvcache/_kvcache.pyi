@@ -4,6 +4,7 @@ kvcache: per-layer KV cache memory, zero-copy DLPack views and page operations (
 
 from collections.abc import Sequence
 import enum
+import os
 from typing import Annotated, Any, Callable, Protocol, Union, overload
 
 import numpy
@@ -28,6 +29,18 @@ PagePairs = Union[Sequence[tuple[int, int]], Sequence[Sequence[int]], NDArray[An
 
 PageIds = Union[Sequence[int], NDArray[Any], DeviceArray]
 """Page ids: a host sequence of ints or 1-D int array, or a device int32 array."""
+
+HostTierEntries = Union[Sequence[tuple[int, int]], Sequence[Sequence[int]], NDArray[Any], DeviceArray]
+"""(page, host_page) entries: a host sequence of pairs or [n, 2] int array, or a device int32 array ([n, 2] or [2n])."""
+
+HostIds = Union[Sequence[int], NDArray[Any]]
+"""Host page ids: a host sequence of ints or 1-D int array."""
+
+PathLike = Union[str, os.PathLike[str]]
+"""A file path: a str or an os.PathLike giving one."""
+
+HostPageBuffers = Union[Sequence[Union[NDArray[Any], bytes, bytearray, memoryview]], NDArray[Any]]
+"""Host buffers of one page each (C-contiguous, bytes_per_page bytes): a sequence of them or the rows of a 2-D array."""
 
 
 class InvalidArgumentError(ValueError):
@@ -874,3 +887,213 @@ def write_tokens_paged(cache: KVCacheManager, layer: int, k: DeviceArray, v: Dev
 
 def read_tokens(cache: KVCacheManager, layer: int, k: DeviceArray, v: DeviceArray | None, token_addresses: DeviceArray, stream: StreamLike | None = None, *, count: DeviceArray | None = None, error_count: DeviceArray | None = None) -> None:
     """Gathers the tokens at `token_addresses` of layer `layer` into k and v (contiguous CUDA tensors [n, num_kv_heads, head_dim] of float32, float16 or bfloat16; v None for a latent layer), converting from the cache's type, in one launch on `stream`. Rows of skipped or bad addresses are left as they were."""
+
+HOST_TIER_KERNEL_MAX_BYTES: int = 4194304
+
+HOST_TIER_MAX_SMS: int = 8
+
+HOST_TIER_MAX_CHUNKS: int = 256
+
+SEQUENCE_FILE_VERSION: int = 1
+
+class HostTierMethod(enum.Enum):
+    """How a host tier transfer moves its bytes."""
+
+    AUTO = 0
+    """
+    The kernel for at most HOST_TIER_KERNEL_MAX_BYTES (count * host_page_bytes), the copy engine above.
+    """
+
+    COPY_ENGINE = 1
+    """
+    Staged through the tier's device staging buffer, one copy-engine descriptor a host page.
+    """
+
+    KERNEL = 2
+    """
+    A kernel on at most HOST_TIER_MAX_SMS multiprocessors over the mapped pinned memory (device lists too).
+    """
+
+class PageLayerGeometry:
+    """One layer of a page group as its pages hold it."""
+
+    @property
+    def kind(self) -> KVLayerKind: ...
+
+    @property
+    def num_kv_heads(self) -> int: ...
+
+    @property
+    def head_dim(self) -> int: ...
+
+    def __eq__(self, arg: object, /) -> bool: ...
+
+    def __repr__(self) -> str: ...
+
+class PageGeometry:
+    """
+    What a page of one page group is: one page id's bytes of every layer of the group in layer order, each layer's K half then its V half (a latent layer: its one half). Pages move (host tier, sequence file) only between equal geometries.
+    """
+
+    @property
+    def data_type(self) -> DataType: ...
+
+    @property
+    def tokens_per_page(self) -> int: ...
+
+    @property
+    def sliding_window(self) -> int:
+        """The group's sliding window, 0 for full attention."""
+
+    @property
+    def layers(self) -> list[PageLayerGeometry]:
+        """The group's layers, in order (a copy)."""
+
+    @property
+    def bytes_per_page(self) -> int:
+        """Bytes of one page: the group's bytes_per_page."""
+
+    def __eq__(self, arg: object, /) -> bool: ...
+
+    def __repr__(self) -> str: ...
+
+def page_geometry(layout: KVCacheLayout, group: int) -> PageGeometry:
+    """
+    Returns the page geometry of page group `group` of `layout` (compute_layout(config) or cache.layout()); raises OutOfRangeError for a group outside the layout's.
+    """
+
+class SequenceFileInfo:
+    """What a sequence file's header says."""
+
+    @property
+    def version(self) -> int: ...
+
+    @property
+    def geometry(self) -> PageGeometry: ...
+
+    @property
+    def page_count(self) -> int: ...
+
+    @property
+    def token_count(self) -> int: ...
+
+class HostTier:
+    """
+    Pinned host memory for pages of one page group of a cache, in host pages: a host page holds one page id's bytes of every layer of the group in layer order, K then V (a latent layer: its one half), host_page_bytes() in all. Offload (device pages to host pages) and onboard (host pages to device pages) move every layer of the group in one call, stream-ordered, without a host synchronisation. A host-list transfer touching a host page or page that a host-list transfer on another stream still moves waits for it on the device; device-list transfers are not tracked (order them yourself, and let them complete before the tier goes). The tier keeps its KVCacheManager alive. Calls hold the GIL, so Python threads use a tier one at a time; wait_until_ready releases it.
+    """
+
+    def __init__(self, cache: KVCacheManager, group: int, num_host_pages: int, *, chunk_bytes: int = 268435456, prefer_gpu_numa_node: bool = True, staging_bytes: int = 134217728) -> None:
+        """
+        Sizes the tier for `num_host_pages` host pages of page group `group` of `cache` (a KVCacheManager, kept alive by the tier), pins the first chunk of `chunk_bytes` and starts a thread pinning the rest (on the GPU's NUMA node with prefer_gpu_numa_node); `staging_bytes` of device memory stage copy-engine transfers, half a direction. Raises TypeError when cache is no KVCacheManager, OutOfRangeError for a bad group, InvalidArgumentError for num_host_pages outside [1, 2**31 - 1], chunk_bytes <= 0 or staging_bytes < 0, OutOfMemoryError when memory cannot be had.
+        """
+
+    def num_pinned_host_pages(self) -> int:
+        """
+        Host pages pinned now: host pages [0, num_pinned_host_pages()) are usable. Grows to num_host_pages().
+        """
+
+    def num_host_pages(self) -> int:
+        """Host pages the tier was sized for."""
+
+    def wait_until_ready(self) -> None:
+        """
+        Blocks (without the GIL) until every host page is pinned; raises what stopped pinning (the tier keeps the host pages pinned so far).
+        """
+
+    def host_page_bytes(self) -> int:
+        """Bytes of one host page: the group's bytes_per_page."""
+
+    def num_staging_host_pages(self) -> int:
+        """Host pages the copy-engine path stages at a time in each direction."""
+
+    def group(self) -> int:
+        """The page group the tier holds pages of."""
+
+    def device(self) -> int:
+        """The device the tier's memory is mapped for."""
+
+    def numa_node(self) -> int:
+        """The NUMA node the memory was bound to, or -1 when it was not."""
+
+    def geometry(self) -> PageGeometry:
+        """The geometry a host page's bytes have (what sequence files record)."""
+
+    def host_page_view(self, host_page: int) -> View:
+        """
+        Host view (uint8 [host_page_bytes()], DLPack kDLCPU: numpy.from_dlpack, torch.from_dlpack) of host page `host_page`, after waiting on the host for the tier's transfers touching it; later transfers into it change what it shows. The view keeps the tier alive. Raises OutOfRangeError outside [0, num_pinned_host_pages()).
+        """
+
+    def allocate_host_pages(self, count: int) -> list[int]:
+        """
+        Hands out `count` free host pages among those pinned (released ones first, most recent first; then never used ones in ascending order), all or nothing: OutOfMemoryError naming the count, the free host pages and the pinned ones when they do not fit.
+        """
+
+    def release_host_pages(self, host_pages: HostIds) -> None:
+        """
+        Returns host pages (a sequence of ints or a 1-D int array) to the free list, all or nothing: OutOfRangeError outside [0, num_pinned_host_pages()), InvalidArgumentError for one not handed out or listed twice.
+        """
+
+    def num_free_host_pages(self) -> int:
+        """Host pages neither handed out nor waiting to be pinned."""
+
+    def offload(self, entries: HostTierEntries, stream: StreamLike | None = None, *, method: HostTierMethod = HostTierMethod.AUTO, count: DeviceArray | None = None, error_count: DeviceArray | None = None) -> HostTierMethod:
+        """
+        Copies each entry's device page, every layer of the group, K and V, to its host page.
+        entries: (page, host_page) pairs, page a page id of the tier's group in its cache, host_page one of the tier's.
+        A host list (sequence of pairs, [n, 2] int array) is checked before anything is enqueued and moves by `method`
+        (AUTO: the kernel up to HOST_TIER_KERNEL_MAX_BYTES, the copy engine above); returns the method used. A device
+        int32 array ([n, 2] or [2n], __dlpack__ or __cuda_array_interface__) moves with the kernel, which reads it
+        when it runs, so a CUDA graph that captured the call replays with its current contents: entries holding
+        UNUSED_PAGE_ENTRY are skipped, bad ones are skipped and counted in error_count; count / error_count are optional
+        one-element device int32 arrays (device lists only); returns HostTierMethod.KERNEL. Stream-ordered on `stream`
+        (default: the cache's), without a host synchronisation. Host lists raise, before enqueuing anything:
+        OutOfRangeError for a page outside [0, the group's num_pages) or a host page outside
+        [0, num_pinned_host_pages()), InvalidArgumentError for a page or a host page listed twice or a capturing stream
+        (capture the device-list form).
+        """
+
+    def onboard(self, entries: HostTierEntries, stream: StreamLike | None = None, *, method: HostTierMethod = HostTierMethod.AUTO, count: DeviceArray | None = None, error_count: DeviceArray | None = None) -> HostTierMethod:
+        """
+        Copies each entry's host page to its device page, every layer of the group, K and V; entries, stream, method,
+        count and error_count as for offload.
+        """
+
+    def is_host_page_busy(self, host_page: int) -> bool:
+        """
+        True while a host-list transfer touching `host_page` has not completed; OutOfRangeError outside [0, num_host_pages()).
+        """
+
+    def synchronize_host_pages(self, host_pages: HostIds) -> None:
+        """
+        Waits on the host for the tier's transfers touching the listed host pages; raises OutOfRangeError outside [0, num_pinned_host_pages()), CudaError when a transfer failed.
+        """
+
+    def last_event(self) -> int:
+        """
+        The cudaEvent_t handle (an int) recorded after the latest host-list transfer, 0 before the first; valid until the next transfer call.
+        """
+
+def save_sequence(path: PathLike, tier: HostTier, host_pages: HostIds, token_count: int) -> None:
+    """
+    Writes host pages `host_pages` of `tier` (in that order) and `token_count` to a sequence file at `path` (str or os.PathLike), after waiting for the tier's transfers touching them: versioned, checksummed, written atomically (a temporary file renamed over `path`). Raises InvalidArgumentError for a token count outside [0, len(host_pages) * tokens_per_page] (full attention), OutOfRangeError for a bad host page, RuntimeError when the file cannot be written (nothing is left behind).
+    """
+
+def load_sequence(path: PathLike, tier: HostTier, host_pages: HostIds) -> int:
+    """
+    Reads the sequence file at `path` into host pages `host_pages` of `tier` and returns its token count. The whole file is verified before any host page is written: another geometry, a count other than the file's page count, a truncated or corrupt file, a host page listed twice raise InvalidArgumentError, a bad host page OutOfRangeError, and every host page keeps its bytes. RuntimeError when the file cannot be read.
+    """
+
+def read_sequence_file_info(path: PathLike) -> SequenceFileInfo:
+    """
+    Reads and checks the header of the sequence file at `path` (its page count sizes the host pages to load it into). Raises RuntimeError when it cannot be read, InvalidArgumentError naming the field for a file that is not a sequence file, of another version, corrupt or truncated.
+    """
+
+def write_sequence_file(path: PathLike, geometry: PageGeometry, token_count: int, pages: HostPageBuffers) -> None:
+    """
+    Writes `pages` (a sequence of C-contiguous host arrays or bytes-like objects of geometry.bytes_per_page bytes each, e.g. the rows of a uint8 [n, bytes_per_page] array) and `token_count` to a sequence file at `path`, atomically, as save_sequence does for host pages of a tier.
+    """
+
+def read_sequence_file(path: PathLike, expected: PageGeometry, pages: HostPageBuffers) -> int:
+    """
+    Reads the sequence file at `path` into `pages` (writable C-contiguous host arrays of expected.bytes_per_page bytes each, as many as the file's pages) and returns its token count; the whole file is verified first, so a bad file (or another geometry than `expected`) raises InvalidArgumentError and writes no page.
+    """

@@ -33,5 +33,7 @@ void bindAllocator(nb::module_& m);
 void bindPageTable(nb::module_& m);
 //! Registers PageManager and its option, count and statistics types.
 void bindPageManager(nb::module_& m);
+//! Registers HostTier, HostTierMethod, the page geometry types and the sequence-file functions.
+void bindHostTier(nb::module_& m);
 
 } // namespace kvcache::python

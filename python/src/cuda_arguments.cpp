@@ -10,6 +10,7 @@
 
 #include <limits>
 #include <string>
+#include <type_traits>
 
 namespace kvcache::python
 {
@@ -209,8 +210,6 @@ int32_t objectToInt32(nb::handle item, ListName name, size_t index)
     return entryToInt32(value, name, index);
 }
 
-constexpr ListName kPAIRS{"pairs", "page ids"};
-
 } // namespace
 
 std::string typeName(nb::handle object)
@@ -323,16 +322,20 @@ std::optional<DeviceInt32Array> deviceInt32Array(
     return std::nullopt;
 }
 
-void hostPagePairs(nb::handle list, std::vector<rt::PageCopy>& pairs)
+template <typename Pair>
+void hostInt32Pairs(nb::handle list, std::vector<Pair>& pairs, PairListName name)
 {
+    static_assert(std::is_standard_layout_v<Pair> && sizeof(Pair) == 2 * sizeof(int32_t),
+        "a pair is two int32 fields: an int32 [n, 2] row's layout");
     pairs.clear();
+    ListName const entries{name.what, name.noun};
     using Int32Pairs = nb::ndarray<int32_t const, nb::shape<-1, 2>, nb::c_contig, nb::device::cpu>;
     using Int64Pairs = nb::ndarray<int64_t const, nb::shape<-1, 2>, nb::c_contig, nb::device::cpu>;
     Int32Pairs int32Pairs;
     if (nb::try_cast(list, int32Pairs, false))
     {
-        // {src, dst} int32 rows are PageCopy's layout.
-        auto const* const first = reinterpret_cast<rt::PageCopy const*>(int32Pairs.data());
+        // Two int32 a row are the pair's layout.
+        auto const* const first = reinterpret_cast<Pair const*>(int32Pairs.data());
         pairs.assign(first, first + int32Pairs.shape(0));
         return;
     }
@@ -342,16 +345,15 @@ void hostPagePairs(nb::handle list, std::vector<rt::PageCopy>& pairs)
         pairs.reserve(int64Pairs.shape(0));
         for (size_t i = 0; i < int64Pairs.shape(0); ++i)
         {
-            pairs.push_back({entryToInt32(int64Pairs(i, 0), kPAIRS, i), entryToInt32(int64Pairs(i, 1), kPAIRS, i)});
+            pairs.push_back({entryToInt32(int64Pairs(i, 0), entries, i), entryToInt32(int64Pairs(i, 1), entries, i)});
         }
         return;
     }
     if (!nb::isinstance<nb::sequence>(list) && !nb::hasattr(list, "__iter__"))
     {
         throw nb::type_error(
-            fmt::format("pairs is a {}; expected a sequence of (src, dst) pairs, an [n, 2] int array or a device "
-                        "array",
-                typeName(list))
+            fmt::format("{} is a {}; expected a sequence of {} pairs, an [n, 2] int array or a device array", name.what,
+                typeName(list), name.pair)
                 .c_str());
     }
     size_t index = 0;
@@ -361,10 +363,42 @@ void hostPagePairs(nb::handle list, std::vector<rt::PageCopy>& pairs)
         if (!nb::isinstance<nb::sequence>(pair) || nb::len(entry) != 2)
         {
             throw rt::InvalidArgumentError(
-                fmt::format("pairs[{}] is a {}; expected a (src, dst) pair", index, typeName(pair)));
+                fmt::format("{}[{}] is a {}; expected a {} pair", name.what, index, typeName(pair), name.pair));
         }
-        pairs.push_back({objectToInt32(entry[0], kPAIRS, index), objectToInt32(entry[1], kPAIRS, index)});
+        pairs.push_back({objectToInt32(entry[0], entries, index), objectToInt32(entry[1], entries, index)});
         ++index;
+    }
+}
+
+template void hostInt32Pairs<rt::PageCopy>(nb::handle, std::vector<rt::PageCopy>&, PairListName);
+template void hostInt32Pairs<rt::HostTierEntry>(nb::handle, std::vector<rt::HostTierEntry>&, PairListName);
+
+void hostPagePairs(nb::handle list, std::vector<rt::PageCopy>& pairs)
+{
+    hostInt32Pairs(list, pairs, PairListName{"pairs", "page ids", "(src, dst)"});
+}
+
+int32_t* deviceScalar(nb::handle value, cudaStream_t stream, int32_t device, char const* what)
+{
+    if (value.is_none())
+    {
+        return nullptr;
+    }
+    std::optional<DeviceInt32Array> const array = deviceInt32Array(value, stream, device, what);
+    if (!array || array->count != 1)
+    {
+        throw rt::InvalidArgumentError(fmt::format("{} must be a device int32 array of one element ({})", what,
+            array ? fmt::format("it has {}", array->count) : std::string("it is not in device memory")));
+    }
+    return array->data;
+}
+
+void requireHostListArguments(nb::handle count, nb::handle errorCount, char const* list)
+{
+    if (!count.is_none() || !errorCount.is_none())
+    {
+        throw rt::InvalidArgumentError(
+            fmt::format("count and error_count are device int32 scalars for device lists; {} is a host list", list));
     }
 }
 

@@ -74,9 +74,32 @@ struct DeviceInt32Array
 std::optional<DeviceInt32Array> deviceInt32Array(
     nb::handle list, cudaStream_t consumer, int32_t device, char const* what);
 
+//! How messages about a host list of pairs name it: the argument, its entries (plural) and the form of a pair.
+struct PairListName
+{
+    char const* what;
+    char const* noun;
+    char const* pair;
+};
+
+//! Reads host pairs into `pairs` (Pair: two int32 fields, rt::PageCopy or rt::HostTierEntry): an int32 or int64 array
+//! of shape [n, 2] (NumPy, or anything nanobind takes as a CPU ndarray) or a sequence of pairs. Throws
+//! InvalidArgumentError / TypeError naming the argument and the entry as `name` says (e.g. {"entries", "ids",
+//! "(page, host_page)"}).
+template <typename Pair>
+void hostInt32Pairs(nb::handle list, std::vector<Pair>& pairs, PairListName name);
+
 //! Reads host page pairs into `pairs`: an int32 or int64 array of shape [n, 2] (NumPy, or anything nanobind takes as
 //! a CPU ndarray) or a sequence of (src, dst) pairs. Throws InvalidArgumentError / TypeError naming the entry.
 void hostPagePairs(nb::handle list, std::vector<rt::PageCopy>& pairs);
+
+//! Returns the data of `value`, a device int32 array of one element (a count or an error counter of a device-list
+//! call), or null for None. Throws InvalidArgumentError naming `what` for anything else.
+int32_t* deviceScalar(nb::handle value, cudaStream_t stream, int32_t device, char const* what);
+
+//! Throws InvalidArgumentError unless count and error_count are None: they are device scalars for device lists, and
+//! `list` (its name) is a host list.
+void requireHostListArguments(nb::handle count, nb::handle errorCount, char const* list);
 
 //! Reads host page ids into `pages`: a one-dimensional int32 or int64 array or a sequence of ints. Throws
 //! InvalidArgumentError / TypeError naming the entry of `pages`.

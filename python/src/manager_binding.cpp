@@ -128,22 +128,6 @@ rt::PageOpTarget targetOf(nb::handle target, nb::handle group)
     return result;
 }
 
-//! A device scalar (one int32) for a count or an error counter, or null for None.
-int32_t* deviceScalar(nb::handle value, cudaStream_t stream, int32_t device, char const* what)
-{
-    if (value.is_none())
-    {
-        return nullptr;
-    }
-    std::optional<DeviceInt32Array> const array = deviceInt32Array(value, stream, device, what);
-    if (!array || array->count != 1)
-    {
-        throw rt::InvalidArgumentError(fmt::format("{} must be a device int32 array of one element ({})", what,
-            array ? fmt::format("it has {}", array->count) : std::string("it is not in device memory")));
-    }
-    return array->data;
-}
-
 //! What both page operations take besides their list: the stream (default: the cache's), the target and the device.
 struct PageOpCall
 {
@@ -155,17 +139,6 @@ struct PageOpCall
 PageOpCall pageOpCall(CacheHandle& cache, nb::handle stream, nb::handle target, nb::handle group)
 {
     return PageOpCall{streamArgument(stream, cache.stream()), targetOf(target, group), cache.manager().device()};
-}
-
-//! Throws InvalidArgumentError unless count and error_count are None: they are device scalars for device lists, and
-//! `list` is a host list.
-void requireHostListArguments(nb::handle count, nb::handle errorCount, char const* list)
-{
-    if (!count.is_none() || !errorCount.is_none())
-    {
-        throw rt::InvalidArgumentError(
-            fmt::format("count and error_count are device int32 scalars for device lists; {} is a host list", list));
-    }
 }
 
 void copyPages(CacheHandle& cache, nb::handle pairs, nb::handle stream, nb::handle target, nb::handle group,

@@ -21,6 +21,7 @@ NB_MODULE(_kvcache, m)
     kvcache::python::bindPageManager(m);
     kvcache::python::bindWrite(m);
     kvcache::python::bindPageTableTokenArrays(m);
+    kvcache::python::bindHostTier(m);
 
     m.attr("__version__") = KVCACHE_VERSION_STRING;
     m.def(
