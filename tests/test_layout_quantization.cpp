@@ -242,24 +242,5 @@ TEST(QuantizedValidation, BudgetsRefuseWhatTheLayoutRefuses)
     EXPECT_THROW(splitBudget(broken, kGiB), InvalidConfigError);
 }
 
-// The manager refuses before touching CUDA (the check runs in its member initialisers), so this runs without a GPU:
-// a scaled cache whose page operations dropped scales would corrupt forked, onboarded and restored pages silently.
-TEST(QuantizedManager, RefusesScaledFormatsUntilPageOperationsCarryScales)
-{
-    for (FormatByHand const& format : kFORMATS)
-    {
-        if (format.quantization == KVQuantization::kNONE)
-        {
-            continue;
-        }
-        std::string const name(kvQuantizationName(format.quantization));
-        SCOPED_TRACE(name);
-        KVCacheConfig const config = llama8x128(format.quantization, format.storage).maxBatchSize(1);
-        EXPECT_NO_THROW(KVCacheManager::validate(config)); // the layout maths stay available
-        EXPECT_TRUE(test::throwsNaming<InvalidArgumentError>([&] { KVCacheManager cache(config, nullptr); },
-            {"KVCacheConfig.quantization", name, "not implemented", "supported: none"}));
-    }
-}
-
 } // namespace
 } // namespace kvcache::rt

@@ -3,6 +3,7 @@
 #include "core/scoped_device.h"
 #include "kernels/page_mover.cuh"
 #include "memory/page_list_validation.h"
+#include "memory/scale_support.h"
 
 #include "kvcache/core/device_allocation.h"
 #include "kvcache/core/errors.h"
@@ -277,6 +278,8 @@ void checkArguments(char const* what, KVCacheManager const& cache, int32_t group
     {
         throw InvalidArgumentError(fmt::format("{}: comm is null; it must be an NCCL communicator", what));
     }
+    detail::refuseUncarriedScales(what, cache.layout().quantization, detail::CarriedScales::kNONE,
+        "transfers move no scale pages and compare no host scales yet");
     detail::validateResetList(what, pageIds, count, cache.group(group).numPages);
     int ranks = 0;
     int self = 0;

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 namespace kvcache::rt
 {
@@ -18,28 +19,31 @@ double toGiB(int64_t bytes)
     return static_cast<double>(bytes) / static_cast<double>(int64_t{1} << 30);
 }
 
-//! Returns the layout of `config`, or throws InvalidArgumentError for a quantization whose scales the cache cannot
-//! keep yet: its page operations (copy, reset, host tier, sequence files, transfer) would move data without scales
-//! and corrupt every page they touch, silently. Runs before anything is allocated.
-KVCacheLayout constructibleLayout(KVCacheConfig const& config)
+//! Returns true when `quantization` keeps a K and a V scale a layer on the host (docs/layout.md, "Quantization
+//! rules"): the per-tensor FP8 scales and NVFP4's global scales.
+bool keepsHostScales(KVQuantization quantization) noexcept
 {
-    KVCacheLayout layout = computeLayout(config);
-    if (layout.quantization != KVQuantization::kNONE)
+    return quantization == KVQuantization::kFP8_PER_TENSOR || quantization == KVQuantization::kNVFP4;
+}
+
+//! Throws InvalidArgumentError naming `what` and `name` when `value` is not a valid host scale of `quantization`:
+//! finite and >= 0 per tensor (0 stores every value as zero), finite and > 0 for NVFP4 (a block scale divides by it).
+void checkHostScale(char const* what, char const* name, int32_t layerIdx, float value, KVQuantization quantization)
+{
+    bool const positive = quantization == KVQuantization::kNVFP4;
+    if (!std::isfinite(value) || value < 0.0F || (positive && value == 0.0F))
     {
-        throw InvalidArgumentError(fmt::format("KVCacheManager: KVCacheConfig.quantization is {}, which is not "
-                                               "implemented yet: the cache keeps no scales and its page operations "
-                                               "would drop them; supported: none (computeLayout and the budget maths "
-                                               "accept every quantization)",
-            kvQuantizationName(layout.quantization)));
+        throw InvalidArgumentError(fmt::format("{}: LayerScales.{} of layer {} is {}; quantization {} needs a finite "
+                                               "scale {} 0",
+            what, name, layerIdx, value, kvQuantizationName(quantization), positive ? ">" : ">="));
     }
-    return layout;
 }
 
 } // namespace
 
 KVCacheManager::KVCacheManager(Config const& config, cudaStream_t stream)
     : mConfig(config)
-    , mLayout(constructibleLayout(config))
+    , mLayout(computeLayout(config))
     , mStream(stream)
 {
     int device = 0;
@@ -48,21 +52,33 @@ KVCacheManager::KVCacheManager(Config const& config, cudaStream_t stream)
     auto const layerCount = static_cast<int32_t>(mLayout.layers.size());
     // Members are owners: a throw below frees what was allocated so far (stream-ordered) as they unwind.
     mBuffers.reserve(static_cast<size_t>(layerCount));
+    mScaleBuffers.reserve(static_cast<size_t>(layerCount));
     for (int32_t i = 0; i < layerCount; ++i)
     {
-        int64_t const bytes = mLayout.layers[static_cast<size_t>(i)].layerBytes;
+        KVLayerLayout const& layer = mLayout.layers[static_cast<size_t>(i)];
+        char const* part = "layer";
+        int64_t bytes = layer.layerBytes;
         try
         {
             mBuffers.emplace_back(bytes, stream, config.memPool);
+            // Scales get an allocation of their own, 256-byte aligned like the data (docs/layout.md, "Where the scale
+            // pools live"); a layer without page scales keeps an empty owner so indices stay the layer's.
+            part = "scale pool of layer";
+            bytes = layer.scaleBytes;
+            mScaleBuffers.push_back(bytes > 0 ? DeviceAllocation(bytes, stream, config.memPool) : DeviceAllocation{});
         }
         catch (OutOfMemoryError const& error)
         {
-            throw OutOfMemoryError(fmt::format("KVCacheManager: cannot allocate layer {} of {}: it needs {} bytes "
+            throw OutOfMemoryError(fmt::format("KVCacheManager: cannot allocate the {} {} of {}: it needs {} bytes "
                                                "({:.3f} GiB); the whole config needs {} bytes ({:.3f} GiB); {}",
-                i, layerCount, bytes, toGiB(bytes), mLayout.cacheBytes, toGiB(mLayout.cacheBytes), error.what()));
+                part, i, layerCount, bytes, toGiB(bytes), mLayout.cacheBytes, toGiB(mLayout.cacheBytes), error.what()));
         }
     }
-    mLayerTable = detail::makeLayerTable(mBuffers, mLayout, stream, config.memPool);
+    mLayerTable = detail::makeLayerTable(mBuffers, mScaleBuffers, mLayout, stream, config.memPool);
+    if (keepsHostScales(mLayout.quantization))
+    {
+        mLayerScales.assign(static_cast<size_t>(layerCount), LayerScales{});
+    }
 
     auto const batch = int64_t{mLayout.maxBatchSize};
     auto const tokensPerPage = int64_t{mLayout.tokensPerPage};
@@ -72,10 +88,11 @@ KVCacheManager::KVCacheManager(Config const& config, cudaStream_t stream)
     {
         KVLayerLayout const& layer = mLayout.layers[static_cast<size_t>(i)];
         void* base = mBuffers[static_cast<size_t>(i)].data();
-        mSlotViews.emplace_back(base, Coords{layer.numHalves, batch, layer.slotTokens, layer.numKVHeads, layer.headDim},
-            mLayout.dataType, DeviceType::kGPU);
+        mSlotViews.emplace_back(base,
+            Coords{layer.numHalves, batch, layer.slotTokens, layer.numKVHeads, layer.storedDim}, mLayout.dataType,
+            DeviceType::kGPU);
         mPoolViews.emplace_back(base,
-            Coords{layer.numHalves, layer.numPages, tokensPerPage, layer.numKVHeads, layer.headDim}, mLayout.dataType,
+            Coords{layer.numHalves, layer.numPages, tokensPerPage, layer.numKVHeads, layer.storedDim}, mLayout.dataType,
             DeviceType::kGPU);
     }
 }
@@ -119,13 +136,13 @@ std::pair<Tensor, Tensor> KVCacheManager::getSeparateKVCache(int32_t layerIdx) c
 {
     checkIndex(layerIdx, "KVCacheManager::getSeparateKVCache");
     KVLayerLayout const& layer = mLayout.layers[static_cast<size_t>(layerIdx)];
-    Coords const shape{mLayout.maxBatchSize, layer.slotTokens, layer.numKVHeads, layer.headDim};
+    Coords const shape{mLayout.maxBatchSize, layer.slotTokens, layer.numKVHeads, layer.storedDim};
     Tensor k(kPoolPtr(layerIdx), shape, mLayout.dataType, DeviceType::kGPU);
     if (layer.numHalves == 1)
     {
         // No V: an empty view (null, no elements) of the same rank, so volume() and sizeBytes() read 0.
         return {k,
-            Tensor(nullptr, Coords{0, layer.slotTokens, layer.numKVHeads, layer.headDim}, mLayout.dataType,
+            Tensor(nullptr, Coords{0, layer.slotTokens, layer.numKVHeads, layer.storedDim}, mLayout.dataType,
                 DeviceType::kGPU)};
     }
     return {k, Tensor(vPoolPtr(layerIdx), shape, mLayout.dataType, DeviceType::kGPU)};
@@ -156,13 +173,23 @@ LayerRef KVCacheManager::layerRef(int32_t layerIdx) const noexcept
     ref.kPool = kPoolPtr(layerIdx);
     ref.vPool = vPoolPtr(layerIdx);
     ref.pageStride = layer.pageElems;
-    ref.tokenStride = int64_t{layer.numKVHeads} * layer.headDim;
-    ref.headStride = layer.headDim;
+    ref.tokenStride = int64_t{layer.numKVHeads} * layer.storedDim;
+    ref.headStride = layer.storedDim;
     ref.elementBytes = static_cast<int32_t>(mLayout.elementBytes);
     ref.numPages = layer.numPages;
     ref.tokensPerPage = mLayout.tokensPerPage;
     ref.numKVHeads = layer.numKVHeads;
     ref.headDim = layer.headDim;
+    if (layer.scaleBytes > 0)
+    {
+        auto* const scales = static_cast<char*>(mScaleBuffers[static_cast<size_t>(layerIdx)].data());
+        ref.kScalePool = scales;
+        ref.vScalePool = layer.numHalves == 2 ? scales + layer.numPages * layer.scalePageBytes : nullptr;
+        bool const tokenHead = mLayout.quantization == KVQuantization::kFP8_PER_TOKEN_HEAD;
+        ref.scaleElementBytes = tokenHead ? 4 : 1;
+        ref.scalesPerHead = static_cast<int32_t>(
+            layer.scalePageBytes / (int64_t{mLayout.tokensPerPage} * layer.numKVHeads * ref.scaleElementBytes));
+    }
     return ref;
 }
 
@@ -202,6 +229,10 @@ int64_t KVCacheManager::allocatedBytes() const noexcept
     {
         bytes += buffer.size();
     }
+    for (DeviceAllocation const& buffer : mScaleBuffers)
+    {
+        bytes += buffer.size();
+    }
     return bytes;
 }
 
@@ -219,8 +250,57 @@ Tensor KVCacheManager::latentPoolView(int32_t layerIdx) const
                                                "view needs a latent layer (use getCombinedKVCachePoolView)",
             layerIdx, layer.numKVHeads, layer.headDim));
     }
-    return Tensor(kPoolPtr(layerIdx), Coords{layer.numPages, mLayout.tokensPerPage, layer.headDim}, mLayout.dataType,
+    return Tensor(kPoolPtr(layerIdx), Coords{layer.numPages, mLayout.tokensPerPage, layer.storedDim}, mLayout.dataType,
         DeviceType::kGPU);
+}
+
+void KVCacheManager::checkScaledIndex(int32_t layerIdx, char const* what, bool pageScales) const
+{
+    if (layerIdx < 0 || layerIdx >= numLayers())
+    {
+        throw OutOfRangeError(fmt::format("{}: layer index {} is out of range [0, {})", what, layerIdx, numLayers()));
+    }
+    bool const kept =
+        pageScales ? detail::keepsScalePools(mLayout.quantization) : keepsHostScales(mLayout.quantization);
+    if (!kept)
+    {
+        throw InvalidArgumentError(
+            fmt::format("{}: KVCacheConfig.quantization is {}, which keeps no {}; they exist for "
+                        "{}",
+                what, kvQuantizationName(mLayout.quantization), pageScales ? "scale pools" : "host-held layer scales",
+                pageScales ? "fp8_per_token_head and nvfp4" : "fp8_per_tensor and nvfp4"));
+    }
+}
+
+Tensor KVCacheManager::scalePoolView(int32_t layerIdx) const
+{
+    checkScaledIndex(layerIdx, "KVCacheManager::scalePoolView", true);
+    KVLayerLayout const& layer = mLayout.layers[static_cast<size_t>(layerIdx)];
+    void* const base = mScaleBuffers[static_cast<size_t>(layerIdx)].data();
+    auto const tokensPerPage = int64_t{mLayout.tokensPerPage};
+    if (mLayout.quantization == KVQuantization::kFP8_PER_TOKEN_HEAD)
+    {
+        return Tensor(base, Coords{layer.numHalves, layer.numPages, tokensPerPage, layer.numKVHeads}, DataType::kFLOAT,
+            DeviceType::kGPU);
+    }
+    int64_t const blocks = layer.scalePageBytes / (tokensPerPage * layer.numKVHeads);
+    return Tensor(base, Coords{layer.numHalves, layer.numPages, tokensPerPage, layer.numKVHeads, blocks},
+        DataType::kFP8_E4M3, DeviceType::kGPU);
+}
+
+LayerScales KVCacheManager::layerScales(int32_t layerIdx) const
+{
+    checkScaledIndex(layerIdx, "KVCacheManager::layerScales", false);
+    return mLayerScales[static_cast<size_t>(layerIdx)];
+}
+
+void KVCacheManager::setLayerScales(int32_t layerIdx, LayerScales scales)
+{
+    constexpr char const* kWHAT = "KVCacheManager::setLayerScales";
+    checkScaledIndex(layerIdx, kWHAT, false);
+    checkHostScale(kWHAT, "k", layerIdx, scales.k, mLayout.quantization);
+    checkHostScale(kWHAT, "v", layerIdx, scales.v, mLayout.quantization);
+    mLayerScales[static_cast<size_t>(layerIdx)] = scales;
 }
 
 } // namespace kvcache::rt

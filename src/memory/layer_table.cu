@@ -28,27 +28,56 @@ __global__ void uploadLayerTableKernel(LayerTableEntry* dst, UploadBatch batch)
 
 } // namespace
 
-DeviceAllocation makeLayerTable(
-    std::vector<DeviceAllocation> const& buffers, KVCacheLayout const& layout, cudaStream_t stream, cudaMemPool_t pool)
+std::vector<LayerTableEntry> layerTableEntries(
+    KVCacheLayout const& layout, std::vector<char*> const& dataBases, std::vector<char*> const& scaleBases)
 {
-    auto const count = static_cast<int32_t>(buffers.size());
+    bool const scaled = keepsScalePools(layout.quantization);
+    std::vector<LayerTableEntry> entries;
+    entries.reserve(layout.layers.size() * (scaled ? 2 : 1));
+    for (KVPageGroupLayout const& group : layout.groups)
+    {
+        for (int32_t const index : group.layers)
+        {
+            KVLayerLayout const& layer = layout.layers[static_cast<size_t>(index)];
+            entries.push_back(
+                makeLayerTableEntry(dataBases[static_cast<size_t>(index)], layer.pageBytes, layer.numHalves == 2));
+        }
+        if (!scaled)
+        {
+            continue;
+        }
+        for (int32_t const index : group.layers)
+        {
+            KVLayerLayout const& layer = layout.layers[static_cast<size_t>(index)];
+            entries.push_back(makeLayerTableEntry(
+                scaleBases[static_cast<size_t>(index)], layer.scalePageBytes, layer.numHalves == 2));
+        }
+    }
+    return entries;
+}
+
+DeviceAllocation makeLayerTable(std::vector<DeviceAllocation> const& buffers,
+    std::vector<DeviceAllocation> const& scaleBuffers, KVCacheLayout const& layout, cudaStream_t stream,
+    cudaMemPool_t pool)
+{
+    std::vector<char*> dataBases;
+    std::vector<char*> scaleBases;
+    for (DeviceAllocation const& buffer : buffers)
+    {
+        dataBases.push_back(static_cast<char*>(buffer.data()));
+    }
+    for (DeviceAllocation const& buffer : scaleBuffers)
+    {
+        scaleBases.push_back(static_cast<char*>(buffer.data()));
+    }
+    std::vector<LayerTableEntry> const entries = layerTableEntries(layout, dataBases, scaleBases);
+    auto const count = static_cast<int32_t>(entries.size());
     if (count == 0)
     {
         return {};
     }
     DeviceAllocation table(int64_t{count} * static_cast<int64_t>(sizeof(LayerTableEntry)), stream, pool);
     auto* const dst = static_cast<LayerTableEntry*>(table.data());
-    std::vector<LayerTableEntry> entries;
-    entries.reserve(buffers.size());
-    for (KVPageGroupLayout const& group : layout.groups)
-    {
-        for (int32_t const index : group.layers)
-        {
-            KVLayerLayout const& layer = layout.layers[static_cast<size_t>(index)];
-            entries.push_back(makeLayerTableEntry(
-                static_cast<char*>(buffers[static_cast<size_t>(index)].data()), layer.pageBytes, layer.numHalves == 2));
-        }
-    }
     for (int32_t first = 0; first < count; first += kENTRIES_PER_UPLOAD)
     {
         UploadBatch batch{};

@@ -62,19 +62,24 @@ PageOpPlan planPageOp(
     int32_t const halfBits = target.half == KVHalf::kBOTH ? 1 : 0;
 
     int64_t maxPageBytes = 0;
+    int64_t maxScalePageBytes = 0;
     int64_t bytesPerEntry = 0;
     bool samePageBytes = true;
+    bool sameScalePageBytes = true;
     for (int32_t i = target.firstLayer; i < target.firstLayer + numLayers; ++i)
     {
         KVLayerLayout const& layer = cache.layout().layers[static_cast<size_t>(groupLayers[static_cast<size_t>(i)])];
         int32_t const halves = target.half == KVHalf::kBOTH ? layer.numHalves
             : target.half == KVHalf::kK                     ? 1
                                                             : layer.numHalves - 1;
-        bytesPerEntry += layer.pageBytes * halves;
+        bytesPerEntry += (layer.pageBytes + layer.scalePageBytes) * halves;
         // A latent layer's missing V half leaves idle blocks too.
         samePageBytes =
             samePageBytes && (maxPageBytes == 0 || layer.pageBytes == maxPageBytes) && halves == (1 << halfBits);
         maxPageBytes = std::max(maxPageBytes, layer.pageBytes);
+        sameScalePageBytes = sameScalePageBytes && (maxScalePageBytes == 0 || layer.scalePageBytes == maxScalePageBytes)
+            && halves == (1 << halfBits);
+        maxScalePageBytes = std::max(maxScalePageBytes, layer.scalePageBytes);
     }
     int64_t const gridZ = int64_t{numLayers} << halfBits;
     if (gridZ > kMAX_GRID_YZ)
@@ -92,7 +97,19 @@ PageOpPlan planPageOp(
     int32_t const numPages = groupCount == 0 ? cache.numPages() : cache.group(groupIndex).numPages;
     return PageOpPlan{ManagerInternals::layerTable(cache, groupIndex), target.firstLayer, halfBits,
         target.half == KVHalf::kV ? 1 : 0, numPages, pattern, errorCount, maxPageBytes, bytesPerEntry,
-        static_cast<uint32_t>(gridZ), samePageBytes};
+        static_cast<uint32_t>(gridZ), samePageBytes, ManagerInternals::scaleTable(cache, groupIndex), maxScalePageBytes,
+        sameScalePageBytes};
+}
+
+PageOpPlan scalePassOf(PageOpPlan const& plan)
+{
+    PageOpPlan scales = plan;
+    scales.table = plan.scaleTable;
+    scales.maxPageBytes = plan.maxScalePageBytes;
+    scales.samePageBytes = plan.sameScalePageBytes;
+    scales.errorCount = nullptr;
+    scales.scaleTable = nullptr;
+    return scales;
 }
 
 bool usesWideBlocks(PageOpPlan const& plan, int32_t listSize)

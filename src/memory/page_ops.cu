@@ -58,13 +58,10 @@ void launchShaped(PageOpPlan const& plan, List const& list, int32_t listSize, cu
     }
 }
 
+//! One pass over the plan's table entries.
 template <typename Op, typename List>
-void launch(PageOpPlan const& plan, List const& list, int32_t listSize, cudaStream_t stream)
+void launchPass(PageOpPlan const& plan, List const& list, int32_t listSize, cudaStream_t stream)
 {
-    if (listSize == 0 || plan.gridZ == 0)
-    {
-        return;
-    }
     if (usesWideBlocks(plan, listSize))
     {
         launchShaped<WideShape, Op>(plan, list, listSize, stream);
@@ -72,6 +69,23 @@ void launch(PageOpPlan const& plan, List const& list, int32_t listSize, cudaStre
     else
     {
         launchShaped<NarrowShape, Op>(plan, list, listSize, stream);
+    }
+}
+
+//! The data pass, then, for a cache with scale pools, the same kernel over the scale entries (docs/layout.md, "How
+//! every page operation carries scales"): a scale page is 1/32 to 1/8 of a data page, so a grid over both would be
+//! mostly idle scale blocks. Both passes read the same list, so a device list's count is read by each on the device.
+template <typename Op, typename List>
+void launch(PageOpPlan const& plan, List const& list, int32_t listSize, cudaStream_t stream)
+{
+    if (listSize == 0 || plan.gridZ == 0)
+    {
+        return;
+    }
+    launchPass<Op>(plan, list, listSize, stream);
+    if (plan.scaleTable != nullptr)
+    {
+        launchPass<Op>(scalePassOf(plan), list, listSize, stream);
     }
 }
 

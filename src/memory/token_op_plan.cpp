@@ -1,5 +1,7 @@
 #include "memory/token_op_plan.h"
 
+#include "memory/scale_support.h"
+
 #include "kvcache/core/errors.h"
 
 #include <fmt/format.h>
@@ -126,6 +128,9 @@ TokenOpPlan planTokenOp(char const* what, KVCacheLayout const& layout, int32_t l
         throw OutOfRangeError(
             fmt::format("{}: layerIdx is {}; it must be in [0, {}) (numLayers)", what, layerIdx, numLayers));
     }
+    // Before the type check: a quantized cache is fp8 or uint8, and its refusal should say why.
+    detail::refuseUncarriedScales(
+        what, layout.quantization, CarriedScales::kNONE, "the write op does not quantize yet");
     if (!isTokenValueType(layout.dataType))
     {
         throw InvalidArgumentError(fmt::format("{}: the cache's type is {}; tokens can be moved only into float32, "

@@ -8,6 +8,7 @@
 #include "kernels/host_tier_kernels.h"
 #include "memory/layer_table.h"
 #include "memory/page_list_validation.h"
+#include "memory/scale_support.h"
 #include "tiers/host_page_pool.h"
 #include "tiers/pinned_chunks.h"
 #include "tiers/staged_copy.h"
@@ -54,6 +55,9 @@ int32_t checkedGroup(KVCacheManager const& cache, int32_t group, int64_t numHost
     {
         throw InvalidArgumentError(fmt::format("{}: stagingBytes is {}; it must be >= 0", kWHAT, options.stagingBytes));
     }
+    // Per-tensor scales stay in the manager, so its host pages lose nothing; scale pages are not in a host page yet.
+    detail::refuseUncarriedScales(kWHAT, cache.layout().quantization, detail::CarriedScales::kHOST_HELD,
+        "host pages do not hold scale pages yet");
     return group;
 }
 
@@ -86,6 +90,7 @@ struct HostTier::Impl
 
     int32_t group;
     int32_t device;
+    KVQuantization quantization;
     PageGeometry geometry;
     int32_t numPages; //!< the group's pages: the device id range
     int32_t multiprocessors;
@@ -125,6 +130,7 @@ detail::DeviceBuffer layerOffsetsOf(KVCacheManager const& cache, int32_t group, 
 HostTier::Impl::Impl(KVCacheManager const& cache, int32_t groupIn, int64_t numHostPages, HostTierOptions const& options)
     : group(checkedGroup(cache, groupIn, numHostPages, options))
     , device(cache.device())
+    , quantization(cache.layout().quantization)
     , geometry(pageGeometry(cache.layout(), group))
     , numPages(cache.group(group).numPages)
     , multiprocessors(multiprocessorCount(device))
@@ -328,6 +334,11 @@ int32_t HostTier::device() const noexcept
 int32_t HostTier::numaNode() const noexcept
 {
     return mImpl->chunks.numaNode();
+}
+
+KVQuantization HostTier::quantization() const noexcept
+{
+    return mImpl->quantization;
 }
 
 PageGeometry const& HostTier::geometry() const noexcept

@@ -1,6 +1,7 @@
 // Sequence files over a host tier's host pages.
 
 #include "memory/page_list_validation.h"
+#include "memory/scale_support.h"
 #include "tiers/host_page_pool.h"
 
 #include "kvcache/tiers/host_tier.h"
@@ -11,8 +12,13 @@
 namespace kvcache::rt
 {
 
+// A quantized cache's host-held scales (per-tensor FP8) are not in its pages; a file without them would restore
+// values under whatever scales the loading cache has.
+constexpr char const* kNO_FILE_SCALES = "sequence files do not record scales yet";
+
 void saveSequence(std::string const& path, HostTier& tier, int32_t const* hostPages, int64_t count, int64_t tokenCount)
 {
+    detail::refuseUncarriedScales("saveSequence", tier.quantization(), detail::CarriedScales::kNONE, kNO_FILE_SCALES);
     tier.synchronizeHostPages(hostPages, count);
     std::vector<void const*> pages;
     pages.reserve(static_cast<size_t>(count));
@@ -25,6 +31,7 @@ void saveSequence(std::string const& path, HostTier& tier, int32_t const* hostPa
 
 int64_t loadSequence(std::string const& path, HostTier& tier, int32_t const* hostPages, int64_t count)
 {
+    detail::refuseUncarriedScales("loadSequence", tier.quantization(), detail::CarriedScales::kNONE, kNO_FILE_SCALES);
     tier.synchronizeHostPages(hostPages, count);
     std::vector<int32_t> sorted(hostPages, hostPages + count);
     detail::validateDistinctIds("loadSequence", "host page", sorted);

@@ -39,7 +39,8 @@ struct ModelLayer
 {
     int64_t numKVHeads = 0;
     int64_t headDim = 0;
-    int64_t tokenElems = 0; //!< H * D: one token of one half
+    int64_t storedDim = 0;  //!< elements of one head as stored: D, or D / 2 bytes for NVFP4
+    int64_t tokenElems = 0; //!< H * storedDim: one token of one half
     int64_t pageElems = 0;
     int64_t pageBytes = 0;
     int64_t halfElems = 0;
@@ -51,6 +52,10 @@ struct ModelLayer
     int64_t pagesPerSequence = 0;
     int64_t slotTokens = 0; //!< tokens of one slot: pagesPerSequence * tokensPerPage
     int64_t numPages = 0;   //!< the group's
+    //! Scale bytes of one page of one half: P * H * 4 (FP8 per token-head), P * H * D / 16 (NVFP4), else 0.
+    int64_t scalePageBytes = 0;
+    int64_t scaleHalfBytes = 0; //!< numPages * scalePageBytes: V scales start this far into the scale pool
+    int64_t scaleBytes = 0;     //!< numHalves * scaleHalfBytes: the scale pool
 };
 
 //! One page group of the model: the layers of one window (0: full attention).
@@ -90,6 +95,7 @@ struct LayoutModel
     int64_t minPages = 0;
     int64_t numPages = 0;
     int64_t elementBytes = 0;
+    rt::KVQuantization quantization = rt::KVQuantization::kNONE;
     std::vector<ModelLayer> layers;
     int64_t cacheBytes = 0;
     int64_t bytesPerPage = 0; //!< every half of one page id across all layers
@@ -99,12 +105,12 @@ struct LayoutModel
     int64_t poolByteOffset(int32_t layer, int64_t kv, int64_t page, int64_t token, int64_t head, int64_t dim) const
     {
         ModelLayer const& m = layers.at(static_cast<size_t>(layer));
-        int64_t const element = kv * m.halfElems + page * m.pageElems + token * m.tokenElems + head * m.headDim + dim;
+        int64_t const element = kv * m.halfElems + page * m.pageElems + token * m.tokenElems + head * m.storedDim + dim;
         return element * elementBytes;
     }
     //! Returns the LayerRef of `layer` for a buffer at `base`, filled from the model: what KVCacheManager::layerRef
-    //! should return when the layer's buffer starts there.
-    rt::LayerRef layerRef(int32_t layer, void* base) const
+    //! should return when the layer's buffer starts there and, with scale pools, its scale pool at `scaleBase`.
+    rt::LayerRef layerRef(int32_t layer, void* base, void* scaleBase = nullptr) const
     {
         ModelLayer const& m = layers.at(static_cast<size_t>(layer));
         rt::LayerRef ref;
@@ -112,12 +118,21 @@ struct LayoutModel
         ref.vPool = m.numHalves == 2 ? static_cast<char*>(base) + m.halfBytes : nullptr;
         ref.pageStride = m.pageElems;
         ref.tokenStride = m.tokenElems;
-        ref.headStride = m.headDim;
+        ref.headStride = m.storedDim;
         ref.elementBytes = static_cast<int32_t>(elementBytes);
         ref.numPages = static_cast<int32_t>(m.numPages);
         ref.tokensPerPage = static_cast<int32_t>(tokensPerPage);
         ref.numKVHeads = static_cast<int32_t>(m.numKVHeads);
         ref.headDim = static_cast<int32_t>(m.headDim);
+        if (m.scalePageBytes > 0)
+        {
+            // Float32 scales, one a head, for FP8 per token-head; FP8 E4M3 scales, one a 16 values, for NVFP4.
+            bool const tokenHead = quantization == rt::KVQuantization::kFP8_PER_TOKEN_HEAD;
+            ref.kScalePool = scaleBase;
+            ref.vScalePool = m.numHalves == 2 ? static_cast<char*>(scaleBase) + m.scaleHalfBytes : nullptr;
+            ref.scaleElementBytes = tokenHead ? 4 : 1;
+            ref.scalesPerHead = tokenHead ? 1 : static_cast<int32_t>(m.headDim / 16);
+        }
         return ref;
     }
     //! Returns the page that holds position `position` of slot `slot` in the slot view of a group-0 layer.
@@ -142,6 +157,7 @@ inline LayoutModel modelLayout(rt::KVCacheConfig const& config)
     model.maxBatchSize = config.maxBatchSize;
     model.tokensPerPage = config.tokensPerPage;
     model.elementBytes = elementBytesByHand(config.kvCacheType);
+    model.quantization = config.quantization;
     // Add pages to a slot until they hold the longest sequence.
     int64_t fullPages = 0;
     while (fullPages * model.tokensPerPage < config.maxSequenceLength)
@@ -195,16 +211,23 @@ inline LayoutModel modelLayout(rt::KVCacheConfig const& config)
         m.pagesPerSequence = group.pagesPerSequence;
         m.slotTokens = m.pagesPerSequence * model.tokensPerPage;
         m.numPages = group.numPages;
-        m.tokenElems = m.numKVHeads * m.headDim;
+        m.storedDim = config.quantization == rt::KVQuantization::kNVFP4 ? m.headDim / 2 : m.headDim;
+        m.tokenElems = m.numKVHeads * m.storedDim;
         m.pageElems = model.tokensPerPage * m.tokenElems;
         m.pageBytes = m.pageElems * model.elementBytes;
         m.halfElems = m.numPages * m.pageElems;
         m.halfBytes = m.halfElems * model.elementBytes;
         m.layerBytes = m.numHalves * m.halfBytes;
+        int64_t const tokenHeads = model.tokensPerPage * m.numKVHeads;
+        m.scalePageBytes = config.quantization == rt::KVQuantization::kFP8_PER_TOKEN_HEAD ? tokenHeads * 4
+            : config.quantization == rt::KVQuantization::kNVFP4 ? tokenHeads * (m.headDim / 16)
+                                                                : 0;
+        m.scaleHalfBytes = m.numPages * m.scalePageBytes;
+        m.scaleBytes = m.numHalves * m.scaleHalfBytes;
         model.capPadded = std::max(model.capPadded, m.slotTokens);
-        model.cacheBytes += m.layerBytes;
-        model.bytesPerPage += m.numHalves * m.pageBytes;
-        group.bytesPerPage += m.numHalves * m.pageBytes;
+        model.cacheBytes += m.layerBytes + m.scaleBytes;
+        model.bytesPerPage += m.numHalves * (m.pageBytes + m.scalePageBytes);
+        group.bytesPerPage += m.numHalves * (m.pageBytes + m.scalePageBytes);
         group.layers.push_back(static_cast<int32_t>(i));
         model.layers.push_back(m);
     }

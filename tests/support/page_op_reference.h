@@ -39,8 +39,10 @@ inline uint8_t patternByte(uint32_t pattern, int64_t index)
 }
 
 //! Host model of every layer's buffer: the K pool, then (unless the layer is latent) the V pool, each of its group's
-//! numPages pages of P * H * D elements, sized by the tests' own layout model. Operations act on one page group, as
-//! PageOpTarget names it: layers are positions in the group's list, ids index the group's pages.
+//! numPages pages of P * H * D elements, sized by the tests' own layout model; and, for a cache with scale pools, of
+//! every layer's scale pool, laid out the same way with scale pages (a page op moves a page's scales with its data).
+//! Operations act on one page group, as PageOpTarget names it: layers are positions in the group's list, ids index the
+//! group's pages.
 class ReferenceCache
 {
 public:
@@ -50,6 +52,7 @@ public:
         for (ModelLayer const& layer : mModel.layers)
         {
             mBytes.emplace_back(static_cast<size_t>(layer.layerBytes));
+            mScales.emplace_back(static_cast<size_t>(layer.scaleBytes));
         }
     }
 
@@ -104,19 +107,43 @@ public:
     {
         return bytes(layer).data() + kv * halfBytes(layer) + id * pageBytes(layer);
     }
+    //! Returns true when the layers have scale pools.
+    bool hasScales() const
+    {
+        return !mModel.layers.empty() && mModel.layers.front().scaleBytes > 0;
+    }
+    //! Returns the scale bytes of one page of one half of `layer` (0 without scale pools).
+    int64_t scalePageBytes(int32_t layer) const
+    {
+        return mModel.layers.at(static_cast<size_t>(layer)).scalePageBytes;
+    }
+    //! Returns the modelled scale pool of `layer` (empty without scale pools).
+    std::vector<uint8_t>& scales(int32_t layer)
+    {
+        return mScales.at(static_cast<size_t>(layer));
+    }
+    //! Returns the first byte of scale page `id` of half `kv` of `layer`, as page() does for data.
+    uint8_t* scalePage(int32_t layer, int32_t kv, int32_t id)
+    {
+        ModelLayer const& m = mModel.layers.at(static_cast<size_t>(layer));
+        return scales(layer).data() + kv * m.scaleHalfBytes + id * m.scalePageBytes;
+    }
 
     //! Fills every buffer with pseudo-random non-zero bytes; the first byte of each page of a layer is distinct (for
     //! up to 255 pages of its halves together), so no copy can go unseen because source and destination were equal.
     void fillRandom(std::mt19937_64& rng)
     {
-        for (std::vector<uint8_t>& layer : mBytes)
+        for (std::vector<std::vector<uint8_t>>* const pools : {&mBytes, &mScales})
         {
-            // Eight bytes from each draw: the large-page tests model over 80 MB.
-            uint64_t bits = 0;
-            for (size_t i = 0; i < layer.size(); ++i)
+            for (std::vector<uint8_t>& layer : *pools)
             {
-                bits = i % 8 == 0 ? rng() : bits >> 8;
-                layer[i] = static_cast<uint8_t>(1 + (bits & 0xFFU) % 255);
+                // Eight bytes from each draw: the large-page tests model over 80 MB.
+                uint64_t bits = 0;
+                for (size_t i = 0; i < layer.size(); ++i)
+                {
+                    bits = i % 8 == 0 ? rng() : bits >> 8;
+                    layer[i] = static_cast<uint8_t>(1 + (bits & 0xFFU) % 255);
+                }
             }
         }
         uint64_t const salt = rng();
@@ -129,6 +156,11 @@ public:
                 {
                     uint64_t const index = static_cast<uint64_t>(kv) * static_cast<uint64_t>(layerPages) + id;
                     page(layer, kv, id)[0] = static_cast<uint8_t>(1 + (salt + index * 37) % 255);
+                    if (scalePageBytes(layer) > 0)
+                    {
+                        // Offset from the data's salt, so a scale page copied from a data page would not match.
+                        scalePage(layer, kv, id)[0] = static_cast<uint8_t>(1 + (salt + 101 + index * 37) % 255);
+                    }
                 }
             }
         }
@@ -147,6 +179,8 @@ public:
                     {
                         std::memcpy(page(layer, kv, pair.dst), page(layer, kv, pair.src),
                             static_cast<size_t>(pageBytes(layer)));
+                        std::memcpy(scalePage(layer, kv, pair.dst), scalePage(layer, kv, pair.src),
+                            static_cast<size_t>(scalePageBytes(layer)));
                     }
                 }
             });
@@ -167,6 +201,12 @@ public:
                         for (int64_t i = 0; i < pageBytes(layer); ++i)
                         {
                             first[i] = patternByte(pattern, i);
+                        }
+                        // Scale pages take the pattern from their own first byte (page_ops.h).
+                        uint8_t* const firstScale = scalePage(layer, kv, id);
+                        for (int64_t i = 0; i < scalePageBytes(layer); ++i)
+                        {
+                            firstScale[i] = patternByte(pattern, i);
                         }
                     }
                 }
@@ -211,6 +251,7 @@ private:
 
     LayoutModel mModel;
     std::vector<std::vector<uint8_t>> mBytes;
+    std::vector<std::vector<uint8_t>> mScales; //!< one a layer, empty without scale pools
 };
 
 //! A manager on its own stream, its buffers filled with random bytes, and the host model of those buffers.
@@ -233,6 +274,12 @@ public:
             if (!vWhereModelled || mCache.getCombinedKVCachePoolView(layer).sizeBytes() != mReference.layerBytes(layer))
             {
                 throw std::runtime_error("layer " + std::to_string(layer) + " is not laid out as the reference models");
+            }
+            if (mReference.hasScales()
+                && mCache.scalePoolView(layer).sizeBytes() != static_cast<int64_t>(mReference.scales(layer).size()))
+            {
+                throw std::runtime_error(
+                    "layer " + std::to_string(layer) + "'s scale pool is not sized as the reference models");
             }
         }
         refill();
@@ -271,6 +318,10 @@ public:
         for (int32_t layer = 0; layer < mReference.numLayers(); ++layer)
         {
             uploadBytes(mCache.kPoolPtr(layer), mReference.bytes(layer), stream());
+            if (mReference.hasScales())
+            {
+                uploadBytes(mCache.scalePoolView(layer).rawPointer(), mReference.scales(layer), stream());
+            }
         }
     }
 
@@ -285,6 +336,16 @@ public:
             if (actual != expected)
             {
                 return describeMismatch(layer, expected, actual);
+            }
+            if (mReference.hasScales())
+            {
+                std::vector<uint8_t> const& expectedScales = mReference.scales(layer);
+                std::vector<uint8_t> const actualScales = downloadBytes(
+                    mCache.scalePoolView(layer).rawPointer(), static_cast<int64_t>(expectedScales.size()), stream());
+                if (actualScales != expectedScales)
+                {
+                    return describeScaleMismatch(layer, expectedScales, actualScales);
+                }
             }
         }
         return ::testing::AssertionSuccess();
@@ -345,6 +406,21 @@ private:
             << (half == 0 ? "K" : "V") << " page " << inHalf / mReference.pageBytes(layer) << " byte "
             << inHalf % mReference.pageBytes(layer) << " (pageBytes " << mReference.pageBytes(layer)
             << "): " << bytes.str();
+    }
+
+    ::testing::AssertionResult describeScaleMismatch(
+        int32_t layer, std::vector<uint8_t> const& expected, std::vector<uint8_t> const& actual)
+    {
+        auto const first = static_cast<int64_t>(
+            std::mismatch(expected.begin(), expected.end(), actual.begin()).first - expected.begin());
+        int64_t const halfBytes =
+            mReference.scalePageBytes(layer) * mReference.model().layers.at(static_cast<size_t>(layer)).numPages;
+        return ::testing::AssertionFailure()
+            << "layer " << layer << ": scales differ from the reference; the first is "
+            << (first < halfBytes ? "K" : "V") << " scale page "
+            << (first % halfBytes) / mReference.scalePageBytes(layer) << " byte "
+            << (first % halfBytes) % mReference.scalePageBytes(layer) << ": expected "
+            << int{expected[static_cast<size_t>(first)]} << ", found " << int{actual[static_cast<size_t>(first)]};
     }
 
     CudaStream mStream;

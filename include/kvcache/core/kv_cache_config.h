@@ -92,7 +92,8 @@ struct KVCacheConfig
     std::vector<int32_t> numPagesPerGroup = {};
     //! How values are stored and scaled. kFP8_PER_TENSOR and kFP8_PER_TOKEN_HEAD need kvCacheType kFP8_E4M3; kNVFP4
     //! needs kUINT8 (two values a byte) and every headDim a multiple of kNVFP4_BLOCK_VALUES. computeLayout counts the
-    //! scale bytes; KVCacheManager does not construct a scaled cache yet (its page operations do not carry scales).
+    //! scale bytes; KVCacheManager keeps the scales (scale pools, host-held layer scales), and the paths that do not
+    //! carry them yet (host tier scale pages, sequence files, transfer, the write op) refuse such a cache by name.
     KVQuantization quantization = KVQuantization::kNONE;
 };
 

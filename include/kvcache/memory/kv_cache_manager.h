@@ -19,8 +19,18 @@ namespace detail
 struct ManagerInternals;
 } // namespace detail
 
+//! A layer's host-held scales (docs/layout.md, "Quantization rules"): the per-tensor FP8 decode scales
+//! (`k_scale`/`v_scale`, finite, >= 0) or the NVFP4 global decode scales of K and V (finite, > 0). A latent layer has
+//! no V: its `v` is kept and unused.
+struct LayerScales
+{
+    float k = 1.0F;
+    float v = 1.0F;
+};
+
 //! Owns one device buffer per attention layer and hands out zero-copy views of it: the slot view
-//! [2, maxBatchSize, capPadded, H, D] and the pool view [2, numPages, tokensPerPage, H, D].
+//! [2, maxBatchSize, capPadded, H, D] and the pool view [2, numPages, tokensPerPage, H, D]. D in every data view is
+//! the stored elements of a head: headDim, or headDim / 2 bytes for kNVFP4 (two values a byte).
 class KVCacheManager
 {
 public:
@@ -29,11 +39,13 @@ public:
 
     //! An empty manager: no layers, nothing allocated.
     KVCacheManager() noexcept = default;
-    //! Validates `config`, then allocates each layer with cudaMallocAsync on `stream` (never reallocated); `stream`
-    //! must outlive the manager, which frees its memory on it.
-    //! Throws InvalidConfigError for a bad config and InvalidArgumentError for a quantization other than kNONE, whose
-    //! scales the cache does not keep yet (both before allocating anything), OutOfMemoryError when a layer
-    //! cannot be allocated (after freeing the layers already allocated) and CudaError for other CUDA failures.
+    //! Validates `config`, then allocates each layer with cudaMallocAsync on `stream` (never reallocated), and for a
+    //! quantization with page scales (kFP8_PER_TOKEN_HEAD, kNVFP4) a second allocation a layer, its scale pool;
+    //! `stream` must outlive the manager, which frees its memory on it. Every quantization is accepted; the paths
+    //! that do not carry scales yet refuse a cache whose scales they would drop (docs/layout.md, "Status").
+    //! Throws InvalidConfigError for a bad config (before allocating anything), OutOfMemoryError when a layer or its
+    //! scale pool cannot be allocated (after freeing everything already allocated) and CudaError for other CUDA
+    //! failures.
     KVCacheManager(Config const& config, cudaStream_t stream);
     //! Returns all memory with cudaFreeAsync on the constructor's stream and device; never throws.
     ~KVCacheManager() noexcept = default;
@@ -68,6 +80,18 @@ public:
     //! each token's vector holding the kv_lora_rank values first, then the rope part. Throws OutOfRangeError for a bad
     //! index and InvalidArgumentError for a layer that is not latent.
     Tensor latentPoolView(int32_t layerIdx) const;
+
+    //! Returns layer `layerIdx`'s scale pool, zero-copy, K scales then V scales (none for a latent layer):
+    //! [numHalves, numPages, tokensPerPage, H] float32 (kFP8_PER_TOKEN_HEAD) or [numHalves, numPages, tokensPerPage, H,
+    //! headDim / 16] FP8 E4M3 (kNVFP4), as FlashInfer reads `kv_cache_sf`. Throws OutOfRangeError for a bad index and
+    //! InvalidArgumentError, naming the quantization, for a cache without scale pools.
+    Tensor scalePoolView(int32_t layerIdx) const;
+    //! Returns layer `layerIdx`'s host-held scales. Throws OutOfRangeError for a bad index and InvalidArgumentError,
+    //! naming the quantization, unless it is kFP8_PER_TENSOR or kNVFP4. Both start at 1.
+    LayerScales layerScales(int32_t layerIdx) const;
+    //! Sets layer `layerIdx`'s host-held scales (kFP8_PER_TENSOR: finite, >= 0; kNVFP4: finite, > 0). Throws as
+    //! layerScales does, and InvalidArgumentError naming the scale, its value and the limit; a throw changes nothing.
+    void setLayerScales(int32_t layerIdx, LayerScales scales);
 
     //! The same view as getCombinedKVCache(layerIdx) (the Python name slot_view); throws as it does.
     Tensor& slotView(int32_t layerIdx)
@@ -142,8 +166,8 @@ public:
     {
         return mLayout;
     }
-    //! Returns the device bytes the manager holds: layout().cacheBytes plus the table of 16 bytes a layer that the
-    //! page kernels read.
+    //! Returns the device bytes the manager holds: layout().cacheBytes (data and scale pools) plus the table that the
+    //! page kernels read, 16 bytes an entry: one a layer, two a layer with scale pools.
     int64_t allocatedBytes() const noexcept;
     //! Returns the stream the memory was allocated on and will be freed on.
     cudaStream_t stream() const noexcept
@@ -160,15 +184,22 @@ private:
     friend struct detail::ManagerInternals;
 
     void checkIndex(int32_t layerIdx, char const* what) const noexcept;
+    //! Throws OutOfRangeError for a bad index, InvalidArgumentError when the cache keeps no scale pools
+    //! (`pageScales`) or no host-held layer scales.
+    void checkScaledIndex(int32_t layerIdx, char const* what, bool pageScales) const;
 
     Config mConfig{};
     KVCacheLayout mLayout{};
     cudaStream_t mStream{nullptr};
     int32_t mDevice{0};
     std::vector<DeviceAllocation> mBuffers{};
+    //! One a layer: its scale pool, empty without page scales.
+    std::vector<DeviceAllocation> mScaleBuffers{};
+    //! One a layer: the host-held scales (kFP8_PER_TENSOR, kNVFP4), else empty.
+    std::vector<LayerScales> mLayerScales{};
     std::vector<Tensor> mSlotViews{};
     std::vector<Tensor> mPoolViews{};
-    //! One entry a layer, group by group, read by the page kernels (see src/layer_table.h).
+    //! Data entries then scale entries, group by group, read by the page kernels (see src/memory/layer_table.h).
     DeviceAllocation mLayerTable{};
 };
 

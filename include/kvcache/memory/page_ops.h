@@ -52,6 +52,11 @@ struct PageOpTarget
     int32_t group = -1;
 };
 
+//! A page is its data and, in a cache with scale pools (KVQuantization kFP8_PER_TOKEN_HEAD, kNVFP4), its scales: every
+//! operation below moves or fills a targeted layer half's scale page with its data page, in a second launch over the
+//! same list (so the launch counts below double for such a cache). Host-held scales (KVCacheManager::layerScales) are
+//! per layer, not per page, and page operations leave them alone.
+
 //! Copies each pair's source page onto its destination page in every targeted layer and half, in one kernel
 //! launch per kMAX_INLINE_PAGE_OPS pairs, stream-ordered on `stream`; never synchronises or allocates.
 //! A copy that writes more than 32 MiB reads its sources at L2 priority evict_last and gives each line normal priority
@@ -71,7 +76,8 @@ void copyPages(KVCacheManager const& cache, std::vector<PageCopy> const& pairs, 
 //! `*deviceCount` pairs (all `capacity` when it is nullptr; the count is clamped to capacity), so a graph that
 //! captured this call replays with whatever the lists hold then. Pairs with a kUNUSED_PAGE_ENTRY id are skipped;
 //! any other id outside [0, numPages) is never dereferenced and, when `deviceErrorCount` is given, adds one to it
-//! (once per bad pair, whatever the number of targeted layers and halves). A negative device count counts as 0.
+//! (once per bad pair, whatever the number of targeted layers and halves, scale pages included). A negative device
+//! count counts as 0.
 //! Overlapping sources and destinations are the caller's to avoid (the result is then unspecified). Throws, before
 //! launching, for a bad target, a negative capacity or a null list with a positive capacity.
 void copyPagesDevice(KVCacheManager const& cache, PageCopy const* devicePairs, int32_t capacity,
@@ -80,8 +86,10 @@ void copyPagesDevice(KVCacheManager const& cache, PageCopy const* devicePairs, i
 
 //! Fills each listed page with the little-endian 4-byte `pattern`, counted from the start of each page (0 clears
 //! it; 0x7E007E00 is a float16 NaN),
-//! in every targeted layer and half, stream-ordered on `stream`. Throws OutOfRangeError for an id outside
-//! [0, numPages) and InvalidArgumentError for a page listed twice or a bad target, before launching anything.
+//! in every targeted layer and half, stream-ordered on `stream`. Scale pages get the same pattern counted from the
+//! start of each scale page: 0 gives zero scales, which read back as zeros whatever the data (docs/layout.md). Throws
+//! OutOfRangeError for an id outside [0, numPages) and InvalidArgumentError for a page listed twice or a bad target,
+//! before launching anything.
 void resetPages(KVCacheManager const& cache, int32_t const* pages, int32_t count, cudaStream_t stream,
     uint32_t pattern = 0, PageOpTarget const& target = {});
 //! As above, for a std::vector of page ids.

@@ -84,7 +84,9 @@ class HostTier
 public:
     //! Sizes the tier for `numHostPages` host pages of page group `group` of `cache`'s geometry on the cache's device,
     //! pins the first chunk and starts a thread pinning the rest. Throws OutOfRangeError for a bad group,
-    //! InvalidArgumentError for numHostPages outside [1, INT32_MAX], chunkBytes <= 0 or stagingBytes < 0,
+    //! InvalidArgumentError for numHostPages outside [1, INT32_MAX], chunkBytes <= 0 or stagingBytes < 0, or a cache
+    //! whose quantization keeps scale pools (kFP8_PER_TOKEN_HEAD, kNVFP4: host pages hold no scales yet; kNONE and
+    //! kFP8_PER_TENSOR, whose scales stay in the manager, are served),
     //! OutOfMemoryError when the staging buffer cannot be allocated or the first chunk cannot be mapped or pinned,
     //! CudaError for other CUDA failures.
     HostTier(KVCacheManager const& cache, int32_t group, int64_t numHostPages, HostTierOptions const& options = {});
@@ -115,6 +117,8 @@ public:
     int32_t device() const noexcept;
     //! Returns the NUMA node the memory was bound to, or -1 when it was not (one node, option off, unknown node).
     int32_t numaNode() const noexcept;
+    //! Returns the quantization of the cache the tier was made for (kNONE or kFP8_PER_TENSOR).
+    KVQuantization quantization() const noexcept;
     //! Returns the geometry a host page's bytes have (what sequence files record).
     PageGeometry const& geometry() const noexcept;
     //! Returns the host address of host page `hostPage`, after waiting for the tier's transfers touching it. Throws
@@ -191,12 +195,14 @@ private:
 
 //! Writes host pages `hostPages[0, count)` of `tier` (in that order) and `tokenCount` to a sequence file at `path`
 //! (see writeSequenceFile), after waiting for the tier's transfers touching them. Throws as writeSequenceFile and,
-//! for a bad host page, as HostTier::synchronizeHostPages.
+//! for a bad host page, as HostTier::synchronizeHostPages; throws InvalidArgumentError naming the quantization for a
+//! tier of a quantized cache (sequence files record no scales yet), before touching anything.
 void saveSequence(std::string const& path, HostTier& tier, int32_t const* hostPages, int64_t count, int64_t tokenCount);
 //! Reads the sequence file at `path` into host pages `hostPages[0, count)` of `tier` and returns its token count,
 //! after waiting for the tier's transfers touching them. The whole file is verified before any host page is
 //! written: another geometry, a count other than the file's, a truncated or corrupt file throw InvalidArgumentError
-//! (see readSequenceFile) and leave every host page as it was; so do a bad host page or one listed twice.
+//! (see readSequenceFile) and leave every host page as it was; so do a bad host page or one listed twice, and a
+//! tier of a quantized cache (InvalidArgumentError naming the quantization: sequence files record no scales yet).
 int64_t loadSequence(std::string const& path, HostTier& tier, int32_t const* hostPages, int64_t count);
 
 } // namespace kvcache::rt
