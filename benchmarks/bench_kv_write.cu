@@ -5,8 +5,12 @@
 //    time one writeTokens call takes to enqueue;
 //  - shapes: head dims 64/128/256/576 with 1-16 heads, each moving the prefill's bytes (8192 x 8 x 128 elements of K
 //    and of V, so 64 MiB of traffic, beyond the 50 MiB L2: fewer bytes would partly stay in L2 between repetitions
-//    and read faster than HBM allows), as a time ratio to the uniform 8 x 128.
-// Each write is checked once by reading it back (readTokens) before it is timed. Prints one table; exits 77 without a
+//    and read faster than HBM allows), as a time ratio to the uniform 8 x 128;
+//  - quantized: the prefill and decode writes into FP8 per token-head and NVFP4 caches (the write quantizes), the
+//    prefill against a contiguous copy moving as many bytes (float16 input read, codes and scales written: the rate
+//    column counts half of that traffic, as the copy's does), the decode against the unquantized decode write.
+// Each unquantized write is checked once by reading it back (readTokens) before it is timed; the quantized ones are
+// checked bit for bit by tests/test_kv_write_quant.cu. Prints one table; exits 77 without a
 // GPU (1 under KVCACHE_REQUIRE_GPU=1). Flags: --reps=N (default 50) launches a timing; --smoke (5 reps, prefill and
 // decode only).
 
@@ -81,13 +85,18 @@ double secondsPerCall(cudaStream_t stream, std::function<void()> const& enqueue)
 //! addresses on randomly ordered pages.
 struct WriteSetup
 {
-    WriteSetup(int32_t heads, int32_t dim, int64_t tokens, cudaStream_t stream)
+    WriteSetup(int32_t heads, int32_t dim, int64_t tokens, cudaStream_t stream,
+        rt::KVQuantization quantization = rt::KVQuantization::kNONE)
         : manager(kvcache::test::ConfigBuilder({{heads, dim}})
                       .maxSequenceLength(static_cast<int32_t>(std::max(tokens, kPREFILL_TOKENS)))
                       .tokensPerPage(kTOKENS_PER_PAGE)
-                      .dataType(rt::DataType::kHALF)
+                      .dataType(storageOf(quantization))
+                      .quantization(quantization)
                       .build(),
             stream)
+        , quantization(quantization)
+        , tokens(tokens)
+        , heads(heads)
         , elements(tokens * heads * dim)
         , k(static_cast<size_t>(elements))
         , v(static_cast<size_t>(elements))
@@ -112,6 +121,20 @@ struct WriteSetup
                 int64_t{pages[static_cast<size_t>(i / kTOKENS_PER_PAGE)]} * kTOKENS_PER_PAGE + i % kTOKENS_PER_PAGE;
         }
         addresses.upload(hostAddresses, stream);
+        if (quantization == rt::KVQuantization::kNVFP4)
+        {
+            manager.setLayerScales(0, rt::LayerScales{2.0F / (448.0F * 6.0F), 2.0F / (448.0F * 6.0F)});
+        }
+    }
+
+    static rt::DataType storageOf(rt::KVQuantization quantization)
+    {
+        switch (quantization)
+        {
+        case rt::KVQuantization::kNONE: return rt::DataType::kHALF;
+        case rt::KVQuantization::kNVFP4: return rt::DataType::kUINT8;
+        default: return rt::DataType::kFP8_E4M3;
+        }
     }
 
     void write(cudaStream_t stream) const
@@ -122,6 +145,18 @@ struct WriteSetup
     int64_t bytes() const
     {
         return 2 * elements * static_cast<int64_t>(sizeof(uint16_t));
+    }
+    //! Bytes a quantizing write reads and writes: the float16 input, the codes and the scales, K and V.
+    int64_t trafficBytes() const
+    {
+        int64_t const input = 2 * elements * static_cast<int64_t>(sizeof(uint16_t));
+        switch (quantization)
+        {
+        case rt::KVQuantization::kNVFP4: return input + 2 * (elements / 2 + elements / 16);
+        case rt::KVQuantization::kFP8_PER_TOKEN_HEAD: return input + 2 * (elements + tokens * heads * 4);
+        case rt::KVQuantization::kFP8_PER_TENSOR: return input + 2 * elements;
+        default: return 2 * input;
+        }
     }
     //! Writes, reads back and compares with the inputs; throws on a difference.
     void check(cudaStream_t stream) const
@@ -139,6 +174,9 @@ struct WriteSetup
     }
 
     rt::KVCacheManager manager;
+    rt::KVQuantization quantization;
+    int64_t tokens;
+    int64_t heads;
     int64_t elements;
     DeviceArray<uint16_t> k;
     DeviceArray<uint16_t> v;
@@ -163,7 +201,7 @@ double copySeconds(int64_t bytes, cudaStream_t stream)
 void printRow(
     char const* what, std::string const& shape, double seconds, int64_t bytes, double baseline, char const* of)
 {
-    std::printf("%-10s %-14s %10.2f us %9.1f GB/s %8.3f x %s\n", what, shape.c_str(), seconds * 1e6,
+    std::printf("%-10s %-24s %10.2f us %9.1f GB/s %8.3f x %s\n", what, shape.c_str(), seconds * 1e6,
         static_cast<double>(bytes) / seconds * 1e-9, seconds / baseline, of);
 }
 
@@ -171,7 +209,7 @@ int run(bool smoke)
 {
     CudaStream stream;
     cudaStream_t const s = stream.get();
-    std::printf("%-10s %-14s %13s %14s %10s %s\n", "case", "shape", "time", "rate", "ratio", "baseline");
+    std::printf("%-10s %-24s %13s %14s %10s %s\n", "case", "shape", "time", "rate", "ratio", "baseline");
 
     WriteSetup const prefill(8, 128, kPREFILL_TOKENS, s);
     prefill.check(s);
@@ -197,7 +235,21 @@ int run(bool smoke)
     }
     double const enqueue = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / gReps;
     stream.synchronize();
-    std::printf("%-10s %-14s %10.2f us (host, one writeTokens call)\n", "enqueue", "8x128 f16", enqueue * 1e6);
+    std::printf("%-10s %-24s %10.2f us (host, one writeTokens call)\n", "enqueue", "8x128 f16", enqueue * 1e6);
+    for (rt::KVQuantization const quantization : {rt::KVQuantization::kFP8_PER_TOKEN_HEAD, rt::KVQuantization::kNVFP4})
+    {
+        std::string const name = std::string(rt::kvQuantizationName(quantization));
+        WriteSetup const quantized(8, 128, kPREFILL_TOKENS, s, quantization);
+        int64_t const traffic = quantized.trafficBytes();
+        // A copy of traffic / 2 bytes reads and writes traffic bytes in all.
+        double const sameTraffic = copySeconds(traffic / 2, s);
+        double const write = secondsPerCall(s, [&] { quantized.write(s); });
+        printRow("prefill", name + " f16", write, traffic / 2, sameTraffic, "(contiguous copy moving as many bytes)");
+        WriteSetup const quantizedDecode(8, 128, kDECODE_TOKENS, s, quantization);
+        double const decodeQuantized = secondsPerCall(s, [&] { quantizedDecode.write(s); });
+        printRow("decode", name + " f16", decodeQuantized, quantizedDecode.trafficBytes() / 2, decodeWrite,
+            "(unquantized decode write)");
+    }
     if (smoke)
     {
         return 0;

@@ -95,6 +95,62 @@ TEST(TokenWriteValidationTest, CachesOfEightBitTypesAreRefusedNamingTheType)
     }
 }
 
+TEST(TokenWriteValidationTest, QuantizedCachesPlanAWarpAHeadAndRefuseHeadsThatAreNotWholeBlocks)
+{
+    struct Case
+    {
+        rt::KVQuantization quantization;
+        rt::DataType storage;
+    };
+    for (Case const format : {Case{rt::KVQuantization::kFP8_PER_TENSOR, rt::DataType::kFP8_E4M3},
+             Case{rt::KVQuantization::kFP8_PER_TOKEN_HEAD, rt::DataType::kFP8_E4M3},
+             Case{rt::KVQuantization::kNVFP4, rt::DataType::kUINT8}})
+    {
+        SCOPED_TRACE(std::string(rt::kvQuantizationName(format.quantization)));
+        // Head sizes against the values a lane takes: the fewest powers of two from 2 that 32 lanes cover the head
+        // with.
+        std::vector<rt::KVLayerConfig> const layers{{2, 16}, {1, 64}, {1, 80}, {3, 128}, {1, 256}, {1, 528}, {1, 1024}};
+        int32_t const perLane[] = {2, 2, 4, 4, 8, 32, 32};
+        rt::KVCacheConfig const config = ConfigBuilder(layers)
+                                             .maxBatchSize(2)
+                                             .maxSequenceLength(64)
+                                             .tokensPerPage(kTOKENS_PER_PAGE)
+                                             .dataType(format.storage)
+                                             .quantization(format.quantization)
+                                             .build();
+        rt::KVCacheLayout const layout = rt::KVCacheManager::validate(config);
+        for (int32_t layer = 0; layer < static_cast<int32_t>(layers.size()); ++layer)
+        {
+            int32_t const heads = layers[static_cast<size_t>(layer)].numKVHeads;
+            int32_t const dim = layers[static_cast<size_t>(layer)].headDim;
+            detail::TokenOpPlan const p = plan(layout, layer, tokens(5, heads, dim), tokens(5, heads, dim));
+            EXPECT_EQ(p.quantization, format.quantization);
+            EXPECT_EQ(p.valuesPerLane, perLane[layer]) << "headDim " << dim;
+            EXPECT_GE(p.valuesPerLane * 32, dim);
+            EXPECT_TRUE(p.quantVectors);
+            EXPECT_EQ(p.blockX, 32);
+            EXPECT_EQ(p.gridX * p.blockY, (5 * heads + p.blockY - 1) / p.blockY * p.blockY);
+            // An odd token stride breaks the chunk alignment: element loads.
+            EXPECT_FALSE(plan(layout, layer, strided(5, heads, dim, heads * dim + 1, dim, 1),
+                strided(5, heads, dim, heads * dim + 1, dim, 1))
+                             .quantVectors);
+        }
+        if (format.quantization != rt::KVQuantization::kNVFP4) // NVFP4 configs already refuse such heads
+        {
+            rt::KVCacheLayout const odd = rt::KVCacheManager::validate(ConfigBuilder(
+                {{1, 72}}).maxBatchSize(2)
+                                                                           .maxSequenceLength(64)
+                                                                           .tokensPerPage(kTOKENS_PER_PAGE)
+                                                                           .dataType(format.storage)
+                                                                           .quantization(format.quantization)
+                                                                           .build());
+            EXPECT_TRUE(
+                throwsNaming<rt::InvalidArgumentError>([&] { plan(odd, 0, tokens(4, 1, 72), tokens(4, 1, 72)); },
+                    {"writeTokens", "layer 0 has headDim 72", "multiples of 16"}));
+        }
+    }
+}
+
 struct BadCall
 {
     std::string name;

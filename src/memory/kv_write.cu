@@ -3,12 +3,15 @@
 #include "kvcache/memory/kv_write.h"
 
 #include "kernels/kv_write_kernel.cuh"
+#include "memory/kv_write_quant.h"
 #include "memory/token_op_plan.h"
 
 #include "kvcache/core/errors.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
+#include <type_traits>
 
 namespace kvcache::rt
 {
@@ -72,6 +75,20 @@ void launchTokens(TokenOpPlan const& plan, KVCacheManager const& cache, int32_t 
     }
     TokenKernelParams const params{cache.layerRef(layerIdx), tensorRef(k), plan.hasV ? tensorRef(v) : TokenTensorRef{},
         plan.capacity, options.deviceCount, options.deviceErrorCount, plan.chunksPerHead, plan.chunksPerToken};
+    if (plan.quantization != KVQuantization::kNONE)
+    {
+        LayerScales const scales =
+            plan.quantization == KVQuantization::kFP8_PER_TOKEN_HEAD ? LayerScales{} : cache.layerScales(layerIdx);
+        if constexpr (std::is_same_v<Source, TableSource>)
+        {
+            launchQuantizedTokens(plan, params, scales, source, stream);
+        }
+        else
+        {
+            launchQuantizedTokens<kWRITE>(plan, params, scales, source, stream);
+        }
+        return;
+    }
     switch (plan.tensorType)
     {
     case DataType::kFLOAT: launchForCache<float, kWRITE>(plan, params, source, stream); return;

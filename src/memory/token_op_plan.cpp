@@ -1,7 +1,5 @@
 #include "memory/token_op_plan.h"
 
-#include "memory/scale_support.h"
-
 #include "kvcache/core/errors.h"
 
 #include <fmt/format.h>
@@ -117,6 +115,32 @@ int32_t nextPowerOfTwo(int32_t value) noexcept
     return power;
 }
 
+//! The quantizing kernel's launch: a warp a (token, head), valuesPerLane values a lane.
+void planQuantized(
+    char const* what, KVLayerLayout const& layer, int32_t layerIdx, Tensor const& k, Tensor const& v, TokenOpPlan& plan)
+{
+    // Whole NVFP4 blocks and aligned code stores for every lane: 16 divides every head a quantized write serves.
+    if (layer.headDim % kQUANT_HEAD_DIM_MULTIPLE != 0)
+    {
+        throw InvalidArgumentError(fmt::format("{}: layer {} has headDim {}; a quantized cache's tokens are moved only "
+                                               "for head dimensions that are multiples of {}",
+            what, layerIdx, layer.headDim, kQUANT_HEAD_DIM_MULTIPLE));
+    }
+    int32_t perLane = 2;
+    while (perLane * 32 < layer.headDim)
+    {
+        perLane *= 2;
+    }
+    plan.valuesPerLane = perLane;
+    // A lane's chunk of perLane elements is aligned to min(its bytes, 16): rows must start on that many elements.
+    int64_t const alignElems = std::min<int64_t>(perLane, kTOKEN_VECTOR_BYTES / dataTypeSize(k.getDataType()));
+    plan.quantVectors = allowsVectors(k, alignElems) && (!plan.hasV || allowsVectors(v, alignElems));
+    plan.blockX = 32;
+    plan.blockY = kQUANT_WARPS_PER_BLOCK;
+    // At most INT32_MAX tokens of 65536 heads: far below int64's limit.
+    plan.gridX = (int64_t{plan.capacity} * layer.numKVHeads + plan.blockY - 1) / plan.blockY;
+}
+
 } // namespace
 
 TokenOpPlan planTokenOp(char const* what, KVCacheLayout const& layout, int32_t layerIdx, Tensor const& k,
@@ -128,13 +152,12 @@ TokenOpPlan planTokenOp(char const* what, KVCacheLayout const& layout, int32_t l
         throw OutOfRangeError(
             fmt::format("{}: layerIdx is {}; it must be in [0, {}) (numLayers)", what, layerIdx, numLayers));
     }
-    // Before the type check: a quantized cache is fp8 or uint8, and its refusal should say why.
-    detail::refuseUncarriedScales(
-        what, layout.quantization, CarriedScales::kNONE, "the write op does not quantize yet");
-    if (!isTokenValueType(layout.dataType))
+    bool const quantized = layout.quantization != KVQuantization::kNONE;
+    if (!quantized && !isTokenValueType(layout.dataType))
     {
-        throw InvalidArgumentError(fmt::format("{}: the cache's type is {}; tokens can be moved only into float32, "
-                                               "float16 or bfloat16 caches (8-bit pages need scales)",
+        throw InvalidArgumentError(fmt::format("{}: the cache's type is {} without quantization; tokens can be moved "
+                                               "only into float32, float16 or bfloat16 caches, or quantized ones "
+                                               "(KVCacheConfig.quantization: 8-bit values need scales)",
             what, dataTypeName(layout.dataType)));
     }
     KVLayerLayout const& layer = layout.layers[static_cast<size_t>(layerIdx)];
@@ -167,6 +190,12 @@ TokenOpPlan planTokenOp(char const* what, KVCacheLayout const& layout, int32_t l
     plan.tensorType = k.getDataType();
     plan.cacheType = layout.dataType;
     plan.hasV = hasV;
+    if (quantized)
+    {
+        planQuantized(what, layer, layerIdx, k, v, plan);
+        plan.quantization = layout.quantization;
+        return plan;
+    }
     int64_t const vectorElems = kTOKEN_VECTOR_BYTES / layout.elementBytes;
     bool const vectors =
         layer.headDim % vectorElems == 0 && allowsVectors(k, vectorElems) && (!hasV || allowsVectors(v, vectorElems));

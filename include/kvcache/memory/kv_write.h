@@ -54,8 +54,14 @@ struct DevicePageTable
 //! options.deviceErrorCount and not written. Two tokens with one address leave either. The tensors must not overlap
 //! the pool.
 //!
-//! Throws before launching anything: OutOfRangeError for a layer outside [0, numLayers()), InvalidArgumentError for a
-//! cache type that cannot hold the values exactly yet (8-bit types), a wrong shape, type, device, stride or group, a
+//! A quantized cache (KVCacheConfig::quantization) stores the values quantized by docs/layout.md's "Quantization
+//! rules", bit for bit as tests/support/quantize_reference.h does: FP8 per tensor with the layer's host-held scales,
+//! FP8 per token and head with a scale per (page, token, head) written beside, NVFP4 with block scales and the layer's
+//! global scales; its head dimensions must be multiples of 16. One warp quantizes one (token, head).
+//!
+//! Throws before launching anything: OutOfRangeError for a layer outside [0, numLayers()), InvalidArgumentError for an
+//! 8-bit cache without quantization, a quantized head not a multiple of 16, a wrong shape, type, device, stride or
+//! group, a
 //! null tensor or list with capacity > 0, or a V tensor given to a latent layer (or missing for a KV layer), naming
 //! the field, the value and the limit; CudaError when the launch fails. Zero capacity is a no-op.
 void writeTokens(KVCacheManager const& cache, int32_t layerIdx, Tensor const& k, Tensor const& v,
@@ -72,7 +78,8 @@ void writeTokens(KVCacheManager const& cache, int32_t layerIdx, Tensor const& k,
 
 //! Gathers `capacity` tokens of layer `layerIdx` from its pages into `k` and `v` (contiguous device tensors
 //! [capacity, numKVHeads, headDim] of float32, float16 or bfloat16; `v` empty for a latent layer), converting from the
-//! cache's type, in one launch on `stream`; the inverse of writeTokens with the same address, count, error and
+//! cache's type (dequantizing a quantized cache's values: code times scale), in one launch on `stream`; the inverse of
+//! writeTokens with the same address, count, error and
 //! validation rules (an output row whose address is negative or bad is left as it was). Never synchronises or
 //! allocates. Throws as writeTokens does, and InvalidArgumentError for a non-contiguous output.
 void readTokens(KVCacheManager const& cache, int32_t layerIdx, Tensor const& k, Tensor const& v,
