@@ -82,12 +82,14 @@ float roundTo(rt::DataType type, float x)
 
 //! The values of one input half [kTOKENS, heads, dim], as floats representable in `type`: magnitudes from 1e-3 to 3e3
 //! by (token, head), and the special cases on tokens 0-2.
-std::vector<float> makeValues(rt::DataType type, int32_t heads, int32_t dim, uint64_t seed)
+std::vector<float> makeValues(rt::DataType type, int32_t heads, int32_t headDim, uint64_t seed)
 {
+    // Sizes as size_t: GCC 13 sees a possibly negative int32 length in the fills below and warns.
+    auto const dim = static_cast<size_t>(std::max(headDim, 1));
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> normal(0.0F, 1.0F);
     constexpr float kMAGNITUDES[] = {1e-3F, 1.0F, 50.0F, 3000.0F};
-    std::vector<float> values(static_cast<size_t>(kTOKENS) * heads * dim);
+    std::vector<float> values(static_cast<size_t>(kTOKENS) * static_cast<size_t>(std::max(heads, 1)) * dim);
     float const inf = std::numeric_limits<float>::infinity();
     float const nan = std::numeric_limits<float>::quiet_NaN();
     for (int32_t t = 0; t < kTOKENS; ++t)
@@ -95,8 +97,8 @@ std::vector<float> makeValues(rt::DataType type, int32_t heads, int32_t dim, uin
         for (int32_t h = 0; h < heads; ++h)
         {
             float const magnitude = kMAGNITUDES[(t + h) % 4];
-            float* const head = values.data() + (static_cast<size_t>(t) * heads + h) * dim;
-            for (int32_t d = 0; d < dim; ++d)
+            float* const head = values.data() + (static_cast<size_t>(t) * static_cast<size_t>(heads) + h) * dim;
+            for (size_t d = 0; d < dim; ++d)
             {
                 head[d] = roundTo(type, normal(rng) * magnitude);
             }
@@ -111,7 +113,7 @@ std::vector<float> makeValues(rt::DataType type, int32_t heads, int32_t dim, uin
             }
             if (t == 2)
             {
-                for (int32_t d = 0; d < dim; ++d)
+                for (size_t d = 0; d < dim; ++d)
                 {
                     head[d] = d % 3 == 0 ? nan : (d % 3 == 1 ? inf : -inf);
                 }
