@@ -69,12 +69,18 @@ bool hasV(int32_t layer)
     return layer != 2;
 }
 
-//! A value of `type` as float (what the kernel reads) and its bytes.
+//! `x` as float16 bits; NaN as a quiet NaN (the shared helper takes finite values only).
+uint16_t halfBits(float x)
+{
+    return std::isnan(x) ? uint16_t{0x7E00} : kvcache::test::floatToHalf(x);
+}
+
+//! A value of `type` as float: what the kernel reads.
 float roundTo(rt::DataType type, float x)
 {
     switch (type)
     {
-    case rt::DataType::kHALF: return kvcache::test::halfToFloat(kvcache::test::floatToHalf(x));
+    case rt::DataType::kHALF: return kvcache::test::halfToFloat(halfBits(x));
     case rt::DataType::kBF16: return kvcache::test::bfloat16ToFloat(kvcache::test::floatToBfloat16(x));
     default: return x;
     }
@@ -104,8 +110,9 @@ std::vector<float> makeValues(rt::DataType type, int32_t heads, int32_t headDim,
             }
             if (t == 0)
             {
-                float const specials[] = {nan, inf, -inf, -0.0F, roundTo(type, 1e-30F), 4.0e4F, -7.5e3F};
-                std::copy(std::begin(specials), std::end(specials), head);
+                float const specials[] = {nan, inf, -inf, -0.0F, 1e-30F, 4.0e4F, -7.5e3F};
+                std::transform(
+                    std::begin(specials), std::end(specials), head, [&](float x) { return roundTo(type, x); });
             }
             if (t == 1)
             {
@@ -142,7 +149,7 @@ DeviceArray<uint8_t> uploadInput(
             else
             {
                 uint16_t const half =
-                    type == rt::DataType::kHALF ? kvcache::test::floatToHalf(x) : kvcache::test::floatToBfloat16(x);
+                    type == rt::DataType::kHALF ? halfBits(x) : kvcache::test::floatToBfloat16(x);
                 std::memcpy(to, &half, 2);
             }
         }

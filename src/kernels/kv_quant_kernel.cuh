@@ -2,8 +2,9 @@
 
 // The quantizing token kernel: writes tokens into, or reads them back from, the pages of a quantized cache (FP8 per
 // tensor, FP8 per token and head, NVFP4) by the rules of docs/layout.md ("Quantization rules"). One warp takes one
-// (token, head): lane l holds values [l * kV, l * kV + kV) of the head, so a head's amax is a warp reduction and an
-// NVFP4 block of 16 values is 16 / kV neighbouring lanes (or half a lane's values when kV is 32).
+// token and quantizes its heads one after the other: lane l holds values [l * kV, l * kV + kV) of a head, so a head's
+// amax is a warp reduction and an NVFP4 block of 16 values is 16 / kV neighbouring lanes (or half a lane's values
+// when kV is 32).
 
 #include "kernels/kv_write_kernel.cuh"
 #include "memory/token_op_plan.h"
@@ -21,9 +22,10 @@ namespace kvcache::rt::detail
 struct QuantKernelParams
 {
     TokenKernelParams base;
-    float kScale; //!< kFP8_PER_TENSOR: the layer's K scale; kNVFP4: its K global scale; else unused
-    float vScale; //!< the same for V
-    bool vectors; //!< the tensors' rows allow whole-chunk loads (and, reading, stores) of kV elements
+    float kScale;     //!< kFP8_PER_TENSOR: the layer's K scale; kNVFP4: its K global scale; else unused
+    float vScale;     //!< the same for V
+    bool vectors;     //!< the tensors' rows allow whole-chunk loads (and, reading, stores) of kV elements
+    bool codeVectors; //!< a lane's codes start aligned to their size (up to 16 bytes) in every head
 };
 
 //! E4M3 of `x` (docs/layout.md): round to nearest even, saturating at +-448 (infinities too), NaN as 0x7F.
@@ -204,11 +206,12 @@ struct CodeBytes
     }
 };
 
-//! Stores this lane's `valid` code bytes of kBYTES: in one access (aligned to min(kBYTES, 16)) when all are.
+//! Stores this lane's `valid` code bytes of kBYTES: in one access (aligned to min(kBYTES, 16)) when all are and
+//! `vectors` says the address is so aligned, else byte by byte.
 template <int32_t kBYTES>
-__device__ __forceinline__ void storeCodes(uint8_t* to, CodeBytes<kBYTES> const& bytes, int32_t valid)
+__device__ __forceinline__ void storeCodes(uint8_t* to, CodeBytes<kBYTES> const& bytes, int32_t valid, bool vectors)
 {
-    if (valid >= kBYTES)
+    if (vectors && valid >= kBYTES)
     {
         if constexpr (kBYTES == 1)
         {
@@ -251,8 +254,8 @@ __device__ __forceinline__ void storeCodes(uint8_t* to, CodeBytes<kBYTES> const&
 //! inside the head: codes at `codes` (this lane's first byte), scales at `scales` (the head's first scale element).
 //! `scale` is the per-tensor scale or the NVFP4 global scale. Every lane of the warp calls it (warp reductions).
 template <KVQuantization kFORMAT, int32_t kV, typename TensorT>
-__device__ __forceinline__ void quantizeLane(
-    ElementChunk<TensorT, kV> const& values, int32_t lane, int32_t valid, float scale, uint8_t* codes, void* scales)
+__device__ __forceinline__ void quantizeLane(ElementChunk<TensorT, kV> const& values, int32_t lane, int32_t valid,
+    float scale, uint8_t* codes, void* scales, bool codeVectors)
 {
     if constexpr (kFORMAT == KVQuantization::kNVFP4)
     {
@@ -285,7 +288,7 @@ __device__ __forceinline__ void quantizeLane(
                 static_cast<uint8_t*>(scales)[(lane * kV + b * kPER_BLOCK) / 16] = blockCode;
             }
         }
-        storeCodes<kV / 2>(codes, packed, valid / 2);
+        storeCodes<kV / 2>(codes, packed, valid / 2, codeVectors);
     }
     else
     {
@@ -310,7 +313,7 @@ __device__ __forceinline__ void quantizeLane(
         {
             bytes.set(i, encodeScaled(toFloat(values.values[i]), divisor, encodeE4M3));
         }
-        storeCodes<kV>(codes, bytes, valid);
+        storeCodes<kV>(codes, bytes, valid, codeVectors);
     }
 }
 
@@ -350,10 +353,12 @@ __device__ __forceinline__ void dequantizeLane(
 }
 
 //! Moves tokens between the tensors (TensorT) and the pages of a quantized cache, kV values a lane; kWRITE quantizes
-//! tensor -> pages, else pages -> tensor. Grid-strided over (token, head) pairs, a warp each.
+//! tensor -> pages, else pages -> tensor. A warp takes a token (its address resolved once) and walks its heads, loading
+//! the next head's values before it quantizes the current one. Grid-strided over tokens.
 template <typename TensorT, KVQuantization kFORMAT, int32_t kV, bool kWRITE, typename Source>
 __global__ void __launch_bounds__(32 * kQUANT_WARPS_PER_BLOCK) quantTokenKernel(QuantKernelParams params, Source source)
 {
+    using Chunk = ElementChunk<TensorT, kV>;
     TokenKernelParams const& base = params.base;
     LayerRef const& layer = base.layer;
     int32_t const count = base.count == nullptr ? base.capacity : min(max(loadWord(base.count), 0), base.capacity);
@@ -364,14 +369,13 @@ __global__ void __launch_bounds__(32 * kQUANT_WARPS_PER_BLOCK) quantTokenKernel(
     int32_t const valid = min(kV, layer.headDim - first);
     // Bytes of codes per value: 1, or 1/2 for NVFP4.
     int32_t const codeFirst = kFORMAT == KVQuantization::kNVFP4 ? first / 2 : first;
-    int64_t const pairs = int64_t{count} * layer.numKVHeads;
-    int64_t const pairsPerGrid = int64_t{gridDim.x} * blockDim.y;
-    for (int64_t pair = int64_t{blockIdx.x} * blockDim.y + threadIdx.y; pair < pairs; pair += pairsPerGrid)
+    int32_t const heads = layer.numKVHeads;
+    bool const hasV = base.v.data != nullptr;
+    int64_t const tokensPerGrid = int64_t{gridDim.x} * blockDim.y;
+    for (int64_t t = int64_t{blockIdx.x} * blockDim.y + threadIdx.y; t < count; t += tokensPerGrid)
     {
-        int64_t const t = pair / layer.numKVHeads;
-        int32_t const head = static_cast<int32_t>(pair - t * layer.numKVHeads);
         int64_t const address = source.address(static_cast<int32_t>(t), layer);
-        if (address == kBAD_TOKEN && lane == 0 && head == 0 && base.errorCount != nullptr)
+        if (address == kBAD_TOKEN && lane == 0 && base.errorCount != nullptr)
         {
             atomicAdd(base.errorCount, 1);
         }
@@ -382,47 +386,60 @@ __global__ void __launch_bounds__(32 * kQUANT_WARPS_PER_BLOCK) quantTokenKernel(
         {
             continue;
         }
-        // Per-tensor FP8 has no scale pools (its scales are the kernel's arguments).
-        int64_t const scaleOffset = kFORMAT == KVQuantization::kFP8_PER_TENSOR
-            ? 0
-            : layer.scaleOffset(page, offset, head) * layer.scaleElementBytes;
-        auto* const kCodes = static_cast<uint8_t*>(layer.kAddress(page, offset, head)) + codeFirst;
-        auto* const kScales = static_cast<uint8_t*>(layer.kScalePool) + scaleOffset;
-        auto* const kRow =
-            static_cast<TensorT*>(base.k.data) + t * base.k.tokenStride + int64_t{head} * base.k.headStride;
-        bool const hasV = base.v.data != nullptr;
+        auto* const kRow = static_cast<TensorT*>(base.k.data) + t * base.k.tokenStride;
+        auto* const vRow = static_cast<TensorT*>(base.v.data) + (hasV ? t * base.v.tokenStride : 0);
+        Chunk kNext{};
+        Chunk vNext{};
         if constexpr (kWRITE)
         {
-            ElementChunk<TensorT, kV> const kValues =
-                loadValues<TensorT, kV>(kRow, first, layer.headDim, params.vectors);
-            ElementChunk<TensorT, kV> vValues{};
+            kNext = loadValues<TensorT, kV>(kRow, first, layer.headDim, params.vectors);
             if (hasV)
             {
-                auto const* vRow = static_cast<TensorT const*>(base.v.data) + t * base.v.tokenStride
-                    + int64_t{head} * base.v.headStride;
-                vValues = loadValues<TensorT, kV>(vRow, first, layer.headDim, params.vectors);
-            }
-            quantizeLane<kFORMAT, kV>(kValues, lane, valid, params.kScale, kCodes, kScales);
-            if (hasV)
-            {
-                auto* const vCodes = static_cast<uint8_t*>(layer.vAddress(page, offset, head)) + codeFirst;
-                auto* const vScales = static_cast<uint8_t*>(layer.vScalePool) + scaleOffset;
-                quantizeLane<kFORMAT, kV>(vValues, lane, valid, params.vScale, vCodes, vScales);
+                vNext = loadValues<TensorT, kV>(vRow, first, layer.headDim, params.vectors);
             }
         }
-        else if (valid > 0)
+        for (int32_t head = 0; head < heads; ++head)
         {
-            float values[kV];
-            dequantizeLane<kFORMAT, kV>(lane, valid, params.kScale, kCodes, kScales, values);
-            storeValues<TensorT, kV>(kRow, first, layer.headDim, params.vectors, values);
-            if (hasV)
+            // Per-tensor FP8 has no scale pools (its scales are the kernel's arguments).
+            int64_t const scaleOffset = kFORMAT == KVQuantization::kFP8_PER_TENSOR
+                ? 0
+                : layer.scaleOffset(page, offset, head) * layer.scaleElementBytes;
+            auto* const kCodes = static_cast<uint8_t*>(layer.kAddress(page, offset, head)) + codeFirst;
+            auto* const kScales = static_cast<uint8_t*>(layer.kScalePool) + scaleOffset;
+            auto* const vCodes = hasV ? static_cast<uint8_t*>(layer.vAddress(page, offset, head)) + codeFirst : nullptr;
+            auto* const vScales = hasV ? static_cast<uint8_t*>(layer.vScalePool) + scaleOffset : nullptr;
+            if constexpr (kWRITE)
             {
-                auto const* vCodes = static_cast<uint8_t const*>(layer.vAddress(page, offset, head)) + codeFirst;
-                auto const* vScales = static_cast<uint8_t const*>(layer.vScalePool) + scaleOffset;
-                auto* const vRow =
-                    static_cast<TensorT*>(base.v.data) + t * base.v.tokenStride + int64_t{head} * base.v.headStride;
-                dequantizeLane<kFORMAT, kV>(lane, valid, params.vScale, vCodes, vScales, values);
-                storeValues<TensorT, kV>(vRow, first, layer.headDim, params.vectors, values);
+                Chunk const kValues = kNext;
+                Chunk const vValues = vNext;
+                if (head + 1 < heads)
+                {
+                    kNext = loadValues<TensorT, kV>(
+                        kRow + int64_t{head + 1} * base.k.headStride, first, layer.headDim, params.vectors);
+                    if (hasV)
+                    {
+                        vNext = loadValues<TensorT, kV>(
+                            vRow + int64_t{head + 1} * base.v.headStride, first, layer.headDim, params.vectors);
+                    }
+                }
+                quantizeLane<kFORMAT, kV>(kValues, lane, valid, params.kScale, kCodes, kScales, params.codeVectors);
+                if (hasV)
+                {
+                    quantizeLane<kFORMAT, kV>(vValues, lane, valid, params.vScale, vCodes, vScales, params.codeVectors);
+                }
+            }
+            else if (valid > 0)
+            {
+                float values[kV];
+                dequantizeLane<kFORMAT, kV>(lane, valid, params.kScale, kCodes, kScales, values);
+                storeValues<TensorT, kV>(
+                    kRow + int64_t{head} * base.k.headStride, first, layer.headDim, params.vectors, values);
+                if (hasV)
+                {
+                    dequantizeLane<kFORMAT, kV>(lane, valid, params.vScale, vCodes, vScales, values);
+                    storeValues<TensorT, kV>(
+                        vRow + int64_t{head} * base.v.headStride, first, layer.headDim, params.vectors, values);
+                }
             }
         }
     }

@@ -1,71 +1,34 @@
-// The quantizing token kernel's launches: one instantiation per tensor type, format and values a lane.
+// The quantizing token kernel's dispatch: the format's launches live in kv_write_quant_<format>.cu.
 
 #include "memory/kv_write_quant.h"
 
 #include "kernels/kv_quant_kernel.cuh"
 
-#include "kvcache/core/errors.h"
-
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 namespace kvcache::rt::detail
 {
+
+template <KVQuantization kFORMAT, bool kWRITE, typename Source>
+void launchQuantFormat(
+    TokenOpPlan const& plan, QuantKernelParams const& params, Source const& source, cudaStream_t stream);
+
 namespace
 {
-
-template <typename TensorT, KVQuantization kFORMAT, int32_t kV, bool kWRITE, typename Source>
-void launchShaped(TokenOpPlan const& plan, QuantKernelParams const& params, Source const& source, cudaStream_t stream)
-{
-    dim3 const block(static_cast<uint32_t>(plan.blockX), static_cast<uint32_t>(plan.blockY));
-    // The kernel strides over (token, head) pairs, so a grid capped at the hardware's limit covers any count.
-    dim3 const grid(static_cast<uint32_t>(std::min<int64_t>(plan.gridX, INT32_MAX)));
-    quantTokenKernel<TensorT, kFORMAT, kV, kWRITE><<<grid, block, 0, stream>>>(params, source);
-    KVCACHE_CUDA_TRY(cudaGetLastError());
-}
-
-template <typename TensorT, KVQuantization kFORMAT, bool kWRITE, typename Source>
-void launchPerLane(TokenOpPlan const& plan, QuantKernelParams const& params, Source const& source, cudaStream_t stream)
-{
-    switch (plan.valuesPerLane)
-    {
-    case 2: launchShaped<TensorT, kFORMAT, 2, kWRITE>(plan, params, source, stream); return;
-    case 4: launchShaped<TensorT, kFORMAT, 4, kWRITE>(plan, params, source, stream); return;
-    case 8: launchShaped<TensorT, kFORMAT, 8, kWRITE>(plan, params, source, stream); return;
-    case 16: launchShaped<TensorT, kFORMAT, 16, kWRITE>(plan, params, source, stream); return;
-    default: launchShaped<TensorT, kFORMAT, 32, kWRITE>(plan, params, source, stream); return;
-    }
-}
-
-template <typename TensorT, bool kWRITE, typename Source>
-void launchFormat(TokenOpPlan const& plan, QuantKernelParams const& params, Source const& source, cudaStream_t stream)
-{
-    switch (plan.quantization)
-    {
-    case KVQuantization::kFP8_PER_TENSOR:
-        launchPerLane<TensorT, KVQuantization::kFP8_PER_TENSOR, kWRITE>(plan, params, source, stream);
-        return;
-    case KVQuantization::kFP8_PER_TOKEN_HEAD:
-        launchPerLane<TensorT, KVQuantization::kFP8_PER_TOKEN_HEAD, kWRITE>(plan, params, source, stream);
-        return;
-    case KVQuantization::kNVFP4:
-        launchPerLane<TensorT, KVQuantization::kNVFP4, kWRITE>(plan, params, source, stream);
-        return;
-    default: return; // planTokenOp plans no other format for this kernel
-    }
-}
 
 template <bool kWRITE, typename Source>
 void launchQuantized(TokenOpPlan const& plan, TokenKernelParams const& params, LayerScales scales, Source const& source,
     cudaStream_t stream)
 {
-    QuantKernelParams const quant{params, scales.k, scales.v, plan.quantVectors};
-    switch (plan.tensorType)
+    QuantKernelParams const quant{params, scales.k, scales.v, plan.quantVectors, plan.codeVectors};
+    switch (plan.quantization)
     {
-    case DataType::kFLOAT: launchFormat<float, kWRITE>(plan, quant, source, stream); return;
-    case DataType::kHALF: launchFormat<__half, kWRITE>(plan, quant, source, stream); return;
-    case DataType::kBF16: launchFormat<__nv_bfloat16, kWRITE>(plan, quant, source, stream); return;
-    default: return; // planTokenOp refused every other type
+    case KVQuantization::kFP8_PER_TENSOR:
+        launchQuantFormat<KVQuantization::kFP8_PER_TENSOR, kWRITE>(plan, quant, source, stream);
+        return;
+    case KVQuantization::kFP8_PER_TOKEN_HEAD:
+        launchQuantFormat<KVQuantization::kFP8_PER_TOKEN_HEAD, kWRITE>(plan, quant, source, stream);
+        return;
+    case KVQuantization::kNVFP4: launchQuantFormat<KVQuantization::kNVFP4, kWRITE>(plan, quant, source, stream); return;
+    default: return; // planTokenOp plans no other format for this kernel
     }
 }
 

@@ -115,7 +115,7 @@ int32_t nextPowerOfTwo(int32_t value) noexcept
     return power;
 }
 
-//! The quantizing kernel's launch: a warp a (token, head), valuesPerLane values a lane.
+//! The quantizing kernel's launch: a warp a token, its heads one after the other, valuesPerLane values a lane.
 void planQuantized(
     char const* what, KVLayerLayout const& layer, int32_t layerIdx, Tensor const& k, Tensor const& v, TokenOpPlan& plan)
 {
@@ -135,10 +135,15 @@ void planQuantized(
     // A lane's chunk of perLane elements is aligned to min(its bytes, 16): rows must start on that many elements.
     int64_t const alignElems = std::min<int64_t>(perLane, kTOKEN_VECTOR_BYTES / dataTypeSize(k.getDataType()));
     plan.quantVectors = allowsVectors(k, alignElems) && (!plan.hasV || allowsVectors(v, alignElems));
+    // A head's codes start storedDim bytes after the last head's: a lane's code bytes (of perLane values) start aligned
+    // to their size, up to 16, only when storedDim is a multiple of it (not so for NVFP4 heads above 512 values that
+    // are not multiples of 32).
+    int64_t const codeBytes = layer.storedDim == layer.headDim ? perLane : perLane / 2;
+    plan.codeVectors = layer.storedDim % std::min<int64_t>(codeBytes, kTOKEN_VECTOR_BYTES) == 0;
     plan.blockX = 32;
     plan.blockY = kQUANT_WARPS_PER_BLOCK;
-    // At most INT32_MAX tokens of 65536 heads: far below int64's limit.
-    plan.gridX = (int64_t{plan.capacity} * layer.numKVHeads + plan.blockY - 1) / plan.blockY;
+    // A warp a token.
+    plan.gridX = (int64_t{plan.capacity} + plan.blockY - 1) / plan.blockY;
 }
 
 } // namespace

@@ -22,7 +22,7 @@ enum class TokenDirection : int32_t
 inline constexpr int32_t kTOKEN_VECTOR_BYTES = 16;
 //! Threads of one block of the token kernel.
 inline constexpr int32_t kTOKEN_BLOCK_THREADS = 256;
-//! Warps of one block of the quantizing kernel, each a (token, head) at a time.
+//! Warps of one block of the quantizing kernel, each a token at a time.
 inline constexpr int32_t kQUANT_WARPS_PER_BLOCK = 8;
 //! A quantized cache's tokens are moved for head dimensions that are multiples of this (whole NVFP4 blocks).
 inline constexpr int32_t kQUANT_HEAD_DIM_MULTIPLE = 16;
@@ -40,11 +40,12 @@ struct TokenOpPlan
     int32_t blockX = 0; //!< threads over one token's chunks
     int32_t blockY = 0; //!< tokens a block moves at once
     int64_t gridX = 0;  //!< blocks: capacity / blockY rounded up
-    //! A quantized cache's format (the quantizing kernel: a warp a (token, head), valuesPerLane values a lane), or
+    //! A quantized cache's format (the quantizing kernel: a warp a token, valuesPerLane values a lane), or
     //! kNONE (the token kernel above).
     KVQuantization quantization = KVQuantization::kNONE;
     int32_t valuesPerLane = 0; //!< a power of two in [2, 32] with 32 * valuesPerLane >= headDim
     bool quantVectors = false; //!< the tensors allow loads (stores when reading) of valuesPerLane elements at once
+    bool codeVectors = false; //!< a lane's codes (valuesPerLane bytes, or half as many for NVFP4) can be stored at once
 };
 
 //! Checks the layer, the cache's type, the group and both tensors of a token operation on the cache of `layout`, and

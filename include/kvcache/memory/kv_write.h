@@ -57,7 +57,7 @@ struct DevicePageTable
 //! A quantized cache (KVCacheConfig::quantization) stores the values quantized by docs/layout.md's "Quantization
 //! rules", bit for bit as tests/support/quantize_reference.h does: FP8 per tensor with the layer's host-held scales,
 //! FP8 per token and head with a scale per (page, token, head) written beside, NVFP4 with block scales and the layer's
-//! global scales; its head dimensions must be multiples of 16. One warp quantizes one (token, head).
+//! global scales; its head dimensions must be multiples of 16. One warp quantizes a token, head after head.
 //!
 //! Throws before launching anything: OutOfRangeError for a layer outside [0, numLayers()), InvalidArgumentError for an
 //! 8-bit cache without quantization, a quantized head not a multiple of 16, a wrong shape, type, device, stride or
