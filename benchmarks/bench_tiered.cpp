@@ -171,12 +171,12 @@ void cachePrompt(rt::PageManager& manager, std::vector<int32_t> const& prompt, A
 //! an operation is create() + adoptPrefix() + free(), 511 pages adopted (the last token is left to compute). In
 //! `tiered`, the core offloaded every page to its host tier and the device holds none; an operation is create() +
 //! TieredPrefixCacheCore::admit() + free(): adoptPrefix's miss, the hashes of the 511 pages, their host lookups and
-//! pins, four appends of 2048 tokens (pages taken, hashed and registered) and the onboard lists. The pages the tiered
-//! operation left cached on the device are evicted again, untimed (they are on the host already: nothing is copied),
-//! so every iteration starts from the same state. `computed` times the admission without a second tier, the floor of
-//! any admission that does not adopt: create() + adoptPrefix() (a miss) + append() of the same 8176 tokens in
-//! 2048-token chunks + free(), its pages evicted untimed. The three operations alternate in one loop, so the machine's
-//! noise falls on all.
+//! pins, four appends of 2048 tokens (pages taken and registered under the lookup's hashes) and the onboard lists. The
+//! pages the tiered operation left cached on the device are evicted again, untimed (they are on the host already:
+//! nothing is copied), so every iteration starts from the same state. `computed` times the admission without a second
+//! tier, the floor of any admission that does not adopt: create() + adoptPrefix() (a miss) + append() of the same 8176
+//! tokens in 2048-token chunks + free(), its pages evicted untimed. The three operations alternate in one loop, so the
+//! machine's noise falls on all.
 void tieredAdmit(benchmark::State& state, rt::PageHashAlgorithm algorithm)
 {
     guarded(state,

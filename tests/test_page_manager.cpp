@@ -16,7 +16,6 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
-#include <numeric>
 #include <set>
 #include <string>
 #include <utility>
@@ -24,6 +23,7 @@
 
 #include "support/config_builder.h"
 #include "support/error_matchers.h"
+#include "support/page_manager_inputs.h"
 #include "support/page_manager_model.h"
 #include "support/page_manager_pair.h"
 
@@ -37,15 +37,14 @@ using test::expectRejected;
 using test::ModelOutcome;
 using test::PageManagerModel;
 using test::throwsNaming;
+using test::tokensFrom;
 
 constexpr int32_t kU = kUNUSED_PAGE_ENTRY;
 constexpr int32_t P = 4; //!< tokens a page in every config here
 
 std::array<uint8_t, 32> testSeed()
 {
-    std::array<uint8_t, 32> seed{};
-    std::iota(seed.begin(), seed.end(), uint8_t{7});
-    return seed;
+    return test::consecutiveSeed(7);
 }
 
 //! One full-attention layer, 4 tokens a page, 32 tokens a sequence (8 pages), 2 slots: 16 pages unless given.
@@ -68,18 +67,7 @@ KVCacheConfig windowedConfig(std::vector<int32_t> numPagesPerGroup = {})
 
 PageManagerOptions optionsWith(int32_t maxSequences, bool prefixCaching = true)
 {
-    PageManagerOptions options;
-    options.maxSequences = maxSequences;
-    options.enablePrefixCaching = prefixCaching;
-    options.hashSeed = testSeed();
-    return options;
-}
-
-std::vector<int32_t> tokensFrom(int32_t first, int32_t count)
-{
-    std::vector<int32_t> tokens(static_cast<size_t>(count));
-    std::iota(tokens.begin(), tokens.end(), first);
-    return tokens;
+    return test::seededOptions(maxSequences, 7, prefixCaching);
 }
 
 using Pair = test::PageManagerPair;

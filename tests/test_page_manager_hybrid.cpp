@@ -12,13 +12,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
-#include <numeric>
 #include <string>
 #include <vector>
 
 #include "support/config_builder.h"
+#include "support/page_manager_inputs.h"
 #include "support/page_manager_model.h"
 #include "support/page_manager_pair.h"
 
@@ -29,6 +28,7 @@ namespace
 
 using test::ConfigBuilder;
 using test::expectRejected;
+using test::tokensFrom;
 using Pair = test::PageManagerPair;
 
 constexpr int32_t kU = kUNUSED_PAGE_ENTRY;
@@ -36,20 +36,7 @@ constexpr int32_t P = 4; //!< tokens a page in the small configs
 
 PageManagerOptions optionsWith(int32_t maxSequences, bool prefixCaching = true)
 {
-    PageManagerOptions options;
-    options.maxSequences = maxSequences;
-    options.enablePrefixCaching = prefixCaching;
-    std::array<uint8_t, 32> seed{};
-    std::iota(seed.begin(), seed.end(), uint8_t{11});
-    options.hashSeed = seed;
-    return options;
-}
-
-std::vector<int32_t> tokensFrom(int32_t first, int32_t count)
-{
-    std::vector<int32_t> tokens(static_cast<size_t>(count));
-    std::iota(tokens.begin(), tokens.end(), first);
-    return tokens;
+    return test::seededOptions(maxSequences, 11, prefixCaching);
 }
 
 //! Full attention (group 0, 16 pages) and a window of 6 tokens (group 1) with 4 tokens a step: a sequence holds at

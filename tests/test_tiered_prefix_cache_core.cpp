@@ -934,6 +934,26 @@ std::string randomRun(KVCacheConfig const& config, std::vector<int64_t> const& n
             }
             tally["host hits"] += admission.hostTokens > 0 ? 1 : 0;
             tally["device hits"] += admission.deviceTokens > 0 ? 1 : 0;
+            if (admission.hostTokens > 0 && sim.numGroups() == 1 && sim.manager.numSequences() < kMAX_SEQUENCES)
+            {
+                // The onboarded pages are registered under the hashes a plain append gives them (the core passes on
+                // those of its host lookup): the same prompt adopts them from the device, every whole page of them (a
+                // run cut where the device ran out of pages may end inside a page). One group only: with a window, a
+                // full-attention page may be cached on the device while the windowed group misses it; its onboarded
+                // copy then stays unregistered (its hash is the cached page's), and when the admission's own pieces
+                // evict the cached page, neither copy is found.
+                SequenceId const probe = sim.manager.create();
+                int32_t const adopted = sim.manager.adoptPrefix(
+                    probe, script.tokens.data(), count, script.keys.data(), static_cast<int32_t>(script.keys.size()));
+                sim.manager.free(probe);
+                if (adopted < (admission.deviceTokens + admission.hostTokens) / kP * kP)
+                {
+                    return "admission " + std::to_string(op) + " onboarded " + std::to_string(admission.hostTokens)
+                        + " tokens after " + std::to_string(admission.deviceTokens) + " but the device adopts only "
+                        + std::to_string(adopted);
+                }
+                ++tally["onboarded runs adopted again"];
+            }
             std::string const failure = sim.check();
             if (!failure.empty())
             {
@@ -1079,6 +1099,10 @@ TEST(TieredPrefixCacheCoreTest, RandomOperationsKeepEveryPageRight)
                  "evicted host pages", "onboarded pages", "steps out of pages", "copy-on-write copies"})
         {
             EXPECT_GT(tally[reached], 0) << reached;
+        }
+        if (c.numHostPages.size() == 1)
+        {
+            EXPECT_GT(tally["onboarded runs adopted again"], 0);
         }
         EXPECT_GT(tally["onboards"], 0);
     }

@@ -1,6 +1,7 @@
 #pragma once
 
 #include "paging/group_policy.h"
+#include "paging/page_manager_internal.h"
 #include "paging/page_pool.h"
 #include "paging/prefix_cache.h"
 #include "paging/prefix_cuts.h"
@@ -121,10 +122,18 @@ struct PageManager::State
 
     // Operations ---------------------------------------------------------------------------------------------------
 
-    StepCopies step(SequenceAppend const* appends, int32_t count);
+    //! step(), taking the hashes of `known`'s pages from it (detail::PageManagerInternal::appendHashed) when it is not
+    //! null: the appends must have been checked against it (checkKnownHashes).
+    StepCopies step(SequenceAppend const* appends, int32_t count, detail::NextPageHashes const* known = nullptr);
+    //! Throws InvalidArgumentError when `append` cannot take its hashes from `known` (appendHashed's checks).
+    void checkKnownHashes(SequenceAppend const& append, detail::NextPageHashes const& known) const;
     void releaseOutOfWindow(int32_t row);
-    void appendOne(SequenceAppend const& append, int32_t row);
-    void registerFilledPages(SequenceAppend const& append, int32_t row);
+    void appendOne(SequenceAppend const& append, int32_t row, detail::NextPageHashes const* known);
+    void registerFilledPages(SequenceAppend const& append, int32_t row, detail::NextPageHashes const* known);
+    //! Returns the hash of the page [start, start + tokensPerPage) the append fills, its extra keys those the sequence
+    //! kept for it and the append's in it; forgets the kept ones.
+    PageHash hashFilledPage(
+        SequenceState& sequence, SequenceAppend const& append, int32_t const* pageTokens, int32_t start);
     int32_t adoptPrefix(int32_t row, int32_t const* tokens, int32_t count, PageExtraKey const* keys, int32_t numKeys);
     //! Returns how many whole prompt pages (of promptHashes) every windowed group can serve.
     int32_t windowedServedPages() const;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
 
 namespace kvcache::rt
 {
@@ -183,7 +184,7 @@ void PageManager::State::countStep(
     }
 }
 
-StepCopies PageManager::State::step(SequenceAppend const* appends, int32_t count)
+StepCopies PageManager::State::step(SequenceAppend const* appends, int32_t count, detail::NextPageHashes const* known)
 {
     checkStep(appends, count);
     countStep(appends, count, stepNeeded.data(), stepReleased.data());
@@ -214,7 +215,8 @@ StepCopies PageManager::State::step(SequenceAppend const* appends, int32_t count
     }
     for (int32_t i = 0; i < count; ++i)
     {
-        appendOne(appends[i], SequenceTable::rowOfLive(appends[i].sequence));
+        bool const isKnown = known != nullptr && appends[i].sequence == known->sequence;
+        appendOne(appends[i], SequenceTable::rowOfLive(appends[i].sequence), isKnown ? known : nullptr);
     }
     StepCopies const result(copies.data(), numGroups());
     prefix.notifyEvictions();
@@ -242,7 +244,26 @@ void PageManager::State::releaseOutOfWindow(int32_t row)
     }
 }
 
-void PageManager::State::appendOne(SequenceAppend const& append, int32_t row)
+void PageManager::State::checkKnownHashes(SequenceAppend const& append, detail::NextPageHashes const& known) const
+{
+    // The page the append starts in must lie in the known run or just after it, and the chain must be the one the
+    // known hashes continue.
+    SequenceState const& sequence = sequences[sequences.rowOf(append.sequence, "appendHashed")];
+    int32_t const page = sequence.length >> pageShift;
+    int64_t const index = int64_t{page} - known.firstPage;
+    bool const inRun = append.sequence == known.sequence && index >= 0 && index <= known.count
+        && (known.count == 0 || known.hashes != nullptr);
+    if (!inRun || sequence.lastHash != (index == 0 ? known.parent : known.hashes[static_cast<size_t>(index - 1)]))
+    {
+        throw InvalidArgumentError(fmt::format(
+            "PageManager::appendHashed: sequence {} has {} tokens and the hashes are of pages [{}, {}) of sequence "
+            "{}; the sequence must be theirs, hold between {} and {} whole pages and continue their hash chain",
+            append.sequence, sequence.length, known.firstPage, int64_t{known.firstPage} + known.count, known.sequence,
+            known.firstPage, int64_t{known.firstPage} + known.count));
+    }
+}
+
+void PageManager::State::appendOne(SequenceAppend const& append, int32_t row, detail::NextPageHashes const* known)
 {
     if (append.count == 0)
     {
@@ -274,14 +295,42 @@ void PageManager::State::appendOne(SequenceAppend const& append, int32_t row)
     }
     if (prefix.enabled())
     {
-        registerFilledPages(append, row);
+        registerFilledPages(append, row, known);
     }
     sequence.length = static_cast<int32_t>(length + append.count);
 }
 
-void PageManager::State::registerFilledPages(SequenceAppend const& append, int32_t row)
+PageHash PageManager::State::hashFilledPage(
+    SequenceState& sequence, SequenceAppend const& append, int32_t const* pageTokens, int32_t start)
 {
-    // Tokens gather in the partial-page buffer; each page that fills is hashed and registered in every group.
+    if (sequence.pendingKeys.empty())
+    {
+        return prefix.hashPage(sequence.lastHash, pageTokens, start, append.extraKeys, append.numExtraKeys);
+    }
+    // Keys given with earlier appends of this page come first (their positions are smaller).
+    for (int32_t k = 0; k < append.numExtraKeys; ++k)
+    {
+        if (append.extraKeys[k].position < int64_t{start} + tokensPerPage)
+        {
+            sequence.pendingKeys.push_back(append.extraKeys[k]);
+        }
+    }
+    PageHash const hash = prefix.hashPage(sequence.lastHash, pageTokens, start, sequence.pendingKeys.data(),
+        static_cast<int32_t>(sequence.pendingKeys.size()));
+    sequence.pendingKeys.clear();
+    return hash;
+}
+
+void PageManager::State::registerFilledPages(
+    SequenceAppend const& append, int32_t row, detail::NextPageHashes const* known)
+{
+    // Tokens gather in the partial-page buffer; each page that fills is hashed (or its hash taken from `known`) and
+    // registered in every group. Whole pages of an append without extra keys are hashed a chunk at a time through
+    // chain(), its fastest path.
+    constexpr int32_t kCHAIN_PAGES = 32;
+    PageHash chained[kCHAIN_PAGES];
+    int32_t numChained = 0;
+    int32_t nextChained = 0;
     SequenceState& sequence = sequences[row];
     int64_t const newLength = int64_t{sequence.length} + append.count;
     int32_t* partial = sequences.partial(row);
@@ -291,12 +340,9 @@ void PageManager::State::registerFilledPages(SequenceAppend const& append, int32
     {
         int32_t const inPage = static_cast<int32_t>(position & pageMask);
         int32_t const take = std::min(tokensPerPage - inPage, append.count - consumed);
-        int32_t const* pageTokens = partial;
-        if (inPage == 0 && take == tokensPerPage)
-        {
-            pageTokens = append.tokens + consumed;
-        }
-        else
+        bool const whole = inPage == 0 && take == tokensPerPage;
+        int32_t const* pageTokens = whole ? append.tokens + consumed : partial;
+        if (!whole)
         {
             std::memcpy(partial + inPage, append.tokens + consumed, static_cast<size_t>(take) * sizeof(int32_t));
         }
@@ -307,27 +353,38 @@ void PageManager::State::registerFilledPages(SequenceAppend const& append, int32
             break;
         }
         int32_t const start = static_cast<int32_t>(position - tokensPerPage);
+        int32_t const pageIndex = start >> pageShift;
+        int64_t const knownIndex = known == nullptr ? -1 : int64_t{pageIndex} - known->firstPage;
         PageHash hash{};
-        if (sequence.pendingKeys.empty())
+        if (knownIndex >= 0 && knownIndex < known->count)
         {
-            hash = prefix.hashPage(sequence.lastHash, pageTokens, start, append.extraKeys, append.numExtraKeys);
+            hash = known->hashes[knownIndex];
+#ifndef NDEBUG
+            if (hash != hashFilledPage(sequence, append, pageTokens, start))
+            {
+                throw std::logic_error(fmt::format("PageManager::appendHashed: page {} of sequence {} was given a hash "
+                                                   "other than its tokens and extra keys make",
+                    pageIndex, append.sequence));
+            }
+#endif
+            sequence.pendingKeys.clear();
+        }
+        else if (whole && append.numExtraKeys == 0 && sequence.pendingKeys.empty())
+        {
+            if (nextChained == numChained)
+            {
+                // This page and the whole pages after it (the append is page-aligned from here on).
+                numChained = std::min(kCHAIN_PAGES, 1 + (append.count - consumed) / tokensPerPage);
+                nextChained = 0;
+                prefix.hasher().chain(sequence.lastHash, pageTokens, numChained, tokensPerPage, chained);
+            }
+            hash = chained[nextChained++];
         }
         else
         {
-            // Keys given with earlier appends of this page come first (their positions are smaller).
-            for (int32_t k = 0; k < append.numExtraKeys; ++k)
-            {
-                if (append.extraKeys[k].position < position)
-                {
-                    sequence.pendingKeys.push_back(append.extraKeys[k]);
-                }
-            }
-            hash = prefix.hashPage(sequence.lastHash, pageTokens, start, sequence.pendingKeys.data(),
-                static_cast<int32_t>(sequence.pendingKeys.size()));
-            sequence.pendingKeys.clear();
+            hash = hashFilledPage(sequence, append, pageTokens, start);
         }
         sequence.lastHash = hash;
-        int32_t const pageIndex = start >> pageShift;
         for (int32_t g = 0; g < numGroups(); ++g)
         {
             prefix.registerPage(g, sequences.entries(g, row)[pageIndex], hash);

@@ -312,51 +312,57 @@ int32_t TieredPrefixCacheCore::onboardRun(TierMover& mover, SequenceId sequence,
     }
     auto const runTokens = static_cast<int32_t>(maxPages * mTokensPerPage);
     KeySlice const after = keysIn(keys, numKeys, length, int64_t{length} + runTokens);
-    int32_t runPages =
-        mPages->hashNextPages(sequence, tokens + length, runTokens, mHashes.data(), after.keys, after.count);
-    for (Group const& group : mGroups)
+    NextPageHashes known = PageManagerInternal::hashNextPages(
+        *mPages, sequence, tokens + length, runTokens, mHashes.data(), after.keys, after.count);
+    // The run is what every group's tier holds from its first page on; each lookup keeps its host page for the pins
+    // and the onboards.
+    for (Group& group : mGroups)
     {
         int32_t held = 0;
-        while (held < runPages && group.map.find(mHashes[static_cast<size_t>(held)]) != HostPageMap::kNONE)
+        for (; held < known.count; ++held)
         {
-            ++held;
+            int32_t const hostPage = group.map.find(mHashes[static_cast<size_t>(held)]);
+            if (hostPage == HostPageMap::kNONE)
+            {
+                break;
+            }
+            group.runHostPages[static_cast<size_t>(held)] = hostPage;
         }
-        runPages = held;
+        known.count = held;
     }
-    if (runPages == 0)
+    if (known.count == 0)
     {
         return 0;
     }
     // Pinned so that the offloads of the run's own evictions cannot give its host pages up before they are read.
     for (Group& group : mGroups)
     {
-        for (int32_t p = 0; p < runPages; ++p)
+        for (int32_t p = 0; p < known.count; ++p)
         {
-            int32_t const hostPage = group.map.find(mHashes[static_cast<size_t>(p)]);
-            group.runHostPages[static_cast<size_t>(p)] = hostPage;
-            group.map.pin(hostPage);
+            group.map.pin(group.runHostPages[static_cast<size_t>(p)]);
         }
     }
     int32_t appended = 0;
     try
     {
-        appended = appendAndOnboard(mover, sequence, tokens, length, runPages, keys, numKeys);
+        appended = appendAndOnboard(mover, tokens, known, keys, numKeys);
     }
     catch (...)
     {
-        unpinRun(runPages);
+        unpinRun(known.count);
         throw;
     }
-    unpinRun(runPages);
+    unpinRun(known.count);
     return appended;
 }
 
-int32_t TieredPrefixCacheCore::appendAndOnboard(TierMover& mover, SequenceId sequence, int32_t const* tokens,
-    int32_t length, int32_t runPages, PageExtraKey const* keys, int32_t numKeys)
+int32_t TieredPrefixCacheCore::appendAndOnboard(
+    TierMover& mover, int32_t const* tokens, NextPageHashes const& known, PageExtraKey const* keys, int32_t numKeys)
 {
+    // The pages were hashed for the host lookup: the appends register them under those hashes without hashing again.
     int64_t const tokensPerPage = mTokensPerPage;
-    int64_t const firstRunPage = length / tokensPerPage;
-    int64_t const total = int64_t{runPages} * tokensPerPage;
+    int64_t const length = int64_t{known.firstPage} * tokensPerPage;
+    int64_t const total = int64_t{known.count} * tokensPerPage;
     int64_t done = 0;
     while (done < total)
     {
@@ -364,12 +370,12 @@ int32_t TieredPrefixCacheCore::appendAndOnboard(TierMover& mover, SequenceId seq
         int64_t const pieceTokens = std::min<int64_t>(mPieceTokens, total - done);
         KeySlice const slice = keysIn(keys, numKeys, start, start + pieceTokens);
         SequenceAppend const piece{
-            sequence, tokens + start, static_cast<int32_t>(pieceTokens), slice.keys, slice.count};
+            known.sequence, tokens + start, static_cast<int32_t>(pieceTokens), slice.keys, slice.count};
         if (!mPages->canStep(&piece, 1))
         {
             break;
         }
-        StepCopies const copies = mPages->append(piece);
+        StepCopies const copies = PageManagerInternal::appendHashed(*mPages, piece, known);
         // The pieces's evictions leave before anything is written: a page it evicted may be one it took.
         offloadEvicted(mover);
         runCopies(mover, copies);
@@ -381,12 +387,12 @@ int32_t TieredPrefixCacheCore::appendAndOnboard(TierMover& mover, SequenceId seq
         for (int32_t g = 0; g < numGroups(); ++g)
         {
             Group& group = mGroups[static_cast<size_t>(g)];
-            SequencePages const held = mPages->pages(sequence, g);
+            int32_t const* const held = mPages->pages(known.sequence, g).pages;
             group.entries.clear();
             for (int64_t p = firstPage; p < endPage; ++p)
             {
                 group.entries.push_back(
-                    HostTierEntry{held.pages[p], group.runHostPages[static_cast<size_t>(p - firstRunPage)]});
+                    HostTierEntry{held[p], group.runHostPages[static_cast<size_t>(p - known.firstPage)]});
             }
             if (!group.entries.empty())
             {

@@ -5,6 +5,7 @@
 // TieredPrefixCache gives it a mover over HostTier and copyPages; host tests give it one that models device and host
 // pages, so every decision is checked without a GPU.
 
+#include "paging/page_manager_internal.h"
 #include "tiers/tiered_prefix_cache_host_map.h"
 
 #include "kvcache/core/kv_cache_layout.h"
@@ -130,8 +131,10 @@ private:
     //! Looks the pages after `length` up in the host tiers, appends and onboards the run found; returns its tokens.
     int32_t onboardRun(TierMover& mover, SequenceId sequence, int32_t const* tokens, int32_t count, int32_t length,
         PageExtraKey const* keys, int32_t numKeys);
-    int32_t appendAndOnboard(TierMover& mover, SequenceId sequence, int32_t const* tokens, int32_t length,
-        int32_t runPages, PageExtraKey const* keys, int32_t numKeys);
+    //! Appends the run `known` (the hashes of its pages, as many as every group's tier holds) in pieces and onboards
+    //! each piece's pages; returns the tokens appended.
+    int32_t appendAndOnboard(TierMover& mover, int32_t const* tokens, NextPageHashes const& known,
+        PageExtraKey const* keys, int32_t numKeys);
     void unpinRun(int32_t runPages) noexcept;
     static KeySlice keysIn(PageExtraKey const* keys, int32_t numKeys, int64_t begin, int64_t end) noexcept;
 

@@ -38,16 +38,6 @@ void HostPageMap::setUsable(int64_t usable)
     mUsable = static_cast<int32_t>(usable);
 }
 
-bool HostPageMap::mapped(int32_t hostPage) const noexcept
-{
-    return hostPage >= 0 && hostPage < numHostPages() && mMapped[static_cast<size_t>(hostPage)] != 0;
-}
-
-int32_t HostPageMap::pinCount(int32_t hostPage) const noexcept
-{
-    return hostPage >= 0 && hostPage < numHostPages() ? mPins[static_cast<size_t>(hostPage)] : 0;
-}
-
 void HostPageMap::checkMapped(char const* what, int32_t hostPage) const
 {
     if (!mapped(hostPage))
@@ -74,35 +64,18 @@ void HostPageMap::touch(int32_t hostPage)
     }
 }
 
-void HostPageMap::pin(int32_t hostPage)
+void HostPageMap::failPin(int32_t hostPage) const
 {
     checkMapped("pin", hostPage);
-    int32_t& pins = mPins[static_cast<size_t>(hostPage)];
-    if (pins == std::numeric_limits<int32_t>::max())
-    {
-        throw InvalidArgumentError(
-            fmt::format("HostPageMap::pin: host page {} has {} pins, the most it can have", hostPage, pins));
-    }
-    if (pins == 0)
-    {
-        mLru.unlink(hostPage);
-    }
-    ++pins;
+    throw InvalidArgumentError(
+        fmt::format("HostPageMap::pin: host page {} has {} pins, the most it can have", hostPage, kMAX_PINS));
 }
 
-void HostPageMap::unpin(int32_t hostPage)
+void HostPageMap::failUnpin(int32_t hostPage) const
 {
-    if (pinCount(hostPage) == 0)
-    {
-        throw InvalidArgumentError(fmt::format(
-            "HostPageMap::unpin: host page {} has no pin; only a pinned host page of [0, {}) can be unpinned", hostPage,
-            numHostPages()));
-    }
-    int32_t& pins = mPins[static_cast<size_t>(hostPage)];
-    if (--pins == 0)
-    {
-        mLru.pushNewest(hostPage);
-    }
+    throw InvalidArgumentError(
+        fmt::format("HostPageMap::unpin: host page {} has no pin; only a pinned host page of [0, {}) can be unpinned",
+            hostPage, numHostPages()));
 }
 
 HostPageMap::Insertion HostPageMap::insert(PageHash hash)

@@ -10,6 +10,7 @@
 #include "kvcache/paging/page_hash.h"
 
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 namespace kvcache::rt::detail
@@ -61,10 +62,31 @@ public:
     //! Throws InvalidArgumentError for a host page that is not mapped.
     void touch(int32_t hostPage);
     //! Adds a pin to the mapped host page `hostPage`. Throws InvalidArgumentError for a host page that is not mapped.
-    void pin(int32_t hostPage);
+    void pin(int32_t hostPage)
+    {
+        // Inline: an admission pins and unpins every page of its run.
+        if (!mapped(hostPage) || mPins[static_cast<size_t>(hostPage)] == kMAX_PINS)
+        {
+            failPin(hostPage);
+        }
+        if (mPins[static_cast<size_t>(hostPage)]++ == 0)
+        {
+            mLru.unlink(hostPage);
+        }
+    }
     //! Removes a pin from `hostPage`; the last one makes it the most recently used. Throws InvalidArgumentError for a
     //! host page that is not pinned.
-    void unpin(int32_t hostPage);
+    void unpin(int32_t hostPage)
+    {
+        if (pinCount(hostPage) == 0)
+        {
+            failUnpin(hostPage);
+        }
+        if (--mPins[static_cast<size_t>(hostPage)] == 0)
+        {
+            mLru.pushNewest(hostPage);
+        }
+    }
 
     //! Maps `hash`, which must be absent, to a host page (see the class comment for which) and makes it the most
     //! recently used; returns kNONE (changing nothing) when no usable host page is free or unpinned. Throws
@@ -105,11 +127,17 @@ public:
         return numFree() + mLru.size();
     }
     //! Returns whether `hostPage` holds a hash (false outside [0, numHostPages())).
-    bool mapped(int32_t hostPage) const noexcept;
+    bool mapped(int32_t hostPage) const noexcept
+    {
+        return hostPage >= 0 && hostPage < numHostPages() && mMapped[static_cast<size_t>(hostPage)] != 0;
+    }
     //! Returns the hash the mapped host page `hostPage` holds. Throws InvalidArgumentError for one not mapped.
     PageHash hashOf(int32_t hostPage) const;
     //! Returns the pins of `hostPage` (0 outside [0, numHostPages())).
-    int32_t pinCount(int32_t hostPage) const noexcept;
+    int32_t pinCount(int32_t hostPage) const noexcept
+    {
+        return hostPage >= 0 && hostPage < numHostPages() ? mPins[static_cast<size_t>(hostPage)] : 0;
+    }
     //! Returns the unpinned mapped host pages, least recently used first. Allocates.
     std::vector<int32_t> leastRecentFirst() const;
 
@@ -120,8 +148,13 @@ public:
     void checkInvariants() const;
 
 private:
+    static constexpr int32_t kMAX_PINS = std::numeric_limits<int32_t>::max();
+
     //! Throws InvalidArgumentError naming `what` when `hostPage` is not mapped.
     void checkMapped(char const* what, int32_t hostPage) const;
+    //! Throw pin()'s and unpin()'s InvalidArgumentError for `hostPage`.
+    [[noreturn]] void failPin(int32_t hostPage) const;
+    [[noreturn]] void failUnpin(int32_t hostPage) const;
 
     PageHashTable mTable;
     CachedPageList mLru;

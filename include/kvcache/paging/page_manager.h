@@ -123,6 +123,12 @@ struct PageManagerStats
     int64_t copyOnWritePages = 0;
 };
 
+namespace detail
+{
+//! The library's own access to a PageManager beyond its public calls (src/paging/page_manager_internal.h).
+class PageManagerInternal;
+} // namespace detail
+
 //! Called once for each cached page whose content was dropped (evicted to be reused, or by evictCached()): its group,
 //! page id and hash. The calls of one PageManager call are made at its end, in eviction order, once the manager is
 //! consistent again; the page's device bytes are still intact then (the manager never touches them), and work the
@@ -311,6 +317,7 @@ public:
     PageHasher const& hasher() const noexcept;
 
 private:
+    friend class detail::PageManagerInternal;
     struct State;
     std::unique_ptr<State> mState;
 };
