@@ -4,7 +4,8 @@ Each attention layer gets its own device buffer; views of it implement the DLPac
 ``torch.from_dlpack(cache.pool_view(layer))`` shares the cache's memory without a copy. Page operations
 (``cache.copy_pages``, ``cache.reset_pages``) take host lists or device arrays and run across all layers in one launch.
 ``HostTier`` keeps pages of one page group in pinned host memory (offload, onboard); ``save_sequence`` and
-``load_sequence`` write them to sequence files and read them back.
+``load_sequence`` write them to sequence files and read them back. ``TieredPrefixCache`` wires a ``PageManager`` to one
+host tier per page group: pages the device evicts go to the host, and ``admit`` brings a prompt's pages back.
 Importing this package needs neither torch nor NumPy.
 """
 
@@ -48,6 +49,9 @@ from ._kvcache import (
     PageOpTarget,
     PageTableBuffers,
     SequenceFileInfo,
+    TieredAdmission,
+    TieredPrefixCache,
+    TieredPrefixCacheStats,
     View,
     __version__,
     compute_layout,
@@ -107,6 +111,9 @@ __all__ = [
     "PageOpTarget",
     "PageTableBuffers",
     "SequenceFileInfo",
+    "TieredAdmission",
+    "TieredPrefixCache",
+    "TieredPrefixCacheStats",
     "View",
     "__version__",
     "compute_layout",

@@ -813,12 +813,12 @@ class PageManager:
 
     def append(self, sequence: int, tokens: PageIds, extra_keys: Sequence[tuple[int, int, int]] | None = None) -> list[list[tuple[int, int]]]:
         """
-        Appends tokens to one sequence (step() with one entry); returns its copies as step() does.
+        Appends tokens to one sequence (step() with one entry); returns its copies as step() does. Raises InvalidArgumentError while a TieredPrefixCache serves the manager (append through its step()).
         """
 
     def step(self, appends: Sequence[tuple[int, PageIds] | tuple[int, PageIds, Sequence[tuple[int, int, int]]]]) -> list[list[tuple[int, int]]]:
         """
-        Appends tokens to each listed sequence, all or nothing: appends is a list of (sequence, tokens[, extra_keys]). Returns the copies to run with copy_pages before the step's kernels: one list of (src, dst) per group, in order. Raises OutOfMemoryError naming the group, the pages needed and available.
+        Appends tokens to each listed sequence, all or nothing: appends is a list of (sequence, tokens[, extra_keys]). Returns the copies to run with copy_pages before the step's kernels: one list of (src, dst) per group, in order. Raises OutOfMemoryError naming the group, the pages needed and available, and InvalidArgumentError while a TieredPrefixCache serves the manager (step through it: it offloads the pages a step evicts before the step's kernels overwrite them).
         """
 
     def pages_needed(self, appends: Sequence[tuple[int, PageIds] | tuple[int, PageIds, Sequence[tuple[int, int, int]]]]) -> list[int]:
@@ -852,11 +852,13 @@ class PageManager:
         """
 
     def evict_cached(self, group: int, count: int) -> int:
-        """Drops up to `count` cached pages of `group`; returns how many."""
+        """
+        Drops up to `count` cached pages of `group`; returns how many. With a TieredPrefixCache serving the manager, its next call offloads them (or call its evict_cached).
+        """
 
     def set_eviction_callback(self, callback: Callable[[int, int, tuple[int, int]], None] | None) -> None:
         """
-        callback(group, page, (lo, hi)) for each evicted page, after the eviction completed; None removes it. What it raises propagates from the call that evicted (the first exception when it raises for several pages), the manager consistent and the call's other changes made. The manager takes part in garbage collection, so a callback that refers back to it does not keep it alive.
+        callback(group, page, (lo, hi)) for each evicted page, after the eviction completed; None removes it. What it raises propagates from the call that evicted (the first exception when it raises for several pages), the manager consistent and the call's other changes made. The manager takes part in garbage collection, so a callback that refers back to it does not keep it alive. Raises InvalidArgumentError while a TieredPrefixCache serves the manager (it owns the callback until it is destroyed).
         """
 
     def counts(self, group: int) -> PageGroupCounts: ...
@@ -979,7 +981,7 @@ class SequenceFileInfo:
 
 class HostTier:
     """
-    Pinned host memory for pages of one page group of a cache, in host pages: a host page holds one page id's bytes of every layer of the group in layer order, K then V (a latent layer: its one half), host_page_bytes() in all. Offload (device pages to host pages) and onboard (host pages to device pages) move every layer of the group in one call, stream-ordered, without a host synchronisation. A host-list transfer touching a host page or page that a host-list transfer on another stream still moves waits for it on the device; device-list transfers are not tracked (order them yourself, and let them complete before the tier goes). The tier keeps its KVCacheManager alive. Calls hold the GIL, so Python threads use a tier one at a time; wait_until_ready releases it.
+    Pinned host memory for pages of one page group of a cache, in host pages: a host page holds one page id's bytes of every layer of the group in layer order, K then V (a latent layer: its one half), host_page_bytes() in all. Offload (device pages to host pages) and onboard (host pages to device pages) move every layer of the group in one call, stream-ordered, without a host synchronisation. A host-list transfer touching a host page or page that a host-list transfer on another stream still moves waits for it on the device; device-list transfers are not tracked (order them yourself, and let them complete before the tier goes). The tier keeps its KVCacheManager alive. Calls hold the GIL, so Python threads use a tier one at a time; wait_until_ready releases it. TieredPrefixCache.host_tier(g) lends the tier of a tiered cache, which it keeps alive: its host pages belong to the tiered cache, so offload, allocate_host_pages, release_host_pages and load_sequence refuse it (InvalidArgumentError).
     """
 
     def __init__(self, cache: KVCacheManager, group: int, num_host_pages: int, *, chunk_bytes: int = 268435456, prefer_gpu_numa_node: bool = True, staging_bytes: int = 134217728) -> None:
@@ -1080,7 +1082,7 @@ def save_sequence(path: PathLike, tier: HostTier, host_pages: HostIds, token_cou
 
 def load_sequence(path: PathLike, tier: HostTier, host_pages: HostIds) -> int:
     """
-    Reads the sequence file at `path` into host pages `host_pages` of `tier` and returns its token count. The whole file is verified before any host page is written: another geometry, a count other than the file's page count, a truncated or corrupt file, a host page listed twice raise InvalidArgumentError, a bad host page OutOfRangeError, and every host page keeps its bytes. RuntimeError when the file cannot be read.
+    Reads the sequence file at `path` into host pages `host_pages` of `tier` and returns its token count. The whole file is verified before any host page is written: another geometry, a count other than the file's page count, a truncated or corrupt file, a host page listed twice raise InvalidArgumentError, a bad host page OutOfRangeError, and every host page keeps its bytes. RuntimeError when the file cannot be read; InvalidArgumentError for a tier lent by a TieredPrefixCache (its host pages are the tiered cache's).
     """
 
 def read_sequence_file_info(path: PathLike) -> SequenceFileInfo:
@@ -1097,3 +1099,125 @@ def read_sequence_file(path: PathLike, expected: PageGeometry, pages: HostPageBu
     """
     Reads the sequence file at `path` into `pages` (writable C-contiguous host arrays of expected.bytes_per_page bytes each, as many as the file's pages) and returns its token count; the whole file is verified first, so a bad file (or another geometry than `expected`) raises InvalidArgumentError and writes no page.
     """
+
+class TieredAdmission:
+    """
+    What TieredPrefixCache.admit found for a prompt: the sequence holds device_tokens + host_tokens tokens, and the runtime appends (step) and computes the other compute_tokens.
+    """
+
+    def __init__(self) -> None:
+        """All zero."""
+
+    @property
+    def device_tokens(self) -> int:
+        """Tokens adopted from pages cached on the device (PageManager.adopt_prefix)."""
+
+    @property
+    def host_tokens(self) -> int:
+        """Tokens after those, onboarded from the host tiers into fresh pages registered under the same hashes."""
+
+    @property
+    def compute_tokens(self) -> int:
+        """len(tokens) - device_tokens - host_tokens: at least 1 for a prompt of at least one token."""
+
+    def __repr__(self) -> str: ...
+
+class TieredPrefixCacheStats:
+    """A TieredPrefixCache's counters since construction (or reset_stats())."""
+
+    def __init__(self) -> None:
+        """All zero."""
+
+    @property
+    def admissions(self) -> int:
+        """admit() calls that succeeded."""
+
+    @property
+    def query_tokens(self) -> int:
+        """Prompt tokens those calls were given."""
+
+    @property
+    def device_hit_tokens(self) -> int:
+        """Prompt tokens found on the device."""
+
+    @property
+    def host_hit_tokens(self) -> int:
+        """Prompt tokens found on the host."""
+
+    @property
+    def missed_tokens(self) -> int:
+        """Prompt tokens found nowhere (left to compute); the three add up to query_tokens."""
+
+    @property
+    def offloaded_pages(self) -> int:
+        """Evicted device pages copied to a host page, all groups."""
+
+    @property
+    def already_on_host_pages(self) -> int:
+        """Evicted device pages whose hash a host page held already (nothing copied), all groups."""
+
+    @property
+    def dropped_pages(self) -> int:
+        """Evicted device pages the host tier could not take, dropped."""
+
+    @property
+    def evicted_host_pages(self) -> int:
+        """Host pages given up, least recently used first, to make room for an offload, all groups."""
+
+    @property
+    def onboarded_pages(self) -> int:
+        """Host pages copied into fresh device pages by admissions, all groups."""
+
+    def __repr__(self) -> str: ...
+
+class TieredPrefixCache:
+    """
+    A two-tier prefix cache: a PageManager's cached device pages, and pinned host memory (one HostTier per page group) that keeps the pages the device evicts. It makes the two calls of a serving loop that touch pages: admit() (adopts the device's cached prefix, then onboards the longest run of following whole pages that every group's host tier holds, at most len(tokens) - 1 tokens, in pieces of max_tokens_per_step) and step() (PageManager.step, then on the stream the offload of the pages it evicted, then its copies). Enqueue the step's kernels on the same stream after the call. It owns the manager's eviction callback while it lives (the PageManager object refuses set_eviction_callback, step and append then: every step goes through the tiered cache; create, fork, free, pages, can_step, ... stay the manager's). A rejected call raises before anything changes. It keeps its KVCacheManager and PageManager alive; destroying it waits for the tiers' transfers and clears the manager's callback. Calls hold the GIL (nothing they do waits on the GPU).
+    """
+
+    def __init__(self, cache: KVCacheManager, pages: PageManager, num_host_pages: Sequence[int] | NDArray[Any], *, chunk_bytes: int = 268435456, prefer_gpu_numa_node: bool = True, staging_bytes: int = 134217728) -> None:
+        """
+        Wires `pages` (a PageManager sized from cache.layout()) to one HostTier per page group of `cache` (a KVCacheManager): num_host_pages[g] host pages for group g, one entry per group, windowed groups included (an onboarded run fills its pages in every group). chunk_bytes, prefer_gpu_numa_node and staging_bytes are each tier's, as HostTier takes them. Replaces the manager's eviction callback. Raises TypeError when cache is no KVCacheManager, pages no PageManager or num_host_pages no sequence of ints; InvalidArgumentError when the manager's layout is not the cache's (naming the group and the field), for num_host_pages with another number of entries than the cache has groups or an entry outside [1, 2**31 - 1], and when another TieredPrefixCache serves `pages`; what HostTier raises (OutOfMemoryError, CudaError). The manager is left as it was then.
+        """
+
+    def admit(self, sequence: int, tokens: HostIds, stream: StreamLike | None = None, extra_keys: Sequence[tuple[int, int, int]] | None = None) -> TieredAdmission:
+        """
+        Admits the prompt `tokens` (a sequence of ints or a 1-D int array) into the empty sequence `sequence`: adopts the device's cached prefix, then onboards what the host tiers hold of the following whole pages, enqueuing the transfers on `stream` (default: the cache's). Returns a TieredAdmission; the sequence then holds len(tokens) - compute_tokens tokens, and the runtime appends the rest with step(). extra_keys as PageManager.adopt_prefix takes them ((position, lo, hi), positions ascending in [0, len(tokens))). Raises, before changing anything, InvalidArgumentError for an unknown or non-empty sequence, a prompt longer than max_sequence_length, extra keys out of order or range, or a stream capturing a graph; CudaError from a transfer.
+        """
+
+    def step(self, appends: Sequence[tuple[int, HostIds] | tuple[int, HostIds, Sequence[tuple[int, int, int]]]], stream: StreamLike | None = None) -> list[list[tuple[int, int]]]:
+        """
+        PageManager.step(appends) (a list of (sequence, tokens[, extra_keys])), then on `stream` (default: the cache's) the offload of the pages it evicted, then its copies. Returns the copies, already enqueued, as PageManager.step does (one list of (src, dst) per group). Enqueue the step's kernels on `stream` after the call. Raises, before changing anything, what PageManager.step raises (InvalidArgumentError, OutOfMemoryError naming the group) and InvalidArgumentError for a capturing stream; CudaError from a transfer or copy.
+        """
+
+    def evict_cached(self, group: int, count: int, stream: StreamLike | None = None) -> int:
+        """
+        PageManager.evict_cached(group, count), then the offload of the pages it evicted on `stream` (default: the cache's); returns how many it evicted. Raises OutOfRangeError for a bad group, InvalidArgumentError for a negative count or a capturing stream, before changing anything.
+        """
+
+    def stats(self) -> TieredPrefixCacheStats:
+        """The counters (a TieredPrefixCacheStats)."""
+
+    def reset_stats(self) -> None:
+        """Sets every counter to 0."""
+
+    def num_groups(self) -> int:
+        """The number of page groups (one host tier each)."""
+
+    def host_tier(self, group: int) -> HostTier:
+        """
+        The HostTier of page group `group`, lent: it keeps this tiered cache alive, and its host pages are the tiered cache's, so read them (host_page_view, onboard, save_sequence with find_host_page's host pages) but do not write, hand out or release them (offload, allocate_host_pages, release_host_pages and load_sequence refuse it). Raises OutOfRangeError for a group outside [0, num_groups()).
+        """
+
+    def num_host_pages_held(self, group: int) -> int:
+        """The host pages of `group` holding a page now. Raises OutOfRangeError for a bad group."""
+
+    def find_host_page(self, group: int, hash: tuple[int, int]) -> int:
+        """
+        The host page of `group` holding the page of `hash` (a (lo, hi) tuple, as PageManager.hash_next_pages and the eviction callback give it), or -1. Raises OutOfRangeError for a bad group, TypeError for a hash that is no such tuple.
+        """
+
+    def check_invariants(self) -> None:
+        """
+        Raises RuntimeError naming the first broken rule of the bookkeeping (each group's hash -> host page map and its least recently used order; no host page left pinned between calls); linear time.
+        """

@@ -33,7 +33,11 @@ void bindAllocator(nb::module_& m);
 void bindPageTable(nb::module_& m);
 //! Registers PageManager and its option, count and statistics types.
 void bindPageManager(nb::module_& m);
-//! Registers HostTier, HostTierMethod, the page geometry types and the sequence-file functions.
+//! Registers HostTier, HostTierMethod and the page geometry types.
 void bindHostTier(nb::module_& m);
+//! Registers SequenceFileInfo and the sequence-file functions (after bindHostTier: they take its types).
+void bindSequenceFiles(nb::module_& m);
+//! Registers TieredPrefixCache, TieredAdmission and TieredPrefixCacheStats (after bindHostTier and bindPageManager).
+void bindTieredPrefixCache(nb::module_& m);
 
 } // namespace kvcache::python

@@ -1,66 +1,61 @@
-// HostTier (pinned host pages of one page group: offload, onboard, host page views), page geometries and sequence
-// files (over a tier's host pages, and over host buffers).
+// HostTier (pinned host pages of one page group: offload, onboard, host page views) and page geometries. The
+// sequence files over a tier's host pages are in sequence_file_binding.cpp.
 
 #include "bindings.h"
 #include "cuda_arguments.h"
 #include "dlpack_view.h"
-#include "write_binding.h"
+#include "host_tier_handle.h"
 
 #include <kvcache/errors.h>
 #include <kvcache/host_tier.h>
-#include <kvcache/sequence_file.h>
 
 #include <fmt/format.h>
-#include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
-#include <type_traits>
-#include <utility>
 #include <vector>
 
 namespace kvcache::python
 {
+
+TierHandle::TierHandle(nb::handle cache, int64_t group, int64_t numHostPages, rt::HostTierOptions const& options)
+    : mCacheObject(nb::borrow(cache))
+    , mCache(cacheAccess(cache))
+    , mOwnedTier(std::make_unique<rt::HostTier>(*mCache.manager, toInt32(group, "group"), numHostPages, options))
+    , mTier(mOwnedTier.get())
+{
+}
+
+TierHandle::TierHandle(nb::handle owner, nb::handle cache, rt::HostTier& tier)
+    : mCacheObject(nb::borrow(cache))
+    , mCache(cacheAccess(cache))
+    , mOwner(nb::borrow(owner))
+    , mTier(&tier)
+{
+}
+
+void TierHandle::refuseIfLent(char const* what) const
+{
+    if (isLent())
+    {
+        throw rt::InvalidArgumentError(fmt::format("{}: the tier belongs to a TieredPrefixCache, which holds its host "
+                                                   "pages; read them (host_page_view, onboard, save_sequence), never "
+                                                   "write, hand out or release them",
+            what));
+    }
+}
+
+TierHandle& tierArgument(nb::handle tier)
+{
+    return *checkedCast<TierHandle*>(tier, "tier", "a HostTier");
+}
+
 namespace
 {
-
-//! A HostTier and the KVCacheManager object it moves pages of, which it keeps alive: the manager goes after the tier
-//! (declared first), so the tier never outlives the cache it was made for.
-class TierHandle
-{
-public:
-    TierHandle(nb::handle cache, int64_t group, int64_t numHostPages, rt::HostTierOptions const& options)
-        : mCacheObject(nb::borrow(cache))
-        , mCache(cacheAccess(cache))
-        , mTier(*mCache.manager, toInt32(group, "group"), numHostPages, options)
-    {
-    }
-
-    rt::HostTier& tier() noexcept
-    {
-        return mTier;
-    }
-    rt::KVCacheManager const& manager() const noexcept
-    {
-        return *mCache.manager;
-    }
-    //! The stream transfers run on when the call names none: the cache's.
-    cudaStream_t cacheStream() const noexcept
-    {
-        return mCache.stream;
-    }
-    //! Host lists are read into these, reused between calls so that a call allocates nothing in steady state.
-    std::vector<rt::HostTierEntry> entries;
-    std::vector<int32_t> hostPages;
-
-private:
-    nb::object mCacheObject;
-    CacheAccess mCache;
-    rt::HostTier mTier;
-};
 
 using Self = nb::pointer_and_handle<TierHandle>;
 
@@ -71,6 +66,10 @@ constexpr PairListName kENTRIES{"entries", "ids", "(page, host_page)"};
 rt::HostTierMethod transfer(TierHandle& handle, bool toHost, nb::handle entries, nb::handle stream,
     rt::HostTierMethod method, nb::handle count, nb::handle errorCount)
 {
+    if (toHost)
+    {
+        handle.refuseIfLent("HostTier.offload");
+    }
     cudaStream_t const onStream = streamArgument(stream, handle.cacheStream());
     rt::HostTier& tier = handle.tier();
     int32_t const device = tier.device();
@@ -108,116 +107,6 @@ rt::HostTierMethod transfer(TierHandle& handle, bool toHost, nb::handle entries,
                   : tier.onboard(handle.manager(), handle.entries, onStream, method);
 }
 
-//! Returns the path `path` names: a str or an os.PathLike giving one. Throws TypeError otherwise and
-//! InvalidArgumentError for a NUL character.
-std::string pathArgument(nb::handle path)
-{
-    nb::object const fsPath = nb::steal(PyOS_FSPath(path.ptr()));
-    if (!fsPath.is_valid())
-    {
-        PyErr_Clear();
-        throwTypeError(path, "path", "a str or an os.PathLike");
-    }
-    if (!nb::isinstance<nb::str>(fsPath))
-    {
-        throwTypeError(fsPath, "path", "a str (a bytes path is not taken)");
-    }
-    Py_ssize_t bytes = 0;
-    char const* const utf8 = PyUnicode_AsUTF8AndSize(fsPath.ptr(), &bytes);
-    if (utf8 == nullptr)
-    {
-        throw nb::python_error();
-    }
-    std::string const result(utf8, static_cast<size_t>(bytes));
-    if (result.find('\0') != std::string::npos)
-    {
-        throw rt::InvalidArgumentError("path contains a NUL character");
-    }
-    return result;
-}
-
-//! Returns the tier `tier` is; throws TypeError naming it otherwise.
-TierHandle& tierArgument(nb::handle tier)
-{
-    return *checkedCast<TierHandle*>(tier, "tier", "a HostTier");
-}
-
-//! Reads the host pages of a sequence-file call into the tier's scratch list; returns their count.
-int64_t hostPagesArgument(TierHandle& handle, nb::handle hostPages)
-{
-    hostInt32s(hostPages, handle.hostPages, "host_pages", "host pages");
-    return static_cast<int64_t>(handle.hostPages.size());
-}
-
-using ReadOnlyBuffer = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;
-using WritableBuffer = nb::ndarray<nb::c_contig, nb::device::cpu>;
-
-//! Returns the bytes of `array` (elements times element size).
-template <typename Array>
-int64_t bufferBytes(Array const& array)
-{
-    return static_cast<int64_t>(array.size()) * ((array.dtype().bits * array.dtype().lanes + 7) / 8);
-}
-
-//! Reads `pages`, a sequence of C-contiguous host buffers of `bytesPerPage` bytes each (NumPy arrays, rows of a 2-D
-//! array, bytes-like objects; writable when `Writable`), into `arrays` (which hold them for the call) and their
-//! addresses into `addresses`. Throws TypeError for what is no such sequence or buffer, InvalidArgumentError for a
-//! buffer of another size, a read-only one where a writable one is needed, or a non-contiguous one.
-template <bool Writable>
-void hostPageBuffers(nb::handle pages, int64_t bytesPerPage,
-    std::vector<std::conditional_t<Writable, WritableBuffer, ReadOnlyBuffer>>& arrays,
-    std::vector<std::conditional_t<Writable, void*, void const*>>& addresses)
-{
-    char const* const expected = Writable ? "a writable C-contiguous host array of bytes_per_page bytes"
-                                          : "a C-contiguous host array or bytes-like object of bytes_per_page bytes";
-    requireIterable(pages, "pages", "a sequence of host arrays, one a page");
-    size_t index = 0;
-    for (nb::handle page : pages)
-    {
-        std::string const field = fmt::format("pages[{}]", index);
-        std::conditional_t<Writable, WritableBuffer, ReadOnlyBuffer> array;
-        if (!nb::try_cast(page, array, false))
-        {
-            nb::ndarray<nb::ro> any;
-            if (!nb::try_cast(page, any, false))
-            {
-                throwTypeError(page, field.c_str(), expected);
-            }
-            ReadOnlyBuffer readOnly;
-            bool const isReadOnly = Writable && nb::try_cast(page, readOnly, false);
-            throw rt::InvalidArgumentError(fmt::format("{} is {}; it must be {}", field,
-                isReadOnly ? "read-only" : "not a C-contiguous host array (another layout or device)", expected));
-        }
-        if (bufferBytes(array) != bytesPerPage)
-        {
-            throw rt::InvalidArgumentError(
-                fmt::format("{} has {} bytes; a page of this geometry has {} (bytes_per_page)", field,
-                    bufferBytes(array), bytesPerPage));
-        }
-        addresses.push_back(array.data());
-        arrays.push_back(std::move(array));
-        ++index;
-    }
-}
-
-void writeSequenceFile(nb::handle path, rt::PageGeometry const& geometry, int64_t tokenCount, nb::handle pages)
-{
-    std::string const file = pathArgument(path);
-    std::vector<ReadOnlyBuffer> arrays;
-    std::vector<void const*> addresses;
-    hostPageBuffers<false>(pages, geometry.bytesPerPage, arrays, addresses);
-    rt::writeSequenceFile(file, geometry, tokenCount, addresses.data(), static_cast<int64_t>(addresses.size()));
-}
-
-int64_t readSequenceFile(nb::handle path, rt::PageGeometry const& expected, nb::handle pages)
-{
-    std::string const file = pathArgument(path);
-    std::vector<WritableBuffer> arrays;
-    std::vector<void*> addresses;
-    hostPageBuffers<true>(pages, expected.bytesPerPage, arrays, addresses);
-    return rt::readSequenceFile(file, expected, addresses.data(), static_cast<int64_t>(addresses.size()));
-}
-
 char const* const kTRANSFER_DOC =
     "entries: (page, host_page) pairs, page a page id of the tier's group in its cache, host_page one of the tier's.\n"
     "A host list (sequence of pairs, [n, 2] int array) is checked before anything is enqueued and moves by `method`\n"
@@ -238,7 +127,6 @@ void bindHostTier(nb::module_& m)
     m.attr("HOST_TIER_KERNEL_MAX_BYTES") = rt::kHOST_TIER_KERNEL_MAX_BYTES;
     m.attr("HOST_TIER_MAX_SMS") = rt::kHOST_TIER_MAX_SMS;
     m.attr("HOST_TIER_MAX_CHUNKS") = rt::kHOST_TIER_MAX_CHUNKS;
-    m.attr("SEQUENCE_FILE_VERSION") = rt::kSEQUENCE_FILE_VERSION;
 
     nb::enum_<rt::HostTierMethod>(m, "HostTierMethod", "How a host tier transfer moves its bytes.")
         .value("AUTO", rt::HostTierMethod::kAUTO,
@@ -290,12 +178,6 @@ void bindHostTier(nb::module_& m)
         "Returns the page geometry of page group `group` of `layout` (compute_layout(config) or cache.layout()); "
         "raises OutOfRangeError for a group outside the layout's.");
 
-    nb::class_<rt::SequenceFileInfo>(m, "SequenceFileInfo", "What a sequence file's header says.")
-        .def_ro("version", &rt::SequenceFileInfo::version)
-        .def_ro("geometry", &rt::SequenceFileInfo::geometry)
-        .def_ro("page_count", &rt::SequenceFileInfo::pageCount)
-        .def_ro("token_count", &rt::SequenceFileInfo::tokenCount);
-
     // Kept for the module's lifetime: nanobind may keep the docstrings' addresses.
     static std::string const offloadDoc =
         std::string("Copies each entry's device page, every layer of the group, K and V, to its host page.\n")
@@ -311,7 +193,9 @@ void bindHostTier(nb::module_& m)
         "touching a host page or page that a host-list transfer on another stream still moves waits for it on the "
         "device; device-list transfers are not tracked (order them yourself, and let them complete before the tier "
         "goes). The tier keeps its KVCacheManager alive. Calls hold the GIL, so Python threads use a tier one at a "
-        "time; wait_until_ready releases it.")
+        "time; wait_until_ready releases it. TieredPrefixCache.host_tier(g) lends the tier of a tiered cache, which "
+        "it keeps alive: its host pages belong to the tiered cache, so offload, allocate_host_pages, "
+        "release_host_pages and load_sequence refuse it (InvalidArgumentError).")
         .def(
             "__init__",
             [](TierHandle* self, nb::handle cache, int64_t group, int64_t numHostPages, int64_t chunkBytes,
@@ -381,7 +265,11 @@ void bindHostTier(nb::module_& m)
             "[0, num_pinned_host_pages()).")
         .def(
             "allocate_host_pages",
-            [](TierHandle& t, int64_t count) { return t.tier().allocateHostPages(toInt32(count, "count")); },
+            [](TierHandle& t, int64_t count)
+            {
+                t.refuseIfLent("HostTier.allocate_host_pages");
+                return t.tier().allocateHostPages(toInt32(count, "count"));
+            },
             nb::arg("count"),
             "Hands out `count` free host pages among those pinned (released ones first, most recent first; then "
             "never used ones in ascending order), all or nothing: OutOfMemoryError naming the count, the free host "
@@ -390,6 +278,7 @@ void bindHostTier(nb::module_& m)
             "release_host_pages",
             [](TierHandle& t, nb::handle hostPages)
             {
+                t.refuseIfLent("HostTier.release_host_pages");
                 hostInt32s(hostPages, t.hostPages, "host_pages", "host pages");
                 t.tier().releaseHostPages(
                     t.hostPages.data(), toInt32(static_cast<int64_t>(t.hostPages.size()), "len(host_pages)"));
@@ -435,52 +324,6 @@ void bindHostTier(nb::module_& m)
             "last_event", [](TierHandle& t) { return reinterpret_cast<uintptr_t>(t.tier().lastEvent()); },
             "The cudaEvent_t handle (an int) recorded after the latest host-list transfer, 0 before the first; valid "
             "until the next transfer call.");
-
-    m.def(
-        "save_sequence",
-        [](nb::handle path, nb::handle tier, nb::handle hostPages, int64_t tokenCount)
-        {
-            std::string const file = pathArgument(path);
-            TierHandle& handle = tierArgument(tier);
-            int64_t const count = hostPagesArgument(handle, hostPages);
-            rt::saveSequence(file, handle.tier(), handle.hostPages.data(), count, tokenCount);
-        },
-        nb::arg("path").none(), nb::arg("tier").none(), nb::arg("host_pages").none(), nb::arg("token_count"),
-        "Writes host pages `host_pages` of `tier` (in that order) and `token_count` to a sequence file at `path` (str "
-        "or os.PathLike), after waiting for the tier's transfers touching them: versioned, checksummed, written "
-        "atomically (a temporary file renamed over `path`). Raises InvalidArgumentError for a token count outside "
-        "[0, len(host_pages) * tokens_per_page] (full attention), OutOfRangeError for a bad host page, RuntimeError "
-        "when the file cannot be written (nothing is left behind).");
-    m.def(
-        "load_sequence",
-        [](nb::handle path, nb::handle tier, nb::handle hostPages)
-        {
-            std::string const file = pathArgument(path);
-            TierHandle& handle = tierArgument(tier);
-            int64_t const count = hostPagesArgument(handle, hostPages);
-            return rt::loadSequence(file, handle.tier(), handle.hostPages.data(), count);
-        },
-        nb::arg("path").none(), nb::arg("tier").none(), nb::arg("host_pages").none(),
-        "Reads the sequence file at `path` into host pages `host_pages` of `tier` and returns its token count. The "
-        "whole file is verified before any host page is written: another geometry, a count other than the file's "
-        "page count, a truncated or corrupt file, a host page listed twice raise InvalidArgumentError, a bad host "
-        "page OutOfRangeError, and every host page keeps its bytes. RuntimeError when the file cannot be read.");
-    m.def(
-        "read_sequence_file_info", [](nb::handle path) { return rt::readSequenceFileInfo(pathArgument(path)); },
-        nb::arg("path").none(),
-        "Reads and checks the header of the sequence file at `path` (its page count sizes the host pages to load "
-        "it into). Raises RuntimeError when it cannot be read, InvalidArgumentError naming the field for a file that "
-        "is not a sequence file, of another version, corrupt or truncated.");
-    m.def("write_sequence_file", &writeSequenceFile, nb::arg("path").none(), nb::arg("geometry"),
-        nb::arg("token_count"), nb::arg("pages").none(),
-        "Writes `pages` (a sequence of C-contiguous host arrays or bytes-like objects of geometry.bytes_per_page "
-        "bytes each, e.g. the rows of a uint8 [n, bytes_per_page] array) and `token_count` to a sequence file at "
-        "`path`, atomically, as save_sequence does for host pages of a tier.");
-    m.def("read_sequence_file", &readSequenceFile, nb::arg("path").none(), nb::arg("expected"), nb::arg("pages").none(),
-        "Reads the sequence file at `path` into `pages` (writable C-contiguous host arrays of "
-        "expected.bytes_per_page bytes each, as many as the file's pages) and returns its token count; the whole "
-        "file is verified first, so a bad file (or another geometry than `expected`) raises InvalidArgumentError "
-        "and writes no page.");
 }
 
 } // namespace kvcache::python

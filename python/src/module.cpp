@@ -22,6 +22,8 @@ NB_MODULE(_kvcache, m)
     kvcache::python::bindWrite(m);
     kvcache::python::bindPageTableTokenArrays(m);
     kvcache::python::bindHostTier(m);
+    kvcache::python::bindSequenceFiles(m);
+    kvcache::python::bindTieredPrefixCache(m);
 
     m.attr("__version__") = KVCACHE_VERSION_STRING;
     m.def(

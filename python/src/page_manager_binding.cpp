@@ -1,5 +1,6 @@
 #include "bindings.h"
 #include "cuda_arguments.h"
+#include "page_manager_handle.h"
 
 #include <kvcache/errors.h>
 #include <kvcache/page_manager.h>
@@ -19,23 +20,6 @@ namespace kvcache::python
 {
 namespace
 {
-
-//! A PageManager and the scratch lists host arguments are read into (reused between calls).
-struct PageManagerHandle
-{
-    PageManagerHandle(rt::KVCacheLayout const& layout, rt::PageManagerOptions const& options)
-        : manager(layout, options)
-    {
-    }
-    //! The eviction callback's owner: the manager's EvictionCallback only borrows it, so that the garbage collector
-    //! sees this reference (pageManagerTraverse) and can break a cycle through it (pageManagerClear). Declared before
-    //! the manager so that it outlives the manager's borrowed pointer.
-    nb::object callback;
-    rt::PageManager manager;
-    std::vector<std::vector<int32_t>> tokens;
-    std::vector<std::vector<rt::PageExtraKey>> extraKeys;
-    std::vector<rt::SequenceAppend> appends;
-};
 
 //! Reads extra keys: a sequence of (position, lo, hi), lo and hi the two 64-bit words of the key's hash.
 void extraKeysOf(nb::handle keys, std::vector<rt::PageExtraKey>& out)
@@ -61,6 +45,8 @@ void extraKeysOf(nb::handle keys, std::vector<rt::PageExtraKey>& out)
     }
 }
 
+} // namespace
+
 rt::SequenceAppend appendOf(
     PageManagerHandle& handle, size_t slot, int64_t sequence, nb::handle tokens, nb::handle extraKeys)
 {
@@ -80,7 +66,6 @@ rt::SequenceAppend appendOf(
     return append;
 }
 
-//! Reads a step's appends, a sequence of (sequence, tokens[, extra_keys]), into handle.appends.
 void appendsOf(PageManagerHandle& handle, nb::handle appends)
 {
     handle.appends.clear();
@@ -106,7 +91,6 @@ void appendsOf(PageManagerHandle& handle, nb::handle appends)
     }
 }
 
-//! Returns a step's copies as one list of (src, dst) pairs per group.
 std::vector<std::vector<std::pair<int32_t, int32_t>>> copyLists(rt::StepCopies const& copies)
 {
     std::vector<std::vector<std::pair<int32_t, int32_t>>> lists(static_cast<size_t>(copies.numGroups()));
@@ -119,6 +103,14 @@ std::vector<std::vector<std::pair<int32_t, int32_t>>> copyLists(rt::StepCopies c
     }
     return lists;
 }
+
+PageManagerHandle& pageManagerArgument(nb::handle pages, char const* field)
+{
+    return *checkedCast<PageManagerHandle*>(pages, field, "a PageManager");
+}
+
+namespace
+{
 
 //! Returns the layout of a KVCacheManager (anything with a layout() method), a KVCacheLayout or a Config.
 rt::KVCacheLayout layoutOf(nb::handle source)
@@ -182,7 +174,11 @@ int pageManagerClear(PyObject* self)
     if (nb::inst_ready(self))
     {
         PageManagerHandle* const handle = nb::inst_ptr<PageManagerHandle>(self);
-        handle->manager.setEvictionCallback({});
+        // A TieredPrefixCache serving the manager owns its callback (and holds no Python object in it).
+        if (!handle->servedByTiered)
+        {
+            handle->manager.setEvictionCallback({});
+        }
         // Dropped after the manager lets go of it, as the last reference can run arbitrary code.
         nb::object const callback = std::move(handle->callback);
     }
@@ -192,9 +188,23 @@ int pageManagerClear(PyObject* self)
 PyType_Slot gPageManagerSlots[] = {{Py_tp_traverse, reinterpret_cast<void*>(&pageManagerTraverse)},
     {Py_tp_clear, reinterpret_cast<void*>(&pageManagerClear)}, {0, nullptr}};
 
+//! Throws InvalidArgumentError naming the call `what` while a TieredPrefixCache serves the manager: the tiered cache
+//! owns the eviction callback and must make every step itself, offloading the pages a step evicts before the step's
+//! kernels can overwrite them.
+void refuseWhileServed(PageManagerHandle const& handle, char const* what, char const* instead)
+{
+    if (handle.servedByTiered)
+    {
+        throw rt::InvalidArgumentError(fmt::format("PageManager.{}: a TieredPrefixCache serves this manager and owns "
+                                                   "its eviction callback and steps; {}",
+            what, instead));
+    }
+}
+
 //! Makes `callback` (a callable, or None for none) the manager's eviction callback.
 void setEvictionCallback(PageManagerHandle& handle, nb::handle callback)
 {
+    refuseWhileServed(handle, "set_eviction_callback", "set one once the tiered cache is gone");
     if (callback.is_none())
     {
         handle.manager.setEvictionCallback({});
@@ -300,22 +310,27 @@ void bindPageManager(nb::module_& m)
             "append",
             [](PageManagerHandle& h, int64_t sequence, nb::handle tokens, nb::handle extraKeys)
             {
+                refuseWhileServed(h, "append", "append with TieredPrefixCache.step([(sequence, tokens)])");
                 rt::SequenceAppend const append = appendOf(h, 0, sequence, tokens, extraKeys);
                 return copyLists(h.manager.append(append));
             },
             nb::arg("sequence"), nb::arg("tokens"), nb::arg("extra_keys") = nb::none(),
-            "Appends tokens to one sequence (step() with one entry); returns its copies as step() does.")
+            "Appends tokens to one sequence (step() with one entry); returns its copies as step() does. Raises "
+            "InvalidArgumentError while a TieredPrefixCache serves the manager (append through its step()).")
         .def(
             "step",
             [](PageManagerHandle& h, nb::handle appends)
             {
+                refuseWhileServed(h, "step", "step with TieredPrefixCache.step");
                 appendsOf(h, appends);
                 return copyLists(h.manager.step(h.appends.data(), static_cast<int32_t>(h.appends.size())));
             },
             nb::arg("appends"),
             "Appends tokens to each listed sequence, all or nothing: appends is a list of (sequence, tokens[, "
             "extra_keys]). Returns the copies to run with copy_pages before the step's kernels: one list of (src, dst) "
-            "per group, in order. Raises OutOfMemoryError naming the group, the pages needed and available.")
+            "per group, in order. Raises OutOfMemoryError naming the group, the pages needed and available, and "
+            "InvalidArgumentError while a TieredPrefixCache serves the manager (step through it: it offloads the "
+            "pages a step evicts before the step's kernels overwrite them).")
         .def(
             "pages_needed",
             [](PageManagerHandle& h, nb::handle appends)
@@ -369,7 +384,9 @@ void bindPageManager(nb::module_& m)
             "evict_cached",
             [](PageManagerHandle& h, int64_t group, int64_t count)
             { return h.manager.evictCached(toInt32(group, "group"), toInt32(count, "count")); },
-            nb::arg("group"), nb::arg("count"), "Drops up to `count` cached pages of `group`; returns how many.")
+            nb::arg("group"), nb::arg("count"),
+            "Drops up to `count` cached pages of `group`; returns how many. With a TieredPrefixCache serving the "
+            "manager, its next call offloads them (or call its evict_cached).")
         .def(
             "set_eviction_callback",
             [](PageManagerHandle& h, nb::handle callback) { setEvictionCallback(h, callback); },
@@ -377,7 +394,8 @@ void bindPageManager(nb::module_& m)
             "callback(group, page, (lo, hi)) for each evicted page, after the eviction completed; None removes it. "
             "What it raises propagates from the call that evicted (the first exception when it raises for several "
             "pages), the manager consistent and the call's other changes made. The manager takes part in garbage "
-            "collection, so a callback that refers back to it does not keep it alive.")
+            "collection, so a callback that refers back to it does not keep it alive. Raises InvalidArgumentError "
+            "while a TieredPrefixCache serves the manager (it owns the callback until it is destroyed).")
         .def(
             "counts",
             [](PageManagerHandle const& h, int64_t group) { return h.manager.counts(toInt32(group, "group")); },
