@@ -264,9 +264,11 @@ void bindHostTier(nb::module_& m)
 
     nb::class_<rt::PageGeometry>(m, "PageGeometry",
         "What a page of one page group is: one page id's bytes of every layer of the group in layer order, each "
-        "layer's K half then its V half (a latent layer: its one half). Pages move (host tier, sequence file) only "
-        "between equal geometries.")
+        "layer's K half then its V half (a latent layer: its one half); then, for FP8_PER_TOKEN_HEAD and NVFP4, every "
+        "layer's scale pages in the same order. Pages move (host tier, sequence file) only between equal geometries.")
         .def_ro("data_type", &rt::PageGeometry::dataType)
+        .def_ro("quantization", &rt::PageGeometry::quantization,
+            "How the values are stored and scaled: which scale bytes a page holds.")
         .def_ro("tokens_per_page", &rt::PageGeometry::tokensPerPage)
         .def_ro("sliding_window", &rt::PageGeometry::slidingWindow, "The group's sliding window, 0 for full attention.")
         .def_ro("layers", &rt::PageGeometry::layers, "The group's layers, in order (a copy).")
@@ -276,10 +278,10 @@ void bindHostTier(nb::module_& m)
         .def("__repr__",
             [](rt::PageGeometry const& geometry)
             {
-                return fmt::format(
-                    "PageGeometry(data_type={}, tokens_per_page={}, sliding_window={}, layers={}, bytes_per_page={})",
-                    rt::dataTypeName(geometry.dataType), geometry.tokensPerPage, geometry.slidingWindow,
-                    geometry.layers.size(), geometry.bytesPerPage);
+                return fmt::format("PageGeometry(data_type={}, quantization={}, tokens_per_page={}, sliding_window={}, "
+                                   "layers={}, bytes_per_page={})",
+                    rt::dataTypeName(geometry.dataType), rt::kvQuantizationName(geometry.quantization),
+                    geometry.tokensPerPage, geometry.slidingWindow, geometry.layers.size(), geometry.bytesPerPage);
             });
 
     m.def(
@@ -305,10 +307,11 @@ void bindHostTier(nb::module_& m)
         + kTRANSFER_DOC;
     nb::class_<TierHandle>(m, "HostTier", nb::is_weak_referenceable(),
         "Pinned host memory for pages of one page group of a cache, in host pages: a host page holds one page id's "
-        "bytes of every layer of the group in layer order, K then V (a latent layer: its one half), "
-        "host_page_bytes() in all. Offload (device pages to host pages) and onboard (host pages to device pages) move "
-        "every layer of the group in one call, stream-ordered, without a host synchronisation. A host-list transfer "
-        "touching a host page or page that a host-list transfer on another stream still moves waits for it on the "
+        "bytes of every layer of the group in layer order, K then V (a latent layer: its one half), then, for "
+        "FP8_PER_TOKEN_HEAD and NVFP4, every layer's scale pages in the same order, host_page_bytes() in all. Offload "
+        "(device pages to host pages) and onboard (host pages to device pages) move every layer of the group, data "
+        "and scales, in one call, stream-ordered, without a host synchronisation. A host-list transfer touching a host "
+        "page or page that a host-list transfer on another stream still moves waits for it on the "
         "device; device-list transfers are not tracked (order them yourself, and let them complete before the tier "
         "goes). The tier keeps its KVCacheManager alive. Calls hold the GIL, so Python threads use a tier one at a "
         "time; wait_until_ready releases it.")
@@ -443,12 +446,13 @@ void bindHostTier(nb::module_& m)
             std::string const file = pathArgument(path);
             TierHandle& handle = tierArgument(tier);
             int64_t const count = hostPagesArgument(handle, hostPages);
-            rt::saveSequence(file, handle.tier(), handle.hostPages.data(), count, tokenCount);
+            rt::saveSequence(file, handle.tier(), handle.manager(), handle.hostPages.data(), count, tokenCount);
         },
         nb::arg("path").none(), nb::arg("tier").none(), nb::arg("host_pages").none(), nb::arg("token_count"),
         "Writes host pages `host_pages` of `tier` (in that order) and `token_count` to a sequence file at `path` (str "
         "or os.PathLike), after waiting for the tier's transfers touching them: versioned, checksummed, written "
-        "atomically (a temporary file renamed over `path`). Raises InvalidArgumentError for a token count outside "
+        "atomically (a temporary file renamed over `path`), with the cache's quantization and host-held layer scales. "
+        "Raises InvalidArgumentError for a token count outside "
         "[0, len(host_pages) * tokens_per_page] (full attention), OutOfRangeError for a bad host page, RuntimeError "
         "when the file cannot be written (nothing is left behind).");
     m.def(
@@ -458,12 +462,13 @@ void bindHostTier(nb::module_& m)
             std::string const file = pathArgument(path);
             TierHandle& handle = tierArgument(tier);
             int64_t const count = hostPagesArgument(handle, hostPages);
-            return rt::loadSequence(file, handle.tier(), handle.hostPages.data(), count);
+            return rt::loadSequence(file, handle.tier(), handle.manager(), handle.hostPages.data(), count);
         },
         nb::arg("path").none(), nb::arg("tier").none(), nb::arg("host_pages").none(),
         "Reads the sequence file at `path` into host pages `host_pages` of `tier` and returns its token count. The "
-        "whole file is verified before any host page is written: another geometry, a count other than the file's "
-        "page count, a truncated or corrupt file, a host page listed twice raise InvalidArgumentError, a bad host "
+        "whole file is verified before any host page is written: another geometry (quantization included), host-held "
+        "layer scales other than the cache's, a count other than the file's page count, an old format version, a "
+        "truncated or corrupt file, a host page listed twice raise InvalidArgumentError, a bad host "
         "page OutOfRangeError, and every host page keeps its bytes. RuntimeError when the file cannot be read.");
     m.def(
         "read_sequence_file_info", [](nb::handle path) { return rt::readSequenceFileInfo(pathArgument(path)); },
