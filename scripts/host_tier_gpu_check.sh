@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The host tier's check on a GPU host: builds its targets with the "gpu" preset (build/gpu), runs the host and GPU
-# tests with KVCACHE_REQUIRE_GPU=1, test_host_tier under compute-sanitizer memcheck (with leak checking) and racecheck,
+# tests with KVCACHE_REQUIRE_GPU=1, the GPU tests (test_host_tier, and test_host_tier_scales and
+# test_sequence_file_scales for quantized caches) under compute-sanitizer memcheck (with leak checking) and racecheck,
 # then kvcache-bench-host-tier. Logs go to $OUT when it is set, else to build/gpu/logs/host_tier. Prints a summary
 # last; exits non-zero on any failure. KVCACHE_BENCH_TIER_GIB (default 64) sizes the benchmark's construction run.
 set -uo pipefail
@@ -40,22 +41,26 @@ logged()
 
 logged "${log_dir}/configure.log" cmake --preset gpu
 record configure $?
-logged "${log_dir}/build.log" cmake --build --preset gpu --target test_host_tier test_sequence_file \
+host_tests=(test_sequence_file test_sequence_file_quantized test_host_page_layout)
+gpu_tests=(test_host_tier test_host_tier_scales test_sequence_file_scales)
+logged "${log_dir}/build.log" cmake --build --preset gpu --target "${host_tests[@]}" "${gpu_tests[@]}" \
     kvcache-bench-host-tier
 status=$?
 record build ${status}
 if ((status == 0)); then
-    logged "${log_dir}/test_sequence_file.log" "${build_dir}/tests/test_sequence_file"
-    record test_sequence_file $?
-    logged "${log_dir}/test_host_tier.log" "${build_dir}/tests/test_host_tier"
-    record test_host_tier $?
+    for test in "${host_tests[@]}" "${gpu_tests[@]}"; do
+        logged "${log_dir}/${test}.log" "${build_dir}/tests/${test}"
+        record "${test}" $?
+    done
     # --error-exitcode makes any finding fail the step; the tests' own failures fail it through their exit status.
-    logged "${log_dir}/memcheck_test_host_tier.log" "${sanitizer}" --tool memcheck --leak-check full \
-        --error-exitcode 1 "${build_dir}/tests/test_host_tier"
-    record "memcheck test_host_tier" $?
-    logged "${log_dir}/racecheck_test_host_tier.log" "${sanitizer}" --tool racecheck --error-exitcode 1 \
-        "${build_dir}/tests/test_host_tier"
-    record "racecheck test_host_tier" $?
+    for test in "${gpu_tests[@]}"; do
+        logged "${log_dir}/memcheck_${test}.log" "${sanitizer}" --tool memcheck --leak-check full \
+            --error-exitcode 1 "${build_dir}/tests/${test}"
+        record "memcheck ${test}" $?
+        logged "${log_dir}/racecheck_${test}.log" "${sanitizer}" --tool racecheck --error-exitcode 1 \
+            "${build_dir}/tests/${test}"
+        record "racecheck ${test}" $?
+    done
     logged "${log_dir}/bench_host_tier.log" "${build_dir}/benchmarks/kvcache-bench-host-tier" \
         "--tier-gib=${KVCACHE_BENCH_TIER_GIB:-64}"
     record kvcache-bench-host-tier $?

@@ -14,7 +14,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
-#include <cstring>
 #include <filesystem>
 #include <map>
 #include <string>
@@ -26,6 +25,7 @@
 #include "support/cuda_raii.h"
 #include "support/error_matchers.h"
 #include "support/gpu_test.h"
+#include "support/host_page_reference.h"
 #include "support/layout_model.h"
 
 namespace
@@ -36,7 +36,10 @@ using kvcache::test::CudaStream;
 using kvcache::test::DeviceArray;
 using kvcache::test::throwsNaming;
 
-constexpr uint8_t kPOISON = 0xAB;
+using kvcache::test::hostPageContents;
+using kvcache::test::poisonHostPage;
+
+constexpr uint8_t kPOISON = kvcache::test::kHOST_PAGE_POISON;
 
 //! Two KV layers around a latent one: K and V distinct, halves of different sizes.
 std::vector<rt::KVLayerConfig> mixedLayers()
@@ -168,17 +171,6 @@ public:
     std::vector<int64_t> pageBytes;
     int64_t hostPageBytes = 0;
 };
-
-std::vector<uint8_t> hostPageContents(rt::HostTier& tier, int32_t hostPage)
-{
-    auto const* data = static_cast<uint8_t const*>(tier.hostPageData(hostPage));
-    return std::vector<uint8_t>(data, data + tier.hostPageBytes());
-}
-
-void poisonHostPage(rt::HostTier& tier, int32_t hostPage)
-{
-    std::memset(tier.hostPageData(hostPage), kPOISON, static_cast<size_t>(tier.hostPageBytes()));
-}
 
 using RoundTripParams = std::tuple<rt::DataType, int32_t, rt::HostTierMethod>;
 

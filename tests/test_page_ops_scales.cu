@@ -2,10 +2,10 @@
 // against the host model: data and scales move together in every targeted layer half of windowed and latent layers
 // (a latent layer has no V scales), untouched pages and scale pages stay as they were, device lists count a bad id
 // once; the scale views, LayerRef's scale fields, allocatedBytes and the host-held layer scales; and the paths that
-// do not carry scales yet refusing such a cache by name. Not yet run on a GPU (written without one).
+// do not carry scales yet refusing such a cache by name (host tiers and sequence files carry them:
+// test_host_tier_scales.cu).
 
 #include "kvcache/errors.h"
-#include "kvcache/host_tier.h"
 #include "kvcache/memory/kv_write.h"
 #include "kvcache/page_ops.h"
 
@@ -23,6 +23,7 @@
 #include "support/gpu_test.h"
 #include "support/layout_model.h"
 #include "support/page_op_reference.h"
+#include "support/scaled_configs.h"
 
 namespace kvcache::rt
 {
@@ -32,43 +33,14 @@ namespace
 using test::CacheUnderTest;
 using test::ConfigBuilder;
 using test::DeviceArray;
+using test::kSCALED_FORMATS;
+using test::nameOf;
+using test::scaledConfig;
+using test::ScaledFormat;
 using test::throwsNaming;
 
 constexpr KVLayerKind kLATENT = KVLayerKind::kLATENT;
 constexpr uint32_t kPATTERN = 0xDEADBEEFU;
-
-//! A quantization with scale pools and the storage type it needs.
-struct ScaledFormat
-{
-    KVQuantization quantization;
-    DataType storage;
-};
-
-constexpr ScaledFormat kSCALED_FORMATS[] = {
-    {KVQuantization::kFP8_PER_TOKEN_HEAD, DataType::kFP8_E4M3},
-    {KVQuantization::kNVFP4, DataType::kUINT8},
-};
-
-//! Pages per half of each group of scaledConfig(): above the minima (26, 6, 10), so every group has spare pages.
-constexpr int32_t kGROUP_PAGES[] = {40, 12, 24};
-
-//! Seven layers in three page groups, every headDim a multiple of 16 (NVFP4's block): 2 slots of 200 tokens in pages
-//! of 16, steps of up to 8 tokens. Group 0 (full attention): layers 0 (KV), 2 (latent), 5 (KV); group 1 (window 16):
-//! layers 1 (KV), 3 (latent); group 2 (window 48): layers 4 (KV), 6 (latent).
-KVCacheConfig scaledConfig(ScaledFormat format)
-{
-    KVCacheConfig config = ConfigBuilder(
-        {{2, 16}, {1, 32, 16}, {1, 48, 0, kLATENT}, {1, 64, 16, kLATENT}, {3, 16, 48}, {1, 32}, {1, 16, 48, kLATENT}})
-                               .maxBatchSize(2)
-                               .maxSequenceLength(200)
-                               .tokensPerPage(16)
-                               .dataType(format.storage)
-                               .quantization(format.quantization)
-                               .build();
-    config.maxTokensPerStep = 8;
-    config.numPagesPerGroup.assign(std::begin(kGROUP_PAGES), std::end(kGROUP_PAGES));
-    return config;
-}
 
 //! Targets of one group of scaledConfig(): a KV layer at position 0, a latent one at position 1 (its missing V half
 //! included), and in group 0 a KV layer at position 2.
@@ -87,11 +59,6 @@ std::vector<PageOpTarget> targetsOfGroup(int32_t group)
         targets.push_back({2, 1, KVHalf::kV, 0});
     }
     return targets;
-}
-
-std::string nameOf(ScaledFormat format)
-{
-    return std::string(kvQuantizationName(format.quantization));
 }
 
 using ScaledPageOpsTest = test::GpuTest;
@@ -289,35 +256,6 @@ TEST_F(ScaledPageOpsTest, HostHeldLayerScalesAreKeptCheckedAndLeftAloneOnRefusal
         stream.get());
     EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
         [&] { tokenHead.layerScales(0); }, {"KVCacheConfig.quantization", "fp8_per_token_head", "host-held"}));
-}
-
-TEST_F(ScaledPageOpsTest, PathsThatDropScalesRefuseTheCacheByName)
-{
-    test::CudaStream stream;
-    for (ScaledFormat const format : kSCALED_FORMATS)
-    {
-        std::string const name = nameOf(format);
-        SCOPED_TRACE(name);
-        KVCacheManager const cache(
-            test::pagePoolConfig({{1, 16}}, 16, 8).dataType(format.storage).quantization(format.quantization),
-            stream.get());
-        EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
-            [&] { HostTier tier(cache, 0, 4); }, {"HostTier", "KVCacheConfig.quantization", name, "scale pages"}));
-    }
-
-    // Per-tensor FP8: the host tier serves it (its scales stay in the manager), sequence files do not yet.
-    KVCacheManager const perTensor(test::pagePoolConfig({{1, 16}}, 16, 8)
-                                       .dataType(DataType::kFP8_E4M3)
-                                       .quantization(KVQuantization::kFP8_PER_TENSOR),
-        stream.get());
-    HostTier tier(perTensor, 0, 2);
-    EXPECT_EQ(tier.quantization(), KVQuantization::kFP8_PER_TENSOR);
-    int32_t const hostPage = 0;
-    EXPECT_TRUE(
-        throwsNaming<InvalidArgumentError>([&] { saveSequence("/nonexistent/never-written", tier, &hostPage, 1, 16); },
-            {"saveSequence", "KVCacheConfig.quantization", "fp8_per_tensor", "sequence files"}));
-    EXPECT_TRUE(throwsNaming<InvalidArgumentError>([&] { loadSequence("/nonexistent/never-read", tier, &hostPage, 1); },
-        {"loadSequence", "KVCacheConfig.quantization", "fp8_per_tensor", "sequence files"}));
 }
 
 } // namespace

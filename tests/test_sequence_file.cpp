@@ -11,26 +11,21 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "support/config_builder.h"
 #include "support/error_matchers.h"
-
-#define XXH_INLINE_ALL
-#include <xxhash.h>
+#include "support/sequence_file_fixture.h"
 
 namespace
 {
 
 namespace rt = kvcache::rt;
 namespace fs = std::filesystem;
+using kvcache::test::patchHeader;
 using kvcache::test::throwsNaming;
-
-constexpr uint8_t kPOISON = 0xAB;
 
 //! Two KV layers and one latent layer, bfloat16, 16 tokens a page; page bytes worked out by hand below.
 rt::PageGeometry mixedGeometry()
@@ -44,83 +39,12 @@ rt::PageGeometry mixedGeometry()
     return geometry;
 }
 
-//! Header bytes of a file of mixedGeometry(): the fixed 56, three 16-byte layer records, the 8-byte checksum.
-constexpr int64_t kMIXED_HEADER_BYTES = 56 + 3 * 16 + 8;
+//! Header bytes of a file of mixedGeometry(): the fixed 56, three 24-byte layer records, the 8-byte checksum.
+constexpr int64_t kMIXED_HEADER_BYTES = 56 + 3 * 24 + 8;
 
-class SequenceFileTest : public ::testing::Test
+class SequenceFileTest : public kvcache::test::SequenceFileFixture
 {
 protected:
-    void SetUp() override
-    {
-        mDir = fs::temp_directory_path()
-            / ("kvcache_sequence_file_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_"
-                + ::testing::UnitTest::GetInstance()->current_test_info()->name());
-        fs::remove_all(mDir);
-        fs::create_directories(mDir);
-        mPath = (mDir / "sequence.kvseq").string();
-    }
-    void TearDown() override
-    {
-        fs::remove_all(mDir);
-    }
-
-    //! `count` pages of distinct pseudo-random bytes.
-    static std::vector<std::vector<uint8_t>> randomPages(rt::PageGeometry const& geometry, int count, uint32_t seed)
-    {
-        std::mt19937 generator(seed);
-        std::vector<std::vector<uint8_t>> pages(static_cast<size_t>(count));
-        for (auto& page : pages)
-        {
-            page.resize(static_cast<size_t>(geometry.bytesPerPage));
-            for (auto& byte : page)
-            {
-                byte = static_cast<uint8_t>(generator());
-            }
-        }
-        return pages;
-    }
-    static std::vector<void const*> pointers(std::vector<std::vector<uint8_t>> const& pages)
-    {
-        std::vector<void const*> out;
-        for (auto const& page : pages)
-        {
-            out.push_back(page.data());
-        }
-        return out;
-    }
-    static std::vector<void*> pointers(std::vector<std::vector<uint8_t>>& pages)
-    {
-        std::vector<void*> out;
-        for (auto& page : pages)
-        {
-            out.push_back(page.data());
-        }
-        return out;
-    }
-    static std::vector<std::vector<uint8_t>> poisoned(rt::PageGeometry const& geometry, int count)
-    {
-        return std::vector<std::vector<uint8_t>>(
-            static_cast<size_t>(count), std::vector<uint8_t>(static_cast<size_t>(geometry.bytesPerPage), kPOISON));
-    }
-    static bool allPoison(std::vector<std::vector<uint8_t>> const& pages)
-    {
-        for (auto const& page : pages)
-        {
-            for (uint8_t const byte : page)
-            {
-                if (byte != kPOISON)
-                {
-                    return false;
-                }
-            }
-        }
-        return true;
-    }
-    std::vector<char> fileBytes() const
-    {
-        std::ifstream in(mPath, std::ios::binary);
-        return std::vector<char>(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    }
     //! Writes `count` pages of random bytes of mixedGeometry() holding `tokens` tokens and returns the file's bytes.
     std::vector<char> writeMixedFile(int count, int64_t tokens, uint32_t seed) const
     {
@@ -129,14 +53,6 @@ protected:
         rt::writeSequenceFile(mPath, geometry, tokens, pointers(pages).data(), count);
         return fileBytes();
     }
-    void writeBytes(std::vector<char> const& bytes) const
-    {
-        std::ofstream out(mPath, std::ios::binary | std::ios::trunc);
-        out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    }
-
-    fs::path mDir;
-    std::string mPath;
 };
 
 TEST_F(SequenceFileTest, RoundTripsPagesAndTokenCount)
@@ -281,9 +197,9 @@ TEST_F(SequenceFileTest, NotASequenceFileOrAnotherVersionIsRefused)
     rt::PageGeometry const geometry = mixedGeometry();
     rt::writeSequenceFile(mPath, geometry, 0, nullptr, 0);
     std::vector<char> bytes = fileBytes();
-    bytes[8] = 2; // version, little-endian, right after the magic
+    bytes[8] = 3; // version, little-endian, right after the magic
     writeBytes(bytes);
-    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>([&] { rt::readSequenceFileInfo(mPath); }, {"version 2", "1"}));
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>([&] { rt::readSequenceFileInfo(mPath); }, {"version 3", "2"}));
     EXPECT_THROW(rt::readSequenceFileInfo((mDir / "missing").string()), rt::Error);
 }
 
@@ -309,22 +225,12 @@ TEST_F(SequenceFileTest, BadWriteArgumentsAreRefusedAndLeaveNoFile)
     EXPECT_EQ(std::distance(fs::directory_iterator(mDir), fs::directory_iterator()), 0);
 }
 
-//! Writes `value` at `offset` of a header of `headerBytes` bytes at the start of `bytes` and recomputes the header's
-//! checksum (XXH3-64 of all the header before its last 8 bytes), so only the field's own check can refuse it.
-template <typename T>
-void patchHeader(std::vector<char>& bytes, int64_t headerBytes, int64_t offset, T value)
-{
-    std::memcpy(bytes.data() + offset, &value, sizeof(T));
-    uint64_t const checksum = XXH3_64bits(bytes.data(), static_cast<size_t>(headerBytes - 8));
-    std::memcpy(bytes.data() + headerBytes - 8, &checksum, sizeof(checksum));
-}
-
 TEST_F(SequenceFileTest, OutOfRangeHeaderFieldsWithAValidChecksumAreRefused)
 {
     rt::PageGeometry const geometry = mixedGeometry();
     std::vector<char> const good = writeMixedFile(1, 16, 8);
-    // Fixed part: dataType at 12, tokensPerPage 16, slidingWindow 20, reserved 28, bytesPerPage 32, pageCount 40,
-    // tokenCount 48; then 16-byte layer records from 56: kind, numKVHeads, headDim, reserved.
+    // Fixed part: dataType at 12, tokensPerPage 16, slidingWindow 20, quantization 28, bytesPerPage 32, pageCount 40,
+    // tokenCount 48; then 24-byte layer records from 56: kind, numKVHeads, headDim, reserved, K scale, V scale.
     int64_t const headerBytes = kMIXED_HEADER_BYTES;
     int32_t const huge = 1 << 30;
     int64_t const int64Max = std::numeric_limits<int64_t>::max();
@@ -341,17 +247,20 @@ TEST_F(SequenceFileTest, OutOfRangeHeaderFieldsWithAValidChecksumAreRefused)
         {16, 0, false, {"tokensPerPage is 0", "power of two in [1, 1024]"}},
         {12, 99, false, {"dataType is 99"}},
         {20, -5, false, {"slidingWindow is -5", ">= 0"}},
-        {28, 1, false, {"reserved field at byte 28 is 1", "must be 0"}},
+        {28, 9, false, {"quantization is 9", "kNVFP4 (3)"}},
+        {28, 1, false, {"quantization is fp8_per_tensor", "dataType is bfloat16", "must be fp8_e4m3"}},
+        {56 + 16, 0x3F800000, false, {"a K scale the quantization does not keep at byte 72 is 0x3f800000", "be 0"}},
+        {80 + 20, 1, false, {"a latent layer's V scale at byte 100", "must be 0"}},
         {56, 7, false, {"layers[0].kind is 7", "kKV (0) or kLATENT (1)"}},
         {60, 0, false, {"layers[0].numKVHeads is 0", "> 0"}},
         // 2^30 heads of 64 bfloat16 values, K and V, 16 tokens: 2 * 16 * 2^30 * 64 * 2 = 2^42 bytes, plus the other
         // two layers' 3072 + 8192: no overflow, but not the page size the header says.
         {60, huge, false, {"bytesPerPage is 19456", "pages of 4398046522368 bytes"}},
-        {72 + 4, huge, false, {"layers[1].numKVHeads is 1073741824", "latent", "must be 1"}},
-        {88 + 8, -7, false, {"layers[2].headDim is -7", "> 0"}},
+        {80 + 4, huge, false, {"layers[1].numKVHeads is 1073741824", "latent", "must be 1"}},
+        {104 + 8, -7, false, {"layers[2].headDim is -7", "> 0"}},
         // 2 * 16 * 4 * (2^31 - 1) * 2 = 549755813632, plus 8192 + 3072.
-        {88 + 8, std::numeric_limits<int32_t>::max(), false, {"bytesPerPage is 19456", "pages of 549755824896 bytes"}},
-        {88 + 12, 2, false, {"reserved field at byte 100 is 2"}},
+        {104 + 8, std::numeric_limits<int32_t>::max(), false, {"bytesPerPage is 19456", "pages of 549755824896 bytes"}},
+        {104 + 12, 2, false, {"reserved field at byte 116 is 0x00000002", "must be 0"}},
         {32, int64Max, true, {"bytesPerPage is 9223372036854775807", "19456"}},
         {40, int64Max / 2, true, {"pageCount is 4611686018427387903", "overflows 64 bits"}},
         {40, -1, true, {"pageCount is -1", ">= 0"}},

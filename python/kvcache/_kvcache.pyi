@@ -934,11 +934,15 @@ class PageLayerGeometry:
 
 class PageGeometry:
     """
-    What a page of one page group is: one page id's bytes of every layer of the group in layer order, each layer's K half then its V half (a latent layer: its one half). Pages move (host tier, sequence file) only between equal geometries.
+    What a page of one page group is: one page id's bytes of every layer of the group in layer order, each layer's K half then its V half (a latent layer: its one half); then, for FP8_PER_TOKEN_HEAD and NVFP4, every layer's scale pages in the same order. Pages move (host tier, sequence file) only between equal geometries.
     """
 
     @property
     def data_type(self) -> DataType: ...
+
+    @property
+    def quantization(self) -> KVQuantization:
+        """How the values are stored and scaled: which scale bytes a page holds."""
 
     @property
     def tokens_per_page(self) -> int: ...
@@ -981,7 +985,7 @@ class SequenceFileInfo:
 
 class HostTier:
     """
-    Pinned host memory for pages of one page group of a cache, in host pages: a host page holds one page id's bytes of every layer of the group in layer order, K then V (a latent layer: its one half), host_page_bytes() in all. Offload (device pages to host pages) and onboard (host pages to device pages) move every layer of the group in one call, stream-ordered, without a host synchronisation. A host-list transfer touching a host page or page that a host-list transfer on another stream still moves waits for it on the device; device-list transfers are not tracked (order them yourself, and let them complete before the tier goes). The tier keeps its KVCacheManager alive. Calls hold the GIL, so Python threads use a tier one at a time; wait_until_ready releases it. TieredPrefixCache.host_tier(g) lends the tier of a tiered cache, which it keeps alive: its host pages belong to the tiered cache, so offload, allocate_host_pages, release_host_pages and load_sequence refuse it (InvalidArgumentError).
+    Pinned host memory for pages of one page group of a cache, in host pages: a host page holds one page id's bytes of every layer of the group in layer order, K then V (a latent layer: its one half), then, for FP8_PER_TOKEN_HEAD and NVFP4, every layer's scale pages in the same order, host_page_bytes() in all. Offload (device pages to host pages) and onboard (host pages to device pages) move every layer of the group, data and scales, in one call, stream-ordered, without a host synchronisation. A host-list transfer touching a host page or page that a host-list transfer on another stream still moves waits for it on the device; device-list transfers are not tracked (order them yourself, and let them complete before the tier goes). The tier keeps its KVCacheManager alive. Calls hold the GIL, so Python threads use a tier one at a time; wait_until_ready releases it. TieredPrefixCache.host_tier(g) lends the tier of a tiered cache, which it keeps alive: its host pages belong to the tiered cache, so offload, allocate_host_pages, release_host_pages and load_sequence refuse it (InvalidArgumentError).
     """
 
     def __init__(self, cache: KVCacheManager, group: int, num_host_pages: int, *, chunk_bytes: int = 268435456, prefer_gpu_numa_node: bool = True, staging_bytes: int = 134217728) -> None:
@@ -1077,12 +1081,12 @@ class HostTier:
 
 def save_sequence(path: PathLike, tier: HostTier, host_pages: HostIds, token_count: int) -> None:
     """
-    Writes host pages `host_pages` of `tier` (in that order) and `token_count` to a sequence file at `path` (str or os.PathLike), after waiting for the tier's transfers touching them: versioned, checksummed, written atomically (a temporary file renamed over `path`). Raises InvalidArgumentError for a token count outside [0, len(host_pages) * tokens_per_page] (full attention), OutOfRangeError for a bad host page, RuntimeError when the file cannot be written (nothing is left behind).
+    Writes host pages `host_pages` of `tier` (in that order) and `token_count` to a sequence file at `path` (str or os.PathLike), after waiting for the tier's transfers touching them: versioned, checksummed, written atomically (a temporary file renamed over `path`), with the cache's quantization and host-held layer scales. Raises InvalidArgumentError for a token count outside [0, len(host_pages) * tokens_per_page] (full attention), OutOfRangeError for a bad host page, RuntimeError when the file cannot be written (nothing is left behind).
     """
 
 def load_sequence(path: PathLike, tier: HostTier, host_pages: HostIds) -> int:
     """
-    Reads the sequence file at `path` into host pages `host_pages` of `tier` and returns its token count. The whole file is verified before any host page is written: another geometry, a count other than the file's page count, a truncated or corrupt file, a host page listed twice raise InvalidArgumentError, a bad host page OutOfRangeError, and every host page keeps its bytes. RuntimeError when the file cannot be read; InvalidArgumentError for a tier lent by a TieredPrefixCache (its host pages are the tiered cache's).
+    Reads the sequence file at `path` into host pages `host_pages` of `tier` and returns its token count. The whole file is verified before any host page is written: another geometry (quantization included), host-held layer scales other than the cache's, a count other than the file's page count, an old format version, a truncated or corrupt file, a host page listed twice raise InvalidArgumentError, a bad host page OutOfRangeError, and every host page keeps its bytes. RuntimeError when the file cannot be read. InvalidArgumentError for a tier lent by a TieredPrefixCache (its host pages are the tiered cache's).
     """
 
 def read_sequence_file_info(path: PathLike) -> SequenceFileInfo:

@@ -152,9 +152,11 @@ void bindHostTier(nb::module_& m)
 
     nb::class_<rt::PageGeometry>(m, "PageGeometry",
         "What a page of one page group is: one page id's bytes of every layer of the group in layer order, each "
-        "layer's K half then its V half (a latent layer: its one half). Pages move (host tier, sequence file) only "
-        "between equal geometries.")
+        "layer's K half then its V half (a latent layer: its one half); then, for FP8_PER_TOKEN_HEAD and NVFP4, every "
+        "layer's scale pages in the same order. Pages move (host tier, sequence file) only between equal geometries.")
         .def_ro("data_type", &rt::PageGeometry::dataType)
+        .def_ro("quantization", &rt::PageGeometry::quantization,
+            "How the values are stored and scaled: which scale bytes a page holds.")
         .def_ro("tokens_per_page", &rt::PageGeometry::tokensPerPage)
         .def_ro("sliding_window", &rt::PageGeometry::slidingWindow, "The group's sliding window, 0 for full attention.")
         .def_ro("layers", &rt::PageGeometry::layers, "The group's layers, in order (a copy).")
@@ -164,10 +166,10 @@ void bindHostTier(nb::module_& m)
         .def("__repr__",
             [](rt::PageGeometry const& geometry)
             {
-                return fmt::format(
-                    "PageGeometry(data_type={}, tokens_per_page={}, sliding_window={}, layers={}, bytes_per_page={})",
-                    rt::dataTypeName(geometry.dataType), geometry.tokensPerPage, geometry.slidingWindow,
-                    geometry.layers.size(), geometry.bytesPerPage);
+                return fmt::format("PageGeometry(data_type={}, quantization={}, tokens_per_page={}, sliding_window={}, "
+                                   "layers={}, bytes_per_page={})",
+                    rt::dataTypeName(geometry.dataType), rt::kvQuantizationName(geometry.quantization),
+                    geometry.tokensPerPage, geometry.slidingWindow, geometry.layers.size(), geometry.bytesPerPage);
             });
 
     m.def(
@@ -187,10 +189,11 @@ void bindHostTier(nb::module_& m)
         + kTRANSFER_DOC;
     nb::class_<TierHandle>(m, "HostTier", nb::is_weak_referenceable(),
         "Pinned host memory for pages of one page group of a cache, in host pages: a host page holds one page id's "
-        "bytes of every layer of the group in layer order, K then V (a latent layer: its one half), "
-        "host_page_bytes() in all. Offload (device pages to host pages) and onboard (host pages to device pages) move "
-        "every layer of the group in one call, stream-ordered, without a host synchronisation. A host-list transfer "
-        "touching a host page or page that a host-list transfer on another stream still moves waits for it on the "
+        "bytes of every layer of the group in layer order, K then V (a latent layer: its one half), then, for "
+        "FP8_PER_TOKEN_HEAD and NVFP4, every layer's scale pages in the same order, host_page_bytes() in all. Offload "
+        "(device pages to host pages) and onboard (host pages to device pages) move every layer of the group, data "
+        "and scales, in one call, stream-ordered, without a host synchronisation. A host-list transfer touching a host "
+        "page or page that a host-list transfer on another stream still moves waits for it on the "
         "device; device-list transfers are not tracked (order them yourself, and let them complete before the tier "
         "goes). The tier keeps its KVCacheManager alive. Calls hold the GIL, so Python threads use a tier one at a "
         "time; wait_until_ready releases it. TieredPrefixCache.host_tier(g) lends the tier of a tiered cache, which "

@@ -147,12 +147,13 @@ void bindSequenceFiles(nb::module_& m)
             std::string const file = pathArgument(path);
             TierHandle& handle = tierArgument(tier);
             int64_t const count = hostPagesArgument(handle, hostPages);
-            rt::saveSequence(file, handle.tier(), handle.hostPages.data(), count, tokenCount);
+            rt::saveSequence(file, handle.tier(), handle.manager(), handle.hostPages.data(), count, tokenCount);
         },
         nb::arg("path").none(), nb::arg("tier").none(), nb::arg("host_pages").none(), nb::arg("token_count"),
         "Writes host pages `host_pages` of `tier` (in that order) and `token_count` to a sequence file at `path` (str "
         "or os.PathLike), after waiting for the tier's transfers touching them: versioned, checksummed, written "
-        "atomically (a temporary file renamed over `path`). Raises InvalidArgumentError for a token count outside "
+        "atomically (a temporary file renamed over `path`), with the cache's quantization and host-held layer scales. "
+        "Raises InvalidArgumentError for a token count outside "
         "[0, len(host_pages) * tokens_per_page] (full attention), OutOfRangeError for a bad host page, RuntimeError "
         "when the file cannot be written (nothing is left behind).");
     m.def(
@@ -163,12 +164,13 @@ void bindSequenceFiles(nb::module_& m)
             TierHandle& handle = tierArgument(tier);
             handle.refuseIfLent("load_sequence");
             int64_t const count = hostPagesArgument(handle, hostPages);
-            return rt::loadSequence(file, handle.tier(), handle.hostPages.data(), count);
+            return rt::loadSequence(file, handle.tier(), handle.manager(), handle.hostPages.data(), count);
         },
         nb::arg("path").none(), nb::arg("tier").none(), nb::arg("host_pages").none(),
         "Reads the sequence file at `path` into host pages `host_pages` of `tier` and returns its token count. The "
-        "whole file is verified before any host page is written: another geometry, a count other than the file's "
-        "page count, a truncated or corrupt file, a host page listed twice raise InvalidArgumentError, a bad host "
+        "whole file is verified before any host page is written: another geometry (quantization included), host-held "
+        "layer scales other than the cache's, a count other than the file's page count, an old format version, a "
+        "truncated or corrupt file, a host page listed twice raise InvalidArgumentError, a bad host "
         "page OutOfRangeError, and every host page keeps its bytes. RuntimeError when the file cannot be read; "
         "InvalidArgumentError for a tier lent by a TieredPrefixCache (its host pages are the tiered cache's).");
     m.def(

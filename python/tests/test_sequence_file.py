@@ -59,6 +59,23 @@ def test_page_geometry_is_the_model_group(dtype):
         kvcache.page_geometry(make_config(dtype), 0)
 
 
+def test_page_geometry_records_the_quantization(np, tmp_path):
+    config = make_config(kvcache.DataType.FP8_E4M3)
+    plain = kvcache.page_geometry(kvcache.compute_layout(config), 0)
+    config.quantization = kvcache.KVQuantization.FP8_PER_TENSOR
+    per_tensor = kvcache.page_geometry(kvcache.compute_layout(config), 0)
+    assert plain.quantization == kvcache.KVQuantization.NONE
+    assert per_tensor.quantization == kvcache.KVQuantization.FP8_PER_TENSOR
+    # The same bytes a page, values that read differently: not the same geometry.
+    assert per_tensor.bytes_per_page == plain.bytes_per_page
+    assert per_tensor != plain
+    assert "quantization=fp8_per_tensor" in repr(per_tensor)
+    # Files of host-held scales need the scales, which the plain-buffer functions do not take (save_sequence does).
+    pages = distinct_pages(np, 1, per_tensor.bytes_per_page, seed=3)
+    with pytest.raises(kvcache.InvalidArgumentError, match="layerScales has 0 entries"):
+        kvcache.write_sequence_file(tmp_path / "per_tensor.kvseq", per_tensor, 1, pages)
+
+
 def test_a_file_round_trips_every_byte_and_its_header(np, tmp_path):
     layout = kvcache.compute_layout(make_config())
     for group in (0, 1):

@@ -19,8 +19,8 @@ bool operator!=(PageLayerGeometry const& a, PageLayerGeometry const& b) noexcept
 
 bool operator==(PageGeometry const& a, PageGeometry const& b) noexcept
 {
-    return a.dataType == b.dataType && a.tokensPerPage == b.tokensPerPage && a.slidingWindow == b.slidingWindow
-        && a.layers == b.layers && a.bytesPerPage == b.bytesPerPage;
+    return a.dataType == b.dataType && a.quantization == b.quantization && a.tokensPerPage == b.tokensPerPage
+        && a.slidingWindow == b.slidingWindow && a.layers == b.layers && a.bytesPerPage == b.bytesPerPage;
 }
 
 bool operator!=(PageGeometry const& a, PageGeometry const& b) noexcept
@@ -43,6 +43,7 @@ PageGeometry pageGeometry(KVCacheLayout const& layout, int32_t group)
     KVPageGroupLayout const& groupLayout = layout.groups[static_cast<size_t>(group)];
     PageGeometry geometry;
     geometry.dataType = layout.dataType;
+    geometry.quantization = layout.quantization;
     geometry.tokensPerPage = layout.tokensPerPage;
     geometry.slidingWindow = groupLayout.slidingWindow;
     geometry.bytesPerPage = groupLayout.bytesPerPage;

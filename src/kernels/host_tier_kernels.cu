@@ -1,6 +1,7 @@
-// The host tier's kernels walk (entry, layer, half, chunk) work items, moving each between a cache page and its place
-// in a host page: a mapped pinned host page (the kernel path: a small grid, in launches of bounded size) or a device
-// staging host page (the copy-engine path's gather and scatter, on the whole GPU).
+// The host tier's kernels walk (list entry, table entry, half, chunk) work items, moving each between a cache page and
+// its place in a host page: a mapped pinned host page (the kernel path: a small grid, in launches of bounded size) or a
+// device staging host page (the copy-engine path's gather and scatter, on the whole GPU). Table entries are the
+// group's data entries, then its scale entries: one walk moves a page's data and scales.
 
 #include "kernels/host_tier_kernels.h"
 
@@ -31,18 +32,18 @@ __global__ void __launch_bounds__(THREADS, 1) hostTierKernel(HostTierKernelParam
 {
     // 32-bit indices: 64-bit division is a slow helper call; the host keeps every launch below 2^32 items.
     auto const itemsPerHalf = static_cast<uint32_t>(params.chunksPerHalf);
-    uint32_t const itemsPerEntry = static_cast<uint32_t>(params.numLayers) * 2 * itemsPerHalf;
+    uint32_t const itemsPerEntry = static_cast<uint32_t>(params.numEntries) * 2 * itemsPerHalf;
     uint32_t const items = static_cast<uint32_t>(list.size()) * itemsPerEntry;
     for (uint32_t item = blockIdx.x; item < items; item += gridDim.x)
     {
         auto const position = static_cast<int32_t>(item / itemsPerEntry);
         uint32_t const withinEntry = item - static_cast<uint32_t>(position) * itemsPerEntry;
-        uint32_t const layerIndex = withinEntry / (2 * itemsPerHalf);
-        uint32_t const withinLayer = withinEntry - layerIndex * 2 * itemsPerHalf;
-        uint32_t const halfIndex = withinLayer / itemsPerHalf;
-        auto const layer = static_cast<int32_t>(layerIndex);
+        uint32_t const tableIndex = withinEntry / (2 * itemsPerHalf);
+        uint32_t const withinTableEntry = withinEntry - tableIndex * 2 * itemsPerHalf;
+        uint32_t const halfIndex = withinTableEntry / itemsPerHalf;
+        auto const tableEntry = static_cast<int32_t>(tableIndex);
         auto const half = static_cast<int32_t>(halfIndex);
-        int64_t const chunkStart = int64_t{withinLayer - halfIndex * itemsPerHalf} * kHOST_TIER_KERNEL_CHUNK_BYTES;
+        int64_t const chunkStart = int64_t{withinTableEntry - halfIndex * itemsPerHalf} * kHOST_TIER_KERNEL_CHUNK_BYTES;
 
         HostTierEntry const entry = list[position];
         if (entry.page == kUNUSED_PAGE_ENTRY || entry.hostPage == kUNUSED_PAGE_ENTRY)
@@ -61,7 +62,7 @@ __global__ void __launch_bounds__(THREADS, 1) hostTierKernel(HostTierKernelParam
             }
             continue;
         }
-        LayerTableEntry const layerEntry = loadLayer(params.table + layer);
+        LayerTableEntry const layerEntry = loadLayer(params.table + tableEntry);
         int64_t const pageBytes = layerEntry.pageBytesAndV >> 1;
         bool const hasV = (layerEntry.pageBytesAndV & 1) != 0;
         if ((half == 1 && !hasV) || chunkStart >= pageBytes)
@@ -74,7 +75,7 @@ __global__ void __launch_bounds__(THREADS, 1) hostTierKernel(HostTierKernelParam
         uint32_t const chunk = static_cast<uint32_t>(entry.hostPage) / params.hostPagesPerChunk;
         char* const hostPage = params.chunks[chunk]
             + int64_t{static_cast<uint32_t>(entry.hostPage) - chunk * params.hostPagesPerChunk} * params.hostPageBytes
-            + params.layerOffsets[layer] + half * pageBytes + chunkStart;
+            + params.entryOffsets[tableEntry] + half * pageBytes + chunkStart;
         // Pools are 256-byte aligned and chunks page aligned; offsets inside are multiples of a page or a host page.
         bool const vectorised = (reinterpret_cast<uintptr_t>(devicePage) % 16 == 0)
             && (reinterpret_cast<uintptr_t>(hostPage) % 16 == 0) && bytes % 16 == 0;
@@ -128,7 +129,7 @@ void launchInline(HostTierKernelParams const& params, bool toHost, HostTierEntry
 
 int64_t hostTierItemsPerEntry(HostTierKernelParams const& params)
 {
-    return int64_t{params.numLayers} * 2 * params.chunksPerHalf;
+    return int64_t{params.numEntries} * 2 * params.chunksPerHalf;
 }
 
 int32_t hostTierEntriesPerLaunch(int64_t hostPageBytes)

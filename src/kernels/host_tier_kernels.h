@@ -1,7 +1,8 @@
 #pragma once
 
 // The host tier's kernels: whole host pages between the cache's pages and mapped pinned memory (the kernel path) or
-// device staging host pages (the copy-engine path's gather and scatter).
+// device staging host pages (the copy-engine path's gather and scatter). A host page holds every table entry of the
+// group (data pages, then scale pages: tiers/host_page_layout.h), so scales move with data in the same launches.
 
 #include "memory/layer_table.h"
 
@@ -36,11 +37,13 @@ constexpr int32_t kHOST_TIER_DEVICE_LIST_MAX_LAUNCHES = 16;
 //! Everything the kernel needs besides its list, passed by value (graph-safe: chunk addresses never change).
 struct HostTierKernelParams
 {
-    LayerTableEntry const* table; //!< the group's layers in the cache's device table
-    int64_t const* layerOffsets;  //!< device: bytes from a host page's start to each layer's K page
-    int32_t numLayers;
-    int32_t numPages;      //!< the group's page-id range
-    int32_t chunksPerHalf; //!< work items per layer half: the largest page in kHOST_TIER_KERNEL_CHUNK_BYTES pieces
+    //! The group's entries in the cache's device table: its layers' data entries, then (with scale pools) their
+    //! scale entries.
+    LayerTableEntry const* table;
+    int64_t const* entryOffsets; //!< device: bytes from a host page's start to each entry's K page (HostPageLayout)
+    int32_t numEntries;          //!< entries of `table` a host page holds: every one of the group's
+    int32_t numPages;            //!< the group's page-id range
+    int32_t chunksPerHalf; //!< work items per entry half: the largest page in kHOST_TIER_KERNEL_CHUNK_BYTES pieces
     int32_t numHostPages;  //!< host page ids [0, numHostPages): those pinned at the call
     uint32_t hostPagesPerChunk;
     int64_t hostPageBytes;

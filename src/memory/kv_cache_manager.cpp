@@ -19,23 +19,15 @@ double toGiB(int64_t bytes)
     return static_cast<double>(bytes) / static_cast<double>(int64_t{1} << 30);
 }
 
-//! Returns true when `quantization` keeps a K and a V scale a layer on the host (docs/layout.md, "Quantization
-//! rules"): the per-tensor FP8 scales and NVFP4's global scales.
-bool keepsHostScales(KVQuantization quantization) noexcept
-{
-    return quantization == KVQuantization::kFP8_PER_TENSOR || quantization == KVQuantization::kNVFP4;
-}
-
-//! Throws InvalidArgumentError naming `what` and `name` when `value` is not a valid host scale of `quantization`:
-//! finite and >= 0 per tensor (0 stores every value as zero), finite and > 0 for NVFP4 (a block scale divides by it).
+//! Throws InvalidArgumentError naming `what` and `name` when `value` is not a valid host scale of `quantization`
+//! (detail::isValidHostScale).
 void checkHostScale(char const* what, char const* name, int32_t layerIdx, float value, KVQuantization quantization)
 {
-    bool const positive = quantization == KVQuantization::kNVFP4;
-    if (!std::isfinite(value) || value < 0.0F || (positive && value == 0.0F))
+    if (!detail::isValidHostScale(quantization, value))
     {
         throw InvalidArgumentError(fmt::format("{}: LayerScales.{} of layer {} is {}; quantization {} needs a finite "
-                                               "scale {} 0",
-            what, name, layerIdx, value, kvQuantizationName(quantization), positive ? ">" : ">="));
+                                               "scale {}",
+            what, name, layerIdx, value, kvQuantizationName(quantization), detail::hostScaleLimit(quantization)));
     }
 }
 
@@ -75,7 +67,7 @@ KVCacheManager::KVCacheManager(Config const& config, cudaStream_t stream)
         }
     }
     mLayerTable = detail::makeLayerTable(mBuffers, mScaleBuffers, mLayout, stream, config.memPool);
-    if (keepsHostScales(mLayout.quantization))
+    if (detail::keepsHostScales(mLayout.quantization))
     {
         mLayerScales.assign(static_cast<size_t>(layerCount), LayerScales{});
     }
@@ -261,7 +253,7 @@ void KVCacheManager::checkScaledIndex(int32_t layerIdx, char const* what, bool p
         throw OutOfRangeError(fmt::format("{}: layer index {} is out of range [0, {})", what, layerIdx, numLayers()));
     }
     bool const kept =
-        pageScales ? detail::keepsScalePools(mLayout.quantization) : keepsHostScales(mLayout.quantization);
+        pageScales ? detail::keepsScalePools(mLayout.quantization) : detail::keepsHostScales(mLayout.quantization);
     if (!kept)
     {
         throw InvalidArgumentError(

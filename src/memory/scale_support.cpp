@@ -4,8 +4,16 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+
 namespace kvcache::rt::detail
 {
+
+bool isValidHostScale(KVQuantization quantization, float value) noexcept
+{
+    bool const positive = quantization == KVQuantization::kNVFP4;
+    return std::isfinite(value) && value >= 0.0F && !(positive && value == 0.0F);
+}
 
 void refuseUncarriedScales(char const* what, KVQuantization quantization, CarriedScales carried, char const* missing)
 {

@@ -16,6 +16,23 @@ constexpr bool keepsScalePools(KVQuantization quantization) noexcept
     return quantization == KVQuantization::kFP8_PER_TOKEN_HEAD || quantization == KVQuantization::kNVFP4;
 }
 
+//! Returns true when `quantization` keeps a K and a V scale a layer on the host (docs/layout.md, "Quantization
+//! rules"): the per-tensor FP8 scales and NVFP4's global scales, kFP8_PER_TENSOR and kNVFP4.
+constexpr bool keepsHostScales(KVQuantization quantization) noexcept
+{
+    return quantization == KVQuantization::kFP8_PER_TENSOR || quantization == KVQuantization::kNVFP4;
+}
+
+//! Returns true when `value` is a valid host scale of `quantization`: finite and >= 0 per tensor (0 stores every value
+//! as zero), finite and > 0 for NVFP4 (a block scale divides by it).
+bool isValidHostScale(KVQuantization quantization, float value) noexcept;
+
+//! Returns the limit isValidHostScale applies to `quantization`'s host scales, for messages: "> 0" or ">= 0".
+constexpr char const* hostScaleLimit(KVQuantization quantization) noexcept
+{
+    return quantization == KVQuantization::kNVFP4 ? "> 0" : ">= 0";
+}
+
 //! What a path carries of a quantized cache's scales.
 enum class CarriedScales
 {

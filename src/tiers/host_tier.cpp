@@ -8,7 +8,7 @@
 #include "kernels/host_tier_kernels.h"
 #include "memory/layer_table.h"
 #include "memory/page_list_validation.h"
-#include "memory/scale_support.h"
+#include "tiers/host_page_layout.h"
 #include "tiers/host_page_pool.h"
 #include "tiers/pinned_chunks.h"
 #include "tiers/staged_copy.h"
@@ -55,9 +55,6 @@ int32_t checkedGroup(KVCacheManager const& cache, int32_t group, int64_t numHost
     {
         throw InvalidArgumentError(fmt::format("{}: stagingBytes is {}; it must be >= 0", kWHAT, options.stagingBytes));
     }
-    // Per-tensor scales stay in the manager, so its host pages lose nothing; scale pages are not in a host page yet.
-    detail::refuseUncarriedScales(kWHAT, cache.layout().quantization, detail::CarriedScales::kHOST_HELD,
-        "host pages do not hold scale pages yet");
     return group;
 }
 
@@ -94,10 +91,10 @@ struct HostTier::Impl
     PageGeometry geometry;
     int32_t numPages; //!< the group's pages: the device id range
     int32_t multiprocessors;
-    int64_t maxPageBytes = 0; //!< the group's largest layer page
+    detail::HostPageLayout pageLayout; //!< where each table entry's pages sit in a host page
     // Declared in the order they are made; destroyed the other way: transfers waited for, memory unpinned, staging
     // and offsets freed.
-    detail::DeviceBuffer layerOffsets; //!< device: bytes from a host page's start to each layer's K page
+    detail::DeviceBuffer entryOffsets; //!< device: pageLayout.entryOffsets
     detail::StagedCopy staged;
     detail::PinnedChunks chunks;
     detail::HostPagePool pool;
@@ -107,20 +104,13 @@ struct HostTier::Impl
 namespace
 {
 
-//! The device buffer of a group's layer offsets within a host page, filled; made on `device`.
-detail::DeviceBuffer layerOffsetsOf(KVCacheManager const& cache, int32_t group, int32_t device)
+//! The device buffer of a host page's entry offsets, filled (once, at construction); made on `device`.
+detail::DeviceBuffer entryOffsetsOf(detail::HostPageLayout const& pageLayout, int32_t device)
 {
-    std::vector<int64_t> offsets;
-    int64_t offset = 0;
-    for (int32_t const layer : cache.group(group).layers)
-    {
-        KVLayerLayout const& layout = cache.layout().layers[static_cast<size_t>(layer)];
-        offsets.push_back(offset);
-        offset += layout.numHalves * layout.pageBytes;
-    }
+    std::vector<int64_t> const& offsets = pageLayout.entryOffsets;
     detail::ScopedDevice const scoped(device);
     size_t const bytes = offsets.size() * sizeof(int64_t);
-    detail::DeviceBuffer buffer(static_cast<int64_t>(std::max<size_t>(bytes, 1)), "HostTier: layer offsets");
+    detail::DeviceBuffer buffer(static_cast<int64_t>(std::max<size_t>(bytes, 1)), "HostTier: entry offsets");
     KVCACHE_CUDA_TRY(cudaMemcpy(buffer.data(), offsets.data(), bytes, cudaMemcpyHostToDevice));
     return buffer;
 }
@@ -134,16 +124,13 @@ HostTier::Impl::Impl(KVCacheManager const& cache, int32_t groupIn, int64_t numHo
     , geometry(pageGeometry(cache.layout(), group))
     , numPages(cache.group(group).numPages)
     , multiprocessors(multiprocessorCount(device))
-    , layerOffsets(layerOffsetsOf(cache, group, device))
+    , pageLayout(detail::hostPageLayout(cache.layout(), group))
+    , entryOffsets(entryOffsetsOf(pageLayout, device))
     , staged(geometry.bytesPerPage, options.stagingBytes, numHostPages, device, multiprocessors)
     , chunks(device, numHostPages, geometry.bytesPerPage, options.chunkBytes, options.preferGpuNumaNode)
     , pool(numHostPages)
     , tracker(numHostPages, numPages)
 {
-    for (int32_t const layer : cache.group(group).layers)
-    {
-        maxPageBytes = std::max(maxPageBytes, cache.layout().layers[static_cast<size_t>(layer)].pageBytes);
-    }
 }
 
 void HostTier::Impl::checkGeometry(char const* what, KVCacheManager const& cache) const
@@ -162,9 +149,10 @@ void HostTier::Impl::checkGeometry(char const* what, KVCacheManager const& cache
     if (other != geometry || cache.group(group).numPages != numPages)
     {
         throw InvalidArgumentError(fmt::format(
-            "{}: the cache's group {} has another geometry: {} layers, {} bytes and {} pages a half; the tier's has {} "
-            "layers, {} bytes and {} pages",
-            what, group, other.layers.size(), other.bytesPerPage, cache.group(group).numPages, geometry.layers.size(),
+            "{}: the cache's group {} has another geometry: quantization {}, {} layers, {} bytes and {} pages a half; "
+            "the tier's has quantization {}, {} layers, {} bytes and {} pages",
+            what, group, kvQuantizationName(other.quantization), other.layers.size(), other.bytesPerPage,
+            cache.group(group).numPages, kvQuantizationName(geometry.quantization), geometry.layers.size(),
             geometry.bytesPerPage, numPages));
     }
 }
@@ -182,11 +170,12 @@ detail::HostTierKernelParams HostTier::Impl::kernelParams(
 {
     detail::HostTierKernelParams params{};
     params.table = detail::ManagerInternals::layerTable(cache, group);
-    params.layerOffsets = static_cast<int64_t const*>(layerOffsets.data());
-    params.numLayers = static_cast<int32_t>(geometry.layers.size());
+    params.entryOffsets = static_cast<int64_t const*>(entryOffsets.data());
+    params.numEntries = static_cast<int32_t>(pageLayout.entryOffsets.size());
     params.numPages = numPages;
-    params.chunksPerHalf = static_cast<int32_t>(
-        (maxPageBytes + detail::kHOST_TIER_KERNEL_CHUNK_BYTES - 1) / detail::kHOST_TIER_KERNEL_CHUNK_BYTES);
+    params.chunksPerHalf =
+        static_cast<int32_t>((pageLayout.largestPageBytes + detail::kHOST_TIER_KERNEL_CHUNK_BYTES - 1)
+            / detail::kHOST_TIER_KERNEL_CHUNK_BYTES);
     params.numHostPages = static_cast<int32_t>(numPinnedNow);
     params.hostPagesPerChunk = static_cast<uint32_t>(chunks.hostPagesPerChunk());
     params.hostPageBytes = geometry.bytesPerPage;

@@ -164,10 +164,12 @@ OpenedFile readHeader(char const* what, std::string const& path, int fd)
 } // namespace
 
 void writeSequenceFile(std::string const& path, PageGeometry const& geometry, int64_t tokenCount,
-    void const* const* pages, int64_t pageCount)
+    void const* const* pages, int64_t pageCount, std::vector<LayerScales> const& layerScales)
 {
     constexpr char const* kWHAT = "writeSequenceFile";
-    detail::checkFileGeometry(fmt::format("{}: ", kWHAT), geometry);
+    std::string const prefix = fmt::format("{}: ", kWHAT);
+    detail::checkFileGeometry(prefix, geometry);
+    detail::checkLayerScales(prefix, "layerScales", geometry, layerScales);
     if (pageCount < 0)
     {
         throw InvalidArgumentError(fmt::format("{}: pageCount is {}; it must be >= 0", kWHAT, pageCount));
@@ -197,7 +199,7 @@ void writeSequenceFile(std::string const& path, PageGeometry const& geometry, in
             fmt::format("{}: tokenCount is {}; it must be in [0, {}]", kWHAT, tokenCount, maxTokens));
     }
 
-    std::vector<char> const header = detail::encodeSequenceHeader(geometry, pageCount, tokenCount);
+    std::vector<char> const header = detail::encodeSequenceHeader(geometry, layerScales, pageCount, tokenCount);
     std::vector<uint64_t> checksums(static_cast<size_t>(pageCount));
     for (int64_t i = 0; i < pageCount; ++i)
     {
@@ -250,9 +252,11 @@ SequenceFileInfo readSequenceFileInfo(std::string const& path)
     return readHeader(kWHAT, path, fd.get()).info;
 }
 
-int64_t readSequenceFile(std::string const& path, PageGeometry const& expected, void* const* pages, int64_t pageCount)
+int64_t readSequenceFile(std::string const& path, PageGeometry const& expected, void* const* pages, int64_t pageCount,
+    std::vector<LayerScales> const& expectedScales)
 {
     constexpr char const* kWHAT = "readSequenceFile";
+    detail::checkLayerScales(fmt::format("{}: ", kWHAT), "expectedScales", expected, expectedScales);
     if (pageCount < 0 || (pages == nullptr && pageCount > 0))
     {
         throw InvalidArgumentError(fmt::format("{}: pageCount is {} with a {} page list; it must be >= 0 with a list",
@@ -278,6 +282,7 @@ int64_t readSequenceFile(std::string const& path, PageGeometry const& expected, 
         throw InvalidArgumentError(fmt::format(
             "{}: '{}' holds {} pages; the destination list has {}", kWHAT, path, info.pageCount, pageCount));
     }
+    detail::expectLayerScales(kWHAT, path, info.geometry, info.layerScales, expectedScales);
 
     // Everything is read and verified before the first page is written: a bad file leaves the destination as it was.
     int64_t const bodyBytes = pageCount * (kSEQUENCE_CHECKSUM_BYTES + info.geometry.bytesPerPage);

@@ -2,6 +2,8 @@
 
 #include "tiers/sequence_file_format.h"
 
+#include "memory/scale_support.h"
+
 #include "kvcache/core/errors.h"
 
 #include <fmt/format.h>
@@ -23,7 +25,11 @@ namespace
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the file format is little-endian and written as memory is");
 
 constexpr std::array<char, 8> kMAGIC{'K', 'V', 'C', 'S', 'E', 'Q', 'F', '\0'};
-constexpr int64_t kLAYER_RECORD_BYTES = 16;
+// A layer record: kind, numKVHeads, headDim, reserved (0), then the layer's host-held K and V scales (float32; 0 where
+// the quantization keeps none, and for a latent layer's V).
+constexpr int64_t kLAYER_RECORD_BYTES = 24;
+//! Where the fixed header keeps the quantization (version 1 kept a reserved 0 there).
+constexpr int64_t kQUANTIZATION_AT = 28;
 //! More layers than any model has; bounds what a corrupt count can make the reader allocate.
 constexpr int32_t kMAX_FILE_LAYERS = 1 << 16;
 
@@ -98,11 +104,11 @@ std::string geometryProblem(PageGeometry const& geometry)
             return fmt::format("layers[{}].headDim is {}; it must be > 0", i, layer.headDim);
         }
     }
-    return {};
+    return quantizationProblem(geometry);
 }
 
-//! Returns the page bytes `geometry`'s layers imply, or -1 with the field whose size leaves int64 in `*problem`.
-//! `geometry` has passed geometryProblem.
+//! Returns the page bytes `geometry`'s layers imply, data and scales, or -1 with the field whose size leaves int64 in
+//! `*problem`. `geometry` has passed geometryProblem.
 int64_t impliedPageBytes(PageGeometry const& geometry, std::string* problem)
 {
     int64_t const elementBytes = dataTypeSize(geometry.dataType);
@@ -111,15 +117,19 @@ int64_t impliedPageBytes(PageGeometry const& geometry, std::string* problem)
     {
         PageLayerGeometry const& layer = geometry.layers[i];
         int64_t const halves = layer.kind == KVLayerKind::kLATENT ? 1 : 2;
-        int64_t const bytes =
-            checkedProduct({halves, geometry.tokensPerPage, layer.numKVHeads, layer.headDim, elementBytes});
+        // One head of one token and half: its stored values (two a byte for NVFP4) and its page scales. headDim is an
+        // int32 and elementBytes at most 4, so this is far inside int64.
+        int64_t const storedDim = geometry.quantization == KVQuantization::kNVFP4 ? layer.headDim / 2 : layer.headDim;
+        int64_t const headBytes =
+            storedDim * elementBytes + scaleBytesPerHead(geometry.quantization, int64_t{layer.headDim});
+        int64_t const bytes = checkedProduct({halves, geometry.tokensPerPage, layer.numKVHeads, headBytes});
         if (bytes < 0 || __builtin_add_overflow(total, bytes, &total))
         {
-            *problem = fmt::format("layers[{}] ({} halves x tokensPerPage {} x numKVHeads {} x headDim {} x {} "
-                                   "bytes, added to the {} bytes of the layers before it) overflows 64-bit page "
-                                   "sizes (limit {})",
-                i, halves, geometry.tokensPerPage, layer.numKVHeads, layer.headDim, elementBytes, total,
-                std::numeric_limits<int64_t>::max());
+            *problem = fmt::format("layers[{}] ({} halves x tokensPerPage {} x numKVHeads {} x {} bytes a head "
+                                   "(headDim {}, quantization {}), added to the {} bytes of the layers before it) "
+                                   "overflows 64-bit page sizes (limit {})",
+                i, halves, geometry.tokensPerPage, layer.numKVHeads, headBytes, layer.headDim,
+                kvQuantizationName(geometry.quantization), total, std::numeric_limits<int64_t>::max());
             return -1;
         }
     }
@@ -191,7 +201,8 @@ int64_t sequenceTokenLimit(PageGeometry const& geometry, int64_t pageCount)
     return tokens;
 }
 
-std::vector<char> encodeSequenceHeader(PageGeometry const& geometry, int64_t pageCount, int64_t tokenCount)
+std::vector<char> encodeSequenceHeader(
+    PageGeometry const& geometry, std::vector<LayerScales> const& layerScales, int64_t pageCount, int64_t tokenCount)
 {
     auto const numLayers = static_cast<int64_t>(geometry.layers.size());
     std::vector<char> header(static_cast<size_t>(sequenceHeaderBytes(numLayers)), 0);
@@ -201,7 +212,7 @@ std::vector<char> encodeSequenceHeader(PageGeometry const& geometry, int64_t pag
     put<int32_t>(header, 16, geometry.tokensPerPage);
     put<int32_t>(header, 20, geometry.slidingWindow);
     put<int32_t>(header, 24, static_cast<int32_t>(numLayers));
-    put<int32_t>(header, 28, 0);
+    put<int32_t>(header, kQUANTIZATION_AT, static_cast<int32_t>(geometry.quantization));
     put<int64_t>(header, 32, geometry.bytesPerPage);
     put<int64_t>(header, 40, pageCount);
     put<int64_t>(header, 48, tokenCount);
@@ -213,6 +224,10 @@ std::vector<char> encodeSequenceHeader(PageGeometry const& geometry, int64_t pag
         put<int32_t>(header, at + 4, layer.numKVHeads);
         put<int32_t>(header, at + 8, layer.headDim);
         put<int32_t>(header, at + 12, 0);
+        // Scales the quantization does not keep, and a latent layer's V, stay 0.
+        LayerScales const scales = layerScales.empty() ? LayerScales{0.0F, 0.0F} : layerScales[static_cast<size_t>(i)];
+        put<float>(header, at + 16, scales.k);
+        put<float>(header, at + 20, layer.kind == KVLayerKind::kLATENT ? 0.0F : scales.v);
     }
     int64_t const checksumAt = static_cast<int64_t>(header.size()) - kSEQUENCE_CHECKSUM_BYTES;
     put<uint64_t>(header, checksumAt, XXH3_64bits(header.data(), static_cast<size_t>(checksumAt)));
@@ -258,23 +273,23 @@ SequenceFileInfo decodeSequenceHeader(
     SequenceFileInfo info{};
     info.version = get<uint32_t>(header, 8);
     info.geometry.dataType = static_cast<DataType>(get<int32_t>(header, 12));
+    info.geometry.quantization = static_cast<KVQuantization>(get<int32_t>(header, kQUANTIZATION_AT));
     info.geometry.tokensPerPage = get<int32_t>(header, 16);
     info.geometry.slidingWindow = get<int32_t>(header, 20);
     info.geometry.bytesPerPage = get<int64_t>(header, 32);
     info.pageCount = get<int64_t>(header, 40);
     info.tokenCount = get<int64_t>(header, 48);
     std::string const prefix = fmt::format("{}: '{}' header ", what, path);
-    // The padding after the layer count and in each layer record: a writer leaves it 0.
-    auto const checkReserved = [&](int64_t at)
+    // The padding in each layer record, and scales nobody uses: a writer leaves them 0.
+    auto const checkReserved = [&](int64_t at, char const* field)
     {
-        auto const reserved = get<int32_t>(header, at);
+        auto const reserved = get<uint32_t>(header, at);
         if (reserved != 0)
         {
             throw InvalidArgumentError(
-                fmt::format("{}reserved field at byte {} is {}; it must be 0 (corrupt header)", prefix, at, reserved));
+                fmt::format("{}{} at byte {} is {:#010x}; it must be 0 (corrupt header)", prefix, field, at, reserved));
         }
     };
-    checkReserved(28);
     auto const numLayers = get<int32_t>(header, 24);
     info.geometry.layers.resize(static_cast<size_t>(numLayers));
     for (int32_t i = 0; i < numLayers; ++i)
@@ -284,9 +299,29 @@ SequenceFileInfo decodeSequenceHeader(
         layer.kind = static_cast<KVLayerKind>(get<int32_t>(header, at));
         layer.numKVHeads = get<int32_t>(header, at + 4);
         layer.headDim = get<int32_t>(header, at + 8);
-        checkReserved(at + 12);
+        checkReserved(at + 12, "reserved field");
     }
     checkFileGeometry(prefix, info.geometry);
+    // The host-held scales: those the quantization keeps are checked as a writer checks them; the rest must be 0.
+    bool const hostScales = keepsHostScales(info.geometry.quantization);
+    for (int32_t i = 0; i < numLayers; ++i)
+    {
+        int64_t const at = kSEQUENCE_FIXED_HEADER_BYTES + int64_t{i} * kLAYER_RECORD_BYTES;
+        bool const latent = info.geometry.layers[static_cast<size_t>(i)].kind == KVLayerKind::kLATENT;
+        if (!hostScales)
+        {
+            checkReserved(at + 16, "a K scale the quantization does not keep");
+        }
+        if (!hostScales || latent)
+        {
+            checkReserved(at + 20, latent ? "a latent layer's V scale" : "a V scale the quantization does not keep");
+        }
+        if (hostScales)
+        {
+            info.layerScales.push_back(LayerScales{get<float>(header, at + 16), get<float>(header, at + 20)});
+        }
+    }
+    checkLayerScales(prefix, "layerScales", info.geometry, info.layerScales);
     if (info.pageCount < 0 || info.tokenCount < 0)
     {
         throw InvalidArgumentError(fmt::format(
@@ -322,7 +357,9 @@ SequenceFileInfo decodeSequenceHeader(
 
 void expectGeometry(char const* what, std::string const& path, PageGeometry const& file, PageGeometry const& expected)
 {
-    expectField(what, path, "dataType", static_cast<int32_t>(file.dataType), static_cast<int32_t>(expected.dataType));
+    expectField(
+        what, path, "quantization", kvQuantizationName(file.quantization), kvQuantizationName(expected.quantization));
+    expectField(what, path, "dataType", dataTypeName(file.dataType), dataTypeName(expected.dataType));
     expectField(what, path, "tokensPerPage", file.tokensPerPage, expected.tokensPerPage);
     expectField(what, path, "slidingWindow", file.slidingWindow, expected.slidingWindow);
     expectField(what, path, "layer count", file.layers.size(), expected.layers.size());

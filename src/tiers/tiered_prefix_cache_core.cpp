@@ -47,8 +47,10 @@ void checkSameLayout(KVCacheLayout const& cache, KVCacheLayout const& manager)
         if (pageGeometry(manager, static_cast<int32_t>(g)) != pageGeometry(cache, static_cast<int32_t>(g)))
         {
             throw InvalidArgumentError(fmt::format("{}: the page manager's layout is not the cache's: group {}'s page "
-                                                   "geometry (data type, layers) differs ({} and {} bytes a page)",
-                kWHAT, g, manager.groups[g].bytesPerPage, cache.groups[g].bytesPerPage));
+                                                   "geometry (data type, quantization, layers) differs ({} and {} "
+                                                   "bytes a page, quantization {} and {})",
+                kWHAT, g, manager.groups[g].bytesPerPage, cache.groups[g].bytesPerPage,
+                kvQuantizationName(manager.quantization), kvQuantizationName(cache.quantization)));
         }
     }
 }

@@ -92,9 +92,18 @@ struct KVCacheConfig
     std::vector<int32_t> numPagesPerGroup = {};
     //! How values are stored and scaled. kFP8_PER_TENSOR and kFP8_PER_TOKEN_HEAD need kvCacheType kFP8_E4M3; kNVFP4
     //! needs kUINT8 (two values a byte) and every headDim a multiple of kNVFP4_BLOCK_VALUES. computeLayout counts the
-    //! scale bytes; KVCacheManager keeps the scales (scale pools, host-held layer scales), and the paths that do not
-    //! carry them yet (host tier scale pages, sequence files, transfer, the write op) refuse such a cache by name.
+    //! scale bytes; KVCacheManager keeps the scales (scale pools, host-held layer scales), host tiers and sequence
+    //! files carry them, and the paths that do not yet (transfer, the write op) refuse such a cache by name.
     KVQuantization quantization = KVQuantization::kNONE;
+};
+
+//! A layer's host-held scales (docs/layout.md, "Quantization rules"): the per-tensor FP8 decode scales
+//! (`k_scale`/`v_scale`, finite, >= 0) or the NVFP4 global decode scales of K and V (finite, > 0). A latent layer has
+//! no V: its `v` is kept and unused.
+struct LayerScales
+{
+    float k = 1.0F;
+    float v = 1.0F;
 };
 
 } // namespace kvcache::rt

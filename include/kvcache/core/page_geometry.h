@@ -19,16 +19,20 @@ struct PageLayerGeometry
 };
 
 //! What a page of one page group is: one page id's bytes of every layer of the group in layer order, each layer's K
-//! half then its V half (a latent layer: its one half). Pages of equal geometries hold the same bytes in the same
-//! places, so a page moves (host tier, sequence file) only between equal geometries.
+//! half then its V half (a latent layer: its one half); then, for a quantization with page scales
+//! (kFP8_PER_TOKEN_HEAD, kNVFP4), every layer's scale page in the same order, K scales then V scales (none for a
+//! latent layer's V). Pages of equal geometries hold the same bytes in the same places, so a page moves (host tier,
+//! sequence file) only between equal geometries.
 struct PageGeometry
 {
     DataType dataType = DataType::kHALF;
+    //! How the values are stored and scaled (docs/layout.md, "Quantized pages"): which scale bytes a page holds.
+    KVQuantization quantization = KVQuantization::kNONE;
     int32_t tokensPerPage = 0;
     //! The group's sliding window, 0 for full attention.
     int32_t slidingWindow = 0;
     std::vector<PageLayerGeometry> layers = {};
-    //! Bytes of one page: the group's bytesPerPage.
+    //! Bytes of one page: the group's bytesPerPage, data and scales.
     int64_t bytesPerPage = 0;
 };
 

@@ -19,15 +19,6 @@ namespace detail
 struct ManagerInternals;
 } // namespace detail
 
-//! A layer's host-held scales (docs/layout.md, "Quantization rules"): the per-tensor FP8 decode scales
-//! (`k_scale`/`v_scale`, finite, >= 0) or the NVFP4 global decode scales of K and V (finite, > 0). A latent layer has
-//! no V: its `v` is kept and unused.
-struct LayerScales
-{
-    float k = 1.0F;
-    float v = 1.0F;
-};
-
 //! Owns one device buffer per attention layer and hands out zero-copy views of it: the slot view
 //! [2, maxBatchSize, capPadded, H, D] and the pool view [2, numPages, tokensPerPage, H, D]. D in every data view is
 //! the stored elements of a head: headDim, or headDim / 2 bytes for kNVFP4 (two values a byte).

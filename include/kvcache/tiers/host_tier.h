@@ -63,10 +63,14 @@ struct HostTierOptions
 
 //! Pinned host memory for pages of one page group of a cache's geometry, in host pages: a host page holds one page
 //! id's bytes of every layer of the group in layer order, each layer's K page then its V page (a latent layer: its
-//! one page), contiguous, hostPageBytes() = the group's bytesPerPage.
+//! one page), contiguous; then, for a quantization with scale pools (kFP8_PER_TOKEN_HEAD, kNVFP4), every layer's
+//! scale pages in the same order, K scales then V scales (none for a latent layer's V). hostPageBytes() = the
+//! group's bytesPerPage, data and scales, with nothing between them (docs/layout.md, "Host pages").
 //!
-//! Transfers (offload: device pages to host pages; onboard: host pages to device pages) move every layer of the group
-//! in one call, stream-ordered on the caller's stream, without synchronising the host.
+//! Transfers (offload: device pages to host pages; onboard: host pages to device pages) move every layer of the group,
+//! data and scales, in one call, stream-ordered on the caller's stream, without synchronising the host. Host-held
+//! scales (per-tensor FP8, NVFP4 global scales) stay in the manager: a host page does not hold them (sequence files
+//! record them, see saveSequence).
 //!
 //! What is guaranteed about transfers in flight. After a host-list transfer the tier records an event on its stream
 //! and remembers it for every host page and device page id it touched. A later host-list transfer (either direction)
@@ -84,9 +88,7 @@ class HostTier
 public:
     //! Sizes the tier for `numHostPages` host pages of page group `group` of `cache`'s geometry on the cache's device,
     //! pins the first chunk and starts a thread pinning the rest. Throws OutOfRangeError for a bad group,
-    //! InvalidArgumentError for numHostPages outside [1, INT32_MAX], chunkBytes <= 0 or stagingBytes < 0, or a cache
-    //! whose quantization keeps scale pools (kFP8_PER_TOKEN_HEAD, kNVFP4: host pages hold no scales yet; kNONE and
-    //! kFP8_PER_TENSOR, whose scales stay in the manager, are served),
+    //! InvalidArgumentError for numHostPages outside [1, INT32_MAX], chunkBytes <= 0 or stagingBytes < 0,
     //! OutOfMemoryError when the staging buffer cannot be allocated or the first chunk cannot be mapped or pinned,
     //! CudaError for other CUDA failures.
     HostTier(KVCacheManager const& cache, int32_t group, int64_t numHostPages, HostTierOptions const& options = {});
@@ -106,7 +108,7 @@ public:
     //! Blocks until every host page is pinned or pinning stopped; rethrows what stopped it (the tier keeps the host
     //! pages pinned so far).
     void waitUntilReady() const;
-    //! Returns the bytes of one host page: the group's bytesPerPage.
+    //! Returns the bytes of one host page: the group's bytesPerPage, its data and scale pages exactly.
     int64_t hostPageBytes() const noexcept;
     //! Returns the host pages the kCOPY_ENGINE path stages at a time in each direction
     //! (HostTierOptions::stagingBytes).
@@ -117,7 +119,7 @@ public:
     int32_t device() const noexcept;
     //! Returns the NUMA node the memory was bound to, or -1 when it was not (one node, option off, unknown node).
     int32_t numaNode() const noexcept;
-    //! Returns the quantization of the cache the tier was made for (kNONE or kFP8_PER_TENSOR).
+    //! Returns the quantization of the cache the tier was made for (also geometry().quantization).
     KVQuantization quantization() const noexcept;
     //! Returns the geometry a host page's bytes have (what sequence files record).
     PageGeometry const& geometry() const noexcept;
@@ -135,7 +137,8 @@ public:
     //! Returns the host pages neither handed out nor waiting to be pinned.
     int64_t numFreeHostPages() const noexcept;
 
-    //! Copies each entry's device page of the group in `cache` to its host page, all layers and halves, on `stream`.
+    //! Copies each entry's device page of the group in `cache` to its host page, all layers and halves, data and scale
+    //! pages, on `stream`.
     //! `cache` must have the tier's geometry (a cache built from the same config). kAUTO picks the kernel for at most
     //! kHOST_TIER_KERNEL_MAX_BYTES (count * hostPageBytes()), the copy engine above. Returns the method used.
     //! Throws, before enqueuing anything: InvalidArgumentError for another geometry, a negative count, a null list
@@ -193,16 +196,30 @@ private:
     std::unique_ptr<Impl> mImpl;
 };
 
-//! Writes host pages `hostPages[0, count)` of `tier` (in that order) and `tokenCount` to a sequence file at `path`
-//! (see writeSequenceFile), after waiting for the tier's transfers touching them. Throws as writeSequenceFile and,
-//! for a bad host page, as HostTier::synchronizeHostPages; throws InvalidArgumentError naming the quantization for a
-//! tier of a quantized cache (sequence files record no scales yet), before touching anything.
+//! Writes host pages `hostPages[0, count)` of `tier` (in that order), `tokenCount` and the host-held scales of
+//! `cache`'s layers of the tier's group (kFP8_PER_TENSOR, kNVFP4; none for other quantizations) to a sequence file at
+//! `path` (see writeSequenceFile), after waiting for the tier's transfers touching them. The host pages must hold
+//! pages offloaded from a cache with those scales. Throws, before touching anything, InvalidArgumentError naming both
+//! geometries when `cache`'s group has another geometry than the tier's; then as writeSequenceFile and, for a bad
+//! host page, as HostTier::synchronizeHostPages.
+void saveSequence(std::string const& path, HostTier& tier, KVCacheManager const& cache, int32_t const* hostPages,
+    int64_t count, int64_t tokenCount);
+//! As above, for a tier whose quantization keeps no host-held scales (kNONE, kFP8_PER_TOKEN_HEAD, whose page scales
+//! are in the host pages). Throws InvalidArgumentError naming the quantization, before touching anything, for
+//! kFP8_PER_TENSOR and kNVFP4: their scales are in the manager, so pass the cache.
 void saveSequence(std::string const& path, HostTier& tier, int32_t const* hostPages, int64_t count, int64_t tokenCount);
 //! Reads the sequence file at `path` into host pages `hostPages[0, count)` of `tier` and returns its token count,
 //! after waiting for the tier's transfers touching them. The whole file is verified before any host page is
-//! written: another geometry, a count other than the file's, a truncated or corrupt file throw InvalidArgumentError
-//! (see readSequenceFile) and leave every host page as it was; so do a bad host page or one listed twice, and a
-//! tier of a quantized cache (InvalidArgumentError naming the quantization: sequence files record no scales yet).
+//! written: another geometry (quantization included), host-held scales other than `cache`'s (compared bit for bit,
+//! layer by layer of the group; to adopt a file's scales, read them with readSequenceFileInfo and set them with
+//! KVCacheManager::setLayerScales first), a count other than the file's, an old format version, a truncated or
+//! corrupt file throw InvalidArgumentError naming the field, the file's value and the expected one (see
+//! readSequenceFile) and leave every host page as it was; so do a bad host page or one listed twice, and a `cache`
+//! whose group has another geometry than the tier's.
+int64_t loadSequence(
+    std::string const& path, HostTier& tier, KVCacheManager const& cache, int32_t const* hostPages, int64_t count);
+//! As above, for a tier whose quantization keeps no host-held scales; throws InvalidArgumentError naming the
+//! quantization, before touching anything, for kFP8_PER_TENSOR and kNVFP4 (pass the cache).
 int64_t loadSequence(std::string const& path, HostTier& tier, int32_t const* hostPages, int64_t count);
 
 } // namespace kvcache::rt

@@ -16,37 +16,48 @@ struct SequenceFileInfo
     PageGeometry geometry = {};
     int64_t pageCount = 0;
     int64_t tokenCount = 0;
+    //! The host-held scales the pages were written under, one a layer of the geometry in order, for a quantization
+    //! that keeps them (kFP8_PER_TENSOR, kNVFP4); empty for the others. A latent layer's `v` is 0 (it has no V).
+    std::vector<LayerScales> layerScales = {};
 };
 
-//! The format version this build writes and the only one it reads.
-inline constexpr uint32_t kSEQUENCE_FILE_VERSION = 1;
+//! The format version this build writes and the only one it reads. Version 2 records the quantization and the
+//! host-held scales, and its pages hold their scale pages; version 1 files (no quantization) are refused.
+inline constexpr uint32_t kSEQUENCE_FILE_VERSION = 2;
 
-//! Writes `pageCount` pages (each `geometry.bytesPerPage` bytes at `pages[i]`, host memory) and `tokenCount` to
-//! `path`, atomically: the bytes go to a temporary file in the same folder, flushed to disk, then renamed over
-//! `path`, so a reader sees the old file or the whole new one, never a part. The format (little-endian): a header
-//! (magic "KVCSEQF\0", version, geometry, page and token counts) closed by its XXH3-64 checksum, then one XXH3-64
-//! checksum a page (seeded with the page's index, so swapped pages fail too), then the pages. XXH3 finds accidental
-//! corruption, not tampering. Throws InvalidArgumentError, naming the field, the value and the limit, for a geometry
-//! computeLayout would not give a page group (tokensPerPage not a power of two in [1, kMAX_TOKENS_PER_PAGE], a
-//! negative slidingWindow, a bad layer; or bytesPerPage other than the layers imply), a negative count, a file size
-//! beyond int64, a null page or a token count outside [0, pageCount * tokensPerPage] (full attention; a windowed
-//! group's sequence may be longer than its pages), and Error when the file cannot be written (nothing is left behind
-//! then).
+//! Writes `pageCount` pages (each `geometry.bytesPerPage` bytes at `pages[i]`, host memory: a host page's bytes,
+//! data then scale pages, see PageGeometry), `tokenCount` and `layerScales` to `path`, atomically: the bytes go to a
+//! temporary file in the same folder, flushed to disk, then renamed over `path`, so a reader sees the old file or the
+//! whole new one, never a part. The format (little-endian, docs/layout.md "Sequence files"): a header (magic
+//! "KVCSEQF\0", version, geometry with its quantization, page and token counts, a record a layer with its host-held
+//! scales) closed by its XXH3-64 checksum, then one XXH3-64 checksum a page (seeded with the page's index, so swapped
+//! pages fail too), then the pages. XXH3 finds accidental corruption, not tampering. `layerScales` holds one entry a
+//! layer of the geometry for kFP8_PER_TENSOR (finite, >= 0) and kNVFP4 (finite, > 0), a latent layer's `v` unused
+//! (written as 0), and is empty for the other quantizations. Throws InvalidArgumentError, naming the field, the value
+//! and the limit, for a geometry computeLayout would not give a page group (tokensPerPage not a power of two in [1,
+//! kMAX_TOKENS_PER_PAGE], a negative slidingWindow, a bad layer, a quantization its dataType or a headDim cannot
+//! hold; or bytesPerPage other than the layers imply, scales included), layerScales of another count or a bad scale,
+//! a negative count, a file size beyond int64, a null page or a token count outside [0, pageCount * tokensPerPage]
+//! (full attention; a windowed group's sequence may be longer than its pages), and Error when the file cannot be
+//! written (nothing is left behind then).
 void writeSequenceFile(std::string const& path, PageGeometry const& geometry, int64_t tokenCount,
-    void const* const* pages, int64_t pageCount);
+    void const* const* pages, int64_t pageCount, std::vector<LayerScales> const& layerScales = {});
 
 //! Reads and checks the header of the file at `path` (magic, version, its checksum, the size the header promises).
 //! Every header field is bounded as writeSequenceFile bounds it (and reserved bytes must be 0) before any size is
 //! computed from it, and sizes are computed checked in 64 bits. Throws Error when the file cannot be read and
 //! InvalidArgumentError, naming the field, the value and the limit, for a file that is not a sequence file, of another
-//! version, corrupt (a field out of range even under a matching checksum) or truncated.
+//! version (version 1 included), corrupt (a field out of range even under a matching checksum) or truncated.
 SequenceFileInfo readSequenceFileInfo(std::string const& path);
 
 //! Reads the file at `path` into `pageCount` host pages (`pages[i]`, each `expected.bytesPerPage` bytes) and returns
 //! its token count. All of the file is read and every checksum verified in a scratch buffer first, so a bad file
-//! writes no page. Throws as readSequenceFileInfo, and InvalidArgumentError naming the field, the file's value and
-//! the expected one when the file's geometry differs from `expected` or its page count from `pageCount`, or for a
-//! page whose checksum does not match (naming the page).
-int64_t readSequenceFile(std::string const& path, PageGeometry const& expected, void* const* pages, int64_t pageCount);
+//! writes no page. `expectedScales` follows writeSequenceFile's rules for `layerScales` (checked before the file is
+//! opened). Throws as readSequenceFileInfo, and InvalidArgumentError naming the field, the file's value and the
+//! expected one when the file's geometry (its quantization included) differs from `expected`, its page count from
+//! `pageCount` or its host-held scales from `expectedScales` (bit for bit; a latent layer's `v` is not compared),
+//! or for a page whose checksum does not match (naming the page).
+int64_t readSequenceFile(std::string const& path, PageGeometry const& expected, void* const* pages, int64_t pageCount,
+    std::vector<LayerScales> const& expectedScales = {});
 
 } // namespace kvcache::rt
