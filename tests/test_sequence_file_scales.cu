@@ -191,7 +191,8 @@ TEST_F(SequenceFileScalesTest, AnotherCacheLoadsTheFileOnlyUnderTheSameHostScale
         }
         EXPECT_TRUE(throwsNaming<InvalidArgumentError>([&]
             { loadSequence(mPath, tier, restored.cache(), hostPages.data(), 3); },
-            {"loadSequence", "layerScales[0].k", "is 0.625", "the destination's is 0.875",
+            // The check is readSequenceFile's, which loadSequence reads the file through (as for a geometry mismatch).
+            {"readSequenceFile", "layerScales[0].k", "is 0.625", "the destination's is 0.875",
                 std::string(kvQuantizationName(format.quantization))}));
         // Layer 1's K agrees now, its V does not (the file's 3.0625).
         restoredCache.setLayerScales(1, {saved.cache().layerScales(1).k, 2.5F});
