@@ -7,10 +7,6 @@
 namespace kvcache::rt::detail
 {
 
-template <KVQuantization kFORMAT, bool kWRITE, typename Source>
-void launchQuantFormat(
-    TokenOpPlan const& plan, QuantKernelParams const& params, Source const& source, cudaStream_t stream);
-
 namespace
 {
 

@@ -12,6 +12,14 @@
 namespace kvcache::rt::detail
 {
 
+struct QuantKernelParams;
+
+//! Launches format kFORMAT's kernel for the plan's tensor type; defined in kv_write_quant_launch.cuh and instantiated
+//! by the format's own file (kv_write_quant_<format>.cu), so that callers do not compile the kernels again.
+template <KVQuantization kFORMAT, bool kWRITE, typename Source>
+void launchQuantFormat(
+    TokenOpPlan const& plan, QuantKernelParams const& params, Source const& source, cudaStream_t stream);
+
 //! Quantizes tokens placed by a device list of token addresses into the pages (kWRITE), or reads them back
 //! dequantized; `scales` are the layer's host-held scales (per-tensor FP8 scales, NVFP4 global scales).
 template <bool kWRITE>

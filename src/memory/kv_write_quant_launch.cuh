@@ -4,6 +4,7 @@
 // so that the three compile in parallel.
 
 #include "kernels/kv_quant_kernel.cuh"
+#include "memory/kv_write_quant.h"
 #include "memory/token_op_plan.h"
 
 #include "kvcache/core/errors.h"
@@ -42,7 +43,6 @@ void launchQuantPerLane(
     }
 }
 
-//! Launches format kFORMAT's kernel for the plan's tensor type.
 template <KVQuantization kFORMAT, bool kWRITE, typename Source>
 void launchQuantFormat(
     TokenOpPlan const& plan, QuantKernelParams const& params, Source const& source, cudaStream_t stream)
