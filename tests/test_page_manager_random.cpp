@@ -6,14 +6,11 @@
 // pages included), the copies the steps returned and stats() of every group, and the eviction callback's calls are
 // compared with the model, which keeps a hybrid cache's cuts its own way; checkInvariants() runs every
 // RunSpec::invariantPeriod operations (it is linear and allocates). Pools are small so that steps run out of pages and
-// windowed groups drop cuts, and prompts share a few prefixes so that adoptPrefix() finds them. Some appends go
-// through detail::PageManagerInternal::appendHashed with the hashes hashNextPages() gave.
+// windowed groups drop cuts, and prompts share a few prefixes so that adoptPrefix() finds them.
 //
 // KVCACHE_RANDOM_OPERATIONS=<n> sets the operations of each run (default 260,000): the sanitizer build (test preset
 // "asan") runs fewer, since every operation costs many times more there. A value that is not a positive integer
 // fails the test rather than falling back to the default.
-
-#include "paging/page_manager_internal.h"
 
 #include "kvcache/errors.h"
 #include "kvcache/page_hash.h"
@@ -433,41 +430,19 @@ private:
         }
         mLast += ")";
         int32_t const count = static_cast<int32_t>(appends.size());
-        // Every other valid append() from a whole page on goes through the library's internal path instead: the pages
-        // it fills are registered under the hashes hashNextPages() computed (what the tiered cache's onboarding does),
-        // which must be the hashes the model gives them.
-        bool const aligned = count == 1 && mModel.contains(appends[0].sequence)
-            && mModel.sequence(appends[0].sequence).length % kTOKENS_PER_PAGE == 0;
         ModelOutcome const expected = mModel.step(appends.data(), count);
         return expectOutcome(expected,
             [&]
             {
                 if (count == 1 && uniform(0, 1) == 0)
                 {
-                    if (aligned && expected == ModelOutcome::kOK && (mHashedTurn = !mHashedTurn))
-                    {
-                        appendHashed(appends[0]);
-                    }
-                    else
-                    {
-                        mCopies.add(mManager.append(appends[0]));
-                    }
+                    mCopies.add(mManager.append(appends[0]));
                 }
                 else
                 {
                     mCopies.add(mManager.step(appends.data(), count));
                 }
             });
-    }
-
-    //! Appends through detail::PageManagerInternal: hashNextPages(), then appendHashed() with its hashes.
-    void appendHashed(SequenceAppend const& append)
-    {
-        std::vector<PageHash> hashes(static_cast<size_t>(kMAX_LENGTH / kTOKENS_PER_PAGE));
-        detail::NextPageHashes const known = detail::PageManagerInternal::hashNextPages(mManager, append.sequence,
-            append.tokens, append.count, hashes.data(), append.extraKeys, append.numExtraKeys);
-        mCopies.add(detail::PageManagerInternal::appendHashed(mManager, append, known));
-        ++mTally["appendHashed"];
     }
 
     std::string fork()
@@ -627,7 +602,6 @@ private:
     mutable std::map<std::string, int64_t> mTally;
     std::vector<int32_t> const mLong = std::vector<int32_t>(2 * kMAX_LENGTH, 1);
     int64_t mOperation = 0;
-    bool mHashedTurn = false;
     std::string mLast;
 };
 
@@ -651,7 +625,6 @@ TEST_P(PageManagerRandom, MatchesTheModel)
     {
         // A run that never reached these would test less than it claims.
         EXPECT_GT(run.tally().count("adoptPrefix hits"), 0u);
-        EXPECT_GT(run.tally().count("appendHashed"), 0u);
         EXPECT_GT(run.tally().count("evictions"), 0u);
         EXPECT_GT(run.tally().count("copies cleared"), 0u);
         EXPECT_GT(run.tally().count("OutOfMemoryError"), 0u);

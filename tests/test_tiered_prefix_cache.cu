@@ -2,9 +2,9 @@
 // steps, which the test follows at once with a fill of the pages they took (the step's kernels overwriting them), so
 // every page reaches the host only if its offload was ordered before; the device is then poisoned and a new request of
 // the prompt gets the pages back from the host, compared byte for byte (every layer, K and V, which hold different
-// random bytes; a latent layer's one half) with what the pages held before, in pieces of maxTokensPerStep. A windowed
-// group's pages come back through its own tier, those its window released included. The counters, a capturing stream
-// and bad construction are checked too. The bookkeeping itself is tested without a GPU in
+// random bytes; a latent layer's one half) with what the pages held before, the run longer than maxTokensPerStep. A
+// windowed group's window comes back through its own tier, and a prompt whose full-attention pages the device still
+// has holds those and onboards only its window. The counters, a capturing stream and bad construction are checked too. The bookkeeping itself is tested without a GPU in
 // test_tiered_prefix_cache_core.cpp.
 
 #include "kvcache/errors.h"
@@ -183,7 +183,7 @@ std::vector<rt::KVLayerConfig> mixedLayers()
 
 TEST_F(TieredPrefixCacheGpuTest, APromptsPagesEvictedByLaterStepsComeBackFromTheHostBitwise)
 {
-    // 16 pages of 16 tokens; steps of 32 tokens, so the five pages come back in pieces of 2, 2 and 1.
+    // 16 pages of 16 tokens; steps of 32 tokens, shorter than the five pages that come back.
     TieredCase setup(kvcache::test::ConfigBuilder(mixedLayers())
                          .maxBatchSize(2)
                          .maxSequenceLength(128)
@@ -317,38 +317,47 @@ TEST_F(TieredPrefixCacheGpuTest, AWindowedGroupsPagesComeBackThroughItsOwnTier)
     rt::SequenceId const request = setup.manager.create();
     rt::TieredAdmission const admission = setup.tiered.admit(request, prompt.data(), count, stream);
     EXPECT_EQ(admission.hostTokens, 5 * kTOKENS_PER_PAGE);
-    EXPECT_EQ(setup.tiered.stats().onboardedPages, 10);
+    // The windowed group needs only the window before token 80: tokens 49-79, pages 3 and 4.
+    int32_t const window = (5 * kTOKENS_PER_PAGE - 32 + 1) / kTOKENS_PER_PAGE;
+    EXPECT_EQ(setup.tiered.stats().onboardedPages, 5 + (5 - window));
     KVCACHE_TEST_CUDA(cudaStreamSynchronize(stream));
     rt::SequencePages const full = setup.manager.pages(request, 0);
     rt::SequencePages const windowed = setup.manager.pages(request, 1);
-    int32_t checkedWindowed = 0;
     for (int32_t p = 0; p < 5; ++p)
     {
         EXPECT_EQ(devicePage(setup.cut, 0, full.pages[p]), expectedFull[static_cast<size_t>(p)]) << "page " << p;
-        if (windowed.pages[p] >= 0)
+        ASSERT_EQ(windowed.pages[p] >= 0, p >= window) << "windowed entry " << p;
+        if (p >= window)
         {
-            ++checkedWindowed;
             EXPECT_EQ(devicePage(setup.cut, 1, windowed.pages[p]), expectedWindowed[static_cast<size_t>(p)])
                 << "windowed page " << p;
         }
     }
-    EXPECT_GE(checkedWindowed, 2) << "the window holds the prompt's last pages";
 
-    // Pages 0 and 1, which the window released during the admission, stay registered: a shorter prompt adopts them
-    // as its window and finds the prompt's bytes.
+    // A shorter prompt: the device has its full-attention pages (the request's, cached) but not its window (pages 0
+    // and 1, which the admission above did not need): it holds the former and onboards only the latter.
     setup.manager.free(request);
+    setup.tiered.resetStats();
     std::vector<int32_t> const shorter(prompt.begin(), prompt.begin() + 2 * kTOKENS_PER_PAGE + 1);
     rt::SequenceId const adopter = setup.manager.create();
-    EXPECT_EQ(setup.tiered.admit(adopter, shorter.data(), static_cast<int32_t>(shorter.size()), stream).deviceTokens,
-        2 * kTOKENS_PER_PAGE);
-    rt::SequencePages const window = setup.manager.pages(adopter, 1);
+    rt::TieredAdmission const partly =
+        setup.tiered.admit(adopter, shorter.data(), static_cast<int32_t>(shorter.size()), stream);
+    EXPECT_EQ(partly.deviceTokens, 0);
+    EXPECT_EQ(partly.hostTokens, 2 * kTOKENS_PER_PAGE);
+    EXPECT_EQ(setup.tiered.stats().onboardedPages, 2);
+    KVCACHE_TEST_CUDA(cudaStreamSynchronize(stream));
+    rt::SequencePages const adopterFull = setup.manager.pages(adopter, 0);
+    rt::SequencePages const adopterWindow = setup.manager.pages(adopter, 1);
     for (int32_t p = 0; p < 2; ++p)
     {
-        ASSERT_GE(window.pages[p], 0) << "the window before token 32 covers page " << p;
-        EXPECT_EQ(devicePage(setup.cut, 1, window.pages[p]), expectedWindowed[static_cast<size_t>(p)])
-            << "released windowed page " << p;
+        EXPECT_EQ(adopterFull.pages[p], full.pages[p]) << "the request's cached page " << p << ", held";
+        EXPECT_EQ(devicePage(setup.cut, 0, adopterFull.pages[p]), expectedFull[static_cast<size_t>(p)]) << "page " << p;
+        ASSERT_GE(adopterWindow.pages[p], 0) << "the window before token 32 covers page " << p;
+        EXPECT_EQ(devicePage(setup.cut, 1, adopterWindow.pages[p]), expectedWindowed[static_cast<size_t>(p)])
+            << "windowed page " << p;
     }
     EXPECT_NO_THROW(setup.tiered.checkInvariants());
+    EXPECT_NO_THROW(setup.manager.checkInvariants());
 }
 
 TEST_F(TieredPrefixCacheGpuTest, ACapturingStreamIsRefusedBeforeAnythingChanges)

@@ -182,8 +182,10 @@ void bindTieredPrefixCache(nb::module_& m)
     nb::class_<TieredHandle>(m, "TieredPrefixCache", nb::is_weak_referenceable(),
         "A two-tier prefix cache: a PageManager's cached device pages, and pinned host memory (one HostTier per page "
         "group) that keeps the pages the device evicts. It makes the two calls of a serving loop that touch pages: "
-        "admit() (adopts the device's cached prefix, then onboards the longest run of following whole pages that "
-        "every group's host tier holds, at most len(tokens) - 1 tokens, in pieces of max_tokens_per_step) and step() "
+        "admit() (adopts the device's cached prefix, then the longest run of following whole pages, at most "
+        "len(tokens) - 1 tokens, whose every needed page (all of them in full attention, the window at the run's end "
+        "in a windowed group) the device or a group's host tier holds: the device's pages are held, the others "
+        "onboarded into fresh pages) and step() "
         "(PageManager.step, then on the stream the offload of the pages it evicted, then its copies). Enqueue the "
         "step's kernels on the same stream after the call. It owns the manager's eviction callback while it lives "
         "(the PageManager object refuses set_eviction_callback, step and append then: every step goes through the "

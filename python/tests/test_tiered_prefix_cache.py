@@ -4,7 +4,8 @@ tests/test_tiered_prefix_cache.cu: a prompt's pages are evicted by later steps, 
 the pages each step took) overwrite them at once, so a page reaches the host only if its offload was ordered first;
 the device is then poisoned and admit() brings the pages back, compared with what they held (every layer, K and V,
 which hold distinct values; a latent layer's one half). A hybrid cache's windowed group comes back through its own
-tier. Host pages are poisoned when the tiers are made, so the bytes a host page is expected to hold (the group's
+tier, and a prompt whose full-attention pages the device still has holds them and onboards only its window. Host
+pages are poisoned when the tiers are made, so the bytes a host page is expected to hold (the group's
 layers in order, K then V) are never what was there before. Misuse is tested in test_tiered_prefix_cache_misuse.py."""
 
 import pytest
@@ -14,7 +15,7 @@ from test_gpu import fill_distinct, pools_of
 from test_sequence_file import POISON
 
 P = 16  # tokens per page
-STEP = 32  # max_tokens_per_step: an onboarded run comes back in pieces of two pages
+STEP = 32  # max_tokens_per_step: an onboarded run of five pages is longer
 SEQ = 128
 STEP_WRITE = 0x5A5A5A5A  # what the steps' kernels are modelled writing into the pages a step took
 # Three layers of different shapes, one of them latent (K only): one full-attention group.
@@ -251,22 +252,27 @@ def test_a_windowed_groups_pages_come_back_through_its_own_tier(torch, tmp_path)
     request = s.pages.create()
     admission = s.tiered.admit(request, prompt)
     assert (admission.device_tokens, admission.host_tokens, admission.compute_tokens) == (0, 5 * P, 3)
-    assert s.tiered.stats().onboarded_pages == 10
+    window = (5 * P - 32 + 1) // P  # the window before token 80: tokens 49-79, pages 3 and 4
+    assert s.tiered.stats().onboarded_pages == 5 + (5 - window)
     full = s.pages.pages(request, 0)[0]
     s.assert_moved(0, zip(page_of[0], full))
     windowed = s.pages.pages(request, 1)[0]
-    kept = [(page_of[1][p], windowed[p]) for p in range(5) if windowed[p] >= 0]
-    assert len(kept) >= 2  # the window holds the prompt's last pages
-    s.assert_moved(1, kept)
+    assert [page >= 0 for page in windowed[:5]] == [p >= window for p in range(5)]
+    s.assert_moved(1, [(page_of[1][p], windowed[p]) for p in range(window, 5)])
 
-    # Pages 0 and 1, which the window released during the admission, stay registered: a shorter prompt adopts them
-    # as its window and finds the prompt's values.
+    # A shorter prompt: the device has its full-attention pages (the request's, cached) but not its window (pages 0
+    # and 1, which the admission above did not need): it holds the former and onboards only the latter.
     s.pages.free(request)
+    s.tiered.reset_stats()
     adopter = s.pages.create()
-    assert s.tiered.admit(adopter, prompt[:2 * P + 1]).device_tokens == 2 * P
-    window = s.pages.pages(adopter, 1)[0]
-    assert min(window[:2]) >= 0
-    s.assert_moved(1, zip(page_of[1][:2], window[:2]))
+    partly = s.tiered.admit(adopter, prompt[:2 * P + 1])
+    assert (partly.device_tokens, partly.host_tokens, s.tiered.stats().onboarded_pages) == (0, 2 * P, 2)
+    assert s.pages.pages(adopter, 0)[0][:2] == full[:2]
+    s.assert_moved(0, zip(page_of[0][:2], full[:2]))
+    window_pages = s.pages.pages(adopter, 1)[0]
+    assert min(window_pages[:2]) >= 0
+    s.assert_moved(1, zip(page_of[1][:2], window_pages[:2]))
+    s.pages.check_invariants()
     s.tiered.check_invariants()
 
 

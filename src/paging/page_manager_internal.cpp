@@ -1,8 +1,12 @@
-// The library's own access to a PageManager: hashNextPages() with what an append needs to take its hashes, and that
-// append.
+// The library's own access to a PageManager: hashNextPages() with what a run adopted by its hashes needs, and that
+// adoption's checks.
 #include "paging/page_manager_internal.h"
 
 #include "paging/page_manager_state.h"
+
+#include "kvcache/core/errors.h"
+
+#include <fmt/format.h>
 
 namespace kvcache::rt::detail
 {
@@ -21,12 +25,41 @@ NextPageHashes PageManagerInternal::hashNextPages(PageManager const& manager, Se
     return known;
 }
 
-StepCopies PageManagerInternal::appendHashed(
-    PageManager& manager, SequenceAppend const& append, NextPageHashes const& known)
+bool PageManagerInternal::hasPage(PageManager const& manager, int32_t group, PageHash hash) noexcept
+{
+    return manager.mState->prefix.find(group, hash) != PageHashTable::kNONE_PAGE;
+}
+
+int32_t PageManagerInternal::firstNeededPage(PageManager const& manager, int32_t group, int32_t pages) noexcept
+{
+    PageManager::State const& s = *manager.mState;
+    return s.policies[static_cast<size_t>(group)].firstAdopted(pages, s.tokensPerPage);
+}
+
+bool PageManagerInternal::adoptRun(
+    PageManager& manager, NextPageHashes const& known, int32_t pages, std::vector<std::vector<FreshPage>>& fresh)
 {
     PageManager::State& s = *manager.mState;
-    s.checkKnownHashes(append, known);
-    return s.step(&append, 1, &known);
+    int32_t const row = s.sequences.rowOf(known.sequence, "adoptRun");
+    SequenceState const& sequence = s.sequences[row];
+    if (!s.prefix.enabled())
+    {
+        throw InvalidArgumentError(
+            "PageManager::adoptRun: prefix caching is off; a run is adopted by its hashes (enablePrefixCaching)");
+    }
+    if (int64_t{sequence.length} != int64_t{known.firstPage} * s.tokensPerPage || sequence.lastHash != known.parent)
+    {
+        throw InvalidArgumentError(fmt::format("PageManager::adoptRun: sequence {} has {} tokens; the run's hashes "
+                                               "continue {} whole pages of {} tokens ({} tokens) and their hash chain",
+            known.sequence, sequence.length, known.firstPage, s.tokensPerPage,
+            int64_t{known.firstPage} * s.tokensPerPage));
+    }
+    if (pages < 1 || pages > known.count || known.hashes == nullptr)
+    {
+        throw InvalidArgumentError(fmt::format(
+            "PageManager::adoptRun: pages is {}; it must be in [1, {}] (the pages hashed)", pages, known.count));
+    }
+    return s.adoptRun(row, known, pages, fresh);
 }
 
 } // namespace kvcache::rt::detail

@@ -1,5 +1,5 @@
-// Prefix reuse across the parts: adoptPrefix() (hash the prompt, look its pages up in every group, hold them) and
-// hashNextPages().
+// Prefix reuse across the parts: adoptPrefix() (hash the prompt, look its pages up in every group, hold them),
+// hashNextPages(), and adoptRun() (a run of pages each group has or fills fresh from another tier).
 #include "paging/page_manager_state.h"
 
 #include "kvcache/core/errors.h"
@@ -161,6 +161,111 @@ int32_t PageManager::State::windowedServedPages() const
         }
     }
     return pages;
+}
+
+bool PageManager::State::runFits(int32_t row, detail::NextPageHashes const& known, int32_t pages) const
+{
+    SequenceState const& sequence = sequences[row];
+    int32_t const first = known.firstPage;
+    int32_t const end = first + pages;
+    for (int32_t g = 0; g < numGroups(); ++g)
+    {
+        PagePool const& pool = pools[static_cast<size_t>(g)];
+        int32_t const window = policies[static_cast<size_t>(g)].firstAdopted(end, tokensPerPage);
+        int64_t fresh = 0;
+        int64_t available = pool.available();
+        for (int32_t p = std::max(first, window); p < end; ++p)
+        {
+            int32_t const page = prefix.find(g, known.hashes[p - first]);
+            if (page == PageHashTable::kNONE_PAGE)
+            {
+                ++fresh;
+            }
+            else if (pool.holders(page) == 0)
+            {
+                --available; // cached now, held by the run
+            }
+        }
+        // Pages of the adopted prefix out of the new window are released first: available when this was their holder.
+        int32_t const* entries = sequences.entries(g, row);
+        for (int32_t e = sequence.firstHeld[static_cast<size_t>(g)]; e < std::min(first, window); ++e)
+        {
+            available += pool.holders(entries[e]) == 1 ? 1 : 0;
+        }
+        if (fresh > available)
+        {
+            return false;
+        }
+    }
+    return true;
+}
+
+bool PageManager::State::adoptRun(
+    int32_t row, detail::NextPageHashes const& known, int32_t pages, std::vector<std::vector<detail::FreshPage>>& fresh)
+{
+    if (!runFits(row, known, pages))
+    {
+        return false;
+    }
+    fresh.resize(static_cast<size_t>(numGroups()));
+    SequenceState& sequence = sequences[row];
+    int32_t const first = known.firstPage;
+    int32_t const end = first + pages;
+    for (int32_t g = 0; g < numGroups(); ++g)
+    {
+        PagePool& pool = pools[static_cast<size_t>(g)];
+        std::vector<detail::FreshPage>& taken = fresh[static_cast<size_t>(g)];
+        taken.clear();
+        int32_t* entries = sequences.entries(g, row);
+        int32_t const window = policies[static_cast<size_t>(g)].firstAdopted(end, tokensPerPage);
+        int32_t& held = sequence.firstHeld[static_cast<size_t>(g)];
+        // Released before anything is taken, as a step releases its windows' pages before it takes new ones.
+        for (; held < std::min(first, window); ++held)
+        {
+            releasePage(g, entries[held]);
+            entries[held] = kUNUSED_PAGE_ENTRY;
+        }
+        held = std::max(held, window);
+        int32_t const needed = std::max(first, window);
+        std::fill(entries + first, entries + needed, kUNUSED_PAGE_ENTRY);
+        // The group's own pages are held before any page is taken: taking evicts cached pages, never a held one.
+        for (int32_t p = needed; p < end; ++p)
+        {
+            int32_t const page = prefix.find(g, known.hashes[p - first]);
+            if (page != PageHashTable::kNONE_PAGE)
+            {
+                pool.hold(page);
+            }
+            entries[p] = page == PageHashTable::kNONE_PAGE ? kUNUSED_PAGE_ENTRY : page;
+        }
+        for (int32_t p = needed; p < end; ++p)
+        {
+            if (entries[p] == kUNUSED_PAGE_ENTRY)
+            {
+                int32_t const page = takePage(g);
+                prefix.registerPage(g, page, known.hashes[p - first]);
+                entries[p] = page;
+                taken.push_back(detail::FreshPage{p, page});
+            }
+        }
+    }
+    sequence.length = end * tokensPerPage;
+    sequence.lastHash = known.hashes[pages - 1];
+    if (cuts.enabled())
+    {
+        std::copy(known.hashes, known.hashes + pages, sequences.hashes(row) + first);
+        // The cuts adoptPrefix() left for the sequence's pages to reach, where the run passed them, and the run's own.
+        for (int32_t const cut : {sequence.matchCut, sequence.promptCut})
+        {
+            if (cut > first && cut < end)
+            {
+                makeCut(row, cut);
+            }
+        }
+        makeCut(row, end);
+    }
+    prefix.notifyEvictions();
+    return true;
 }
 
 int32_t PageManager::State::hashNextPages(

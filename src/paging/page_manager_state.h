@@ -122,14 +122,10 @@ struct PageManager::State
 
     // Operations ---------------------------------------------------------------------------------------------------
 
-    //! step(), taking the hashes of `known`'s pages from it (detail::PageManagerInternal::appendHashed) when it is not
-    //! null: the appends must have been checked against it (checkKnownHashes).
-    StepCopies step(SequenceAppend const* appends, int32_t count, detail::NextPageHashes const* known = nullptr);
-    //! Throws InvalidArgumentError when `append` cannot take its hashes from `known` (appendHashed's checks).
-    void checkKnownHashes(SequenceAppend const& append, detail::NextPageHashes const& known) const;
+    StepCopies step(SequenceAppend const* appends, int32_t count);
     void releaseOutOfWindow(int32_t row);
-    void appendOne(SequenceAppend const& append, int32_t row, detail::NextPageHashes const* known);
-    void registerFilledPages(SequenceAppend const& append, int32_t row, detail::NextPageHashes const* known);
+    void appendOne(SequenceAppend const& append, int32_t row);
+    void registerFilledPages(SequenceAppend const& append, int32_t row);
     //! Returns the hash of the page [start, start + tokensPerPage) the append fills, its extra keys those the sequence
     //! kept for it and the append's in it; forgets the kept ones.
     PageHash hashFilledPage(
@@ -137,6 +133,11 @@ struct PageManager::State
     int32_t adoptPrefix(int32_t row, int32_t const* tokens, int32_t count, PageExtraKey const* keys, int32_t numKeys);
     //! Returns how many whole prompt pages (of promptHashes) every windowed group can serve.
     int32_t windowedServedPages() const;
+    //! detail::PageManagerInternal::adoptRun, its arguments checked; fresh[g] is cleared and filled.
+    bool adoptRun(int32_t row, detail::NextPageHashes const& known, int32_t pages,
+        std::vector<std::vector<detail::FreshPage>>& fresh);
+    //! Returns whether every group can give adoptRun() the fresh pages it needs for `end` pages of `known`.
+    bool runFits(int32_t row, detail::NextPageHashes const& known, int32_t end) const;
     int32_t hashNextPages(
         int32_t row, int32_t const* tokens, int32_t count, PageHash* out, PageExtraKey const* keys, int32_t numKeys);
     void checkInvariants() const;

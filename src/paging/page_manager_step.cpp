@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <stdexcept>
 
 namespace kvcache::rt
 {
@@ -184,7 +183,7 @@ void PageManager::State::countStep(
     }
 }
 
-StepCopies PageManager::State::step(SequenceAppend const* appends, int32_t count, detail::NextPageHashes const* known)
+StepCopies PageManager::State::step(SequenceAppend const* appends, int32_t count)
 {
     checkStep(appends, count);
     countStep(appends, count, stepNeeded.data(), stepReleased.data());
@@ -215,8 +214,7 @@ StepCopies PageManager::State::step(SequenceAppend const* appends, int32_t count
     }
     for (int32_t i = 0; i < count; ++i)
     {
-        bool const isKnown = known != nullptr && appends[i].sequence == known->sequence;
-        appendOne(appends[i], SequenceTable::rowOfLive(appends[i].sequence), isKnown ? known : nullptr);
+        appendOne(appends[i], SequenceTable::rowOfLive(appends[i].sequence));
     }
     StepCopies const result(copies.data(), numGroups());
     prefix.notifyEvictions();
@@ -244,26 +242,7 @@ void PageManager::State::releaseOutOfWindow(int32_t row)
     }
 }
 
-void PageManager::State::checkKnownHashes(SequenceAppend const& append, detail::NextPageHashes const& known) const
-{
-    // The page the append starts in must lie in the known run or just after it, and the chain must be the one the
-    // known hashes continue.
-    SequenceState const& sequence = sequences[sequences.rowOf(append.sequence, "appendHashed")];
-    int32_t const page = sequence.length >> pageShift;
-    int64_t const index = int64_t{page} - known.firstPage;
-    bool const inRun = append.sequence == known.sequence && index >= 0 && index <= known.count
-        && (known.count == 0 || known.hashes != nullptr);
-    if (!inRun || sequence.lastHash != (index == 0 ? known.parent : known.hashes[static_cast<size_t>(index - 1)]))
-    {
-        throw InvalidArgumentError(fmt::format(
-            "PageManager::appendHashed: sequence {} has {} tokens and the hashes are of pages [{}, {}) of sequence "
-            "{}; the sequence must be theirs, hold between {} and {} whole pages and continue their hash chain",
-            append.sequence, sequence.length, known.firstPage, int64_t{known.firstPage} + known.count, known.sequence,
-            known.firstPage, int64_t{known.firstPage} + known.count));
-    }
-}
-
-void PageManager::State::appendOne(SequenceAppend const& append, int32_t row, detail::NextPageHashes const* known)
+void PageManager::State::appendOne(SequenceAppend const& append, int32_t row)
 {
     if (append.count == 0)
     {
@@ -295,7 +274,7 @@ void PageManager::State::appendOne(SequenceAppend const& append, int32_t row, de
     }
     if (prefix.enabled())
     {
-        registerFilledPages(append, row, known);
+        registerFilledPages(append, row);
     }
     sequence.length = static_cast<int32_t>(length + append.count);
 }
@@ -321,12 +300,10 @@ PageHash PageManager::State::hashFilledPage(
     return hash;
 }
 
-void PageManager::State::registerFilledPages(
-    SequenceAppend const& append, int32_t row, detail::NextPageHashes const* known)
+void PageManager::State::registerFilledPages(SequenceAppend const& append, int32_t row)
 {
-    // Tokens gather in the partial-page buffer; each page that fills is hashed (or its hash taken from `known`) and
-    // registered in every group. Whole pages of an append without extra keys are hashed a chunk at a time through
-    // chain(), its fastest path.
+    // Tokens gather in the partial-page buffer; each page that fills is hashed and registered in every group. Whole
+    // pages of an append without extra keys are hashed a chunk at a time through chain(), its fastest path.
     constexpr int32_t kCHAIN_PAGES = 32;
     PageHash chained[kCHAIN_PAGES];
     int32_t numChained = 0;
@@ -354,22 +331,8 @@ void PageManager::State::registerFilledPages(
         }
         int32_t const start = static_cast<int32_t>(position - tokensPerPage);
         int32_t const pageIndex = start >> pageShift;
-        int64_t const knownIndex = known == nullptr ? -1 : int64_t{pageIndex} - known->firstPage;
         PageHash hash{};
-        if (knownIndex >= 0 && knownIndex < known->count)
-        {
-            hash = known->hashes[knownIndex];
-#ifndef NDEBUG
-            if (hash != hashFilledPage(sequence, append, pageTokens, start))
-            {
-                throw std::logic_error(fmt::format("PageManager::appendHashed: page {} of sequence {} was given a hash "
-                                                   "other than its tokens and extra keys make",
-                    pageIndex, append.sequence));
-            }
-#endif
-            sequence.pendingKeys.clear();
-        }
-        else if (whole && append.numExtraKeys == 0 && sequence.pendingKeys.empty())
+        if (whole && append.numExtraKeys == 0 && sequence.pendingKeys.empty())
         {
             if (nextChained == numChained)
             {

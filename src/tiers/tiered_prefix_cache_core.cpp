@@ -1,6 +1,7 @@
 // TieredPrefixCache's bookkeeping: evictions recorded by the callback and offloaded once the manager's call returned,
-// admissions that adopt the device's prefix and onboard the host's run in pieces, and the checks of a layout and of
-// the host tiers' sizes. Host only: transfers go through a TierMover.
+// admissions that adopt the device's prefix and then a run the device and the host hold between them, onboarding
+// what the host holds, and the checks of a layout and of the host tiers' sizes. Host only: transfers go through a
+// TierMover.
 #include "tiers/tiered_prefix_cache_core.h"
 
 #include "kvcache/core/errors.h"
@@ -84,8 +85,6 @@ TieredPrefixCacheCore::TieredPrefixCacheCore(PageManager& pages, std::vector<int
     KVCacheLayout const& layout = pages.layout();
     checkNumHostPages(layout, numHostPages);
     mTokensPerPage = layout.tokensPerPage;
-    mPieceTokens = layout.maxTokensPerStep >= mTokensPerPage ? layout.maxTokensPerStep / mTokensPerPage * mTokensPerPage
-                                                             : layout.maxTokensPerStep;
     int64_t const pagesPerSequence = (int64_t{layout.maxSequenceLength} + mTokensPerPage - 1) / mTokensPerPage;
     mHashes.resize(static_cast<size_t>(pagesPerSequence));
     mGroups.reserve(layout.groups.size());
@@ -94,12 +93,13 @@ TieredPrefixCacheCore::TieredPrefixCacheCore(PageManager& pages, std::vector<int
         auto const numPages = static_cast<size_t>(layout.groups[g].numPages);
         // A group's evictions between two offloads are distinct pages (recordEviction replaces a page's older
         // record), and an offload or an onboard lists at most every page once: numPages bounds every list.
-        Group group{HostPageMap(numHostPages[g]), {}, std::vector<int32_t>(numPages, -1), {}, {},
-            std::vector<int32_t>(static_cast<size_t>(pagesPerSequence), HostPageMap::kNONE)};
+        Group group{HostPageMap(numHostPages[g]), layout.groups[g].slidingWindow != 0, {},
+            std::vector<int32_t>(numPages, -1), {}, {}, std::vector<int32_t>(static_cast<size_t>(pagesPerSequence), kUNKNOWN)};
         group.pending.reserve(numPages);
         group.entries.reserve(numPages);
         group.pinned.reserve(numPages);
         mGroups.push_back(std::move(group));
+        mFresh.emplace_back().reserve(static_cast<size_t>(pagesPerSequence));
     }
     // Last, once nothing can throw any more: a failed construction leaves the manager's callback as it was.
     pages.setEvictionCallback(
@@ -303,6 +303,34 @@ TieredAdmission TieredPrefixCacheCore::admit(TierMover& mover, SequenceId sequen
     return TieredAdmission{deviceTokens, hostTokens, computeTokens};
 }
 
+int32_t TieredPrefixCacheCore::source(int32_t group, int32_t index)
+{
+    Group& state = mGroups[static_cast<size_t>(group)];
+    int32_t& found = state.runHostPages[static_cast<size_t>(index)];
+    if (found == kUNKNOWN)
+    {
+        PageHash const hash = mHashes[static_cast<size_t>(index)];
+        found = PageManagerInternal::hasPage(*mPages, group, hash) ? kON_DEVICE : state.map.find(hash);
+    }
+    return found;
+}
+
+bool TieredPrefixCacheCore::runIsThere(NextPageHashes const& known, int32_t pages)
+{
+    for (int32_t g = 0; g < numGroups(); ++g)
+    {
+        int32_t const window = PageManagerInternal::firstNeededPage(*mPages, g, known.firstPage + pages);
+        for (int32_t p = std::max(0, window - known.firstPage); p < pages; ++p)
+        {
+            if (source(g, p) == HostPageMap::kNONE)
+            {
+                return false;
+            }
+        }
+    }
+    return true;
+}
+
 int32_t TieredPrefixCacheCore::onboardRun(TierMover& mover, SequenceId sequence, int32_t const* tokens, int32_t count,
     int32_t length, PageExtraKey const* keys, int32_t numKeys)
 {
@@ -314,87 +342,67 @@ int32_t TieredPrefixCacheCore::onboardRun(TierMover& mover, SequenceId sequence,
     }
     auto const runTokens = static_cast<int32_t>(maxPages * mTokensPerPage);
     KeySlice const after = keysIn(keys, numKeys, length, int64_t{length} + runTokens);
-    NextPageHashes known = PageManagerInternal::hashNextPages(
+    NextPageHashes const known = PageManagerInternal::hashNextPages(
         *mPages, sequence, tokens + length, runTokens, mHashes.data(), after.keys, after.count);
-    // The run is what every group's tier holds from its first page on; each lookup keeps its host page for the pins
-    // and the onboards.
     for (Group& group : mGroups)
     {
-        int32_t held = 0;
-        for (; held < known.count; ++held)
-        {
-            int32_t const hostPage = group.map.find(mHashes[static_cast<size_t>(held)]);
-            if (hostPage == HostPageMap::kNONE)
-            {
-                break;
-            }
-            group.runHostPages[static_cast<size_t>(held)] = hostPage;
-        }
-        known.count = held;
+        std::fill(group.runHostPages.begin(), group.runHostPages.begin() + known.count, kUNKNOWN);
     }
-    if (known.count == 0)
+    // A run of k pages is there when every page the sequence then needs is on the device or on the host in every
+    // group: all k in full attention, those of the window before the run's end in a windowed group. The first page a
+    // full-attention group has nowhere bounds k; the longest run that is there and whose fresh pages the device can
+    // give is adopted.
+    int32_t pages = known.count;
+    for (int32_t g = 0; g < numGroups(); ++g)
+    {
+        for (int32_t p = 0; p < pages && !mGroups[static_cast<size_t>(g)].windowed; ++p)
+        {
+            if (source(g, p) == HostPageMap::kNONE)
+            {
+                pages = p;
+            }
+        }
+    }
+    while (pages > 0 && !(runIsThere(known, pages) && PageManagerInternal::adoptRun(*mPages, known, pages, mFresh)))
+    {
+        --pages;
+    }
+    if (pages == 0)
     {
         return 0;
     }
-    // Pinned so that the offloads of the run's own evictions cannot give its host pages up before they are read.
-    for (Group& group : mGroups)
+    // The fresh pages' host pages are pinned so that the offloads of the adoption's own evictions cannot give them up
+    // before they are read.
+    for (int32_t g = 0; g < numGroups(); ++g)
     {
-        for (int32_t p = 0; p < known.count; ++p)
+        for (FreshPage const& fresh : mFresh[static_cast<size_t>(g)])
         {
-            group.map.pin(group.runHostPages[static_cast<size_t>(p)]);
+            if (source(g, fresh.index - known.firstPage) < 0)
+            {
+                throw std::logic_error(fmt::format(
+                    "{}: group {} took a fresh page for page {} of the run, which no host page holds", kWHAT, g,
+                    fresh.index));
+            }
         }
     }
-    int32_t appended = 0;
+    for (int32_t g = 0; g < numGroups(); ++g)
+    {
+        for (FreshPage const& fresh : mFresh[static_cast<size_t>(g)])
+        {
+            mGroups[static_cast<size_t>(g)].map.pin(source(g, fresh.index - known.firstPage));
+        }
+    }
     try
     {
-        appended = appendAndOnboard(mover, tokens, known, keys, numKeys);
-    }
-    catch (...)
-    {
-        unpinRun(known.count);
-        throw;
-    }
-    unpinRun(known.count);
-    return appended;
-}
-
-int32_t TieredPrefixCacheCore::appendAndOnboard(
-    TierMover& mover, int32_t const* tokens, NextPageHashes const& known, PageExtraKey const* keys, int32_t numKeys)
-{
-    // The pages were hashed for the host lookup: the appends register them under those hashes without hashing again.
-    int64_t const tokensPerPage = mTokensPerPage;
-    int64_t const length = int64_t{known.firstPage} * tokensPerPage;
-    int64_t const total = int64_t{known.count} * tokensPerPage;
-    int64_t done = 0;
-    while (done < total)
-    {
-        int64_t const start = length + done;
-        int64_t const pieceTokens = std::min<int64_t>(mPieceTokens, total - done);
-        KeySlice const slice = keysIn(keys, numKeys, start, start + pieceTokens);
-        SequenceAppend const piece{
-            known.sequence, tokens + start, static_cast<int32_t>(pieceTokens), slice.keys, slice.count};
-        if (!mPages->canStep(&piece, 1))
-        {
-            break;
-        }
-        StepCopies const copies = PageManagerInternal::appendHashed(*mPages, piece, known);
-        // The pieces's evictions leave before anything is written: a page it evicted may be one it took.
+        // The adoption's evictions leave before anything is written: a page it evicted may be one it took.
         offloadEvicted(mover);
-        runCopies(mover, copies);
-        // Pages the piece took: the entries from the first one starting at or after `start` to the one holding its
-        // last token. A page taken by a piece that ends inside it gets its whole host page now; the next piece fills
-        // it no further on the device (the tokens are the same).
-        int64_t const firstPage = (start + tokensPerPage - 1) / tokensPerPage;
-        int64_t const endPage = (start + pieceTokens + tokensPerPage - 1) / tokensPerPage;
         for (int32_t g = 0; g < numGroups(); ++g)
         {
             Group& group = mGroups[static_cast<size_t>(g)];
-            int32_t const* const held = mPages->pages(known.sequence, g).pages;
             group.entries.clear();
-            for (int64_t p = firstPage; p < endPage; ++p)
+            for (FreshPage const& fresh : mFresh[static_cast<size_t>(g)])
             {
-                group.entries.push_back(
-                    HostTierEntry{held[p], group.runHostPages[static_cast<size_t>(p - known.firstPage)]});
+                group.entries.push_back(HostTierEntry{fresh.page, source(g, fresh.index - known.firstPage)});
             }
             if (!group.entries.empty())
             {
@@ -402,24 +410,26 @@ int32_t TieredPrefixCacheCore::appendAndOnboard(
                 mStats.onboardedPages += static_cast<int64_t>(group.entries.size());
             }
         }
-        done += pieceTokens;
     }
-    return static_cast<int32_t>(done);
+    catch (...)
+    {
+        unpinFresh(known);
+        throw;
+    }
+    unpinFresh(known);
+    return pages * mTokensPerPage;
 }
 
-void TieredPrefixCacheCore::unpinRun(int32_t runPages) noexcept
+void TieredPrefixCacheCore::unpinFresh(NextPageHashes const& known) noexcept
 {
     // Last page first, so that the run's first pages end up the most recently used: a run is only usable from its
     // start, so its later pages should be the first ones given up.
-    for (Group& group : mGroups)
+    for (int32_t g = 0; g < numGroups(); ++g)
     {
-        for (int32_t p = runPages - 1; p >= 0; --p)
+        std::vector<FreshPage> const& fresh = mFresh[static_cast<size_t>(g)];
+        for (auto page = fresh.rbegin(); page != fresh.rend(); ++page)
         {
-            int32_t const hostPage = group.runHostPages[static_cast<size_t>(p)];
-            if (group.map.pinCount(hostPage) > 0)
-            {
-                group.map.unpin(hostPage);
-            }
+            mGroups[static_cast<size_t>(g)].map.unpin(source(g, page->index - known.firstPage));
         }
     }
 }

@@ -1,7 +1,8 @@
 #pragma once
 
 // The bookkeeping of a TieredPrefixCache, host only: the eviction callback's records, each group's hash -> host page
-// map, what an admission onboards and in which pieces, and the order of the transfers, which it asks of a TierMover.
+// map, which run an admission adopts and what of it it onboards, and the order of the transfers, which it asks of a
+// TierMover.
 // TieredPrefixCache gives it a mover over HostTier and copyPages; host tests give it one that models device and host
 // pages, so every decision is checked without a GPU.
 
@@ -106,15 +107,19 @@ private:
     struct Group
     {
         HostPageMap map;
+        bool windowed = false;
         std::vector<Eviction> pending;
         //! Per device page: its position in `pending`, or -1.
         std::vector<int32_t> pendingIndex;
         std::vector<HostTierEntry> entries;
         //! Host pages an offload pinned while its list was put together.
         std::vector<int32_t> pinned;
-        //! The host page of each page of an admission's run.
+        //! Where each page of an admission's run is: kUNKNOWN (not looked up yet), kON_DEVICE, a host page, or
+        //! HostPageMap::kNONE (nowhere).
         std::vector<int32_t> runHostPages;
     };
+    static constexpr int32_t kUNKNOWN = -3;
+    static constexpr int32_t kON_DEVICE = -2;
     //! A slice of extra keys.
     struct KeySlice
     {
@@ -128,22 +133,23 @@ private:
     void offloadEvicted(TierMover& mover);
     void offloadGroup(TierMover& mover, int32_t group);
     void runCopies(TierMover& mover, StepCopies const& copies);
-    //! Looks the pages after `length` up in the host tiers, appends and onboards the run found; returns its tokens.
+    //! Adopts the longest run of pages after `length` that the device and the host tiers hold between them
+    //! (PageManagerInternal::adoptRun) and onboards its fresh pages from the host; returns its tokens.
     int32_t onboardRun(TierMover& mover, SequenceId sequence, int32_t const* tokens, int32_t count, int32_t length,
         PageExtraKey const* keys, int32_t numKeys);
-    //! Appends the run `known` (the hashes of its pages, as many as every group's tier holds) in pieces and onboards
-    //! each piece's pages; returns the tokens appended.
-    int32_t appendAndOnboard(TierMover& mover, int32_t const* tokens, NextPageHashes const& known,
-        PageExtraKey const* keys, int32_t numKeys);
-    void unpinRun(int32_t runPages) noexcept;
+    //! Returns where page `index` of the run in mHashes is in `group` (Group::runHostPages), looking it up once.
+    int32_t source(int32_t group, int32_t index);
+    //! Returns whether every page a run of `pages` pages needs is on the device or the host, in every group.
+    bool runIsThere(NextPageHashes const& known, int32_t pages);
+    void unpinFresh(NextPageHashes const& known) noexcept;
     static KeySlice keysIn(PageExtraKey const* keys, int32_t numKeys, int64_t begin, int64_t end) noexcept;
 
     PageManager* mPages = nullptr;
     int32_t mTokensPerPage = 0;
-    //! Tokens of one append of an onboarded run: maxTokensPerStep, rounded down to whole pages when it holds one.
-    int32_t mPieceTokens = 0;
     std::vector<Group> mGroups;
     std::vector<PageHash> mHashes;
+    //! The fresh pages of an admission's run, per group.
+    std::vector<std::vector<FreshPage>> mFresh;
     TieredPrefixCacheStats mStats;
 };
 

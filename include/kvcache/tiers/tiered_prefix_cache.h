@@ -18,9 +18,8 @@ namespace kvcache::rt
 struct TieredPrefixCacheOptions
 {
     //! Host pages of each page group's tier, one entry per group of the cache, each in [1, INT32_MAX]. Every group
-    //! needs a tier, windowed groups included: a run onboarded from the host appends its pages in every group, and
-    //! each such page is registered under its hash (a later prompt may adopt it), so every group must be able to
-    //! fill it.
+    //! needs a tier, windowed groups included: a run brought back from the host needs, in a windowed group, the pages
+    //! of the window at the run's end.
     std::vector<int64_t> numHostPages = {};
     //! How each tier pins its memory and stages copy-engine transfers (one setting for every tier; each tier
     //! allocates its own staging buffer).
@@ -33,7 +32,8 @@ struct TieredAdmission
 {
     //! Tokens adopted from pages cached on the device (PageManager::adoptPrefix).
     int32_t deviceTokens = 0;
-    //! Tokens after those, onboarded from the host tiers into fresh pages registered under the same hashes.
+    //! Tokens after those, in a run brought back with pages from the host tiers (onboarded into fresh pages
+    //! registered under the same hashes); the run's pages the device still had are held, not copied.
     int32_t hostTokens = 0;
     //! count - deviceTokens - hostTokens: at least 1 for a prompt of at least one token.
     int32_t computeTokens = 0;
@@ -59,7 +59,7 @@ struct TieredPrefixCacheStats
     int64_t droppedPages = 0;
     //! Host pages whose page was dropped, least recently used first, to make room for an offload, all groups.
     int64_t evictedHostPages = 0;
-    //! Host pages copied into fresh device pages by admissions, all groups.
+    //! Host pages copied into fresh device pages by admissions, all groups (a run's pages the device had are not).
     int64_t onboardedPages = 0;
 };
 
@@ -74,16 +74,18 @@ struct TieredPrefixCacheStats
 //!   is not copied again. When a group's tier has no free host page, the least recently used host page is given up
 //!   (evictedHostPages); host pages an onboard of the same call reads are pinned and never given up.
 //! - Onboard (admit()). A prompt first adopts what the device holds (PageManager::adoptPrefix); the hashes of the
-//!   following whole pages (PageManager::hashNextPages) are then looked up in every group's tier, and the longest
-//!   run that every group holds (at most count - 1 tokens in all, so that the runtime computes the last prompt token)
-//!   is appended to the sequence (fresh pages, registered under the same hashes, so later prompts adopt them from the
-//!   device) in pieces of at most maxTokensPerStep tokens, each piece's host pages onboarded into its pages on the
-//!   stream right after the piece's evictions were offloaded. A piece that would run out of device pages
-//!   (PageManager::canStep) is not appended: the run stops there and the runtime computes the rest.
-//! - Windowed page groups keep their own tier like any group (TieredPrefixCacheOptions::numHostPages says why). A run
-//!   counts as held by the host only where every group's tier holds it; a windowed group's pages of the run are all
-//!   onboarded, also those its window releases before the prompt's end (they stay registered, and so must hold their
-//!   bytes).
+//!   following whole pages (PageManager::hashNextPages) are then looked up on the device and in each group's tier,
+//!   and the longest run (at most count - 1 tokens in all, so that the runtime computes the last prompt token) whose
+//!   every needed page one of them holds is taken: in a full-attention group every page of the run, in a windowed
+//!   group the pages of the window before the run's end (the earlier ones are not taken, as a window that moved past
+//!   them leaves them). The run is adopted whole, in one manager call whatever maxTokensPerStep is: each page the
+//!   device has is held (as adoptPrefix holds it), each other one is a fresh page registered under its hash, so later
+//!   prompts adopt it from the device. The evictions that made room are offloaded first, then each group's host pages
+//!   are onboarded into its fresh pages in one HostTier::onboard, on the stream; those host pages are pinned until
+//!   then. When the device cannot give a run's fresh pages (free and cached pages less those the run holds), the
+//!   longest shorter run it can is taken.
+//! - Hybrid caches: a prefix whose full-attention pages are still cached on the device but whose window a windowed
+//!   group evicted (the smaller group evicts sooner) is served by holding the former and onboarding the window only.
 //!
 //! Ordering: everything is enqueued on the stream a call is given, in the order above; the runtime enqueues the
 //! step's kernels (which read onboarded pages and write new ones) on that stream after the call, or orders them after
