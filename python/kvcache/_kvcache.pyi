@@ -170,6 +170,32 @@ class KVLayerConfig:
 
     def __eq__(self, arg: object, /) -> bool: ...
 
+class LayerScales:
+    """
+    A layer's host-held scales (KVCacheManager.layer_scales): the FP8_PER_TENSOR decode scales k_scale / v_scale (finite, >= 0) or the NVFP4 global decode scales of K and V (finite, > 0), float32. A latent layer has no V: its v is kept and unused. KVCacheManager.set_layer_scales checks them.
+    """
+
+    def __init__(self, k: float = 1.0, v: float = 1.0) -> None:
+        """Both scales default to 1; a float beyond float32's range raises InvalidArgumentError."""
+
+    @property
+    def k(self) -> float:
+        """K scale (float32)."""
+
+    @k.setter
+    def k(self, arg: float, /) -> None: ...
+
+    @property
+    def v(self) -> float:
+        """V scale (float32; unused for a latent layer)."""
+
+    @v.setter
+    def v(self, arg: float, /) -> None: ...
+
+    def __repr__(self) -> str: ...
+
+    def __eq__(self, arg: object, /) -> bool: ...
+
 class Config:
     """
     What a KVCacheManager allocates: one buffer per attention layer, each [2, num_pages, tokens_per_page, H_i, D_i]. Every field is checked by compute_layout(), which raises InvalidConfigError.
@@ -234,7 +260,7 @@ class Config:
     @property
     def quantization(self) -> KVQuantization:
         """
-        How values are stored and scaled; FP8 formats need kv_cache_type FP8_E4M3, NVFP4 needs UINT8 and every head_dim a multiple of NVFP4_BLOCK_VALUES. KVCacheManager refuses every format but NONE for now.
+        How values are stored and scaled; FP8 formats need kv_cache_type FP8_E4M3, NVFP4 needs UINT8 and every head_dim a multiple of NVFP4_BLOCK_VALUES. KVCacheManager keeps the scales (scale_pool_view, layer_scales).
         """
 
     @quantization.setter
@@ -565,6 +591,29 @@ class KVCacheManager:
         K and V views, each [max_batch_size, slot_tokens, H, D] (V empty for a latent layer).
         """
 
+    def scale_pool_view(self, layer: int) -> View:
+        """
+        Scale pool view of a layer, zero-copy, K scales then V scales (view[0], view[1]), as FlashInfer's kv_cache_sf:
+        [num_halves, num_pages, tokens_per_page, H] float32 (FP8_PER_TOKEN_HEAD: a scale a page, token and head) or
+        [num_halves, num_pages, tokens_per_page, H, head_dim / 16] FP8 E4M3 (NVFP4: a block scale a 16 values);
+        num_halves is 1 for a latent layer. Raises OutOfRangeError for a bad index and InvalidArgumentError, naming
+        the quantization, for a cache without scale pools.
+        """
+
+    def layer_scales(self, layer: int) -> LayerScales:
+        """
+        A copy of the layer's host-held scales: FP8_PER_TENSOR's K and V decode scales or NVFP4's global scales, 1.0
+        until set (a latent layer's v is unused). Raises OutOfRangeError for a bad index and InvalidArgumentError,
+        naming the quantization, unless it is FP8_PER_TENSOR or NVFP4.
+        """
+
+    def set_layer_scales(self, layer: int, scales: LayerScales) -> None:
+        """
+        Sets the layer's host-held scales (FP8_PER_TENSOR: finite, >= 0; NVFP4: finite, > 0), which later writes
+        quantize with and sequence files record. Raises as layer_scales does, and InvalidArgumentError naming the
+        scale, its value and the limit; a refused call changes nothing.
+        """
+
     def k_pool_ptr(self, layer: int) -> int:
         """Address of the layer's K pool."""
 
@@ -882,13 +931,13 @@ def gpu_unavailable_reason() -> str:
     """Returns why no GPU can be used here, or an empty string when one can."""
 
 def write_tokens(cache: KVCacheManager, layer: int, k: DeviceArray, v: DeviceArray | None, token_addresses: DeviceArray, stream: StreamLike | None = None, *, count: DeviceArray | None = None, error_count: DeviceArray | None = None, group: int = -1) -> None:
-    """Writes k and v ([n, num_kv_heads, head_dim] CUDA tensors of float32, float16 or bfloat16, any strides with the last dimension contiguous; v None for a latent layer) into layer `layer`'s pages at `token_addresses` (CUDA int64 [n]: page * tokens_per_page + offset; negative skips the token), converting to the cache's type, in one launch on `stream` (default: the cache's). `count` (CUDA int32 [1]) limits the tokens on the device; `error_count` (CUDA int32 [1]) counts addresses past the layer's pages; `group` checks the addresses' page group. Graph-capturable."""
+    """Writes k and v ([n, num_kv_heads, head_dim] CUDA tensors of float32, float16 or bfloat16, any strides with the last dimension contiguous; v None for a latent layer) into layer `layer`'s pages at `token_addresses` (CUDA int64 [n]: page * tokens_per_page + offset; negative skips the token), converting to the cache's type (a quantized cache: quantized by docs/layout.md's rules, head_dim a multiple of 16, scales written where scale_pool_view shows them), in one launch on `stream` (default: the cache's). `count` (CUDA int32 [1]) limits the tokens on the device; `error_count` (CUDA int32 [1]) counts addresses past the layer's pages; `group` checks the addresses' page group. Graph-capturable."""
 
 def write_tokens_paged(cache: KVCacheManager, layer: int, k: DeviceArray, v: DeviceArray | None, indptr: DeviceArray, indices: DeviceArray, first_token: DeviceArray | None, positions: DeviceArray, stream: StreamLike | None = None, *, count: DeviceArray | None = None, error_count: DeviceArray | None = None, group: int = -1) -> None:
     """As write_tokens, each token placed by its (sequence, position) row of `positions` (CUDA int32 [n, 2]) in the CSR table indptr / indices / first_token of the layer's group (as PageTableBuffers builds them; first_token None means 0). Positions outside a row's pages are counted in error_count."""
 
 def read_tokens(cache: KVCacheManager, layer: int, k: DeviceArray, v: DeviceArray | None, token_addresses: DeviceArray, stream: StreamLike | None = None, *, count: DeviceArray | None = None, error_count: DeviceArray | None = None) -> None:
-    """Gathers the tokens at `token_addresses` of layer `layer` into k and v (contiguous CUDA tensors [n, num_kv_heads, head_dim] of float32, float16 or bfloat16; v None for a latent layer), converting from the cache's type, in one launch on `stream`. Rows of skipped or bad addresses are left as they were."""
+    """Gathers the tokens at `token_addresses` of layer `layer` into k and v (contiguous CUDA tensors [n, num_kv_heads, head_dim] of float32, float16 or bfloat16; v None for a latent layer), converting from the cache's type (dequantizing a quantized cache's values), in one launch on `stream`. Rows of skipped or bad addresses are left as they were."""
 
 HOST_TIER_KERNEL_MAX_BYTES: int = 4194304
 
@@ -982,6 +1031,12 @@ class SequenceFileInfo:
 
     @property
     def token_count(self) -> int: ...
+
+    @property
+    def layer_scales(self) -> list[LayerScales]:
+        """
+        The host-held scales the pages were written under, a LayerScales a layer of the geometry, for FP8_PER_TENSOR and NVFP4 (a latent layer's v is 0 and not compared: NVFP4's set_layer_scales needs any v > 0 for it); empty for the other quantizations. Set them with KVCacheManager.set_layer_scales before load_sequence into a cache whose scales differ.
+        """
 
 class HostTier:
     """

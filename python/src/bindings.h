@@ -23,7 +23,7 @@ void readOnlyFields(Class& cls, char const* name, Member member, Rest... rest)
 
 //! Registers the exception types and the translation of kvcache's C++ errors to them.
 void bindErrors(nb::module_& m);
-//! Registers the enums, KVLayerConfig, Config, the layout types and the budget functions.
+//! Registers the enums, KVLayerConfig, LayerScales, Config, the layout types and the budget functions.
 void bindConfig(nb::module_& m);
 //! Registers KVCacheManager, PageOpTarget, LayerRef and the page operations.
 void bindManager(nb::module_& m);

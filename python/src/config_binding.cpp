@@ -10,6 +10,8 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -93,6 +95,28 @@ void intField(nb::class_<Class>& cls, char const* name, Field Class::*member, ch
         [member, field](Class& self, int64_t value) { self.*member = toInt32(value, field.c_str()); }, doc);
 }
 
+//! Returns `value` as a float32 scale; throws InvalidArgumentError naming `field` for a finite value beyond float32's
+//! range (it would turn into an infinity). NaN, infinities and negative values pass: the cache's checks name them.
+float scaleOf(double value, char const* field)
+{
+    constexpr float kLARGEST = std::numeric_limits<float>::max();
+    if (std::isfinite(value) && std::fabs(value) > static_cast<double>(kLARGEST))
+    {
+        throw rt::InvalidArgumentError(fmt::format(
+            "{} is {}; it must fit in float32 (|value| <= {})", field, value, static_cast<double>(kLARGEST)));
+    }
+    return static_cast<float>(value);
+}
+
+//! A read-write float32 scale of LayerScales that takes any Python float and names the field when it is too large.
+void scaleField(nb::class_<rt::LayerScales>& cls, char const* name, float rt::LayerScales::*member, char const* doc)
+{
+    std::string const field = std::string("LayerScales.") + name;
+    cls.def_prop_rw(
+        name, [member](rt::LayerScales const& self) { return static_cast<double>(self.*member); },
+        [member, field](rt::LayerScales& self, double value) { self.*member = scaleOf(value, field.c_str()); }, doc);
+}
+
 std::string layerRepr(rt::KVLayerConfig const& layer)
 {
     return fmt::format("KVLayerConfig(num_kv_heads={}, head_dim={}, sliding_window={}, kind={})", layer.numKVHeads,
@@ -166,6 +190,24 @@ void bindConfig(nb::module_& m)
                     && a.kind == b.kind;
             });
 
+    nb::class_<rt::LayerScales> layerScales(m, "LayerScales",
+        "A layer's host-held scales (KVCacheManager.layer_scales): the FP8_PER_TENSOR decode scales k_scale / v_scale "
+        "(finite, >= 0) or the NVFP4 global decode scales of K and V (finite, > 0), float32. A latent layer has no V: "
+        "its v is kept and unused. KVCacheManager.set_layer_scales checks them.");
+    layerScales.def(
+        "__init__",
+        [](rt::LayerScales* self, double k, double v) {
+            new (self) rt::LayerScales{scaleOf(k, "LayerScales.k"), scaleOf(v, "LayerScales.v")};
+        },
+        nb::arg("k") = 1.0, nb::arg("v") = 1.0,
+        "Both scales default to 1; a float beyond float32's range raises InvalidArgumentError.");
+    scaleField(layerScales, "k", &rt::LayerScales::k, "K scale (float32).");
+    scaleField(layerScales, "v", &rt::LayerScales::v, "V scale (float32; unused for a latent layer).");
+    layerScales
+        .def("__repr__",
+            [](rt::LayerScales const& self) { return fmt::format("LayerScales(k={:#}, v={:#})", self.k, self.v); })
+        .def("__eq__", [](rt::LayerScales const& a, rt::LayerScales const& b) { return a.k == b.k && a.v == b.v; });
+
     nb::class_<rt::KVCacheConfig> config(m, "Config",
         "What a KVCacheManager allocates: one buffer per attention layer, each [2, num_pages, tokens_per_page, H_i, "
         "D_i]. Every field is checked by compute_layout(), which raises InvalidConfigError.");
@@ -214,7 +256,8 @@ void bindConfig(nb::module_& m)
     config.def_rw("kv_cache_type", &rt::KVCacheConfig::kvCacheType, "Element type of the cache.")
         .def_rw("quantization", &rt::KVCacheConfig::quantization,
             "How values are stored and scaled; FP8 formats need kv_cache_type FP8_E4M3, NVFP4 needs UINT8 and every "
-            "head_dim a multiple of NVFP4_BLOCK_VALUES. KVCacheManager refuses every format but NONE for now.")
+            "head_dim a multiple of NVFP4_BLOCK_VALUES. KVCacheManager keeps the scales (scale_pool_view, "
+            "layer_scales).")
         .def_prop_rw(
             "layer_configs", [](rt::KVCacheConfig const& self) { return self.layerConfigs; },
             [](rt::KVCacheConfig& self, nb::handle layers) { self.layerConfigs = layerConfigsOf(layers); },

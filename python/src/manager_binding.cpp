@@ -12,6 +12,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <chrono>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -53,6 +54,16 @@ public:
         {
             throw rt::OutOfRangeError(
                 fmt::format("layer index is {}; it must be in [0, {}) (num_layers)", layer, mManager->numLayers()));
+        }
+        return static_cast<int32_t>(layer);
+    }
+    //! Returns `layer` as int32 for a manager call that checks the index itself, so that the message is the C++
+    //! call's; an index beyond int32 is out of range all the same (OutOfRangeError, as from layer()).
+    int32_t layerForManager(int64_t layer) const
+    {
+        if (layer < std::numeric_limits<int32_t>::min() || layer > std::numeric_limits<int32_t>::max())
+        {
+            return this->layer(layer);
         }
         return static_cast<int32_t>(layer);
     }
@@ -194,6 +205,21 @@ char const* const kRESET_PAGES_DOC =
     "Fills each listed page with the 4-byte little-endian pattern (0 clears) in every targeted layer and half;\n"
     "pages as for copy_pages (host list or device int32 array).";
 
+char const* const kSCALE_POOL_VIEW_DOC =
+    "Scale pool view of a layer, zero-copy, K scales then V scales (view[0], view[1]), as FlashInfer's kv_cache_sf:\n"
+    "[num_halves, num_pages, tokens_per_page, H] float32 (FP8_PER_TOKEN_HEAD: a scale a page, token and head) or\n"
+    "[num_halves, num_pages, tokens_per_page, H, head_dim / 16] FP8 E4M3 (NVFP4: a block scale a 16 values);\n"
+    "num_halves is 1 for a latent layer. Raises OutOfRangeError for a bad index and InvalidArgumentError, naming\n"
+    "the quantization, for a cache without scale pools.";
+char const* const kLAYER_SCALES_DOC =
+    "A copy of the layer's host-held scales: FP8_PER_TENSOR's K and V decode scales or NVFP4's global scales, 1.0\n"
+    "until set (a latent layer's v is unused). Raises OutOfRangeError for a bad index and InvalidArgumentError,\n"
+    "naming the quantization, unless it is FP8_PER_TENSOR or NVFP4.";
+char const* const kSET_LAYER_SCALES_DOC =
+    "Sets the layer's host-held scales (FP8_PER_TENSOR: finite, >= 0; NVFP4: finite, > 0), which later writes\n"
+    "quantize with and sequence files record. Raises as layer_scales does, and InvalidArgumentError naming the\n"
+    "scale, its value and the limit; a refused call changes nothing.";
+
 } // namespace
 
 void bindManager(nb::module_& m)
@@ -267,6 +293,20 @@ void bindManager(nb::module_& m)
                 return std::make_pair(viewOf(self, halves.first), viewOf(self, halves.second));
             },
             nb::arg("layer"), "K and V views, each [max_batch_size, capacity, H, D] (V empty for a latent layer).")
+        .def(
+            "scale_pool_view",
+            [](Self self, int64_t layer)
+            { return viewOf(self, self.p->manager().scalePoolView(self.p->layerForManager(layer))); },
+            nb::arg("layer"), kSCALE_POOL_VIEW_DOC)
+        .def(
+            "layer_scales",
+            [](CacheHandle& c, int64_t layer) { return c.manager().layerScales(c.layerForManager(layer)); },
+            nb::arg("layer"), kLAYER_SCALES_DOC)
+        .def(
+            "set_layer_scales",
+            [](CacheHandle& c, int64_t layer, rt::LayerScales const& scales)
+            { c.manager().setLayerScales(c.layerForManager(layer), scales); },
+            nb::arg("layer"), nb::arg("scales"), kSET_LAYER_SCALES_DOC)
         .def(
             "k_pool_ptr",
             [](CacheHandle& c, int64_t layer)

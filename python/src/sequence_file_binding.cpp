@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstdint>
 #include <string>
@@ -138,7 +139,12 @@ void bindSequenceFiles(nb::module_& m)
         .def_ro("version", &rt::SequenceFileInfo::version)
         .def_ro("geometry", &rt::SequenceFileInfo::geometry)
         .def_ro("page_count", &rt::SequenceFileInfo::pageCount)
-        .def_ro("token_count", &rt::SequenceFileInfo::tokenCount);
+        .def_ro("token_count", &rt::SequenceFileInfo::tokenCount)
+        .def_ro("layer_scales", &rt::SequenceFileInfo::layerScales,
+            "The host-held scales the pages were written under, a LayerScales a layer of the geometry, for "
+            "FP8_PER_TENSOR and NVFP4 (a latent layer's v is 0 and not compared: NVFP4's set_layer_scales needs any v "
+            "> 0 for it); empty for the other quantizations. Set them with KVCacheManager.set_layer_scales before "
+            "load_sequence into a cache whose scales differ.");
 
     m.def(
         "save_sequence",

@@ -166,10 +166,11 @@ void bindWrite(nb::module_& m)
         nb::arg("error_count") = nb::none(), nb::arg("group") = -1,
         "Writes k and v ([n, num_kv_heads, head_dim] CUDA tensors of float32, float16 or bfloat16, any strides with "
         "the last dimension contiguous; v None for a latent layer) into layer `layer`'s pages at `token_addresses` "
-        "(CUDA int64 [n]: page * tokens_per_page + offset; negative skips the token), converting to the cache's type, "
-        "in one launch on `stream` (default: the cache's). `count` (CUDA int32 [1]) limits the tokens on the device; "
-        "`error_count` (CUDA int32 [1]) counts addresses past the layer's pages; `group` checks the addresses' page "
-        "group. Graph-capturable.");
+        "(CUDA int64 [n]: page * tokens_per_page + offset; negative skips the token), converting to the cache's type "
+        "(a quantized cache: quantized by docs/layout.md's rules, head_dim a multiple of 16, scales written where "
+        "scale_pool_view shows them), in one launch on `stream` (default: the cache's). `count` (CUDA int32 [1]) "
+        "limits the tokens on the device; `error_count` (CUDA int32 [1]) counts addresses past the layer's pages; "
+        "`group` checks the addresses' page group. Graph-capturable.");
     m.def("write_tokens_paged", &writeTokensPaged, nb::arg("cache"), nb::arg("layer"), nb::arg("k"),
         nb::arg("v").none(), nb::arg("indptr"), nb::arg("indices"), nb::arg("first_token").none(), nb::arg("positions"),
         nb::arg("stream") = nb::none(), nb::kw_only(), nb::arg("count") = nb::none(),
@@ -182,7 +183,8 @@ void bindWrite(nb::module_& m)
         nb::arg("error_count") = nb::none(),
         "Gathers the tokens at `token_addresses` of layer `layer` into k and v (contiguous CUDA tensors [n, "
         "num_kv_heads, head_dim] of float32, float16 or bfloat16; v None for a latent layer), converting from the "
-        "cache's type, in one launch on `stream`. Rows of skipped or bad addresses are left as they were.");
+        "cache's type (dequantizing a quantized cache's values), in one launch on `stream`. Rows of skipped or bad "
+        "addresses are left as they were.");
 
     nb::object const cls = m.attr("KVCacheManager");
     nb::setattr(cls, "latent_pool_view",
