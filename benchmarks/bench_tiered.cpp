@@ -5,7 +5,9 @@
 //      LRU prefix cache of the combined capacity (tiered_serving_sim.cpp);
 //   h. tiered_admit/HASH/16: an admission that onboards an 8192-token prompt from the host tier (adoptPrefix's miss,
 //      hashNextPages, the host lookups, the appends), against adoptPrefix of the same prompt cached on the device,
-//      and against an admission that computes the prompt (adoptPrefix's miss + append), timed alternately in one loop.
+//      and against an admission that computes the prompt (adoptPrefix's miss + append), timed alternately in one loop;
+//   i. tiered_hybrid/hostNx/MODEL/SPLIT/P: case f's hybrid models and their full-attention twins, each on the device
+//      alone and with host tiers N times each group's pages (4, 0.25): the hybrid's tiered hit rate against the twin's.
 // Transfers go to a mover that moves no bytes: what is timed is the decisions, not PCIe (for that, bench_host_tier).
 // A case whose check fails stops with an error and makes the process exit 1. See docs/benchmarks.md.
 
@@ -122,6 +124,61 @@ void tieredHitRate(benchmark::State& state, int32_t tokensPerPage, int32_t hostQ
             state.counters["onboarded"] = static_cast<double>(total.tieredStats.onboardedPages);
             state.counters["device_ms"] = total.device.nanoseconds * 1e-6;
             state.counters["tiered_ms"] = total.tiered.nanoseconds * 1e-6;
+        });
+}
+
+// Case i
+
+//! tiered_hybrid/hostNx/MODEL/SPLIT/P: one iteration runs one seed on the four caches.
+void tieredHybrid(
+    benchmark::State& state, HybridModelShape shape, HybridSplit split, int32_t tokensPerPage, int32_t hostQuarters)
+{
+    guarded(state,
+        [&]
+        {
+            HybridTieredResult total;
+            uint64_t seed = 1;
+            for (auto _ : state)
+            {
+                HybridTieredResult const run = runHybridTieredWorkload(shape, split, tokensPerPage, hostQuarters, seed++);
+                addRun(total.twinDevice, run.twinDevice);
+                addRun(total.twinTiered, run.twinTiered);
+                addRun(total.hybridDevice, run.hybridDevice);
+                addRun(total.hybridTiered, run.hybridTiered);
+                total.hybridStats.onboardedPages += run.hybridStats.onboardedPages;
+                total.hybridStats.evictedHostPages += run.hybridStats.evictedHostPages;
+                total.twinStats.onboardedPages += run.twinStats.onboardedPages;
+                total.twinPages = run.twinPages;
+                total.hybridPages = run.hybridPages;
+                state.SetIterationTime(run.hybridTiered.nanoseconds * 1e-9);
+            }
+            auto const hits = [](ServingResult const& r) { return r.deviceTokens + r.hostTokens; };
+            int64_t const offered = total.twinDevice.offeredTokens;
+            double const twinTiered = rate(hits(total.twinTiered), offered);
+            double const hybridTiered = rate(hits(total.hybridTiered), offered);
+            state.counters["twin_device_hit_rate"] = rate(hits(total.twinDevice), offered);
+            state.counters["twin_tiered_hit_rate"] = twinTiered;
+            state.counters["hybrid_device_hit_rate"] = rate(hits(total.hybridDevice), offered);
+            state.counters["hybrid_tiered_hit_rate"] = hybridTiered;
+            state.counters["hybrid_tiered_device_share"] = rate(total.hybridTiered.deviceTokens, offered);
+            state.counters["hybrid_over_twin_tiered"] = hybridTiered / std::max(twinTiered, 1e-12);
+            char const* const kinds[] = {"new", "repeat", "follow_up"};
+            for (size_t k = 0; k < 3; ++k)
+            {
+                int64_t const byKind = total.twinDevice.offeredByKind[k];
+                state.counters[std::string("twin_tiered_hit_rate_") + kinds[k]] =
+                    rate(total.twinTiered.hitByKind[k], byKind);
+                state.counters[std::string("hybrid_tiered_hit_rate_") + kinds[k]] =
+                    rate(total.hybridTiered.hitByKind[k], byKind);
+            }
+            state.counters["twin_pages"] = static_cast<double>(total.twinPages);
+            for (size_t g = 0; g < total.hybridPages.size(); ++g)
+            {
+                state.counters["hybrid_pages_group" + std::to_string(g)] = static_cast<double>(total.hybridPages[g]);
+            }
+            state.counters["twin_onboarded"] = static_cast<double>(total.twinStats.onboardedPages);
+            state.counters["hybrid_onboarded"] = static_cast<double>(total.hybridStats.onboardedPages);
+            state.counters["hybrid_host_evicted"] = static_cast<double>(total.hybridStats.evictedHostPages);
         });
 }
 
@@ -277,6 +334,26 @@ void registerAll()
                 ->UseManualTime()
                 ->Iterations(kSEEDS)
                 ->Unit(benchmark::kMillisecond);
+        }
+    }
+    for (auto const& [hostName, hostQuarters] : {std::pair{"host4x", 16}, std::pair{"host0.25x", 1}})
+    {
+        for (HybridModelShape const& shape : {kGPT_OSS_LIKE, kGEMMA3_LIKE})
+        {
+            for (auto const& [splitName, split] : {std::pair{"split_budget", HybridSplit::kSPLIT_BUDGET},
+                     std::pair{"minimum_windowed", HybridSplit::kMINIMUM_WINDOWED}})
+            {
+                for (int32_t const tokensPerPage : {16, 128})
+                {
+                    std::string const name = std::string("tiered_hybrid/") + hostName + "/" + shape.name + "/"
+                        + splitName + "/" + std::to_string(tokensPerPage);
+                    benchmark::RegisterBenchmark(
+                        name.c_str(), tieredHybrid, shape, split, tokensPerPage, hostQuarters)
+                        ->UseManualTime()
+                        ->Iterations(kSEEDS)
+                        ->Unit(benchmark::kMillisecond);
+                }
+            }
         }
     }
     benchmark::RegisterBenchmark("tiered_admit/sha256/16", tieredAdmit, rt::PageHashAlgorithm::kSHA256)

@@ -8,6 +8,8 @@
 //   - oracle: LruPrefixOracle below, written from the rule and not from the library: pages keyed by a chained hash,
 //     one LRU order over the combined capacity, a prompt hits its longest cached prefix.
 // A hit rate is tokens found (adopted, or onboarded) over prompt tokens offered, after warm-up.
+// Case i runs the same workload on a hybrid model of case f and on its full-attention twin, each on the device alone
+// and under the two tiers (host tiers 4x each group's device pages).
 
 #include "tiered_serving_sim.h"
 
@@ -21,7 +23,9 @@
 #include <list>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace kvcache::bench
@@ -39,18 +43,18 @@ rt::PageManagerOptions managerOptions()
     return options;
 }
 
-//! A mover that moves nothing: the host tier is as large as asked and every host page usable at once. Counts the pages
-//! it was asked to move, to check the core's counters against.
+//! A mover that moves nothing: each group's host tier is as large as asked and every host page usable at once. Counts
+//! the pages it was asked to move, to check the core's counters against.
 class NullMover final : public rt::detail::TierMover
 {
 public:
-    explicit NullMover(int64_t numHostPages)
-        : mNumHostPages(numHostPages)
+    explicit NullMover(std::vector<int64_t> numHostPages)
+        : mNumHostPages(std::move(numHostPages))
     {
     }
-    int64_t usableHostPages(int32_t) const override
+    int64_t usableHostPages(int32_t group) const override
     {
-        return mNumHostPages;
+        return mNumHostPages.at(static_cast<size_t>(group));
     }
     void offload(int32_t, rt::HostTierEntry const*, int32_t count) override
     {
@@ -68,7 +72,7 @@ public:
     int64_t onboarded = 0;
 
 private:
-    int64_t mNumHostPages;
+    std::vector<int64_t> mNumHostPages;
 };
 
 //! The two tiers: admissions through the core (adopt, then onboard), every append through its step() so that the
@@ -76,10 +80,10 @@ private:
 class TieredServing final : public ServingCache
 {
 public:
-    TieredServing(rt::PageManager& manager, int64_t numHostPages)
+    TieredServing(rt::PageManager& manager, std::vector<int64_t> const& numHostPages)
         : mManager(&manager)
         , mMover(numHostPages)
-        , mCore(manager, {numHostPages})
+        , mCore(manager, numHostPages)
     {
     }
     rt::SequenceId create() override
@@ -279,6 +283,26 @@ private:
     rt::SequenceId mNextId = 0;
 };
 
+//! Runs the workload on the two tiers over a manager made from `config`, each group's host tier hostQuarters / 4 times
+//! its device pages; returns the result and the core's checked counters.
+std::pair<ServingResult, rt::TieredPrefixCacheStats> runTiered(
+    rt::KVCacheConfig const& config, int32_t hostQuarters, uint64_t seed)
+{
+    rt::PageManager manager(config, managerOptions());
+    std::vector<int64_t> hostPages;
+    for (rt::KVPageGroupLayout const& group : manager.layout().groups)
+    {
+        hostPages.push_back(int64_t{group.numPages} * hostQuarters / 4);
+    }
+    TieredServing tiered(manager, hostPages);
+    ServingResult const result = runServingWorkload(tiered, seed);
+    rt::TieredPrefixCacheStats const stats = tiered.checkedStats();
+    manager.checkInvariants();
+    check(stats.deviceHitTokens == result.deviceTokens && stats.hostHitTokens == result.hostTokens,
+        "the tiered cache's counters disagree with its admissions");
+    return {result, stats};
+}
+
 ServingResult runOnManager(int32_t tokensPerPage, int64_t numPages, uint64_t seed)
 {
     rt::PageManager manager(servingPoolConfig(tokensPerPage, numPages), managerOptions());
@@ -311,16 +335,8 @@ TieredRunResult runTieredWorkload(int32_t tokensPerPage, int32_t hostQuarters, u
     result.devicePages = kDEVICE_POOL_TOKENS / tokensPerPage;
     result.hostPages = result.devicePages * hostQuarters / 4;
     result.device = runOnManager(tokensPerPage, result.devicePages, seed);
-    {
-        rt::PageManager manager(servingPoolConfig(tokensPerPage, result.devicePages), managerOptions());
-        TieredServing tiered(manager, result.hostPages);
-        result.tiered = runServingWorkload(tiered, seed);
-        result.tieredStats = tiered.checkedStats();
-        manager.checkInvariants();
-        check(result.tieredStats.deviceHitTokens == result.tiered.deviceTokens
-                && result.tieredStats.hostHitTokens == result.tiered.hostTokens,
-            "the tiered cache's counters disagree with its admissions");
-    }
+    std::tie(result.tiered, result.tieredStats) =
+        runTiered(servingPoolConfig(tokensPerPage, result.devicePages), hostQuarters, seed);
     result.combined = runOnManager(tokensPerPage, result.devicePages + result.hostPages, seed);
     LruPrefixOracle oracle(tokensPerPage, result.devicePages + result.hostPages);
     result.oracle = runServingWorkload(oracle, seed);
@@ -329,6 +345,35 @@ TieredRunResult runTieredWorkload(int32_t tokensPerPage, int32_t hostQuarters, u
         check(run->offeredTokens == result.device.offeredTokens && run->admitted == result.device.admitted,
             "the caches were offered different prompts");
     }
+    return result;
+}
+
+HybridTieredResult runHybridTieredWorkload(
+    HybridModelShape const& shape, HybridSplit split, int32_t tokensPerPage, int32_t hostQuarters, uint64_t seed)
+{
+    rt::KVCacheConfig const twin = twinConfig(shape, tokensPerPage);
+    rt::KVCacheConfig const hybrid = hybridConfig(shape, tokensPerPage, split, rt::computeLayout(twin).cacheBytes);
+    HybridTieredResult result;
+    for (auto const& [config, device, tiered, stats] :
+        {std::tuple{&twin, &result.twinDevice, &result.twinTiered, &result.twinStats},
+            std::tuple{&hybrid, &result.hybridDevice, &result.hybridTiered, &result.hybridStats}})
+    {
+        rt::PageManager manager(*config, managerOptions());
+        PageManagerServing serving(manager);
+        *device = runServingWorkload(serving, seed);
+        manager.checkInvariants();
+        std::tie(*tiered, *stats) = runTiered(*config, hostQuarters, seed);
+    }
+    for (ServingResult const* run : {&result.twinTiered, &result.hybridDevice, &result.hybridTiered})
+    {
+        check(run->offeredTokens == result.twinDevice.offeredTokens && run->admitted == result.twinDevice.admitted,
+            "the caches were offered different prompts");
+    }
+    for (rt::KVPageGroupLayout const& group : rt::computeLayout(hybrid).groups)
+    {
+        result.hybridPages.push_back(group.numPages);
+    }
+    result.twinPages = rt::computeLayout(twin).groups.at(0).numPages;
     return result;
 }
 

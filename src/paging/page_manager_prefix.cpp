@@ -163,25 +163,32 @@ int32_t PageManager::State::windowedServedPages() const
     return pages;
 }
 
-bool PageManager::State::runFits(int32_t row, detail::NextPageHashes const& known, int32_t pages) const
+bool PageManager::State::adoptRun(
+    int32_t row, detail::NextPageHashes const& known, int32_t pages, std::vector<std::vector<detail::FreshPage>>& fresh)
 {
-    SequenceState const& sequence = sequences[row];
+    SequenceState& sequence = sequences[row];
     int32_t const first = known.firstPage;
     int32_t const end = first + pages;
-    for (int32_t g = 0; g < numGroups(); ++g)
+    int32_t const groups = numGroups();
+    // Each group's registered page of each needed run page, looked up once (promptPages, adoptPrefix's scratch, holds
+    // them group after group), and whether the group can give the rest.
+    promptPages.assign(static_cast<size_t>(pages) * static_cast<size_t>(groups), PageHashTable::kNONE_PAGE);
+    for (int32_t g = 0; g < groups; ++g)
     {
         PagePool const& pool = pools[static_cast<size_t>(g)];
         int32_t const window = policies[static_cast<size_t>(g)].firstAdopted(end, tokensPerPage);
-        int64_t fresh = 0;
+        int32_t const needed = std::max(first, window);
+        int32_t* const found = promptPages.data() + static_cast<size_t>(g) * static_cast<size_t>(pages) - first;
+        int64_t taken = 0;
         int64_t available = pool.available();
-        for (int32_t p = std::max(first, window); p < end; ++p)
+        for (int32_t p = needed; p < end; ++p)
         {
-            int32_t const page = prefix.find(g, known.hashes[p - first]);
-            if (page == PageHashTable::kNONE_PAGE)
+            found[p] = prefix.find(g, known.hashes[p - first]);
+            if (found[p] == PageHashTable::kNONE_PAGE)
             {
-                ++fresh;
+                ++taken;
             }
-            else if (pool.holders(page) == 0)
+            else if (pool.holders(found[p]) == 0)
             {
                 --available; // cached now, held by the run
             }
@@ -192,26 +199,13 @@ bool PageManager::State::runFits(int32_t row, detail::NextPageHashes const& know
         {
             available += pool.holders(entries[e]) == 1 ? 1 : 0;
         }
-        if (fresh > available)
+        if (taken > available)
         {
             return false;
         }
     }
-    return true;
-}
-
-bool PageManager::State::adoptRun(
-    int32_t row, detail::NextPageHashes const& known, int32_t pages, std::vector<std::vector<detail::FreshPage>>& fresh)
-{
-    if (!runFits(row, known, pages))
-    {
-        return false;
-    }
-    fresh.resize(static_cast<size_t>(numGroups()));
-    SequenceState& sequence = sequences[row];
-    int32_t const first = known.firstPage;
-    int32_t const end = first + pages;
-    for (int32_t g = 0; g < numGroups(); ++g)
+    fresh.resize(static_cast<size_t>(groups));
+    for (int32_t g = 0; g < groups; ++g)
     {
         PagePool& pool = pools[static_cast<size_t>(g)];
         std::vector<detail::FreshPage>& taken = fresh[static_cast<size_t>(g)];
@@ -228,19 +222,19 @@ bool PageManager::State::adoptRun(
         held = std::max(held, window);
         int32_t const needed = std::max(first, window);
         std::fill(entries + first, entries + needed, kUNUSED_PAGE_ENTRY);
+        int32_t const* const found = promptPages.data() + static_cast<size_t>(g) * static_cast<size_t>(pages) - first;
         // The group's own pages are held before any page is taken: taking evicts cached pages, never a held one.
         for (int32_t p = needed; p < end; ++p)
         {
-            int32_t const page = prefix.find(g, known.hashes[p - first]);
-            if (page != PageHashTable::kNONE_PAGE)
+            entries[p] = found[p];
+            if (found[p] != PageHashTable::kNONE_PAGE)
             {
-                pool.hold(page);
+                pool.hold(found[p]);
             }
-            entries[p] = page == PageHashTable::kNONE_PAGE ? kUNUSED_PAGE_ENTRY : page;
         }
         for (int32_t p = needed; p < end; ++p)
         {
-            if (entries[p] == kUNUSED_PAGE_ENTRY)
+            if (found[p] == PageHashTable::kNONE_PAGE)
             {
                 int32_t const page = takePage(g);
                 prefix.registerPage(g, page, known.hashes[p - first]);

@@ -43,7 +43,7 @@ struct PageManager::State
     int64_t prefixQueryTokens = 0;
     int64_t prefixHitTokens = 0;
     //! Scratch of adoptPrefix: the prompt's page hashes, and the page each group has cached under them (-1: not looked
-    //! up, a windowed group's).
+    //! up, a windowed group's); adoptRun's lookups too.
     std::vector<PageHash> promptHashes;
     std::vector<int32_t> promptPages;
 
@@ -136,8 +136,6 @@ struct PageManager::State
     //! detail::PageManagerInternal::adoptRun, its arguments checked; fresh[g] is cleared and filled.
     bool adoptRun(int32_t row, detail::NextPageHashes const& known, int32_t pages,
         std::vector<std::vector<detail::FreshPage>>& fresh);
-    //! Returns whether every group can give adoptRun() the fresh pages it needs for `end` pages of `known`.
-    bool runFits(int32_t row, detail::NextPageHashes const& known, int32_t end) const;
     int32_t hashNextPages(
         int32_t row, int32_t const* tokens, int32_t count, PageHash* out, PageExtraKey const* keys, int32_t numKeys);
     void checkInvariants() const;

@@ -309,16 +309,26 @@ int32_t TieredPrefixCacheCore::source(int32_t group, int32_t index)
     int32_t& found = state.runHostPages[static_cast<size_t>(index)];
     if (found == kUNKNOWN)
     {
+        // The host first: a page it holds is there either way (adoptRun holds the device's copy when there is one and
+        // onboards only into the pages it takes), and the device is looked up only for the pages the host lacks.
         PageHash const hash = mHashes[static_cast<size_t>(index)];
-        found = PageManagerInternal::hasPage(*mPages, group, hash) ? kON_DEVICE : state.map.find(hash);
+        found = state.map.find(hash);
+        if (found == HostPageMap::kNONE && PageManagerInternal::hasPage(*mPages, group, hash))
+        {
+            found = kON_DEVICE;
+        }
     }
     return found;
 }
 
-bool TieredPrefixCacheCore::runIsThere(NextPageHashes const& known, int32_t pages)
+bool TieredPrefixCacheCore::windowsAreThere(NextPageHashes const& known, int32_t pages)
 {
     for (int32_t g = 0; g < numGroups(); ++g)
     {
+        if (!mGroups[static_cast<size_t>(g)].windowed)
+        {
+            continue;
+        }
         int32_t const window = PageManagerInternal::firstNeededPage(*mPages, g, known.firstPage + pages);
         for (int32_t p = std::max(0, window - known.firstPage); p < pages; ++p)
         {
@@ -363,7 +373,7 @@ int32_t TieredPrefixCacheCore::onboardRun(TierMover& mover, SequenceId sequence,
             }
         }
     }
-    while (pages > 0 && !(runIsThere(known, pages) && PageManagerInternal::adoptRun(*mPages, known, pages, mFresh)))
+    while (pages > 0 && !(windowsAreThere(known, pages) && PageManagerInternal::adoptRun(*mPages, known, pages, mFresh)))
     {
         --pages;
     }
@@ -372,12 +382,13 @@ int32_t TieredPrefixCacheCore::onboardRun(TierMover& mover, SequenceId sequence,
         return 0;
     }
     // The fresh pages' host pages are pinned so that the offloads of the adoption's own evictions cannot give them up
-    // before they are read.
+    // before they are read. Each fresh page was looked up (the run was there) and found on the host: a page found only
+    // on the device was held, not taken.
     for (int32_t g = 0; g < numGroups(); ++g)
     {
         for (FreshPage const& fresh : mFresh[static_cast<size_t>(g)])
         {
-            if (source(g, fresh.index - known.firstPage) < 0)
+            if (mGroups[static_cast<size_t>(g)].runHostPages[static_cast<size_t>(fresh.index - known.firstPage)] < 0)
             {
                 throw std::logic_error(fmt::format(
                     "{}: group {} took a fresh page for page {} of the run, which no host page holds", kWHAT, g,
@@ -387,9 +398,10 @@ int32_t TieredPrefixCacheCore::onboardRun(TierMover& mover, SequenceId sequence,
     }
     for (int32_t g = 0; g < numGroups(); ++g)
     {
+        Group& group = mGroups[static_cast<size_t>(g)];
         for (FreshPage const& fresh : mFresh[static_cast<size_t>(g)])
         {
-            mGroups[static_cast<size_t>(g)].map.pin(source(g, fresh.index - known.firstPage));
+            group.map.pin(group.runHostPages[static_cast<size_t>(fresh.index - known.firstPage)]);
         }
     }
     try
@@ -402,7 +414,8 @@ int32_t TieredPrefixCacheCore::onboardRun(TierMover& mover, SequenceId sequence,
             group.entries.clear();
             for (FreshPage const& fresh : mFresh[static_cast<size_t>(g)])
             {
-                group.entries.push_back(HostTierEntry{fresh.page, source(g, fresh.index - known.firstPage)});
+                group.entries.push_back(
+                    HostTierEntry{fresh.page, group.runHostPages[static_cast<size_t>(fresh.index - known.firstPage)]});
             }
             if (!group.entries.empty())
             {
@@ -426,10 +439,11 @@ void TieredPrefixCacheCore::unpinFresh(NextPageHashes const& known) noexcept
     // start, so its later pages should be the first ones given up.
     for (int32_t g = 0; g < numGroups(); ++g)
     {
+        Group& group = mGroups[static_cast<size_t>(g)];
         std::vector<FreshPage> const& fresh = mFresh[static_cast<size_t>(g)];
         for (auto page = fresh.rbegin(); page != fresh.rend(); ++page)
         {
-            mGroups[static_cast<size_t>(g)].map.unpin(source(g, page->index - known.firstPage));
+            group.map.unpin(group.runHostPages[static_cast<size_t>(page->index - known.firstPage)]);
         }
     }
 }

@@ -114,8 +114,8 @@ private:
         std::vector<HostTierEntry> entries;
         //! Host pages an offload pinned while its list was put together.
         std::vector<int32_t> pinned;
-        //! Where each page of an admission's run is: kUNKNOWN (not looked up yet), kON_DEVICE, a host page, or
-        //! HostPageMap::kNONE (nowhere).
+        //! Where each page of an admission's run is: kUNKNOWN (not looked up yet), a host page, kON_DEVICE (on the device
+        //! only), or HostPageMap::kNONE (nowhere).
         std::vector<int32_t> runHostPages;
     };
     static constexpr int32_t kUNKNOWN = -3;
@@ -139,8 +139,9 @@ private:
         PageExtraKey const* keys, int32_t numKeys);
     //! Returns where page `index` of the run in mHashes is in `group` (Group::runHostPages), looking it up once.
     int32_t source(int32_t group, int32_t index);
-    //! Returns whether every page a run of `pages` pages needs is on the device or the host, in every group.
-    bool runIsThere(NextPageHashes const& known, int32_t pages);
+    //! Returns whether every page a run of `pages` pages needs in each windowed group (the window before its end) is on
+    //! the device or the host.
+    bool windowsAreThere(NextPageHashes const& known, int32_t pages);
     void unpinFresh(NextPageHashes const& known) noexcept;
     static KeySlice keysIn(PageExtraKey const* keys, int32_t numKeys, int64_t begin, int64_t end) noexcept;
 
