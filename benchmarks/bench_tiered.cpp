@@ -4,7 +4,7 @@
 //      serving_workload.cpp, against the device cache alone, a PageManager of the combined capacity and an independent
 //      LRU prefix cache of the combined capacity (tiered_serving_sim.cpp);
 //   h. tiered_admit/HASH/16: an admission that onboards an 8192-token prompt from the host tier (adoptPrefix's miss,
-//      hashNextPages, the host lookups, the appends), against adoptPrefix of the same prompt cached on the device,
+//      hashNextPages, the host lookups, the run's adoption), against adoptPrefix of the same prompt cached on the device,
 //      and against an admission that computes the prompt (adoptPrefix's miss + append), timed alternately in one loop;
 //   i. tiered_hybrid/hostNx/MODEL/SPLIT/P: case f's hybrid models and their full-attention twins, each on the device
 //      alone and with host tiers N times each group's pages (4, 0.25): the hybrid's tiered hit rate against the twin's.
@@ -43,8 +43,7 @@ using Clock = std::chrono::steady_clock;
 
 //! Case g's seeds: each iteration runs one.
 constexpr int32_t kSEEDS = 5;
-//! Case h's prompt, pages and prefill chunk (servingPoolConfig's maxTokensPerStep: the core onboards a run in pieces of
-//! that many tokens).
+//! Case h's prompt, pages and prefill chunk (servingPoolConfig's maxTokensPerStep).
 constexpr int32_t kPROMPT_TOKENS = kSERVING_MAX_LENGTH;
 constexpr int32_t kADMIT_TOKENS_PER_PAGE = 16;
 constexpr int32_t kADMIT_CHUNK = kSERVING_CHUNK;
@@ -228,9 +227,9 @@ void cachePrompt(rt::PageManager& manager, std::vector<int32_t> const& prompt, A
 //! an operation is create() + adoptPrefix() + free(), 511 pages adopted (the last token is left to compute). In
 //! `tiered`, the core offloaded every page to its host tier and the device holds none; an operation is create() +
 //! TieredPrefixCacheCore::admit() + free(): adoptPrefix's miss, the hashes of the 511 pages, their host lookups and
-//! pins, four appends of 2048 tokens (pages taken and registered under the lookup's hashes) and the onboard lists. The
-//! pages the tiered operation left cached on the device are evicted again, untimed (they are on the host already:
-//! nothing is copied), so every iteration starts from the same state. `computed` times the admission without a second
+//! pins, the run's adoption (each page looked up on the device, taken and registered under the lookup's hash) and the
+//! onboard lists. The pages the tiered operation left cached on the device are evicted again, untimed (they are on the
+//! host already: nothing is copied), so every iteration starts from the same state. `computed` times the admission without a second
 //! tier, the floor of any admission that does not adopt: create() + adoptPrefix() (a miss) + append() of the same 8176
 //! tokens in 2048-token chunks + free(), its pages evicted untimed. The three operations alternate in one loop, so the
 //! machine's noise falls on all.
