@@ -6,11 +6,15 @@
 // pages included), the copies the steps returned and stats() of every group, and the eviction callback's calls are
 // compared with the model, which keeps a hybrid cache's cuts its own way; checkInvariants() runs every
 // RunSpec::invariantPeriod operations (it is linear and allocates). Pools are small so that steps run out of pages and
-// windowed groups drop cuts, and prompts share a few prefixes so that adoptPrefix() finds them.
+// windowed groups drop cuts, and prompts share a few prefixes so that adoptPrefix() finds them. Some operations adopt
+// a run of whole pages through detail::PageManagerInternal::adoptRun (the tiered cache's admission), which the model
+// predicts page for page, fresh pages included.
 //
 // KVCACHE_RANDOM_OPERATIONS=<n> sets the operations of each run (default 260,000): the sanitizer build (test preset
 // "asan") runs fewer, since every operation costs many times more there. A value that is not a positive integer
 // fails the test rather than falling back to the default.
+
+#include "paging/page_manager_internal.h"
 
 #include "kvcache/errors.h"
 #include "kvcache/page_hash.h"
@@ -341,9 +345,13 @@ private:
 
     std::string adopt()
     {
-        SequenceId const id = pick();
+        return adoptPrefixOf(pick(), uniform(0, kMAX_LENGTH));
+    }
+
+    //! adoptPrefix() of `count` tokens of the sequence's script (rarely an invalid count) against the model.
+    std::string adoptPrefixOf(SequenceId id, int32_t count)
+    {
         Script const& script = scriptOf(id);
-        int32_t count = uniform(0, kMAX_LENGTH);
         std::vector<PageExtraKey> keys;
         for (PageExtraKey const& key : script.keys)
         {
@@ -374,6 +382,87 @@ private:
             failure = "adoptPrefix returned " + std::to_string(got) + ", expected " + std::to_string(expectedLength);
         }
         return failure;
+    }
+
+    //! A run of whole pages of the sequence's script adopted through detail::PageManagerInternal (hashNextPages, then
+    //! adoptRun), against the model's adoptRun. Only calls adoptRun accepts: its refusals are tested on their own.
+    std::string adoptRun()
+    {
+        SequenceId const id = pick();
+        if (!mModel.contains(id) || mModel.sequence(id).length % kTOKENS_PER_PAGE != 0)
+        {
+            return {};
+        }
+        if (mModel.sequence(id).length == 0 && uniform(0, 1) == 0)
+        {
+            // As a tiered admission does: the device's prefix first (which leaves the sequence cuts to make where its
+            // pages reach them), then a run after it.
+            std::string const failure = adoptPrefixOf(id, uniform(1, kMAX_LENGTH));
+            if (!failure.empty() || mModel.sequence(id).length % kTOKENS_PER_PAGE != 0)
+            {
+                return failure;
+            }
+        }
+        int32_t const length = mModel.sequence(id).length;
+        int32_t const room = (kMAX_LENGTH - length) / kTOKENS_PER_PAGE;
+        if (room == 0)
+        {
+            return {};
+        }
+        int32_t const pages = uniform(1, room);
+        Script const& script = scriptOf(id);
+        std::vector<PageExtraKey> keys;
+        for (PageExtraKey const& key : script.keys)
+        {
+            if (key.position >= length && key.position < length + pages * kTOKENS_PER_PAGE)
+            {
+                keys.push_back(key);
+            }
+        }
+        int32_t const* tokens = script.tokens.data() + length;
+        mLast = "adoptRun(" + std::to_string(id) + ", " + std::to_string(pages) + " pages after " +
+            std::to_string(length) + " tokens)";
+        std::vector<std::vector<std::pair<int32_t, int32_t>>> expectedFresh;
+        bool const expectedFits =
+            mModel.adoptRun(id, tokens, pages, keys.data(), static_cast<int32_t>(keys.size()), &expectedFresh);
+        std::vector<PageHash> hashes(static_cast<size_t>(pages));
+        std::vector<std::vector<detail::FreshPage>> fresh;
+        bool fits = false;
+        std::string failure = expectOutcome(ModelOutcome::kOK,
+            [&]
+            {
+                detail::NextPageHashes const known = detail::PageManagerInternal::hashNextPages(mManager, id, tokens,
+                    pages * kTOKENS_PER_PAGE, hashes.data(), keys.data(), static_cast<int32_t>(keys.size()));
+                fits = detail::PageManagerInternal::adoptRun(mManager, known, pages, fresh);
+            });
+        if (!failure.empty())
+        {
+            return failure;
+        }
+        if (fits != expectedFits)
+        {
+            return std::string("adoptRun returned ") + (fits ? "true" : "false") + ", expected the other";
+        }
+        if (!fits)
+        {
+            ++mTally["adoptRun out of pages"];
+            return {};
+        }
+        ++mTally["adoptRun runs"];
+        for (size_t g = 0; g < expectedFresh.size(); ++g)
+        {
+            std::vector<std::pair<int32_t, int32_t>> got;
+            for (detail::FreshPage const& page : fresh.at(g))
+            {
+                got.emplace_back(page.index, page.page);
+            }
+            if (got != expectedFresh[g])
+            {
+                return "adoptRun's fresh pages of group " + std::to_string(g) + " differ from the model's";
+            }
+            mTally["adoptRun fresh pages"] += static_cast<int64_t>(got.size());
+        }
+        return {};
     }
 
     Script const& scriptOf(SequenceId id)
@@ -502,9 +591,13 @@ private:
         {
             return newSequence();
         }
-        if (roll < 20)
+        if (roll < 17)
         {
             return adopt();
+        }
+        if (roll < 20)
+        {
+            return adoptRun();
         }
         if (roll < 45)
         {
@@ -625,6 +718,9 @@ TEST_P(PageManagerRandom, MatchesTheModel)
     {
         // A run that never reached these would test less than it claims.
         EXPECT_GT(run.tally().count("adoptPrefix hits"), 0u);
+        EXPECT_GT(run.tally().count("adoptRun runs"), 0u);
+        EXPECT_GT(run.tally().count("adoptRun fresh pages"), 0u);
+        EXPECT_GT(run.tally().count("adoptRun out of pages"), 0u);
         EXPECT_GT(run.tally().count("evictions"), 0u);
         EXPECT_GT(run.tally().count("copies cleared"), 0u);
         EXPECT_GT(run.tally().count("OutOfMemoryError"), 0u);

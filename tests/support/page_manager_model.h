@@ -636,6 +636,106 @@ public:
         return ModelOutcome::kOK;
     }
 
+    //! detail::PageManagerInternal::adoptRun of the next `pages` whole pages of `tokens` (the sequence's tokens from its
+    //! length on; `keys` those in them) for a sequence that holds whole pages only and prefix caching on: returns
+    //! false, changing nothing, when a group lacks the free and cached pages for its fresh pages; else adopts the run
+    //! and writes each group's fresh (entry, page) pairs to `*fresh`. A run page a group needs (every page in full
+    //! attention, the window before the run's end in a windowed group) is its registered page when there is one, held,
+    //! else a fresh page registered under the page's hash; out-of-window entries are released first. Cuts as
+    //! adoptPrefix leaves them for the sequence, then the run's own.
+    bool adoptRun(rt::SequenceId id, int32_t const* tokens, int32_t pages, rt::PageExtraKey const* keys,
+        int32_t numKeys, std::vector<std::vector<std::pair<int32_t, int32_t>>>* fresh)
+    {
+        Sequence& sequence = mSequences.at(id);
+        int32_t const first = sequence.length / mTokensPerPage;
+        int32_t const end = first + pages;
+        std::vector<rt::PageHash> hashes;
+        rt::PageHash parent = sequence.pageHashes.empty() ? sequence.root : sequence.pageHashes.back();
+        for (int32_t p = 0; p < pages; ++p)
+        {
+            parent = hashPage(
+                parent, tokens + int64_t{p} * mTokensPerPage, int64_t{first + p} * mTokensPerPage, keys, numKeys);
+            hashes.push_back(parent);
+        }
+        for (int32_t g = 0; g < numGroups(); ++g)
+        {
+            Group const& group = mGroups[static_cast<size_t>(g)];
+            int32_t const window = firstNeededPage(g, int64_t{end} * mTokensPerPage);
+            int64_t taken = 0;
+            int64_t available = static_cast<int64_t>(group.freeStack.size() + group.lru.size()
+                + group.anchoredCached.size());
+            for (int32_t p = std::max(first, window); p < end; ++p)
+            {
+                std::optional<int32_t> const page = lookup(group, hashes[static_cast<size_t>(p - first)]);
+                taken += page.has_value() ? 0 : 1;
+                available -= page.has_value() && group.refCount[static_cast<size_t>(*page)] == 0 ? 1 : 0;
+            }
+            std::vector<int32_t> const& entries = sequence.entries[static_cast<size_t>(g)];
+            for (int32_t e = 0; e < std::min(first, window); ++e)
+            {
+                int32_t const page = entries[static_cast<size_t>(e)];
+                available += page != rt::kUNUSED_PAGE_ENTRY && group.refCount[static_cast<size_t>(page)] == 1 ? 1 : 0;
+            }
+            if (taken > available)
+            {
+                return false;
+            }
+        }
+        fresh->assign(static_cast<size_t>(numGroups()), {});
+        for (int32_t g = 0; g < numGroups(); ++g)
+        {
+            Group& group = mGroups[static_cast<size_t>(g)];
+            int32_t const window = firstNeededPage(g, int64_t{end} * mTokensPerPage);
+            std::vector<int32_t>& entries = sequence.entries[static_cast<size_t>(g)];
+            for (int32_t e = 0; e < std::min(first, window); ++e)
+            {
+                if (entries[static_cast<size_t>(e)] != rt::kUNUSED_PAGE_ENTRY)
+                {
+                    release(group, entries[static_cast<size_t>(e)]);
+                    entries[static_cast<size_t>(e)] = rt::kUNUSED_PAGE_ENTRY;
+                }
+            }
+            entries.resize(static_cast<size_t>(end), rt::kUNUSED_PAGE_ENTRY);
+            std::vector<int32_t> missing;
+            for (int32_t p = std::max(first, window); p < end; ++p)
+            {
+                std::optional<int32_t> const page = lookup(group, hashes[static_cast<size_t>(p - first)]);
+                if (!page.has_value())
+                {
+                    missing.push_back(p);
+                    continue;
+                }
+                if (group.refCount[static_cast<size_t>(*page)] == 0)
+                {
+                    unlist(group, *page);
+                }
+                ++group.refCount[static_cast<size_t>(*page)];
+                entries[static_cast<size_t>(p)] = *page;
+            }
+            for (int32_t const p : missing)
+            {
+                int32_t const page = take(g);
+                registerPage(group, page, hashes[static_cast<size_t>(p - first)]);
+                entries[static_cast<size_t>(p)] = page;
+                (*fresh)[static_cast<size_t>(g)].emplace_back(p, page);
+            }
+        }
+        sequence.pageHashes.insert(sequence.pageHashes.end(), hashes.begin(), hashes.end());
+        sequence.length = end * mTokensPerPage;
+        if (mCutGroup >= 0)
+        {
+            for (int32_t const cut : {sequence.matchCut, sequence.promptCut})
+            {
+                if (cut > first && cut < end)
+                {
+                    makeCut(sequence.pageHashes, cut);
+                }
+            }
+            makeCut(sequence.pageHashes, end);
+        }
+        return true;
+    }
+
     //! Forgets the queued copies (as a caller does once it ran them).
     void clearCopies()
     {
