@@ -1,9 +1,8 @@
 // Page copies and resets of quantized caches with scale pools (FP8 per token-head, NVFP4), checked byte for byte
 // against the host model: data and scales move together in every targeted layer half of windowed and latent layers
 // (a latent layer has no V scales), untouched pages and scale pages stay as they were, device lists count a bad id
-// once; the scale views, LayerRef's scale fields, allocatedBytes and the host-held layer scales; and the paths that
-// do not carry scales yet refusing such a cache by name (host tiers and sequence files carry them:
-// test_host_tier_scales.cu).
+// once; the scale views, LayerRef's scale fields, allocatedBytes and the host-held layer scales. Host tiers and
+// sequence files carry scales too (test_host_tier_scales.cu), and so does page transfer (test_page_transfer_scales.cu).
 
 #include "kvcache/errors.h"
 #include "kvcache/memory/kv_write.h"

@@ -1,6 +1,7 @@
 #include "kvcache/dist/page_transfer.h"
 
 #include "core/scoped_device.h"
+#include "dist/transfer_header.h"
 #include "kernels/page_mover.cuh"
 #include "memory/page_list_validation.h"
 #include "memory/scale_support.h"
@@ -23,20 +24,11 @@ namespace kvcache::rt
 namespace
 {
 
-constexpr uint32_t kHEADER_MAGIC = 0x4B565450; // "KVTP"
+using detail::TransferHeader;
+
 constexpr int32_t kMAX_LAYER_HALVES_PER_LAUNCH = 65535;
 
-//! What the two sides exchange first; equal fingerprint, group, count and path let the pages move.
-struct TransferHeader
-{
-    uint32_t magic;
-    int32_t group;
-    uint64_t fingerprint;
-    int32_t count;
-    int32_t path;
-};
-
-//! One layer half as the pack kernels address it.
+//! One layer half, of data or of scales, as the pack kernels address it.
 struct HalfRef
 {
     char* pool;
@@ -51,16 +43,6 @@ struct Run
     int32_t receiveFirst;
     int32_t length;
 };
-
-void fnv(uint64_t& hash, int32_t value) noexcept
-{
-    auto const bits = static_cast<uint32_t>(value);
-    for (int shift = 0; shift < 32; shift += 8)
-    {
-        hash ^= (bits >> shift) & 0xFFu;
-        hash *= 1099511628211ull;
-    }
-}
 
 //! How long a failed call waits, after aborting the communicator, for the NCCL kernels it queued to end.
 constexpr auto kABORT_DRAIN_TIME = std::chrono::seconds(5);
@@ -217,23 +199,28 @@ __global__ void packPagesKernel(HalfRef const* halves, int32_t const* pages, int
     }
 }
 
+//! Packs (kPACK) or unpacks halves [begin, end) of `halves` (`deviceHalves` on the device). Called once for the data
+//! halves and once for the scale halves, as copyPages launches twice: each range takes the 16-byte path on its own
+//! alignment, so that scale pages whose size is no multiple of 16 (2 tokens a page of one head: 8 bytes of per
+//! token-head scales) do not send the data pages down the byte path too.
 template <bool kPACK>
-void launchPack(std::vector<HalfRef> const& halves, HalfRef const* deviceHalves, int32_t const* devicePages,
-    int32_t count, char* staging, cudaStream_t stream)
+void launchPack(std::vector<HalfRef> const& halves, size_t begin, size_t end, HalfRef const* deviceHalves,
+    int32_t const* devicePages, int32_t count, char* staging, cudaStream_t stream)
 {
     bool aligned = true;
-    for (HalfRef const& half : halves)
+    for (size_t h = begin; h < end; ++h)
     {
-        aligned = aligned && half.pageBytes % 16 == 0 && reinterpret_cast<uintptr_t>(half.pool) % 16 == 0;
+        HalfRef const& half = halves[h];
+        aligned = aligned && half.pageBytes % 16 == 0 && half.stagingOffset % 16 == 0
+            && reinterpret_cast<uintptr_t>(half.pool) % 16 == 0;
     }
     // NCCL's own runtime calls can fail by design (it probes kernels with cudaFuncGetAttributes) and leave their
     // error as the thread's last one; clear it so the check after each launch sees only the launch's own. An error
     // that poisons the context would come back from the launch itself.
     static_cast<void>(cudaGetLastError());
-    for (size_t first = 0; first < halves.size(); first += kMAX_LAYER_HALVES_PER_LAUNCH)
+    for (size_t first = begin; first < end; first += kMAX_LAYER_HALVES_PER_LAUNCH)
     {
-        auto const numHalves =
-            static_cast<unsigned>(std::min<size_t>(halves.size() - first, kMAX_LAYER_HALVES_PER_LAUNCH));
+        auto const numHalves = static_cast<unsigned>(std::min<size_t>(end - first, kMAX_LAYER_HALVES_PER_LAUNCH));
         dim3 const grid(static_cast<unsigned>(std::min(count, 65535)), numHalves);
         if (aligned)
         {
@@ -278,8 +265,6 @@ void checkArguments(char const* what, KVCacheManager const& cache, int32_t group
     {
         throw InvalidArgumentError(fmt::format("{}: comm is null; it must be an NCCL communicator", what));
     }
-    detail::refuseUncarriedScales(what, cache.layout().quantization, detail::CarriedScales::kNONE,
-        "transfers move no scale pages and compare no host scales yet");
     detail::validateResetList(what, pageIds, count, cache.group(group).numPages);
     int ranks = 0;
     int self = 0;
@@ -290,6 +275,20 @@ void checkArguments(char const* what, KVCacheManager const& cache, int32_t group
         throw InvalidArgumentError(fmt::format(
             "{}: peer is {}; it must be in [0, {}) and not the caller's own rank {}", what, peer, ranks, self));
     }
+}
+
+//! Returns the hash of the host-held scales of `cache`'s group `group` (detail::hostScalesHash).
+uint64_t groupScalesHash(KVCacheManager const& cache, int32_t group)
+{
+    std::vector<LayerScales> scales;
+    if (detail::keepsHostScales(cache.layout().quantization))
+    {
+        for (int32_t layer = 0; layer < cache.numLayers(); ++layer)
+        {
+            scales.push_back(cache.layerScales(layer));
+        }
+    }
+    return detail::hostScalesHash(cache.layout(), group, scales);
 }
 
 std::vector<Run> findRuns(std::vector<int32_t> const& send, std::vector<int32_t> const& receive)
@@ -317,17 +316,37 @@ void transferPages(Side side, KVCacheManager const& cache, int32_t group, int32_
     detail::ScopedDevice const device(cache.device());
     auto const deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options.timeoutMs);
 
-    KVPageGroupLayout const& groupLayout = cache.group(group);
+    // A page of the group is its data halves, then (with scale pools) its scale halves: the layer table's order, a host
+    // page's. Page ids index scale pages as they index data pages, so both go by the same runs and the same list.
     std::vector<HalfRef> halves;
     int64_t stagingBytes = 0;
+    auto const addHalf = [&](void* pool, int64_t pageBytes)
+    {
+        halves.push_back({static_cast<char*>(pool), pageBytes, stagingBytes});
+        stagingBytes += int64_t{count} * pageBytes;
+    };
+    KVPageGroupLayout const& groupLayout = cache.group(group);
     for (int32_t const layer : groupLayout.layers)
     {
         KVLayerLayout const& layerLayout = cache.layout().layers[static_cast<size_t>(layer)];
-        for (int32_t h = 0; h < layerLayout.numHalves; ++h)
+        addHalf(cache.kPoolPtr(layer), layerLayout.pageBytes);
+        if (layerLayout.numHalves == 2)
         {
-            void* const pool = h == 0 ? cache.kPoolPtr(layer) : cache.vPoolPtr(layer);
-            halves.push_back({static_cast<char*>(pool), layerLayout.pageBytes, stagingBytes});
-            stagingBytes += int64_t{count} * layerLayout.pageBytes;
+            addHalf(cache.vPoolPtr(layer), layerLayout.pageBytes);
+        }
+    }
+    size_t const dataHalves = halves.size();
+    if (detail::keepsScalePools(cache.layout().quantization))
+    {
+        for (int32_t const layer : groupLayout.layers)
+        {
+            KVLayerLayout const& layerLayout = cache.layout().layers[static_cast<size_t>(layer)];
+            LayerRef const ref = cache.layerRef(layer);
+            addHalf(ref.kScalePool, layerLayout.scalePageBytes);
+            if (layerLayout.numHalves == 2)
+            {
+                addHalf(ref.vScalePool, layerLayout.scalePageBytes);
+            }
         }
     }
 
@@ -342,8 +361,9 @@ void transferPages(Side side, KVCacheManager const& cache, int32_t group, int32_
     Scratch const scratch(stagingOffset + (mayStage ? stagingBytes : 0), stream);
     char* const headers = scratch.data() + headerOffset;
 
-    TransferHeader mine{
-        kHEADER_MAGIC, group, geometryFingerprint(cache.layout()), count, static_cast<int32_t>(options.path)};
+    TransferHeader const mine{detail::kTRANSFER_HEADER_MAGIC, group, geometryFingerprint(cache.layout()), count,
+        static_cast<int32_t>(options.path), groupScalesHash(cache, group),
+        static_cast<int32_t>(cache.layout().quantization), 0};
     KVCACHE_CUDA_TRY(cudaMemcpyAsync(headers, &mine, sizeof(mine), cudaMemcpyHostToDevice, stream));
     ncclCheck(ncclGroupStart(), "ncclGroupStart", comm, stream);
     ncclCheck(
@@ -355,27 +375,7 @@ void transferPages(Side side, KVCacheManager const& cache, int32_t group, int32_
     downloadAfter(
         &theirs, headers + 256, sizeof(theirs), stream, comm, deadline, options.timeoutMs, "the header exchange");
 
-    std::string mismatch;
-    if (theirs.magic != kHEADER_MAGIC)
-    {
-        mismatch = fmt::format("the peer's header starts with {:#x}, not {:#x}: it is not a kvcache page transfer",
-            theirs.magic, kHEADER_MAGIC);
-    }
-    else if (theirs.fingerprint != mine.fingerprint)
-    {
-        mismatch = fmt::format("geometry fingerprint {:#018x} here, {:#018x} at peer {}: the caches differ in layers, "
-                               "kinds, heads, dims, dtype or tokensPerPage",
-            mine.fingerprint, theirs.fingerprint, peer);
-    }
-    else if (theirs.group != group || theirs.count != count)
-    {
-        mismatch = fmt::format("group {} and count {} here, group {} and count {} at peer {}", group, count,
-            theirs.group, theirs.count, peer);
-    }
-    else if (theirs.path != mine.path)
-    {
-        mismatch = fmt::format("TransferOptions.path {} here, {} at peer {}", mine.path, theirs.path, peer);
-    }
+    std::string const mismatch = detail::headerMismatch(mine, theirs, peer);
     if (!mismatch.empty())
     {
         throw TransferError(
@@ -416,7 +416,8 @@ void transferPages(Side side, KVCacheManager const& cache, int32_t group, int32_
             deviceHalves, halves.data(), halves.size() * sizeof(HalfRef), cudaMemcpyHostToDevice, stream));
         if (side == Side::kSEND)
         {
-            launchPack<true>(halves, deviceHalves, devicePages, count, staging, stream);
+            launchPack<true>(halves, 0, dataHalves, deviceHalves, devicePages, count, staging, stream);
+            launchPack<true>(halves, dataHalves, halves.size(), deviceHalves, devicePages, count, staging, stream);
         }
     }
     ncclCheck(ncclGroupStart(), "ncclGroupStart", comm, stream);
@@ -445,34 +446,13 @@ void transferPages(Side side, KVCacheManager const& cache, int32_t group, int32_
     endGroup(comm, stream, deadline, options.timeoutMs, what);
     if (staged && side == Side::kRECEIVE)
     {
-        launchPack<false>(halves, deviceHalves, devicePages, count, staging, stream);
+        launchPack<false>(halves, 0, dataHalves, deviceHalves, devicePages, count, staging, stream);
+        launchPack<false>(halves, dataHalves, halves.size(), deviceHalves, devicePages, count, staging, stream);
     }
     waitForStream(stream, comm, deadline, options.timeoutMs, side == Side::kSEND ? "sendPages" : "receivePages");
 }
 
 } // namespace
-
-uint64_t geometryFingerprint(KVCacheLayout const& layout) noexcept
-{
-    uint64_t hash = 14695981039346656037ull;
-    fnv(hash, 1);
-    fnv(hash, static_cast<int32_t>(layout.layers.size()));
-    fnv(hash, static_cast<int32_t>(layout.dataType));
-    fnv(hash, static_cast<int32_t>(layout.elementBytes));
-    fnv(hash, layout.tokensPerPage);
-    fnv(hash, static_cast<int32_t>(layout.groups.size()));
-    for (KVLayerLayout const& layer : layout.layers)
-    {
-        // What a page holds of the layer (PageGeometry's layer fields), then where the layer's pages live.
-        PageLayerGeometry const page = pageLayerGeometry(layer);
-        fnv(hash, static_cast<int32_t>(page.kind));
-        fnv(hash, page.numKVHeads);
-        fnv(hash, page.headDim);
-        fnv(hash, layer.slidingWindow);
-        fnv(hash, layer.group);
-    }
-    return hash;
-}
 
 void sendPages(KVCacheManager const& cache, int32_t group, int32_t const* pageIds, int32_t count, int32_t peer,
     ncclComm_t comm, cudaStream_t stream, TransferOptions const& options)

@@ -2,6 +2,11 @@
 
 // Page transfer between caches on two GPUs over NCCL: the optional kvcache::transfer component
 // (-DKVCACHE_BUILD_TRANSFER=ON). This header needs no NCCL header: it names the communicator as nccl.h does.
+//
+// Every quantization is carried (docs/layout.md, "Quantized pages"): a page is its data pages and, with scale pools
+// (kFP8_PER_TOKEN_HEAD, kNVFP4), its scale pages, which move with it. Host-held layer scales (kFP8_PER_TENSOR, NVFP4's
+// global scales) do not move: they stay in each manager, and a transfer between caches whose scales differ is
+// refused, since the receiver would read the pages under other scales.
 
 #include "kvcache/core/errors.h"
 #include "kvcache/core/kv_cache_layout.h"
@@ -47,7 +52,8 @@ struct TransferOptions
 //! Why a transfer failed.
 enum class TransferFailure : int32_t
 {
-    //! The peer's cache has another geometry, group, page count or path; nothing was sent or written.
+    //! The peer's cache has another geometry or quantization, or other host-held layer scales in the group, or the peer
+    //! asked for another group, page count or path; nothing was sent or written.
     kMISMATCH = 0,
     //! The peer did not finish within TransferOptions::timeoutMs; the communicator was aborted.
     kTIMEOUT = 1,
@@ -100,16 +106,20 @@ private:
 };
 
 //! Returns the 64-bit FNV-1a hash (offset basis 14695981039346656037, prime 1099511628211) of this byte encoding of
-//! `layout`: little-endian int32 values 1 (the encoding's version), the number of layers, the data type's enumerator,
-//! its element bytes, tokensPerPage, the number of page groups, then per layer kind, numKVHeads, headDim,
-//! slidingWindow and group. Page counts are left out: the two caches may have pools of different sizes.
+//! `layout`: little-endian int32 values 2 (the encoding's version), the number of layers, the data type's enumerator,
+//! its element bytes, tokensPerPage, the number of page groups, the quantization's enumerator (KVQuantization), then
+//! per layer kind, numKVHeads, headDim, slidingWindow and group. Page counts are left out: the two caches may have
+//! pools of different sizes. Version 1, before quantized caches were carried, had no quantization; every fingerprint
+//! changed with version 2.
 uint64_t geometryFingerprint(KVCacheLayout const& layout) noexcept;
 
 //! Sends `count` pages of page group `group` of `cache` (ids `pageIds`, a host list), every layer of the group and both
-//! halves, to rank `peer` of `comm`, on `stream` (of cache.device()); the peer must call receivePages with the same
-//! count and group at the same time. First the two sides exchange a header (fingerprint of the geometry, group, count,
-//! path) and, unless the path is kSTAGED, their page lists; a mismatch throws TransferError kMISMATCH on both sides
-//! before any page moves. Then the pages go as runs (kDIRECT) or one packed message (kSTAGED), all inside one
+//! halves, data then (with scale pools) scales, to rank `peer` of `comm`, on `stream` (of cache.device()); the peer
+//! must call receivePages with the same count and group at the same time. First the two sides exchange a header
+//! (geometryFingerprint, the quantization, a hash of the bits of the group's host-held layer scales, a latent layer's
+//! unused V scale left out, group, count, path) and, unless the path is kSTAGED, their page lists; a mismatch throws
+//! TransferError kMISMATCH on both sides, naming what differs, before any page moves. Then the pages go as runs
+//! (kDIRECT: a run per layer half, data and scale halves alike) or one packed message (kSTAGED), all inside one
 //! ncclGroupStart/ncclGroupEnd. The call waits on the host until the pages have left, only ever polling (the stream
 //! and ncclCommGetAsyncError; it never blocks on the stream, so a peer that never posts cannot hang it); past
 //! options.timeoutMs it calls ncclCommAbort and throws TransferError kTIMEOUT, and an NCCL or stream error aborts and
@@ -123,9 +133,10 @@ void sendPages(KVCacheManager const& cache, int32_t group, int32_t const* pageId
     ncclComm_t comm, cudaStream_t stream, TransferOptions const& options = {});
 
 //! Receives `count` pages of page group `group` from rank `peer` into `cache`'s pages `pageIds` (the i-th page sent
-//! lands in pageIds[i]), every layer of the group and both halves, on `stream`; the counterpart of sendPages, with
-//! the same checks, waiting and failures. The listed pages are valid once it returns; after a TransferError other than
-//! kMISMATCH they are not.
+//! lands in pageIds[i]), every layer of the group and both halves, data and scales, on `stream`; the counterpart of
+//! sendPages, with the same checks, waiting and failures. The listed pages are valid once it returns; after a
+//! TransferError other than kMISMATCH they are not. The cache's host-held layer scales are not changed: they must
+//! already equal the sender's (else kMISMATCH).
 void receivePages(KVCacheManager const& cache, int32_t group, int32_t const* pageIds, int32_t count, int32_t peer,
     ncclComm_t comm, cudaStream_t stream, TransferOptions const& options = {});
 

@@ -32,8 +32,8 @@ public:
     KVCacheManager() noexcept = default;
     //! Validates `config`, then allocates each layer with cudaMallocAsync on `stream` (never reallocated), and for a
     //! quantization with page scales (kFP8_PER_TOKEN_HEAD, kNVFP4) a second allocation a layer, its scale pool;
-    //! `stream` must outlive the manager, which frees its memory on it. Every quantization is accepted; the paths
-    //! that do not carry scales yet refuse a cache whose scales they would drop (docs/layout.md, "Status").
+    //! `stream` must outlive the manager, which frees its memory on it. Every quantization is accepted; page
+    //! operations, host tiers, sequence files and page transfer carry the scales (docs/layout.md, "Status").
     //! Throws InvalidConfigError for a bad config (before allocating anything), OutOfMemoryError when a layer or its
     //! scale pool cannot be allocated (after freeing everything already allocated) and CudaError for other CUDA
     //! failures.

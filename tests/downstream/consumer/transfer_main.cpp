@@ -1,5 +1,6 @@
 // Links kvcache::transfer from the package and checks a host-only part of it: the geometry fingerprint two peers
-// compare before a transfer equals FNV-1a over the encoding its header documents, computed here from the config.
+// compare before a transfer equals FNV-1a over the encoding its header documents, computed here from the config, and
+// changes with the page size and with the quantization.
 #include <kvcache/kvcache.h>
 #include <kvcache/transfer/page_transfer.h>
 
@@ -39,9 +40,9 @@ int main()
     config.tokensPerPage = 16;
     rt::KVCacheLayout const layout = rt::KVCacheManager::validate(config);
 
-    // Version 1, 2 layers, kHALF (1) of 2 bytes, 16 tokens a page, 1 group; per layer kind kKV (0), heads, dim,
-    // window 0, group 0.
-    uint64_t const expected = fnv1a({1, 2, 1, 2, 16, 1, 0, 2, 64, 0, 0, 0, 4, 32, 0, 0});
+    // Version 2, 2 layers, kHALF (1) of 2 bytes, 16 tokens a page, 1 group, quantization kNONE (0); per layer kind
+    // kKV (0), heads, dim, window 0, group 0.
+    uint64_t const expected = fnv1a({2, 2, 1, 2, 16, 1, 0, 0, 2, 64, 0, 0, 0, 4, 32, 0, 0});
     uint64_t const got = rt::geometryFingerprint(layout);
     if (got != expected)
     {
@@ -53,6 +54,16 @@ int main()
     if (rt::geometryFingerprint(rt::KVCacheManager::validate(config)) == got)
     {
         std::fprintf(stderr, "another page size gave the same fingerprint\n");
+        return 1;
+    }
+    // FP8 values with and without per-tensor scales: the same bytes a page, read back differently.
+    config.tokensPerPage = 16;
+    config.kvCacheType = rt::DataType::kFP8_E4M3;
+    uint64_t const plain = rt::geometryFingerprint(rt::KVCacheManager::validate(config));
+    config.quantization = rt::KVQuantization::kFP8_PER_TENSOR;
+    if (rt::geometryFingerprint(rt::KVCacheManager::validate(config)) == plain)
+    {
+        std::fprintf(stderr, "another quantization gave the same fingerprint\n");
         return 1;
     }
     std::printf("kvcache::transfer ok\n");
