@@ -1,19 +1,37 @@
 // Host tier transfer rates against one contiguous cudaMemcpyAsync of the same bytes, the kernel/copy-engine
 // crossover, a device list replayed in a graph, both directions at once, the slowdown of a concurrent compute kernel,
-// and the time a large tier takes to construct and to pin fully. Geometry: 32 layers, 8 KV heads x 128 dims, float16,
-// 16 tokens a page, K and V (a host page is 2 MiB). Prints one line a measurement; exits 77 without a GPU.
+// the time a large tier takes to construct and to pin fully, and the rates of quantized caches. Geometry: 32 layers,
+// 8 KV heads x 128 dims, float16, 16 tokens a page, K and V (a host page is 2 MiB). Prints one line a measurement;
+// exits 77 without a GPU, 1 when a check or a CUDA call failed. host_tier_harness.h holds the timing and the check.
+//
+// Quantized caches, last: the same geometry in kFP8_PER_TOKEN_HEAD (FP8 E4M3 data and a float32 scale per page, token
+// and head: a host page of 1,081,344 bytes, 32,768 of them scales) and in kNVFP4 (two E2M1 values a byte and one FP8
+// E4M3 scale per 16 values: 589,824 bytes, 65,536 of them scales). A host page holds a page's data and scale pages, so
+// each row moves both, and its contiguous cudaMemcpyAsync moves pages x hostPageBytes, data and scales. Rows
+// `<quantization>/<offload|onboard>/<copy_engine|kernel>/<pages>` for 8, 64 and 256 pages (kAUTO takes the copy
+// engine for all of them) print the ratio to that copy, with `<quantization>/host_enqueue/...` at 256 pages. Before
+// them, each method passes a round trip of each list once (`<quantization>/check/<method>/<pages>: ok`): every byte of
+// the cache hashed (K, V and their scales differ), host pages poisoned, offload, each host page compared with its
+// page's data and scale pages in layout order, the pages reset to a poison pattern (scales included), onboard, each
+// page's data and scale pages compared again, bit for bit. NVFP4's global scales are per layer, stay in the manager
+// and are not in a host page, so no row moves them.
 //
 // Flags: --tier-gib=N (default 64) sizes the construction run (halved until it fits in half the machine's memory);
-// --reps=N (default 20) timed repetitions, the median reported.
+// --reps=N (default 20) timed repetitions, the median reported; --quantized-only runs the quantized rows alone.
+
+#include "host_tier_harness.h"
 
 #include "kvcache/errors.h"
 #include "kvcache/host_tier.h"
+#include "kvcache/kv_cache_config.h"
+#include "kvcache/kv_cache_layout.h"
 #include "kvcache/kv_cache_manager.h"
 
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -21,71 +39,25 @@
 #include <cstring>
 #include <functional>
 #include <memory>
-#include <numeric>
-#include <random>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "support/config_builder.h"
 #include "support/cuda_raii.h"
 #include "support/gpu_availability.h"
 
+namespace kvcache::bench
+{
 namespace
 {
 
-namespace rt = kvcache::rt;
 using kvcache::test::CudaEvent;
 using kvcache::test::CudaStream;
-using kvcache::test::PinnedHostBuffer;
 
-constexpr int32_t kLAYERS = 32;
-constexpr int32_t kPAGES = 1024;
-constexpr int32_t kHOST_PAGES = 512;
+//! Pages a call of the float16 rows moves.
 constexpr int32_t kCOUNTS[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
-
-int32_t gReps = 20;
-
-//! Spins one thread for `cycles` clock cycles.
-__global__ void spinKernel(long long cycles)
-{
-    long long const start = clock64();
-    while (clock64() - start < cycles)
-    {
-    }
-}
-
-//! About a millisecond of spinning: longer than any call here takes to enqueue.
-constexpr long long kSPIN_CYCLES = 2'000'000;
-
-//! Median seconds of `reps` runs of `enqueue` on `stream`, each timed with events. A spin kernel ahead of the start
-//! event keeps the stream busy while the host enqueues, so the events time the GPU's work alone, not the host's
-//! (host time is reported apart).
-double medianSeconds(cudaStream_t stream, std::function<void()> const& enqueue)
-{
-    CudaEvent const startEvent(cudaEventDefault);
-    CudaEvent const stopEvent(cudaEventDefault);
-    cudaEvent_t const start = startEvent.get();
-    cudaEvent_t const stop = stopEvent.get();
-    std::vector<double> times;
-    for (int32_t r = 0; r < gReps + 2; ++r)
-    {
-        spinKernel<<<1, 1, 0, stream>>>(kSPIN_CYCLES);
-        KVCACHE_CUDA_TRY(cudaGetLastError());
-        KVCACHE_CUDA_TRY(cudaEventRecord(start, stream));
-        enqueue();
-        KVCACHE_CUDA_TRY(cudaEventRecord(stop, stream));
-        KVCACHE_CUDA_TRY(cudaEventSynchronize(stop));
-        float ms = 0;
-        KVCACHE_CUDA_TRY(cudaEventElapsedTime(&ms, start, stop));
-        if (r >= 2)
-        {
-            times.push_back(ms * 1e-3);
-        }
-    }
-    std::sort(times.begin(), times.end());
-    return times[times.size() / 2];
-}
+//! Pages a call of the quantized rows moves: the targets hold from 8 pages on.
+constexpr int32_t kQUANTIZED_COUNTS[] = {8, 64, kMAX_COUNT};
 
 //! Median seconds of `compute` on `stream` while `transfers` run on `other`, and the transfers' own median seconds.
 //! The transfers start first: a long spin hides the host's enqueueing of both, then `other` is released and a short
@@ -102,13 +74,11 @@ std::pair<double, double> sharedSeconds(cudaStream_t stream, cudaStream_t other,
     cudaEvent_t const transfersDone = timing[2].get();
     std::vector<double> times;
     std::vector<double> transferTimes;
-    for (int32_t r = 0; r < gReps + 2; ++r)
+    for (int32_t r = 0; r < repetitions() + 2; ++r)
     {
-        spinKernel<<<1, 1, 0, stream>>>(kSPIN_CYCLES * 30);
-        KVCACHE_CUDA_TRY(cudaGetLastError());
+        enqueueSpin(stream, kSPIN_CYCLES * 30);
         KVCACHE_CUDA_TRY(cudaEventRecord(go, stream));
-        spinKernel<<<1, 1, 0, stream>>>(kSPIN_CYCLES / 5);
-        KVCACHE_CUDA_TRY(cudaGetLastError());
+        enqueueSpin(stream, kSPIN_CYCLES / 5);
         KVCACHE_CUDA_TRY(cudaEventRecord(start, stream));
         KVCACHE_CUDA_TRY(cudaStreamWaitEvent(other, go, 0));
         transfers();
@@ -144,38 +114,12 @@ __global__ void computeKernel(float* out, int32_t iterations)
     out[blockIdx.x * blockDim.x + threadIdx.x] = a;
 }
 
-std::vector<rt::HostTierEntry> scattered(int32_t count, uint32_t seed)
-{
-    std::mt19937 generator(seed);
-    std::vector<int32_t> pages(kPAGES);
-    std::vector<int32_t> hostPages(kHOST_PAGES);
-    std::iota(pages.begin(), pages.end(), 0);
-    std::iota(hostPages.begin(), hostPages.end(), 0);
-    std::shuffle(pages.begin(), pages.end(), generator);
-    std::shuffle(hostPages.begin(), hostPages.end(), generator);
-    std::vector<rt::HostTierEntry> entries;
-    for (int32_t i = 0; i < count; ++i)
-    {
-        entries.push_back({pages[static_cast<size_t>(i)], hostPages[static_cast<size_t>(i)]});
-    }
-    return entries;
-}
-
-char const* methodName(rt::HostTierMethod method)
-{
-    return method == rt::HostTierMethod::kKERNEL ? "kernel" : "copy_engine";
-}
-
-int run(int64_t tierGib)
+//! The float16 rows: everything but the quantized caches.
+void float16Rows(int64_t tierGib)
 {
     CudaStream stream;
     CudaStream second;
-    rt::KVCacheConfig config = kvcache::test::ConfigBuilder(std::vector<rt::KVLayerConfig>(kLAYERS, {8, 128}))
-                                   .maxBatchSize(1)
-                                   .maxSequenceLength(kPAGES * 16)
-                                   .tokensPerPage(16)
-                                   .dataType(rt::DataType::kHALF);
-    rt::KVCacheManager cache(config, stream.get());
+    rt::KVCacheManager cache(tierConfig(rt::DataType::kHALF, rt::KVQuantization::kNONE), stream.get());
     rt::HostTier tier(cache, 0, kHOST_PAGES);
     tier.waitUntilReady();
     int64_t const hostPageBytes = tier.hostPageBytes();
@@ -183,10 +127,7 @@ int run(int64_t tierGib)
         static_cast<long long>(hostPageBytes), kPAGES, kHOST_PAGES);
 
     // The contiguous baseline: one cudaMemcpyAsync between a device buffer and a pinned buffer of the same size.
-    int64_t const maxBytes = int64_t{256} * hostPageBytes;
-    kvcache::test::DeviceArray<char> deviceBuffer(static_cast<size_t>(maxBytes));
-    PinnedHostBuffer pinnedBuffer(maxBytes);
-    void* const pinned = pinnedBuffer.data();
+    ContiguousBuffers buffers(hostPageBytes);
 
     int64_t crossoverBytes[2] = {-1, -1};
     for (int32_t d = 0; d < 2; ++d)
@@ -196,56 +137,10 @@ int run(int64_t tierGib)
         for (int32_t const count : kCOUNTS)
         {
             int64_t const bytes = count * hostPageBytes;
-            auto const entries = scattered(count, static_cast<uint32_t>(count));
-            double const contiguous = medianSeconds(stream.get(),
-                [&]
-                {
-                    KVCACHE_CUDA_TRY(toHost ? cudaMemcpyAsync(pinned, deviceBuffer.get(), static_cast<size_t>(bytes),
-                                         cudaMemcpyDeviceToHost, stream.get())
-                                            : cudaMemcpyAsync(deviceBuffer.get(), pinned, static_cast<size_t>(bytes),
-                                                cudaMemcpyHostToDevice, stream.get()));
-                });
-            double seconds[2] = {0, 0};
-            for (auto const method : {rt::HostTierMethod::kCOPY_ENGINE, rt::HostTierMethod::kKERNEL})
-            {
-                double const s = medianSeconds(stream.get(),
-                    [&]
-                    {
-                        if (toHost)
-                        {
-                            tier.offload(cache, entries, stream.get(), method);
-                        }
-                        else
-                        {
-                            tier.onboard(cache, entries, stream.get(), method);
-                        }
-                    });
-                seconds[method == rt::HostTierMethod::kKERNEL ? 1 : 0] = s;
-                if (count == 1 || count == 256)
-                {
-                    std::vector<double> host;
-                    for (int32_t r = 0; r < gReps; ++r)
-                    {
-                        auto const begin = std::chrono::steady_clock::now();
-                        if (toHost)
-                        {
-                            tier.offload(cache, entries, stream.get(), method);
-                        }
-                        else
-                        {
-                            tier.onboard(cache, entries, stream.get(), method);
-                        }
-                        host.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count());
-                        stream.synchronize();
-                    }
-                    std::sort(host.begin(), host.end());
-                    std::printf("host_enqueue/%s/%s/%d: %.1f us a call\n", direction, methodName(method), count,
-                        host[host.size() / 2] * 1e6);
-                }
-                std::printf("%s/%s/%d: %.2f GB/s, contiguous %.2f GB/s, ratio %.3f\n", direction, methodName(method),
-                    count, static_cast<double>(bytes) / s * 1e-9, static_cast<double>(bytes) / contiguous * 1e-9,
-                    contiguous / s);
-            }
+            auto const entries = scatteredEntries(count, static_cast<uint32_t>(count));
+            double const contiguous = contiguousSeconds(stream.get(), buffers, toHost, bytes);
+            std::array<double, 2> const seconds =
+                measureRates("", tier, cache, entries, toHost, contiguous, stream.get(), count == 1 || count == 256);
             if (seconds[1] <= seconds[0])
             {
                 crossoverBytes[d] = bytes;
@@ -261,7 +156,7 @@ int run(int64_t tierGib)
     // A device list replayed in a CUDA graph: 256 positions (16 launches), one of them counted or all of them, against
     // the same pages by a host list through the kernel.
     {
-        auto const entries = scattered(256, 5);
+        auto const entries = scatteredEntries(256, 5);
         kvcache::test::DeviceArray<rt::HostTierEntry> list(entries, stream.get());
         kvcache::test::DeviceArray<int32_t> count(std::vector<int32_t>{1}, stream.get());
         kvcache::test::CapturedGraph graph(
@@ -281,7 +176,7 @@ int run(int64_t tierGib)
     // Both directions at once: disjoint pages and host pages, offload on one stream, onboard on another.
     for (auto const method : {rt::HostTierMethod::kCOPY_ENGINE, rt::HostTierMethod::kKERNEL})
     {
-        auto const all = scattered(256, 99);
+        auto const all = scatteredEntries(256, 99);
         std::vector<rt::HostTierEntry> const out(all.begin(), all.begin() + 128);
         std::vector<rt::HostTierEntry> const in(all.begin() + 128, all.end());
         int64_t const bytes = 128 * hostPageBytes;
@@ -341,7 +236,7 @@ int run(int64_t tierGib)
         double const computeAlone = medianSeconds(stream.get(), compute);
         for (TransferCase const& transfer : cases)
         {
-            auto const entries = scattered(transfer.pages, 7);
+            auto const entries = scatteredEntries(transfer.pages, 7);
             rt::HostTierMethod used = transfer.method;
             double const oneTransfer = medianSeconds(
                 second.get(), [&] { used = tier.onboard(cache, entries, second.get(), transfer.method); });
@@ -364,7 +259,7 @@ int run(int64_t tierGib)
         }
     }
 
-    pinnedBuffer.reset();
+    buffers.pinned.reset();
 
     // Construction of a large tier: time to return and time to every host page pinned.
     int64_t const physical = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGE_SIZE);
@@ -388,14 +283,68 @@ int run(int64_t tierGib)
     }
     std::printf("construction/%lld GiB: destroyed after %.3f s in all\n", static_cast<long long>(tierGib),
         std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count());
-    return 0;
+}
+
+//! The quantized rows (see the top of this file): for each format a cache and a tier of the same geometry, each list
+//! checked once by each method, then the rates of each list against the contiguous copy of its data and scale bytes.
+void quantizedRows()
+{
+    struct Format
+    {
+        rt::KVQuantization quantization;
+        rt::DataType storage;
+    };
+    Format const formats[] = {{rt::KVQuantization::kFP8_PER_TOKEN_HEAD, rt::DataType::kFP8_E4M3},
+        {rt::KVQuantization::kNVFP4, rt::DataType::kUINT8}};
+    for (Format const& format : formats)
+    {
+        CudaStream stream;
+        rt::KVCacheManager cache(tierConfig(format.storage, format.quantization), stream.get());
+        rt::HostTier tier(cache, 0, kHOST_PAGES);
+        tier.waitUntilReady();
+        ContiguousBuffers buffers(tier.hostPageBytes());
+        std::string const name(rt::kvQuantizationName(format.quantization));
+        int64_t scaleBytes = 0;
+        for (int32_t const layer : cache.group(0).layers)
+        {
+            rt::KVLayerLayout const& sizes = cache.layout().layers[static_cast<size_t>(layer)];
+            scaleBytes += sizes.numHalves * sizes.scalePageBytes;
+        }
+        std::printf("%s/geometry: %d layers, host page %lld bytes (%lld of them scales), %d device pages, %d host "
+                    "pages\n",
+            name.c_str(), kLAYERS, static_cast<long long>(tier.hostPageBytes()), static_cast<long long>(scaleBytes),
+            kPAGES, kHOST_PAGES);
+
+        fillHashed(cache, stream.get());
+        for (int32_t const count : kQUANTIZED_COUNTS)
+        {
+            auto const entries = scatteredEntries(count, static_cast<uint32_t>(count));
+            for (auto const method : {rt::HostTierMethod::kCOPY_ENGINE, rt::HostTierMethod::kKERNEL})
+            {
+                checkRoundTrip(tier, cache, entries, method, buffers, stream.get());
+                std::printf("%s/check/%s/%d: ok\n", name.c_str(), methodName(method), count);
+            }
+        }
+        for (bool const toHost : {true, false})
+        {
+            for (int32_t const count : kQUANTIZED_COUNTS)
+            {
+                auto const entries = scatteredEntries(count, static_cast<uint32_t>(count));
+                double const contiguous =
+                    contiguousSeconds(stream.get(), buffers, toHost, count * tier.hostPageBytes());
+                measureRates(name + "/", tier, cache, entries, toHost, contiguous, stream.get(), count == kMAX_COUNT);
+            }
+        }
+    }
 }
 
 } // namespace
+} // namespace kvcache::bench
 
 int main(int argc, char** argv)
 {
     int64_t tierGib = 64;
+    bool quantizedOnly = false;
     for (int i = 1; i < argc; ++i)
     {
         if (std::strncmp(argv[i], "--tier-gib=", 11) == 0)
@@ -404,11 +353,15 @@ int main(int argc, char** argv)
         }
         else if (std::strncmp(argv[i], "--reps=", 7) == 0)
         {
-            gReps = std::max(1, std::atoi(argv[i] + 7));
+            kvcache::bench::setRepetitions(std::atoi(argv[i] + 7));
+        }
+        else if (std::strcmp(argv[i], "--quantized-only") == 0)
+        {
+            quantizedOnly = true;
         }
         else
         {
-            std::fprintf(stderr, "usage: %s [--tier-gib=N] [--reps=N]\n", argv[0]);
+            std::fprintf(stderr, "usage: %s [--tier-gib=N] [--reps=N] [--quantized-only]\n", argv[0]);
             return 2;
         }
     }
@@ -420,7 +373,12 @@ int main(int argc, char** argv)
     }
     try
     {
-        return run(tierGib);
+        if (!quantizedOnly)
+        {
+            kvcache::bench::float16Rows(tierGib);
+        }
+        kvcache::bench::quantizedRows();
+        return 0;
     }
     catch (std::exception const& error)
     {

@@ -1,13 +1,22 @@
 // Page copy and reset throughput: kvcache's kernels against cudaMemcpyAsync / cudaMemsetAsync baselines and the
-// contiguous-transfer ceiling, for the same bytes, in one process. The models, the page lists and one function per
-// method are here; page_ops_harness.h times them. See docs/benchmarks.md.
+// contiguous-transfer ceiling, for the same bytes, in one process. The cases and one function per method are here;
+// page_ops_models.h holds the models and their page lists, page_ops_harness.h times them. See docs/benchmarks.md.
+//
+// Quantized caches: fp8_per_token_head_uniform (FP8 E4M3 data and a float32 scale per page, token and head) and
+// nvfp4_uniform (two E2M1 values a byte and one FP8 E4M3 scale per 16 values), both 32 x (8, 128) with 768 pages, are
+// copied (8 and 256 scattered pairs, every method) and reset (8 and 256 pages, every reset method). A page is its data
+// and its scale pages, so every method moves both, in every layer and half: the per-page baselines make one call a
+// scale page too (pages x 32 x 4 calls), the ceiling is one contiguous transfer of the data and scale bytes together,
+// bytes_read and bytes_written count both (their meaning unchanged: what a call reads and writes) and these rows also
+// report scale_bytes_written, the scale part of bytes_written. The one-off check poisons the destination's data and
+// scale pages, gives K, V, K scales and V scales distinct random bytes, and names the layer and part that is wrong.
+// NVFP4's global scales are per layer, held on the host, and no page operation moves them.
 
 #include "page_ops_harness.h"
+#include "page_ops_models.h"
 
 #include "kvcache/errors.h"
-#include "kvcache/kv_cache_layout.h"
 #include "kvcache/kv_cache_manager.h"
-#include "kvcache/layer_ref.h"
 #include "kvcache/page_ops.h"
 
 #include <benchmark/benchmark.h>
@@ -16,26 +25,17 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
-#include <numeric>
-#include <random>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "support/config_builder.h"
 #include "support/cuda_raii.h"
+#include "support/page_segments.h"
 
 namespace kvcache::bench
 {
 namespace
 {
 
-constexpr int32_t kNUM_LAYERS = 32;
-//! The uniform models' layer shape (8 KV heads of 128), the first of the mixed model's four.
-constexpr rt::KVLayerConfig kUNIFORM_LAYER{8, 128};
-//! Pages per half and layer: three times the largest list, so source and destination sets drawn from it are
-//! disjoint and scattered (the runtime's pool has many retained pages).
-constexpr int32_t kPOOL_PAGES = 768;
 constexpr int64_t kENQUEUE_ITERATIONS = 2000;
 constexpr int64_t kENQUEUE_SYNC_EVERY = 32;
 //! Single-pair calls in one back-to-back batch: every call on its own pages (2 * 384 = kPOOL_PAGES).
@@ -43,163 +43,10 @@ constexpr int32_t kBACK_TO_BACK_CALLS = kPOOL_PAGES / 2;
 //! Timed batches of a back-to-back case, whatever --benchmark_min_time says. Each batch reports its time per call,
 //! so a minimum time would be met only after about kBACK_TO_BACK_CALLS times as long.
 constexpr int64_t kBACK_TO_BACK_BATCHES = 30;
-constexpr uint64_t kPAGE_SEED = 20240611;
-
-//! A model's attention layers and cache element type, and the page group its cases target (-1: the only one).
-struct Model
-{
-    char const* name;
-    rt::DataType type;
-    std::vector<rt::KVLayerConfig> layers;
-    int32_t group = -1;
-};
-
-Model const& uniformModel()
-{
-    static Model const model{
-        "fp16_uniform", rt::DataType::kHALF, std::vector<rt::KVLayerConfig>(kNUM_LAYERS, kUNIFORM_LAYER)};
-    return model;
-}
-
-Model const& fp8Model()
-{
-    static Model const model{
-        "fp8_uniform", rt::DataType::kFP8_E4M3, std::vector<rt::KVLayerConfig>(kNUM_LAYERS, kUNIFORM_LAYER)};
-    return model;
-}
-
-Model const& mixedModel()
-{
-    static Model const model = []
-    {
-        std::vector<rt::KVLayerConfig> const shapes{kUNIFORM_LAYER, {4, 64}, {2, 256}, {1, 80}};
-        Model result{"fp16_mixed", rt::DataType::kHALF, {}};
-        for (int32_t i = 0; i < kNUM_LAYERS; ++i)
-        {
-            result.layers.push_back(shapes[static_cast<size_t>(i) % shapes.size()]);
-        }
-        return result;
-    }();
-    return model;
-}
-
-//! A gpt-oss-like hybrid model: 24 layers of 8 KV heads of 64, bfloat16, alternating a 128-token sliding window with
-//! full attention, so two page groups of 12 layers; `group` picks the one its cases copy.
-Model groupedModel(char const* name, int32_t group)
-{
-    Model model{name, rt::DataType::kBF16, {}, group};
-    for (int32_t i = 0; i < 24; ++i)
-    {
-        model.layers.push_back({8, 64, i % 2 == 0 ? 128 : 0, rt::KVLayerKind::kKV});
-    }
-    return model;
-}
-
-Model const& groupedFullModel()
-{
-    static Model const model = groupedModel("bf16_grouped_full", 0);
-    return model;
-}
-
-Model const& groupedWindowModel()
-{
-    static Model const model = groupedModel("bf16_grouped_window", 1);
-    return model;
-}
-
-//! Returns the cache of `model`: one sequence of one page, so nearly the whole pool of every group is free for the
-//! lists.
-rt::KVCacheManager const& cacheOf(Harness& harness, Model const& model)
-{
-    rt::KVCacheConfig config = test::ConfigBuilder(model.layers)
-                                   .maxBatchSize(1)
-                                   .maxSequenceLength(rt::kTOKENS_PER_PAGE)
-                                   .dataType(model.type)
-                                   .build();
-    int32_t const groups = static_cast<int32_t>(rt::computeLayout(config).groups.size());
-    if (groups > 1)
-    {
-        config.numPagesPerGroup.assign(static_cast<size_t>(groups), kPOOL_PAGES);
-    }
-    else
-    {
-        config.numPages = kPOOL_PAGES;
-    }
-    return harness.cache(model.name, config);
-}
-
-//! Returns the targeted group's index in `cache` (group -1 is the only one).
-int32_t groupOf(Model const& model)
-{
-    return std::max(model.group, 0);
-}
-
-//! Returns the pages per half of the group `model`'s cases target.
-int32_t poolPagesOf(rt::KVCacheManager const& cache, Model const& model)
-{
-    return cache.group(groupOf(model)).numPages;
-}
-
-//! Returns `count` distinct page ids in [0, numPages), in a fixed pseudo-random order.
-std::vector<int32_t> scatteredPages(int32_t count, int32_t numPages)
-{
-    std::vector<int32_t> ids(static_cast<size_t>(numPages));
-    std::iota(ids.begin(), ids.end(), 0);
-    std::mt19937_64 generator(kPAGE_SEED + static_cast<uint64_t>(count));
-    std::shuffle(ids.begin(), ids.end(), generator);
-    ids.resize(static_cast<size_t>(count));
-    return ids;
-}
-
-//! Returns `count` pairs of scattered pages, no page in two pairs.
-std::vector<rt::PageCopy> scatteredPairs(int32_t count, int32_t numPages)
-{
-    std::vector<int32_t> const ids = scatteredPages(2 * count, numPages);
-    std::vector<rt::PageCopy> pairs;
-    for (size_t i = 0; i < static_cast<size_t>(count); ++i)
-    {
-        pairs.push_back({ids[i], ids[i + static_cast<size_t>(count)]});
-    }
-    return pairs;
-}
-
-//! Returns `count` pairs whose sources are pages [0, count) and destinations [count, 2 * count), as a sequence forked
-//! into freshly allocated pages has.
-std::vector<rt::PageCopy> pairsInOneRun(int32_t count)
-{
-    std::vector<rt::PageCopy> pairs;
-    for (int32_t i = 0; i < count; ++i)
-    {
-        pairs.push_back({i, count + i});
-    }
-    return pairs;
-}
-
-//! Returns `count` pairs whose sources, and whose destinations, are runs of `runLength` adjacent pages: the pool is cut
-//! into runs, taken in a fixed pseudo-random order, sources from the first runs and destinations from the next.
-std::vector<rt::PageCopy> pairsInRuns(int32_t count, int32_t runLength, int32_t numPages)
-{
-    int32_t const runsPerSide = (count + runLength - 1) / runLength;
-    if (2 * runsPerSide * runLength > numPages)
-    {
-        throw std::runtime_error(
-            "the pool is too small for " + std::to_string(count) + " pairs in runs of " + std::to_string(runLength));
-    }
-    std::vector<int32_t> const runs = scatteredPages(2 * runsPerSide, numPages / runLength);
-    std::vector<rt::PageCopy> pairs;
-    for (int32_t i = 0; i < count; ++i)
-    {
-        int32_t const run = i / runLength;
-        int32_t const offset = i % runLength;
-        pairs.push_back({runs[static_cast<size_t>(run)] * runLength + offset,
-            runs[static_cast<size_t>(runsPerSide + run)] * runLength + offset});
-    }
-    return pairs;
-}
 
 //! Returns every page-sized transfer of a copy list (`pairs`) or a reset list (`resetPages`) in the layers of `group`,
-//! in list order, then layer, then half (K before V): the per-page baselines move exactly these, and the check reads
-//! them back.
+//! in list order, then test::pageSegments' order (data pages layer by layer, K before V, then the scale pages the same
+//! way): the per-page baselines move exactly these, and the check reads them back.
 std::vector<Segment> segmentsOf(rt::KVCacheManager const& cache, int32_t group, std::vector<rt::PageCopy> const& pairs,
     std::vector<int32_t> const& resetPages)
 {
@@ -208,19 +55,14 @@ std::vector<Segment> segmentsOf(rt::KVCacheManager const& cache, int32_t group, 
     size_t const count = isCopy ? pairs.size() : resetPages.size();
     for (size_t i = 0; i < count; ++i)
     {
-        int32_t const dst = isCopy ? pairs[i].dst : resetPages[i];
-        for (int32_t const layer : cache.group(group).layers)
+        std::vector<test::PageSegment> const dst =
+            test::pageSegments(cache, group, isCopy ? pairs[i].dst : resetPages[i]);
+        std::vector<test::PageSegment> const src =
+            isCopy ? test::pageSegments(cache, group, pairs[i].src) : std::vector<test::PageSegment>{};
+        for (size_t s = 0; s < dst.size(); ++s)
         {
-            rt::LayerRef const ref = cache.layerRef(layer);
-            int64_t const bytes = ref.pageStride * ref.elementBytes;
-            char* const kSrc = isCopy ? static_cast<char*>(ref.kAddress(pairs[i].src, 0, 0)) : nullptr;
-            char* const vSrc =
-                isCopy && ref.vPool != nullptr ? static_cast<char*>(ref.vAddress(pairs[i].src, 0, 0)) : nullptr;
-            segments.push_back({static_cast<char*>(ref.kAddress(dst, 0, 0)), kSrc, bytes});
-            if (ref.vPool != nullptr)
-            {
-                segments.push_back({static_cast<char*>(ref.vAddress(dst, 0, 0)), vSrc, bytes});
-            }
+            segments.push_back(
+                {dst[s].address, isCopy ? src[s].address : nullptr, dst[s].bytes, dst[s].layer, dst[s].part});
         }
     }
     return segments;
@@ -236,6 +78,7 @@ struct Workload
     std::vector<int32_t> pages;      //!< a reset's list
     std::vector<Segment> segments;
     int64_t bytesWritten;
+    int64_t scaleBytesWritten; //!< the part of bytesWritten that is scale pages
 };
 
 Workload makeWorkload(rt::KVCacheManager const& cache, Model const& model, Transfer transfer,
@@ -243,13 +86,17 @@ Workload makeWorkload(rt::KVCacheManager const& cache, Model const& model, Trans
 {
     std::vector<Segment> segments = segmentsOf(cache, groupOf(model), pairs, pages);
     int64_t bytesWritten = 0;
+    int64_t scaleBytesWritten = 0;
     for (Segment const& segment : segments)
     {
         bytesWritten += segment.bytes;
+        bool const isScale = segment.part == test::SegmentPart::kKScales || segment.part == test::SegmentPart::kVScales;
+        scaleBytesWritten += isScale ? segment.bytes : 0;
     }
     rt::PageOpTarget target;
     target.group = model.group;
-    return Workload{cache, target, transfer, std::move(pairs), std::move(pages), std::move(segments), bytesWritten};
+    return Workload{cache, target, transfer, std::move(pairs), std::move(pages), std::move(segments), bytesWritten,
+        scaleBytesWritten};
 }
 
 // One function per method of a copy or reset case: each returns the call the harness times. The call may refer to
@@ -427,6 +274,10 @@ void measureTransfer(benchmark::State& state, Harness& harness, TransferCase con
     {
         state.counters["run_pages"] = c.runLength;
     }
+    if (work.scaleBytesWritten > 0)
+    {
+        state.counters["scale_bytes_written"] = static_cast<double>(work.scaleBytesWritten);
+    }
     int64_t const bytesRead = work.transfer == Transfer::kCOPY ? work.bytesWritten : 0;
     reportTransfer(state, c.pages, bytesRead, work.bytesWritten, secondsPerCall, ceiling);
 }
@@ -591,6 +442,25 @@ void registerAll()
         for (Method const& method : resetMethods)
         {
             registerTransfer(Operation::kRESET, *model, method, 256);
+        }
+    }
+    // Quantized caches: 8 pages as well as 256 for resets, so that the smoke run (8 pages) checks a reset's scale
+    // pages too.
+    for (Model const* model : {&fp8PerTokenHeadModel(), &nvfp4Model()})
+    {
+        for (int32_t pairs : {8, 256})
+        {
+            for (Method const& method : copyMethods)
+            {
+                registerTransfer(Operation::kCOPY, *model, method, pairs);
+            }
+        }
+        for (int32_t pages : {8, 256})
+        {
+            for (Method const& method : resetMethods)
+            {
+                registerTransfer(Operation::kRESET, *model, method, pages);
+            }
         }
     }
 }

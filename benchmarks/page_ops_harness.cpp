@@ -314,7 +314,7 @@ void checkMethod(cudaStream_t stream, std::vector<Segment> const& segments, int6
         {
             auto const index = static_cast<int64_t>(checked[i]);
             throw std::runtime_error("check failed: list entry " + std::to_string(index / segmentsPerEntry) + ", layer "
-                + std::to_string(index % segmentsPerEntry / 2) + (index % 2 == 0 ? ", K" : ", V")
+                + std::to_string(segment.layer) + ", " + test::segmentPartName(segment.part)
                 + " holds the wrong bytes");
         }
     }

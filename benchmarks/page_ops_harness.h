@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "support/cuda_raii.h"
+#include "support/page_segments.h"
 
 namespace kvcache::bench
 {
@@ -45,12 +46,14 @@ enum class Transfer
     kFILL,
 };
 
-//! One contiguous page-sized transfer of one layer and half; `src` is null for a fill.
+//! One contiguous page-sized transfer of one layer's data page or scale page of one half; `src` is null for a fill.
 struct Segment
 {
     char* dst;
     char* src;
     int64_t bytes;
+    int32_t layer;          //!< for the check's message
+    test::SegmentPart part; //!< for the check's message
 };
 
 //! Thrown by a case whose method this build cannot run: the case is skipped with the message, not counted as failed.
@@ -173,8 +176,9 @@ private:
 };
 
 //! Runs `run` once on poisoned pages and throws unless the first and last list entries were moved (copy) or filled
-//! with kRESET_PATTERN (reset) in every layer and half. `segments` holds `segmentsPerEntry` segments per list entry,
-//! layer by layer, K before V. Catches a method that measures nothing.
+//! with kRESET_PATTERN (reset) in every layer and half, scale pages included. `segments` holds `segmentsPerEntry`
+//! segments per list entry, each with its own random bytes (K, V and their scales differ), in test::pageSegments'
+//! order. Catches a method that measures nothing, and one that moves data pages but not their scales.
 void checkMethod(cudaStream_t stream, std::vector<Segment> const& segments, int64_t segmentsPerEntry, Run const& run);
 
 //! Reports a case's counters (docs/benchmarks.md, "Output columns") from its mean seconds per call and the ceiling's.
