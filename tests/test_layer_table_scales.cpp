@@ -1,7 +1,6 @@
 // The layer table of a quantized cache, built on the host (no GPU): per page group, its layers' data entries, then,
 // with scale pools, their scale entries in the same order (docs/layout.md, "How every page operation carries
-// scales"), checked against the tests' layout model; and which quantizations the paths that do not carry scales yet
-// refuse, and how they name it.
+// scales"), checked against the tests' layout model; and which quantizations keep scale pools.
 
 #include "memory/layer_table.h"
 #include "memory/scale_support.h"
@@ -16,7 +15,6 @@
 #include <vector>
 
 #include "support/config_builder.h"
-#include "support/error_matchers.h"
 #include "support/layout_model.h"
 
 namespace kvcache::rt
@@ -24,7 +22,6 @@ namespace kvcache::rt
 namespace
 {
 
-using detail::CarriedScales;
 using detail::LayerTableEntry;
 
 constexpr KVLayerKind kLATENT = KVLayerKind::kLATENT;
@@ -126,42 +123,7 @@ TEST(LayerTableScales, CachesWithoutScalePoolsKeepOneEntryALayer)
     }
 }
 
-TEST(ScaleRefusals, PathsRefuseTheQuantizationsWhoseScalesTheyDrop)
-{
-    struct Case
-    {
-        KVQuantization quantization;
-        CarriedScales carried;
-        bool refused;
-        char const* supported;
-    };
-    Case const cases[] = {
-        {KVQuantization::kNONE, CarriedScales::kNONE, false, ""},
-        {KVQuantization::kNONE, CarriedScales::kHOST_HELD, false, ""},
-        {KVQuantization::kFP8_PER_TENSOR, CarriedScales::kNONE, true, "supported here: none)"},
-        {KVQuantization::kFP8_PER_TENSOR, CarriedScales::kHOST_HELD, false, ""},
-        {KVQuantization::kFP8_PER_TOKEN_HEAD, CarriedScales::kNONE, true, "supported here: none)"},
-        {KVQuantization::kFP8_PER_TOKEN_HEAD, CarriedScales::kHOST_HELD, true, "supported here: none, fp8_per_tensor"},
-        {KVQuantization::kNVFP4, CarriedScales::kNONE, true, "supported here: none)"},
-        {KVQuantization::kNVFP4, CarriedScales::kHOST_HELD, true, "supported here: none, fp8_per_tensor"},
-    };
-    for (Case const& testCase : cases)
-    {
-        std::string const name(kvQuantizationName(testCase.quantization));
-        SCOPED_TRACE(name + (testCase.carried == CarriedScales::kNONE ? ", nothing carried" : ", host-held"));
-        auto const call = [&]
-        { detail::refuseUncarriedScales("somePath", testCase.quantization, testCase.carried, "it carries no scales"); };
-        if (!testCase.refused)
-        {
-            EXPECT_NO_THROW(call());
-            continue;
-        }
-        EXPECT_TRUE(test::throwsNaming<InvalidArgumentError>(
-            call, {"somePath: KVCacheConfig.quantization is " + name, "it carries no scales", testCase.supported}));
-    }
-}
-
-TEST(ScaleRefusals, OnlyPerTokenHeadAndNvfp4KeepScalePools)
+TEST(ScaleSupport, OnlyPerTokenHeadAndNvfp4KeepScalePools)
 {
     EXPECT_FALSE(detail::keepsScalePools(KVQuantization::kNONE));
     EXPECT_FALSE(detail::keepsScalePools(KVQuantization::kFP8_PER_TENSOR));

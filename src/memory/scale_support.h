@@ -1,9 +1,8 @@
 #pragma once
 
-// Which quantized caches a path that moves or writes pages can serve. A quantized cache keeps scales beside its values
-// (docs/layout.md, "Quantized pages"): page scales in a scale pool a layer (per token-head FP8, NVFP4) and host scales
-// in the manager (per-tensor FP8 K/V scales, NVFP4 global scales). A path that would move values without their scales
-// refuses the cache by name rather than corrupt every page it touches without a word.
+// What a quantized cache keeps beside its values (docs/layout.md, "Quantized pages"): page scales in a scale pool a
+// layer (per token-head FP8, NVFP4) and host scales in the manager (per-tensor FP8 K/V scales, NVFP4 global scales),
+// and which host scales are valid. Every path that moves or writes pages carries both.
 
 #include "kvcache/core/kv_cache_config.h"
 
@@ -32,17 +31,5 @@ constexpr char const* hostScaleLimit(KVQuantization quantization) noexcept
 {
     return quantization == KVQuantization::kNVFP4 ? "> 0" : ">= 0";
 }
-
-//! What a path carries of a quantized cache's scales.
-enum class CarriedScales
-{
-    kNONE,      //!< neither page scales nor host scales: only kNONE caches
-    kHOST_HELD, //!< no page scales, but the host scales stay in the manager the path serves: kNONE, kFP8_PER_TENSOR
-};
-
-//! Throws InvalidArgumentError naming `what`, KVCacheConfig.quantization, its value, why (`missing`: what the path
-//! does not carry yet) and what the path supports, when `quantization` keeps scales the path would drop. Changes
-//! nothing.
-void refuseUncarriedScales(char const* what, KVQuantization quantization, CarriedScales carried, char const* missing);
 
 } // namespace kvcache::rt::detail
