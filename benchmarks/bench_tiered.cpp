@@ -200,6 +200,12 @@ public:
     void copy(int32_t, rt::PageCopy const*, int32_t) override
     {
     }
+    void spill(int32_t, int32_t, int32_t) override
+    {
+    }
+    void restore(int32_t, int32_t, int32_t) override
+    {
+    }
 };
 
 rt::PageManagerOptions admitOptions(rt::PageHashAlgorithm algorithm)

@@ -67,6 +67,12 @@ public:
     void copy(int32_t, rt::PageCopy const*, int32_t) override
     {
     }
+    void spill(int32_t, int32_t, int32_t) override
+    {
+    }
+    void restore(int32_t, int32_t, int32_t) override
+    {
+    }
 
     int64_t offloaded = 0;
     int64_t onboarded = 0;

@@ -4,8 +4,9 @@
 // the prompt gets the pages back from the host, compared byte for byte (every layer, K and V, which hold different
 // random bytes; a latent layer's one half) with what the pages held before, the run longer than maxTokensPerStep. A
 // windowed group's window comes back through its own tier, and a prompt whose full-attention pages the device still
-// has holds those and onboards only its window. The counters, a capturing stream and bad construction are checked too. The bookkeeping itself is tested without a GPU in
-// test_tiered_prefix_cache_core.cpp.
+// has holds those and onboards only its window. Host pages a full host tier gives up go to a disk tier and come back
+// bitwise. The counters, a capturing stream and bad construction are checked too. The bookkeeping itself is tested
+// without a GPU in test_tiered_prefix_cache_core.cpp.
 
 #include "kvcache/errors.h"
 #include "kvcache/kv_cache_config.h"
@@ -16,8 +17,10 @@
 
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -119,9 +122,13 @@ class TieredCase
 {
 public:
     TieredCase(rt::KVCacheConfig const& config, std::vector<int64_t> const& numHostPages)
+        : TieredCase(config, options(numHostPages))
+    {
+    }
+    TieredCase(rt::KVCacheConfig const& config, rt::TieredPrefixCacheOptions const& tieredOptions)
         : cut(config, 20261201)
         , manager(cut.cache().layout(), managerOptions())
-        , tiered(cut.cache(), manager, options(numHostPages))
+        , tiered(cut.cache(), manager, tieredOptions)
     {
     }
 
@@ -358,6 +365,88 @@ TEST_F(TieredPrefixCacheGpuTest, AWindowedGroupsPagesComeBackThroughItsOwnTier)
     }
     EXPECT_NO_THROW(setup.tiered.checkInvariants());
     EXPECT_NO_THROW(setup.manager.checkInvariants());
+}
+
+TEST_F(TieredPrefixCacheGpuTest, PagesTheHostGivesUpComeBackFromTheDiskBitwise)
+{
+    std::filesystem::path const directory =
+        std::filesystem::temp_directory_path() / ("kvcache-tiered-disk-" + std::to_string(::getpid()));
+    rt::TieredPrefixCacheOptions options = TieredCase::options({5});
+    options.diskDirectory = directory.string();
+    options.numDiskPages = {16};
+    auto const diskFiles = [&]
+    {
+        int32_t files = 0;
+        for (auto const& entry : std::filesystem::directory_iterator(directory))
+        {
+            files += entry.path().extension() == ".kvseq" ? 1 : 0;
+        }
+        return files;
+    };
+    {
+        TieredCase setup(kvcache::test::ConfigBuilder(mixedLayers())
+                             .maxBatchSize(2)
+                             .maxSequenceLength(128)
+                             .tokensPerPage(kTOKENS_PER_PAGE)
+                             .maxTokensPerStep(32)
+                             .dataType(rt::DataType::kBF16),
+            options);
+        cudaStream_t const stream = setup.cut.stream();
+        std::vector<int32_t> const prompt = tokenRun(1, 5 * kTOKENS_PER_PAGE + 5);
+        auto const count = static_cast<int32_t>(prompt.size());
+        rt::SequenceId const donor = setup.manager.create();
+        setup.tiered.admit(donor, prompt.data(), count, stream);
+        setup.prefill(donor, prompt, 0, [] {});
+        rt::SequencePages const donorPages = setup.manager.pages(donor, 0);
+        std::vector<std::vector<uint8_t>> expected;
+        for (int32_t p = 0; p < 5; ++p)
+        {
+            expected.push_back(referencePage(setup.cut, 0, donorPages.pages[p]));
+        }
+        setup.manager.free(donor);
+        // One eviction a call, so that each finds the host tier full: the donor's five pages fill it, then three pages
+        // of another prompt (their bytes written by its steps) take the host pages of the donor's oldest three, which
+        // go to disk first.
+        auto const evictOneByOne = [&]
+        {
+            while (setup.manager.counts(0).cached > 0)
+            {
+                setup.tiered.evictCached(0, 1, stream);
+            }
+        };
+        evictOneByOne();
+        std::vector<int32_t> const other = tokenRun(10000, 3 * kTOKENS_PER_PAGE + 1);
+        rt::SequenceId const filler = setup.manager.create();
+        setup.tiered.admit(filler, other.data(), static_cast<int32_t>(other.size()), stream);
+        setup.prefill(filler, other, kSTEP_WRITE, [] {});
+        setup.manager.free(filler);
+        evictOneByOne();
+        EXPECT_EQ(setup.tiered.stats().spilledPages, 3);
+        EXPECT_EQ(setup.tiered.numDiskPagesHeld(0), 3);
+        EXPECT_EQ(diskFiles(), 3);
+
+        fillDevice(setup.cut, kPOISON);
+        KVCACHE_TEST_CUDA(cudaStreamSynchronize(stream));
+        setup.tiered.resetStats();
+        rt::SequenceId const request = setup.manager.create();
+        rt::TieredAdmission const admission = setup.tiered.admit(request, prompt.data(), count, stream);
+        EXPECT_EQ(admission.deviceTokens, 0);
+        EXPECT_EQ(admission.hostTokens, 5 * kTOKENS_PER_PAGE);
+        rt::TieredPrefixCacheStats const stats = setup.tiered.stats();
+        EXPECT_EQ(stats.restoredPages, 3);
+        EXPECT_EQ(stats.onboardedPages, 5);
+        EXPECT_EQ(stats.diskFailures, 0);
+        KVCACHE_TEST_CUDA(cudaStreamSynchronize(stream));
+        rt::SequencePages const pages = setup.manager.pages(request, 0);
+        for (int32_t p = 0; p < 5; ++p)
+        {
+            EXPECT_EQ(devicePage(setup.cut, 0, pages.pages[p]), expected[static_cast<size_t>(p)]) << "page " << p;
+        }
+        EXPECT_NO_THROW(setup.tiered.checkInvariants());
+    }
+    // The disk tier's files go with it.
+    EXPECT_EQ(diskFiles(), 0);
+    std::filesystem::remove_all(directory);
 }
 
 TEST_F(TieredPrefixCacheGpuTest, ACapturingStreamIsRefusedBeforeAnythingChanges)

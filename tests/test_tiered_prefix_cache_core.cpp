@@ -53,10 +53,12 @@ struct MoverCall
         kOFFLOAD,
         kONBOARD,
         kCOPY,
+        kSPILL,
+        kRESTORE,
     };
     Kind kind;
     int32_t group;
-    //! (page, host page) or (source, destination).
+    //! (page, host page), (source, destination) or (host page, disk page).
     std::vector<std::pair<int32_t, int32_t>> pairs;
 };
 
@@ -64,12 +66,14 @@ struct MoverCall
 class ModelMover final : public TierMover
 {
 public:
-    ModelMover(KVCacheLayout const& layout, std::vector<int64_t> const& numHostPages)
+    ModelMover(KVCacheLayout const& layout, std::vector<int64_t> const& numHostPages,
+        std::vector<int64_t> const& numDiskPages = {})
     {
         for (size_t g = 0; g < layout.groups.size(); ++g)
         {
             device.emplace_back(static_cast<size_t>(layout.groups[g].numPages), PageData(kP, 0));
             host.emplace_back(static_cast<size_t>(numHostPages[g]), PageData(kP, 0));
+            disk.emplace_back(numDiskPages.empty() ? 0 : static_cast<size_t>(numDiskPages[g]), PageData(kP, kPOISON));
             usable.push_back(numHostPages[g]);
         }
     }
@@ -114,6 +118,27 @@ public:
         calls.push_back(std::move(call));
     }
 
+    void spill(int32_t group, int32_t hostPage, int32_t diskPage) override
+    {
+        calls.push_back(MoverCall{MoverCall::kSPILL, group, {{hostPage, diskPage}}});
+        if (failNextSpill)
+        {
+            failNextSpill = false;
+            throw Error("the model's disk is full");
+        }
+        disk.at(static_cast<size_t>(group)).at(static_cast<size_t>(diskPage)) = hostPageAt(group, hostPage);
+    }
+    void restore(int32_t group, int32_t diskPage, int32_t hostPage) override
+    {
+        calls.push_back(MoverCall{MoverCall::kRESTORE, group, {{hostPage, diskPage}}});
+        if (failRestores > 0)
+        {
+            --failRestores;
+            throw InvalidArgumentError("the model's disk page does not read back");
+        }
+        hostPageAt(group, hostPage) = disk.at(static_cast<size_t>(group)).at(static_cast<size_t>(diskPage));
+    }
+
     //! Sets every slot of every device page to kPOISON.
     void poisonDevice()
     {
@@ -133,9 +158,13 @@ public:
 
     std::vector<std::vector<PageData>> device;
     std::vector<std::vector<PageData>> host;
+    std::vector<std::vector<PageData>> disk;
     std::vector<int64_t> usable;
     std::vector<MoverCall> calls;
     bool failNextOffload = false;
+    bool failNextSpill = false;
+    //! Restores still to fail.
+    int32_t failRestores = 0;
 
 private:
     PageData& hostPageAt(int32_t group, int32_t hostPage)
@@ -188,10 +217,11 @@ struct Script
 class Simulation
 {
 public:
-    Simulation(KVCacheConfig const& config, std::vector<int64_t> const& numHostPages, int32_t maxSequences)
+    Simulation(KVCacheConfig const& config, std::vector<int64_t> const& numHostPages, int32_t maxSequences,
+        std::vector<int64_t> const& numDiskPages = {})
         : manager(config, managerOptions(maxSequences))
-        , mover(manager.layout(), numHostPages)
-        , core(manager, numHostPages)
+        , mover(manager.layout(), numHostPages, numDiskPages)
+        , core(manager, numHostPages, numDiskPages)
     {
     }
 
@@ -358,21 +388,29 @@ public:
         }
         return {};
     }
-    //! Checks every host page holding a known hash holds that page's data.
+    //! Checks every host page and disk page holding a known hash holds that page's data.
     std::string checkHostPages() const
     {
         for (int32_t g = 0; g < numGroups(); ++g)
         {
-            HostPageMap const& map = core.hostMap(g);
-            for (int32_t const hostPage : map.leastRecentFirst())
+            for (HostPageMap const* map : {&core.hostMap(g), core.diskMap(g)})
             {
-                PageHash const hash = map.hashOf(hostPage);
-                auto const known = dataOfHash.find({hash.lo, hash.hi});
-                if (known != dataOfHash.end()
-                    && mover.host[static_cast<size_t>(g)][static_cast<size_t>(hostPage)] != known->second)
+                if (map == nullptr)
                 {
-                    return "group " + std::to_string(g) + " host page " + std::to_string(hostPage)
-                        + " does not hold the data of its hash";
+                    continue;
+                }
+                bool const onDisk = map != &core.hostMap(g);
+                for (int32_t const page : map->leastRecentFirst())
+                {
+                    PageHash const hash = map->hashOf(page);
+                    auto const known = dataOfHash.find({hash.lo, hash.hi});
+                    PageData const& held = (onDisk ? mover.disk : mover.host)[static_cast<size_t>(g)]
+                                                                               [static_cast<size_t>(page)];
+                    if (known != dataOfHash.end() && held != known->second)
+                    {
+                        return "group " + std::to_string(g) + (onDisk ? " disk page " : " host page ")
+                            + std::to_string(page) + " does not hold the data of its hash";
+                    }
                 }
             }
         }
@@ -836,6 +874,101 @@ TEST(TieredPrefixCacheCoreTest, AFailedOffloadLeavesNoHostPageClaimingItsPages)
     EXPECT_EQ(sim.admit(prompt).second.hostTokens, 0);
 }
 
+//! Evicts every cached page of group 0 one page at a time (one offload each), so that a full host tier gives up its
+//! least recently used host page for each new one.
+void evictOneByOne(Simulation& sim)
+{
+    while (sim.manager.counts(0).cached > 0)
+    {
+        sim.core.evictCached(sim.mover, 0, 1);
+    }
+}
+
+TEST(TieredPrefixCacheCoreTest, HostPagesGivenUpGoToTheDiskAndComeBackForARun)
+{
+    // A host tier of five pages and a disk tier of sixteen. Prompt A's five pages go to the host (its last page first,
+    // as free() releases them); prompt B's four then take the host pages of A's pages 4, 3, 2 and 1, which go to disk.
+    Simulation sim(oneGroup(16, 8), {5}, 4, {16});
+    Script const a{tokenRun(1, 5 * kP + 1), {}};
+    Script const b{tokenRun(500, 4 * kP + 1), {}};
+    sim.release(sim.serve(a).first);
+    evictOneByOne(sim);
+    sim.release(sim.serve(b).first);
+    evictOneByOne(sim);
+    EXPECT_EQ(sim.core.stats().spilledPages, 4);
+    EXPECT_EQ(sim.core.stats().evictedHostPages, 4);
+    std::vector<int32_t> const onHost = sim.hostPagesOf(0, a.tokens, 5);
+    EXPECT_GE(onHost[0], 0);
+    for (int32_t p = 1; p < 5; ++p)
+    {
+        EXPECT_EQ(onHost[static_cast<size_t>(p)], -1) << "page " << p;
+        EXPECT_GE(sim.core.diskMap(0)->find(sim.hashesOf(a.tokens, 5)[static_cast<size_t>(p)]), 0) << "page " << p;
+    }
+    EXPECT_EQ(sim.check(), "");
+    sim.mover.poisonDevice();
+    sim.mover.calls.clear();
+    sim.core.resetStats();
+
+    // A's admission reads its four disk pages into host pages (B's, given up and spilled in turn), then onboards all
+    // five in one call.
+    auto const [sequence, admission] = sim.admit(a);
+    EXPECT_EQ(admission.hostTokens, 5 * kP);
+    TieredPrefixCacheStats const stats = sim.core.stats();
+    EXPECT_EQ(stats.restoredPages, 4);
+    EXPECT_EQ(stats.spilledPages, 4) << "B's pages, whose host pages the restores took";
+    EXPECT_EQ(stats.onboardedPages, 5);
+    EXPECT_EQ(stats.diskFailures, 0);
+    EXPECT_EQ(sim.mover.count(MoverCall::kRESTORE), 4);
+    EXPECT_EQ(sim.mover.count(MoverCall::kONBOARD), 1);
+    EXPECT_EQ(sim.mover.calls.back().kind, MoverCall::kONBOARD) << "every restore before the onboard";
+    EXPECT_EQ(sim.check(), "");
+    ASSERT_TRUE(sim.prefill(sequence));
+    EXPECT_EQ(sim.check(), "");
+    // B comes back from the disk the same way.
+    sim.release(sequence);
+    auto const again = sim.admit(b);
+    EXPECT_EQ(again.second.hostTokens, 4 * kP);
+    EXPECT_EQ(sim.check(), "");
+}
+
+TEST(TieredPrefixCacheCoreTest, ADiskPageThatDoesNotReadBackEndsTheRunAndIsDropped)
+{
+    Simulation sim(oneGroup(16, 8), {5}, 4, {16});
+    Script const a{tokenRun(1, 5 * kP + 1), {}};
+    sim.release(sim.serve(a).first);
+    evictOneByOne(sim);
+    sim.release(sim.serve({tokenRun(500, 4 * kP + 1), {}}).first);
+    evictOneByOne(sim);
+    sim.mover.poisonDevice();
+    sim.core.resetStats();
+    // The first restore (page 1) fails: the run is page 0, on the host.
+    sim.mover.failRestores = 1;
+    auto const [sequence, admission] = sim.admit(a);
+    EXPECT_EQ(admission.hostTokens, kP);
+    EXPECT_EQ(sim.core.stats().diskFailures, 1);
+    EXPECT_EQ(sim.core.diskMap(0)->find(sim.hashesOf(a.tokens, 2)[1]), -1) << "the page that failed is dropped";
+    EXPECT_EQ(sim.manager.length(sequence), kP);
+    EXPECT_EQ(sim.check(), "");
+    ASSERT_TRUE(sim.prefill(sequence));
+    EXPECT_EQ(sim.check(), "");
+}
+
+TEST(TieredPrefixCacheCoreTest, ADiskPageThatCannotBeWrittenIsCountedAndTheStepGoesOn)
+{
+    Simulation sim(oneGroup(16, 8), {1}, 4, {4});
+    Script const a{tokenRun(1, 2 * kP + 1), {}};
+    sim.release(sim.serve(a).first);
+    sim.mover.failNextSpill = true;
+    evictOneByOne(sim);
+    // Page 1 went to the host first; page 0 took its host page, and page 1's spill failed.
+    EXPECT_EQ(sim.core.stats().diskFailures, 1);
+    EXPECT_EQ(sim.core.stats().spilledPages, 0);
+    EXPECT_EQ(sim.core.diskMap(0)->size(), 0);
+    EXPECT_EQ(sim.check(), "");
+    EXPECT_EQ(sim.admit(a).second.hostTokens, kP);
+    EXPECT_EQ(sim.check(), "");
+}
+
 //! What a refused call must leave as it was.
 struct Observed
 {
@@ -965,11 +1098,11 @@ TEST(TieredPrefixCacheCoreTest, BadSizesAndLayoutsAreRefusedBeforeTheManagerIsTo
 
 //! A run of random admissions, prefills, decode steps, forks, frees and evictions (through the core and, sometimes,
 //! directly), host pages becoming usable over time and refused calls, with every check after each operation.
-std::string randomRun(KVCacheConfig const& config, std::vector<int64_t> const& numHostPages, uint32_t seed,
-    int64_t operations, std::map<std::string, int64_t>& tally)
+std::string randomRun(KVCacheConfig const& config, std::vector<int64_t> const& numHostPages,
+    std::vector<int64_t> const& numDiskPages, uint32_t seed, int64_t operations, std::map<std::string, int64_t>& tally)
 {
     constexpr int32_t kMAX_SEQUENCES = 5;
-    Simulation sim(config, numHostPages, kMAX_SEQUENCES);
+    Simulation sim(config, numHostPages, kMAX_SEQUENCES, numDiskPages);
     std::mt19937 random(seed);
     for (int32_t g = 0; g < sim.numGroups(); ++g)
     {
@@ -1095,6 +1228,18 @@ std::string randomRun(KVCacheConfig const& config, std::vector<int64_t> const& n
             auto const group = static_cast<int32_t>(random() % static_cast<uint32_t>(sim.numGroups()));
             sim.manager.evictCached(group, 1 + static_cast<int32_t>(random() % 3));
         }
+        else if (kind < 92 && !numDiskPages.empty())
+        {
+            what = "a disk failure to come";
+            if (random() % 2 == 0)
+            {
+                sim.mover.failNextSpill = true;
+            }
+            else
+            {
+                sim.mover.failRestores = 1;
+            }
+        }
         else if (kind < 95)
         {
             what = "host pages pinned";
@@ -1140,6 +1285,9 @@ std::string randomRun(KVCacheConfig const& config, std::vector<int64_t> const& n
     tally["already on host"] += stats.alreadyOnHostPages;
     tally["evicted host pages"] += stats.evictedHostPages;
     tally["onboarded pages"] += stats.onboardedPages;
+    tally["spilled pages"] += stats.spilledPages;
+    tally["restored pages"] += stats.restoredPages;
+    tally["disk failures"] += stats.diskFailures;
     tally["onboards"] += sim.mover.count(MoverCall::kONBOARD);
     tally["copy-on-write copies"] += sim.mover.count(MoverCall::kCOPY);
     return {};
@@ -1150,15 +1298,18 @@ struct RandomCase
     char const* name;
     KVCacheConfig config;
     std::vector<int64_t> numHostPages;
+    std::vector<int64_t> numDiskPages;
 };
 
 TEST(TieredPrefixCacheCoreTest, RandomOperationsKeepEveryPageRight)
 {
     std::vector<RandomCase> const cases{
-        {"one group, steps of two pages", oneGroup(20, 8), {10}},
-        {"one group, steps shorter than a page", oneGroup(16, 3), {6}},
-        {"full attention and a window", fullAndWindowed(8, {20, 14}), {12, 9}},
-        {"full attention and two windows", fullAndTwoWindows(), {12, 9, 6}},
+        {"one group, steps of two pages", oneGroup(20, 8), {10}, {}},
+        {"one group, steps shorter than a page", oneGroup(16, 3), {6}, {}},
+        {"full attention and a window", fullAndWindowed(8, {20, 14}), {12, 9}, {}},
+        {"full attention and two windows", fullAndTwoWindows(), {12, 9, 6}, {}},
+        {"one group and a disk tier", oneGroup(20, 8), {9}, {14}},
+        {"full attention, a window and a disk tier", fullAndWindowed(8, {20, 14}), {10, 8}, {16, 12}},
     };
     uint32_t seed = 1;
     for (RandomCase const& c : cases)
@@ -1167,7 +1318,7 @@ TEST(TieredPrefixCacheCoreTest, RandomOperationsKeepEveryPageRight)
         std::map<std::string, int64_t> tally;
         for (int32_t run = 0; run < 3; ++run)
         {
-            ASSERT_EQ(randomRun(c.config, c.numHostPages, seed++, 6000, tally), "");
+            ASSERT_EQ(randomRun(c.config, c.numHostPages, c.numDiskPages, seed++, 6000, tally), "");
         }
         // The runs must have reached what they are for.
         for (char const* reached : {"host hits", "device hits", "offloaded pages", "already on host",
@@ -1176,6 +1327,13 @@ TEST(TieredPrefixCacheCoreTest, RandomOperationsKeepEveryPageRight)
             EXPECT_GT(tally[reached], 0) << reached;
         }
         EXPECT_GT(tally["onboarded runs adopted again"], 0);
+        if (!c.numDiskPages.empty())
+        {
+            for (char const* reached : {"spilled pages", "restored pages", "disk failures"})
+            {
+                EXPECT_GT(tally[reached], 0) << reached;
+            }
+        }
         EXPECT_GT(tally["onboards"], 0);
     }
 }

@@ -1225,7 +1225,31 @@ class TieredPrefixCacheStats:
 
     @property
     def onboarded_pages(self) -> int:
-        """Host pages copied into fresh device pages by admissions, all groups."""
+        """
+        Host pages copied into fresh device pages by admissions, all groups (a run's pages the device had are held, not copied).
+        """
+
+    @property
+    def spilled_pages(self) -> int:
+        """Disk tier: host pages written to disk pages when a host tier gave them up, all groups."""
+
+    @property
+    def already_on_disk_pages(self) -> int:
+        """Disk tier: host pages given up whose hash a disk page held already (nothing written)."""
+
+    @property
+    def evicted_disk_pages(self) -> int:
+        """Disk tier: disk pages given up, least recently used first, to make room."""
+
+    @property
+    def restored_pages(self) -> int:
+        """Disk tier: disk pages read back into host pages by admissions."""
+
+    @property
+    def disk_failures(self) -> int:
+        """
+        Disk tier: disk pages that could not be written or read back (then not on the tier; nothing fails).
+        """
 
     def __repr__(self) -> str: ...
 
@@ -1234,14 +1258,14 @@ class TieredPrefixCache:
     A two-tier prefix cache: a PageManager's cached device pages, and pinned host memory (one HostTier per page group) that keeps the pages the device evicts. It makes the two calls of a serving loop that touch pages: admit() (adopts the device's cached prefix, then the longest run of following whole pages, at most len(tokens) - 1 tokens, whose every needed page (all of them in full attention, the window at the run's end in a windowed group) the device or a group's host tier holds: the device's pages are held, the others onboarded into fresh pages) and step() (PageManager.step, then on the stream the offload of the pages it evicted, then its copies). Enqueue the step's kernels on the same stream after the call. It owns the manager's eviction callback while it lives (the PageManager object refuses set_eviction_callback, step and append then: every step goes through the tiered cache; create, fork, free, pages, can_step, ... stay the manager's). A rejected call raises before anything changes. It keeps its KVCacheManager and PageManager alive; destroying it waits for the tiers' transfers and clears the manager's callback. Calls hold the GIL (nothing they do waits on the GPU).
     """
 
-    def __init__(self, cache: KVCacheManager, pages: PageManager, num_host_pages: Sequence[int] | NDArray[Any], *, chunk_bytes: int = 268435456, prefer_gpu_numa_node: bool = True, staging_bytes: int = 134217728) -> None:
+    def __init__(self, cache: KVCacheManager, pages: PageManager, num_host_pages: Sequence[int] | NDArray[Any], *, chunk_bytes: int = 268435456, prefer_gpu_numa_node: bool = True, staging_bytes: int = 134217728, disk_directory: str | os.PathLike[str] | None = None, num_disk_pages: Sequence[int] | NDArray[Any] | None = None) -> None:
         """
-        Wires `pages` (a PageManager sized from cache.layout()) to one HostTier per page group of `cache` (a KVCacheManager): num_host_pages[g] host pages for group g, one entry per group, windowed groups included (an onboarded run fills its pages in every group). chunk_bytes, prefer_gpu_numa_node and staging_bytes are each tier's, as HostTier takes them. Replaces the manager's eviction callback. Raises TypeError when cache is no KVCacheManager, pages no PageManager or num_host_pages no sequence of ints; InvalidArgumentError when the manager's layout is not the cache's (naming the group and the field), for num_host_pages with another number of entries than the cache has groups or an entry outside [1, 2**31 - 1], and when another TieredPrefixCache serves `pages`; what HostTier raises (OutOfMemoryError, CudaError). The manager is left as it was then.
+        Wires `pages` (a PageManager sized from cache.layout()) to one HostTier per page group of `cache` (a KVCacheManager): num_host_pages[g] host pages for group g, one entry per group, windowed groups included (a run brought back needs a windowed group's window). chunk_bytes, prefer_gpu_numa_node and staging_bytes are each tier's, as HostTier takes them. With disk_directory (a str or os.PathLike, made when missing) and num_disk_pages (one entry per group), host pages the host tiers give up go to disk pages there (a one-page sequence file each, removed with the tiered cache) and admissions read them back (see the C++ TieredPrefixCache). Replaces the manager's eviction callback. Raises TypeError when cache is no KVCacheManager, pages no PageManager or num_host_pages no sequence of ints; InvalidArgumentError when the manager's layout is not the cache's (naming the group and the field), for num_host_pages with another number of entries than the cache has groups or an entry outside [1, 2**31 - 1], the same for num_disk_pages, when only one of disk_directory and num_disk_pages is given or the directory cannot be made, and when another TieredPrefixCache serves `pages`; what HostTier raises (OutOfMemoryError, CudaError). The manager is left as it was then.
         """
 
     def admit(self, sequence: int, tokens: HostIds, stream: StreamLike | None = None, extra_keys: Sequence[tuple[int, int, int]] | None = None) -> TieredAdmission:
         """
-        Admits the prompt `tokens` (a sequence of ints or a 1-D int array) into the empty sequence `sequence`: adopts the device's cached prefix, then onboards what the host tiers hold of the following whole pages, enqueuing the transfers on `stream` (default: the cache's). Returns a TieredAdmission; the sequence then holds len(tokens) - compute_tokens tokens, and the runtime appends the rest with step(). extra_keys as PageManager.adopt_prefix takes them ((position, lo, hi), positions ascending in [0, len(tokens))). Raises, before changing anything, InvalidArgumentError for an unknown or non-empty sequence, a prompt longer than max_sequence_length, extra keys out of order or range, or a stream capturing a graph; CudaError from a transfer.
+        Admits the prompt `tokens` (a sequence of ints or a 1-D int array) into the empty sequence `sequence`: adopts the device's cached prefix, then the run of following whole pages the device, the host tiers and the disk tier hold between them (disk pages read back on the host first), onboarding what it takes, enqueuing the transfers on `stream` (default: the cache's). Returns a TieredAdmission; the sequence then holds len(tokens) - compute_tokens tokens, and the runtime appends the rest with step(). extra_keys as PageManager.adopt_prefix takes them ((position, lo, hi), positions ascending in [0, len(tokens))). Raises, before changing anything, InvalidArgumentError for an unknown or non-empty sequence, a prompt longer than max_sequence_length, extra keys out of order or range, or a stream capturing a graph; CudaError from a transfer.
         """
 
     def step(self, appends: Sequence[tuple[int, HostIds] | tuple[int, HostIds, Sequence[tuple[int, int, int]]]], stream: StreamLike | None = None) -> list[list[tuple[int, int]]]:
@@ -1274,6 +1298,14 @@ class TieredPrefixCache:
     def find_host_page(self, group: int, hash: tuple[int, int]) -> int:
         """
         The host page of `group` holding the page of `hash` (a (lo, hi) tuple, as PageManager.hash_next_pages and the eviction callback give it), or -1. Raises OutOfRangeError for a bad group, TypeError for a hash that is no such tuple.
+        """
+
+    def num_disk_pages_held(self, group: int) -> int:
+        """The disk pages of `group` holding a page now (0 without a disk tier). Raises OutOfRangeError for a bad group."""
+
+    def find_disk_page(self, group: int, hash: tuple[int, int]) -> int:
+        """
+        The disk page of `group` holding the page of `hash` (its file: disk_directory/group<g>-page<d>.kvseq), or -1 (also without a disk tier). Raises as find_host_page.
         """
 
     def check_invariants(self) -> None:

@@ -443,4 +443,31 @@ void hostInt32s(nb::handle list, std::vector<int32_t>& values, char const* what,
     }
 }
 
+std::string pathArgument(nb::handle path, char const* field)
+{
+    nb::object const fsPath = nb::steal(PyOS_FSPath(path.ptr()));
+    if (!fsPath.is_valid())
+    {
+        PyErr_Clear();
+        throwTypeError(path, field, "a str or an os.PathLike");
+    }
+    if (!nb::isinstance<nb::str>(fsPath))
+    {
+        throwTypeError(fsPath, field, "a str (a bytes path is not taken)");
+    }
+    Py_ssize_t bytes = 0;
+    char const* const utf8 = PyUnicode_AsUTF8AndSize(fsPath.ptr(), &bytes);
+    if (utf8 == nullptr)
+    {
+        throw nb::python_error();
+    }
+    std::string const result(utf8, static_cast<size_t>(bytes));
+    if (result.find('\0') != std::string::npos)
+    {
+        throw rt::InvalidArgumentError(std::string(field) + " contains a NUL character");
+    }
+    return result;
+}
+
+
 } // namespace kvcache::python

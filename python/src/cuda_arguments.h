@@ -46,6 +46,10 @@ T checkedCast(nb::handle value, char const* field, char const* expected)
 //! Returns normally when `value` is iterable; throws TypeError naming `field` and `expected` otherwise.
 void requireIterable(nb::handle value, char const* field, char const* expected);
 
+//! Returns the path `path` names: a str or an os.PathLike giving one. Throws TypeError naming `field` otherwise and
+//! InvalidArgumentError for a NUL character.
+std::string pathArgument(nb::handle path, char const* field);
+
 //! Returns the contents of `value`, which must be bytes; throws TypeError naming `field` and `expected` otherwise.
 std::string bytesArgument(nb::handle value, char const* field, char const* expected);
 

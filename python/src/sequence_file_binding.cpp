@@ -25,34 +25,6 @@ namespace kvcache::python
 namespace
 {
 
-//! Returns the path `path` names: a str or an os.PathLike giving one. Throws TypeError otherwise and
-//! InvalidArgumentError for a NUL character.
-std::string pathArgument(nb::handle path)
-{
-    nb::object const fsPath = nb::steal(PyOS_FSPath(path.ptr()));
-    if (!fsPath.is_valid())
-    {
-        PyErr_Clear();
-        throwTypeError(path, "path", "a str or an os.PathLike");
-    }
-    if (!nb::isinstance<nb::str>(fsPath))
-    {
-        throwTypeError(fsPath, "path", "a str (a bytes path is not taken)");
-    }
-    Py_ssize_t bytes = 0;
-    char const* const utf8 = PyUnicode_AsUTF8AndSize(fsPath.ptr(), &bytes);
-    if (utf8 == nullptr)
-    {
-        throw nb::python_error();
-    }
-    std::string const result(utf8, static_cast<size_t>(bytes));
-    if (result.find('\0') != std::string::npos)
-    {
-        throw rt::InvalidArgumentError("path contains a NUL character");
-    }
-    return result;
-}
-
 //! Reads the host pages of a sequence-file call into the tier's scratch list; returns their count.
 int64_t hostPagesArgument(TierHandle& handle, nb::handle hostPages)
 {
@@ -113,7 +85,7 @@ void hostPageBuffers(nb::handle pages, int64_t bytesPerPage,
 
 void writeSequenceFile(nb::handle path, rt::PageGeometry const& geometry, int64_t tokenCount, nb::handle pages)
 {
-    std::string const file = pathArgument(path);
+    std::string const file = pathArgument(path, "path");
     std::vector<ReadOnlyBuffer> arrays;
     std::vector<void const*> addresses;
     hostPageBuffers<false>(pages, geometry.bytesPerPage, arrays, addresses);
@@ -122,7 +94,7 @@ void writeSequenceFile(nb::handle path, rt::PageGeometry const& geometry, int64_
 
 int64_t readSequenceFile(nb::handle path, rt::PageGeometry const& expected, nb::handle pages)
 {
-    std::string const file = pathArgument(path);
+    std::string const file = pathArgument(path, "path");
     std::vector<WritableBuffer> arrays;
     std::vector<void*> addresses;
     hostPageBuffers<true>(pages, expected.bytesPerPage, arrays, addresses);
@@ -150,7 +122,7 @@ void bindSequenceFiles(nb::module_& m)
         "save_sequence",
         [](nb::handle path, nb::handle tier, nb::handle hostPages, int64_t tokenCount)
         {
-            std::string const file = pathArgument(path);
+            std::string const file = pathArgument(path, "path");
             TierHandle& handle = tierArgument(tier);
             int64_t const count = hostPagesArgument(handle, hostPages);
             rt::saveSequence(file, handle.tier(), handle.manager(), handle.hostPages.data(), count, tokenCount);
@@ -166,7 +138,7 @@ void bindSequenceFiles(nb::module_& m)
         "load_sequence",
         [](nb::handle path, nb::handle tier, nb::handle hostPages)
         {
-            std::string const file = pathArgument(path);
+            std::string const file = pathArgument(path, "path");
             TierHandle& handle = tierArgument(tier);
             handle.refuseIfLent("load_sequence");
             int64_t const count = hostPagesArgument(handle, hostPages);
@@ -180,7 +152,7 @@ void bindSequenceFiles(nb::module_& m)
         "page OutOfRangeError, and every host page keeps its bytes. RuntimeError when the file cannot be read; "
         "InvalidArgumentError for a tier lent by a TieredPrefixCache (its host pages are the tiered cache's).");
     m.def(
-        "read_sequence_file_info", [](nb::handle path) { return rt::readSequenceFileInfo(pathArgument(path)); },
+        "read_sequence_file_info", [](nb::handle path) { return rt::readSequenceFileInfo(pathArgument(path, "path")); },
         nb::arg("path").none(),
         "Reads and checks the header of the sequence file at `path` (its page count sizes the host pages to load "
         "it into). Raises RuntimeError when it cannot be read, InvalidArgumentError naming the field for a file that "

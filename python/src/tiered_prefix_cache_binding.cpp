@@ -103,15 +103,15 @@ private:
 
 using Self = nb::pointer_and_handle<TieredHandle>;
 
-//! Reads num_host_pages: a sequence of ints (or a 1-D int array), one entry per page group. The entries' range is the
-//! C++ constructor's to check (it names numHostPages[g], the value and the limit).
-std::vector<int64_t> numHostPagesArgument(nb::handle numHostPages)
+//! Reads num_host_pages or num_disk_pages (`name`): a sequence of ints (or a 1-D int array), one entry per page group.
+//! The entries' range is the C++ constructor's to check (it names numHostPages[g], the value and the limit).
+std::vector<int64_t> pagesPerGroupArgument(nb::handle numPages, char const* name)
 {
-    requireIterable(numHostPages, "num_host_pages", "a sequence of ints, one per page group");
+    requireIterable(numPages, name, "a sequence of ints, one per page group");
     std::vector<int64_t> result;
-    for (nb::handle entry : numHostPages)
+    for (nb::handle entry : numPages)
     {
-        std::string const field = fmt::format("num_host_pages[{}]", result.size());
+        std::string const field = fmt::format("{}[{}]", name, result.size());
         result.push_back(intArgument(entry, field.c_str()));
     }
     return result;
@@ -167,16 +167,29 @@ void bindTieredPrefixCache(nb::module_& m)
         .def_ro("evicted_host_pages", &rt::TieredPrefixCacheStats::evictedHostPages,
             "Host pages given up, least recently used first, to make room for an offload, all groups.")
         .def_ro("onboarded_pages", &rt::TieredPrefixCacheStats::onboardedPages,
-            "Host pages copied into fresh device pages by admissions, all groups.")
+            "Host pages copied into fresh device pages by admissions, all groups (a run's pages the device had are "
+            "held, not copied).")
+        .def_ro("spilled_pages", &rt::TieredPrefixCacheStats::spilledPages,
+            "Disk tier: host pages written to disk pages when a host tier gave them up, all groups.")
+        .def_ro("already_on_disk_pages", &rt::TieredPrefixCacheStats::alreadyOnDiskPages,
+            "Disk tier: host pages given up whose hash a disk page held already (nothing written).")
+        .def_ro("evicted_disk_pages", &rt::TieredPrefixCacheStats::evictedDiskPages,
+            "Disk tier: disk pages given up, least recently used first, to make room.")
+        .def_ro("restored_pages", &rt::TieredPrefixCacheStats::restoredPages,
+            "Disk tier: disk pages read back into host pages by admissions.")
+        .def_ro("disk_failures", &rt::TieredPrefixCacheStats::diskFailures,
+            "Disk tier: disk pages that could not be written or read back (then not on the tier; nothing fails).")
         .def("__repr__",
             [](rt::TieredPrefixCacheStats const& s)
             {
                 return fmt::format("TieredPrefixCacheStats(admissions={}, query_tokens={}, device_hit_tokens={}, "
                                    "host_hit_tokens={}, missed_tokens={}, offloaded_pages={}, "
                                    "already_on_host_pages={}, dropped_pages={}, evicted_host_pages={}, "
-                                   "onboarded_pages={})",
+                                   "onboarded_pages={}, spilled_pages={}, already_on_disk_pages={}, "
+                                   "evicted_disk_pages={}, restored_pages={}, disk_failures={})",
                     s.admissions, s.queryTokens, s.deviceHitTokens, s.hostHitTokens, s.missedTokens, s.offloadedPages,
-                    s.alreadyOnHostPages, s.droppedPages, s.evictedHostPages, s.onboardedPages);
+                    s.alreadyOnHostPages, s.droppedPages, s.evictedHostPages, s.onboardedPages, s.spilledPages,
+                    s.alreadyOnDiskPages, s.evictedDiskPages, s.restoredPages, s.diskFailures);
             });
 
     nb::class_<TieredHandle>(m, "TieredPrefixCache", nb::is_weak_referenceable(),
@@ -195,12 +208,20 @@ void bindTieredPrefixCache(nb::module_& m)
         .def(
             "__init__",
             [](TieredHandle* self, nb::handle cache, nb::handle pages, nb::handle numHostPages, int64_t chunkBytes,
-                bool preferGpuNumaNode, int64_t stagingBytes)
+                bool preferGpuNumaNode, int64_t stagingBytes, nb::handle diskDirectory, nb::handle numDiskPages)
             {
                 CacheAccess const access = cacheAccess(cache);
                 PageManagerHandle& manager = pageManagerArgument(pages, "pages");
                 rt::TieredPrefixCacheOptions options;
-                options.numHostPages = numHostPagesArgument(numHostPages);
+                options.numHostPages = pagesPerGroupArgument(numHostPages, "num_host_pages");
+                if (!diskDirectory.is_none())
+                {
+                    options.diskDirectory = pathArgument(diskDirectory, "disk_directory");
+                }
+                if (!numDiskPages.is_none())
+                {
+                    options.numDiskPages = pagesPerGroupArgument(numDiskPages, "num_disk_pages");
+                }
                 options.hostTier.chunkBytes = chunkBytes;
                 options.hostTier.preferGpuNumaNode = preferGpuNumaNode;
                 options.hostTier.stagingBytes = stagingBytes;
@@ -209,15 +230,21 @@ void bindTieredPrefixCache(nb::module_& m)
             nb::arg("cache").none(), nb::arg("pages").none(), nb::arg("num_host_pages").none(), nb::kw_only(),
             nb::arg("chunk_bytes") = rt::HostTierOptions{}.chunkBytes,
             nb::arg("prefer_gpu_numa_node") = rt::HostTierOptions{}.preferGpuNumaNode,
-            nb::arg("staging_bytes") = rt::HostTierOptions{}.stagingBytes,
+            nb::arg("staging_bytes") = rt::HostTierOptions{}.stagingBytes, nb::arg("disk_directory") = nb::none(),
+            nb::arg("num_disk_pages") = nb::none(),
             "Wires `pages` (a PageManager sized from cache.layout()) to one HostTier per page group of `cache` (a "
             "KVCacheManager): num_host_pages[g] host pages for group g, one entry per group, windowed groups included "
-            "(an onboarded run fills its pages in every group). chunk_bytes, prefer_gpu_numa_node and staging_bytes "
-            "are each tier's, as HostTier takes them. Replaces the manager's eviction callback. Raises TypeError when "
+            "(a run brought back needs a windowed group's window). chunk_bytes, prefer_gpu_numa_node and "
+            "staging_bytes are each tier's, as HostTier takes them. With disk_directory (a str or os.PathLike, made "
+            "when missing) and num_disk_pages (one entry per group), host pages the host tiers give up go to disk "
+            "pages there (a one-page sequence file each, removed with the tiered cache) and admissions read them back "
+            "(see the C++ TieredPrefixCache). Replaces the manager's eviction callback. Raises TypeError when "
             "cache is no KVCacheManager, pages no PageManager or num_host_pages no sequence of ints; "
             "InvalidArgumentError when the manager's layout is not the cache's (naming the group and the field), for "
             "num_host_pages with another number of entries than the cache has groups or an entry outside "
-            "[1, 2**31 - 1], and when another TieredPrefixCache serves `pages`; what HostTier raises "
+            "[1, 2**31 - 1], the same for num_disk_pages, when only one of disk_directory and num_disk_pages is "
+            "given or the directory cannot be made, and when another TieredPrefixCache serves `pages`; what HostTier "
+            "raises "
             "(OutOfMemoryError, CudaError). The manager is left as it was then.")
         .def(
             "admit",
@@ -231,7 +258,8 @@ void bindTieredPrefixCache(nb::module_& m)
             nb::arg("sequence"), nb::arg("tokens").none(), nb::arg("stream") = nb::none(),
             nb::arg("extra_keys") = nb::none(),
             "Admits the prompt `tokens` (a sequence of ints or a 1-D int array) into the empty sequence `sequence`: "
-            "adopts the device's cached prefix, then onboards what the host tiers hold of the following whole pages, "
+            "adopts the device's cached prefix, then the run of following whole pages the device, the host tiers and "
+            "the disk tier hold between them (disk pages read back on the host first), onboarding what it takes, "
             "enqueuing the transfers on `stream` (default: the cache's). Returns a TieredAdmission; the sequence then "
             "holds len(tokens) - compute_tokens tokens, and the runtime appends the rest with step(). extra_keys as "
             "PageManager.adopt_prefix takes them ((position, lo, hi), positions ascending in [0, len(tokens))). "
@@ -301,6 +329,22 @@ void bindTieredPrefixCache(nb::module_& m)
             "The host page of `group` holding the page of `hash` (a (lo, hi) tuple, as PageManager.hash_next_pages "
             "and the eviction callback give it), or -1. Raises OutOfRangeError for a bad group, TypeError for a hash "
             "that is no such tuple.")
+        .def(
+            "num_disk_pages_held",
+            [](TieredHandle& t, int64_t group) { return t.tiered().numDiskPagesHeld(toInt32(group, "group")); },
+            nb::arg("group"),
+            "The disk pages of `group` holding a page now (0 without a disk tier). Raises OutOfRangeError for a bad "
+            "group.")
+        .def(
+            "find_disk_page",
+            [](TieredHandle& t, int64_t group, nb::handle hash)
+            {
+                int32_t const g = toInt32(group, "group");
+                return t.tiered().findDiskPage(g, hashArgument(hash));
+            },
+            nb::arg("group"), nb::arg("hash"),
+            "The disk page of `group` holding the page of `hash` (its file: disk_directory/group<g>-page<d>.kvseq), "
+            "or -1 (also without a disk tier). Raises as find_host_page.")
         .def(
             "check_invariants", [](TieredHandle& t) { t.tiered().checkInvariants(); },
             "Raises RuntimeError naming the first broken rule of the bookkeeping (each group's hash -> host page map "

@@ -23,7 +23,8 @@ MIXED = [(2, 64), (1, 96, 0, kvcache.KVLayerKind.LATENT), (3, 40)]
 # A window of 32 tokens (group 1, layer 0) and full attention (group 0, layer 1).
 WINDOWED = [(2, 32, 32), (2, 64)]
 STATS_FIELDS = ["admissions", "query_tokens", "device_hit_tokens", "host_hit_tokens", "missed_tokens",
-                "offloaded_pages", "already_on_host_pages", "dropped_pages", "evicted_host_pages", "onboarded_pages"]
+                "offloaded_pages", "already_on_host_pages", "dropped_pages", "evicted_host_pages", "onboarded_pages",
+                "spilled_pages", "already_on_disk_pages", "evicted_disk_pages", "restored_pages", "disk_failures"]
 
 
 def make_config(layers, dtype=kvcache.DataType.FLOAT16, num_pages=0):
@@ -86,13 +87,13 @@ class Tiered:
     """A cache whose pools hold distinct values (`before`), its page manager (4 sequences) and a tiered cache over
     them with every host page poisoned, all on torch's current stream."""
 
-    def __init__(self, torch, layers, dtype, num_host_pages):
+    def __init__(self, torch, layers, dtype, num_host_pages, **disk):
         self.torch = torch
         self.cache = kvcache.KVCacheManager(make_config(layers, dtype), torch.cuda.current_stream())
         self.pools = pools_of(torch, self.cache)
         self.before = fill_distinct(torch, self.pools)
         self.pages = kvcache.PageManager(self.cache, max_sequences=4)
-        self.tiered = kvcache.TieredPrefixCache(self.cache, self.pages, num_host_pages)
+        self.tiered = kvcache.TieredPrefixCache(self.cache, self.pages, num_host_pages, **disk)
         for group in range(self.tiered.num_groups()):
             tier = self.tiered.host_tier(group)
             tier.wait_until_ready()
@@ -317,3 +318,48 @@ def test_a_capturing_stream_is_refused_before_anything_changes(torch):
     # Outside the capture the same admission finds the host's pages.
     assert s.tiered.admit(request, prompt).host_tokens == 3 * P
     s.tiered.check_invariants()
+
+
+def test_pages_the_host_gives_up_come_back_from_the_disk(torch, tmp_path):
+    # A host tier of five pages: the donor's five pages fill it, then three pages of another prompt take the host
+    # pages of the donor's oldest three (evicted one a call), which go to the disk tier first.
+    directory = tmp_path / "disk"
+    s = Tiered(torch, MIXED, kvcache.DataType.BFLOAT16, [5], disk_directory=directory, num_disk_pages=[16])
+    prompt = token_run(1, 5 * P + 5)
+    donor = s.pages.create()
+    s.tiered.admit(donor, prompt)
+    s.prefill(donor, prompt)
+    donor_pages = s.pages.pages(donor, 0)[0][:5]
+    s.pages.free(donor)
+
+    def evict_one_by_one():
+        while s.pages.counts(0).cached > 0:
+            s.tiered.evict_cached(0, 1)
+
+    evict_one_by_one()
+    other = token_run(10000, 3 * P + 1)
+    filler = s.pages.create()
+    s.tiered.admit(filler, other)
+    s.prefill(filler, other, written=STEP_WRITE)
+    s.pages.free(filler)
+    evict_one_by_one()
+    assert (s.tiered.stats().spilled_pages, s.tiered.num_disk_pages_held(0)) == (3, 3)
+    hashes = s.prompt_hashes(prompt[:5 * P])
+    assert [s.tiered.find_disk_page(0, page_hash) >= 0 for page_hash in hashes].count(True) == 3
+    assert len(list(directory.glob("*.kvseq"))) == 3
+
+    s.poison_device()
+    torch.cuda.synchronize()
+    s.tiered.reset_stats()
+    request = s.pages.create()
+    admission = s.tiered.admit(request, prompt)
+    assert (admission.device_tokens, admission.host_tokens, admission.compute_tokens) == (0, 5 * P, 5)
+    stats = s.tiered.stats()
+    assert (stats.restored_pages, stats.onboarded_pages, stats.disk_failures) == (3, 5, 0)
+    s.assert_moved(0, zip(donor_pages, s.pages.pages(request, 0)[0]))
+    s.tiered.check_invariants()
+    del s
+    import gc
+    gc.collect()
+    assert list(directory.glob("*.kvseq")) == []  # the disk tier's files go with it
+

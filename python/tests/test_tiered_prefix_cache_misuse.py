@@ -13,7 +13,7 @@ from test_gpu import fill_distinct, pools_of
 from test_tiered_prefix_cache import MIXED, P, SEQ, STEP, WINDOWED, Tiered, make_config, stats_of, token_run
 
 
-def test_construction_is_checked_and_a_served_manager_refuses_what_would_bypass_the_tiered_cache(torch):
+def test_construction_is_checked_and_a_served_manager_refuses_what_would_bypass_the_tiered_cache(torch, tmp_path):
     stream = torch.cuda.current_stream()
     cache = kvcache.KVCacheManager(make_config(MIXED), stream)
     before = fill_distinct(torch, pools_of(torch, cache))
@@ -34,6 +34,24 @@ def test_construction_is_checked_and_a_served_manager_refuses_what_would_bypass_
     for error, pattern, num_host_pages in refusals:
         with pytest.raises(error, match=pattern):
             kvcache.TieredPrefixCache(cache, pages, num_host_pages)
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a directory")
+    disk_refusals = [
+        (kvcache.InvalidArgumentError, "numDiskPages has 0 entries; a disk tier needs both",
+         dict(disk_directory=tmp_path)),
+        (kvcache.InvalidArgumentError, "diskDirectory is '' and numDiskPages has 1 entries", dict(num_disk_pages=[8])),
+        (kvcache.InvalidArgumentError, r"numDiskPages\[0\] is 0; it must be in \[1, 2147483647\]",
+         dict(disk_directory=tmp_path, num_disk_pages=[0])),
+        (kvcache.InvalidArgumentError, "numDiskPages has 2 entries",
+         dict(disk_directory=tmp_path, num_disk_pages=[8, 8])),
+        (kvcache.InvalidArgumentError, "is not a directory and cannot be made one",
+         dict(disk_directory=a_file, num_disk_pages=[8])),
+        (TypeError, "disk_directory is a int", dict(disk_directory=5, num_disk_pages=[8])),
+        (TypeError, r"num_disk_pages\[0\] is a str", dict(disk_directory=tmp_path, num_disk_pages=["8"])),
+    ]
+    for error, pattern, disk in disk_refusals:
+        with pytest.raises(error, match=pattern):
+            kvcache.TieredPrefixCache(cache, pages, [8], **disk)
     with pytest.raises(TypeError, match="pages is a Config; expected a PageManager"):
         kvcache.TieredPrefixCache(cache, make_config(MIXED), [8])
     # The manager's own callback is still the one called.

@@ -79,11 +79,36 @@ void checkNumHostPages(KVCacheLayout const& layout, std::vector<int64_t> const& 
     }
 }
 
-TieredPrefixCacheCore::TieredPrefixCacheCore(PageManager& pages, std::vector<int64_t> const& numHostPages)
+void checkNumDiskPages(KVCacheLayout const& layout, std::vector<int64_t> const& numDiskPages)
+{
+    if (numDiskPages.empty())
+    {
+        return;
+    }
+    if (numDiskPages.size() != layout.groups.size())
+    {
+        throw InvalidArgumentError(fmt::format("{}: numDiskPages has {} entries; it must be empty (no disk tier) or "
+                                               "have one per page group ({})",
+            kWHAT, numDiskPages.size(), layout.groups.size()));
+    }
+    for (size_t g = 0; g < numDiskPages.size(); ++g)
+    {
+        if (numDiskPages[g] < 1 || numDiskPages[g] > std::numeric_limits<int32_t>::max())
+        {
+            throw InvalidArgumentError(fmt::format("{}: numDiskPages[{}] is {}; it must be in [1, {}] (with a disk "
+                                                   "tier, every group has one: a run needs its pages in every group)",
+                kWHAT, g, numDiskPages[g], std::numeric_limits<int32_t>::max()));
+        }
+    }
+}
+
+TieredPrefixCacheCore::TieredPrefixCacheCore(
+    PageManager& pages, std::vector<int64_t> const& numHostPages, std::vector<int64_t> const& numDiskPages)
     : mPages(&pages)
 {
     KVCacheLayout const& layout = pages.layout();
     checkNumHostPages(layout, numHostPages);
+    checkNumDiskPages(layout, numDiskPages);
     mTokensPerPage = layout.tokensPerPage;
     int64_t const pagesPerSequence = (int64_t{layout.maxSequenceLength} + mTokensPerPage - 1) / mTokensPerPage;
     mHashes.resize(static_cast<size_t>(pagesPerSequence));
@@ -94,12 +119,19 @@ TieredPrefixCacheCore::TieredPrefixCacheCore(PageManager& pages, std::vector<int
         // A group's evictions between two offloads are distinct pages (recordEviction replaces a page's older
         // record), and an offload or an onboard lists at most every page once: numPages bounds every list.
         Group group{HostPageMap(numHostPages[g]), layout.groups[g].slidingWindow != 0, {},
-            std::vector<int32_t>(numPages, -1), {}, {}, std::vector<int32_t>(static_cast<size_t>(pagesPerSequence), kUNKNOWN)};
+            std::vector<int32_t>(numPages, -1), {}, {}, std::vector<int32_t>(static_cast<size_t>(pagesPerSequence), kUNKNOWN),
+            std::vector<uint8_t>(static_cast<size_t>(pagesPerSequence), 0)};
         group.pending.reserve(numPages);
         group.entries.reserve(numPages);
         group.pinned.reserve(numPages);
         mGroups.push_back(std::move(group));
         mFresh.emplace_back().reserve(static_cast<size_t>(pagesPerSequence));
+    }
+    mDisks.reserve(numDiskPages.size());
+    for (int64_t const diskPages : numDiskPages)
+    {
+        // Disk pages are files: every one is usable from the start.
+        mDisks.emplace_back(diskPages).setUsable(diskPages);
     }
     // Last, once nothing can throw any more: a failed construction leaves the manager's callback as it was.
     pages.setEvictionCallback(
@@ -125,6 +157,12 @@ HostPageMap const& TieredPrefixCacheCore::hostMap(int32_t group, char const* wha
         throw OutOfRangeError(fmt::format("{}: group is {}; groups are [0, {})", what, group, numGroups()));
     }
     return mGroups[static_cast<size_t>(group)].map;
+}
+
+HostPageMap const* TieredPrefixCacheCore::diskMap(int32_t group, char const* what) const
+{
+    hostMap(group, what);
+    return mDisks.empty() ? nullptr : &mDisks[static_cast<size_t>(group)];
 }
 
 int64_t TieredPrefixCacheCore::numPendingEvictions() const noexcept
@@ -159,6 +197,68 @@ void TieredPrefixCacheCore::recordEviction(int32_t group, int32_t page, PageHash
     }
     index = static_cast<int32_t>(state.pending.size());
     state.pending.push_back(Eviction{page, hash});
+}
+
+HostPageMap::Insertion TieredPrefixCacheCore::insertHostPage(TierMover& mover, int32_t g, PageHash hash)
+{
+    HostPageMap& map = mGroups[static_cast<size_t>(g)].map;
+    HostPageMap::Insertion const insertion = map.insert(hash);
+    if (insertion.hostPage == HostPageMap::kNONE || !insertion.evicted)
+    {
+        return insertion;
+    }
+    ++mStats.evictedHostPages;
+    try
+    {
+        // The host page still holds the bytes of the page it gave up: to the disk tier before anything overwrites it.
+        spill(mover, g, insertion.hostPage, insertion.evictedHash);
+    }
+    catch (...)
+    {
+        map.erase(insertion.hostPage);
+        throw;
+    }
+    return insertion;
+}
+
+void TieredPrefixCacheCore::spill(TierMover& mover, int32_t g, int32_t hostPage, PageHash hash)
+{
+    if (mDisks.empty())
+    {
+        return;
+    }
+    HostPageMap& disk = mDisks[static_cast<size_t>(g)];
+    int32_t const held = disk.find(hash);
+    if (held != HostPageMap::kNONE)
+    {
+        disk.touch(held);
+        ++mStats.alreadyOnDiskPages;
+        return;
+    }
+    HostPageMap::Insertion const insertion = disk.insert(hash);
+    if (insertion.hostPage == HostPageMap::kNONE)
+    {
+        ++mStats.droppedPages;
+        return;
+    }
+    mStats.evictedDiskPages += insertion.evicted ? 1 : 0;
+    try
+    {
+        mover.spill(g, hostPage, insertion.hostPage);
+    }
+    catch (CudaError const&)
+    {
+        disk.erase(insertion.hostPage);
+        throw;
+    }
+    catch (Error const&)
+    {
+        // A disk tier is a cache: a page it could not write (disk full, no permission) is one it does not hold.
+        disk.erase(insertion.hostPage);
+        ++mStats.diskFailures;
+        return;
+    }
+    ++mStats.spilledPages;
 }
 
 void TieredPrefixCacheCore::offloadEvicted(TierMover& mover)
@@ -203,39 +303,38 @@ void TieredPrefixCacheCore::offloadGroup(TierMover& mover, int32_t g)
         eviction.page = -1;
     }
     int32_t toDrop = std::max(0, fresh - map.numAvailable());
-    // Pass 2: a host page for each new one, pinned until the offload is enqueued.
-    for (Eviction const& eviction : group.pending)
-    {
-        if (eviction.page < 0)
-        {
-            continue;
-        }
-        if (map.find(eviction.hash) != HostPageMap::kNONE)
-        {
-            // The same hash twice in one batch (possible only after a bypassed step): the first copy serves.
-            ++mStats.alreadyOnHostPages;
-            continue;
-        }
-        if (toDrop > 0)
-        {
-            --toDrop;
-            ++mStats.droppedPages;
-            continue;
-        }
-        HostPageMap::Insertion const insertion = map.insert(eviction.hash);
-        if (insertion.hostPage == HostPageMap::kNONE)
-        {
-            ++mStats.droppedPages;
-            continue;
-        }
-        mStats.evictedHostPages += insertion.evicted ? 1 : 0;
-        map.pin(insertion.hostPage);
-        group.pinned.push_back(insertion.hostPage);
-        group.entries.push_back(HostTierEntry{eviction.page, insertion.hostPage});
-    }
-    group.pending.clear();
     try
     {
+        // Pass 2: a host page for each new one, pinned until the offload is enqueued.
+        for (Eviction const& eviction : group.pending)
+        {
+            if (eviction.page < 0)
+            {
+                continue;
+            }
+            if (map.find(eviction.hash) != HostPageMap::kNONE)
+            {
+                // The same hash twice in one batch (possible only after a bypassed step): the first copy serves.
+                ++mStats.alreadyOnHostPages;
+                continue;
+            }
+            if (toDrop > 0)
+            {
+                --toDrop;
+                ++mStats.droppedPages;
+                continue;
+            }
+            HostPageMap::Insertion const insertion = insertHostPage(mover, g, eviction.hash);
+            if (insertion.hostPage == HostPageMap::kNONE)
+            {
+                ++mStats.droppedPages;
+                continue;
+            }
+            map.pin(insertion.hostPage);
+            group.pinned.push_back(insertion.hostPage);
+            group.entries.push_back(HostTierEntry{eviction.page, insertion.hostPage});
+        }
+        group.pending.clear();
         if (!group.entries.empty())
         {
             mover.offload(g, group.entries.data(), static_cast<int32_t>(group.entries.size()));
@@ -244,6 +343,7 @@ void TieredPrefixCacheCore::offloadGroup(TierMover& mover, int32_t g)
     catch (...)
     {
         // The host pages of the failed offload hold unknown bytes: they hold no page any more.
+        group.pending.clear();
         for (int32_t const hostPage : group.pinned)
         {
             map.unpin(hostPage);
@@ -310,25 +410,26 @@ int32_t TieredPrefixCacheCore::source(int32_t group, int32_t index)
     if (found == kUNKNOWN)
     {
         // The host first: a page it holds is there either way (adoptRun holds the device's copy when there is one and
-        // onboards only into the pages it takes), and the device is looked up only for the pages the host lacks.
+        // onboards only into the pages it takes); the device for the pages the host lacks; the disk last.
         PageHash const hash = mHashes[static_cast<size_t>(index)];
         found = state.map.find(hash);
         if (found == HostPageMap::kNONE && PageManagerInternal::hasPage(*mPages, group, hash))
         {
             found = kON_DEVICE;
         }
+        else if (found == HostPageMap::kNONE && !mDisks.empty())
+        {
+            int32_t const diskPage = mDisks[static_cast<size_t>(group)].find(hash);
+            found = diskPage == HostPageMap::kNONE ? HostPageMap::kNONE : onDisk(diskPage);
+        }
     }
     return found;
 }
 
-bool TieredPrefixCacheCore::windowsAreThere(NextPageHashes const& known, int32_t pages)
+bool TieredPrefixCacheCore::runIsThere(NextPageHashes const& known, int32_t pages)
 {
     for (int32_t g = 0; g < numGroups(); ++g)
     {
-        if (!mGroups[static_cast<size_t>(g)].windowed)
-        {
-            continue;
-        }
         int32_t const window = PageManagerInternal::firstNeededPage(*mPages, g, known.firstPage + pages);
         for (int32_t p = std::max(0, window - known.firstPage); p < pages; ++p)
         {
@@ -338,6 +439,87 @@ bool TieredPrefixCacheCore::windowsAreThere(NextPageHashes const& known, int32_t
             }
         }
     }
+    return true;
+}
+
+bool TieredPrefixCacheCore::secureRun(TierMover& mover, NextPageHashes const& known, int32_t pages)
+{
+    // Pass 1: the run's host pages are pinned, so that neither the restores below nor the offloads of the adoption's
+    // evictions give them up before they are read; its disk pages too, so that no spill overwrites one first.
+    for (int32_t g = 0; g < numGroups(); ++g)
+    {
+        Group& group = mGroups[static_cast<size_t>(g)];
+        int32_t const window = PageManagerInternal::firstNeededPage(*mPages, g, known.firstPage + pages);
+        for (int32_t p = std::max(0, window - known.firstPage); p < pages; ++p)
+        {
+            int32_t const found = source(g, p);
+            uint8_t& pinned = group.runPinned[static_cast<size_t>(p)];
+            if (found >= 0 && pinned == 0)
+            {
+                group.map.pin(found);
+                pinned = 1;
+            }
+            else if (isOnDisk(found) && pinned == 0)
+            {
+                mDisks[static_cast<size_t>(g)].pin(diskPageOf(found));
+                pinned = 2;
+            }
+        }
+    }
+    // Pass 2: each disk page into a host page of its own (pinned), read from the disk now; one that cannot be read,
+    // or finds no host page, is nowhere. Every disk page is unpinned as it is done with.
+    bool all = true;
+    for (int32_t g = 0; g < numGroups(); ++g)
+    {
+        Group& group = mGroups[static_cast<size_t>(g)];
+        for (int32_t p = 0; p < pages; ++p)
+        {
+            uint8_t& pinned = group.runPinned[static_cast<size_t>(p)];
+            if (pinned != 2)
+            {
+                continue;
+            }
+            int32_t& found = group.runHostPages[static_cast<size_t>(p)];
+            int32_t const diskPage = diskPageOf(found);
+            mDisks[static_cast<size_t>(g)].unpin(diskPage);
+            pinned = 0;
+            found = HostPageMap::kNONE;
+            all = all && restore(mover, g, p, diskPage);
+        }
+    }
+    return all;
+}
+
+bool TieredPrefixCacheCore::restore(TierMover& mover, int32_t g, int32_t index, int32_t diskPage)
+{
+    Group& group = mGroups[static_cast<size_t>(g)];
+    HostPageMap::Insertion const insertion = insertHostPage(mover, g, mHashes[static_cast<size_t>(index)]);
+    if (insertion.hostPage == HostPageMap::kNONE)
+    {
+        return false;
+    }
+    try
+    {
+        mover.restore(g, diskPage, insertion.hostPage);
+    }
+    catch (CudaError const&)
+    {
+        group.map.erase(insertion.hostPage);
+        throw;
+    }
+    catch (Error const&)
+    {
+        // A file that cannot be read back (gone, corrupt, written under other host-held scales) holds no page.
+        group.map.erase(insertion.hostPage);
+        mDisks[static_cast<size_t>(g)].erase(diskPage);
+        ++mStats.diskFailures;
+        return false;
+    }
+    mDisks[static_cast<size_t>(g)].touch(diskPage);
+    group.map.pin(insertion.hostPage);
+    group.runPinned[static_cast<size_t>(index)] = 1;
+    group.runHostPages[static_cast<size_t>(index)] = insertion.hostPage;
+    ++mStats.restoredPages;
     return true;
 }
 
@@ -357,11 +539,12 @@ int32_t TieredPrefixCacheCore::onboardRun(TierMover& mover, SequenceId sequence,
     for (Group& group : mGroups)
     {
         std::fill(group.runHostPages.begin(), group.runHostPages.begin() + known.count, kUNKNOWN);
+        std::fill(group.runPinned.begin(), group.runPinned.begin() + known.count, uint8_t{0});
     }
-    // A run of k pages is there when every page the sequence then needs is on the device or on the host in every
-    // group: all k in full attention, those of the window before the run's end in a windowed group. The first page a
-    // full-attention group has nowhere bounds k; the longest run that is there and whose fresh pages the device can
-    // give is adopted.
+    // A run of k pages is there when every page the sequence then needs is on the device, the host or the disk in
+    // every group: all k in full attention, those of the window before the run's end in a windowed group. The first
+    // page a full-attention group has nowhere bounds k; the longest run that is there, whose disk pages could be read
+    // back and whose fresh pages the device can give is adopted.
     int32_t pages = known.count;
     for (int32_t g = 0; g < numGroups(); ++g)
     {
@@ -373,77 +556,84 @@ int32_t TieredPrefixCacheCore::onboardRun(TierMover& mover, SequenceId sequence,
             }
         }
     }
-    while (pages > 0 && !(windowsAreThere(known, pages) && PageManagerInternal::adoptRun(*mPages, known, pages, mFresh)))
-    {
-        --pages;
-    }
-    if (pages == 0)
-    {
-        return 0;
-    }
-    // The fresh pages' host pages are pinned so that the offloads of the adoption's own evictions cannot give them up
-    // before they are read. Each fresh page was looked up (the run was there) and found on the host: a page found only
-    // on the device was held, not taken.
-    for (int32_t g = 0; g < numGroups(); ++g)
-    {
-        for (FreshPage const& fresh : mFresh[static_cast<size_t>(g)])
-        {
-            if (mGroups[static_cast<size_t>(g)].runHostPages[static_cast<size_t>(fresh.index - known.firstPage)] < 0)
-            {
-                throw std::logic_error(fmt::format(
-                    "{}: group {} took a fresh page for page {} of the run, which no host page holds", kWHAT, g,
-                    fresh.index));
-            }
-        }
-    }
-    for (int32_t g = 0; g < numGroups(); ++g)
-    {
-        Group& group = mGroups[static_cast<size_t>(g)];
-        for (FreshPage const& fresh : mFresh[static_cast<size_t>(g)])
-        {
-            group.map.pin(group.runHostPages[static_cast<size_t>(fresh.index - known.firstPage)]);
-        }
-    }
     try
     {
-        // The adoption's evictions leave before anything is written: a page it evicted may be one it took.
-        offloadEvicted(mover);
-        for (int32_t g = 0; g < numGroups(); ++g)
+        while (pages > 0
+            && !(runIsThere(known, pages) && secureRun(mover, known, pages)
+                && PageManagerInternal::adoptRun(*mPages, known, pages, mFresh)))
         {
-            Group& group = mGroups[static_cast<size_t>(g)];
-            group.entries.clear();
-            for (FreshPage const& fresh : mFresh[static_cast<size_t>(g)])
-            {
-                group.entries.push_back(
-                    HostTierEntry{fresh.page, group.runHostPages[static_cast<size_t>(fresh.index - known.firstPage)]});
-            }
-            if (!group.entries.empty())
-            {
-                mover.onboard(g, group.entries.data(), static_cast<int32_t>(group.entries.size()));
-                mStats.onboardedPages += static_cast<int64_t>(group.entries.size());
-            }
+            --pages;
+        }
+        if (pages > 0)
+        {
+            onboardFresh(mover, known);
         }
     }
     catch (...)
     {
-        unpinFresh(known);
+        unpinRun(known);
         throw;
     }
-    unpinFresh(known);
+    unpinRun(known);
     return pages * mTokensPerPage;
 }
 
-void TieredPrefixCacheCore::unpinFresh(NextPageHashes const& known) noexcept
+void TieredPrefixCacheCore::onboardFresh(TierMover& mover, NextPageHashes const& known)
 {
-    // Last page first, so that the run's first pages end up the most recently used: a run is only usable from its
-    // start, so its later pages should be the first ones given up.
+    // Each fresh page was looked up (the run was there) and is on the host now: a page found only on the device was
+    // held, not taken, and a disk page was read into a host page.
+    for (int32_t g = 0; g < numGroups(); ++g)
+    {
+        Group const& group = mGroups[static_cast<size_t>(g)];
+        for (FreshPage const& fresh : mFresh[static_cast<size_t>(g)])
+        {
+            size_t const index = static_cast<size_t>(fresh.index - known.firstPage);
+            if (group.runHostPages[index] < 0 || group.runPinned[index] != 1)
+            {
+                throw std::logic_error(fmt::format(
+                    "{}: group {} took a fresh page for page {} of the run, which no pinned host page holds", kWHAT, g,
+                    fresh.index));
+            }
+        }
+    }
+    // The adoption's evictions leave before anything is written: a page it evicted may be one it took.
+    offloadEvicted(mover);
     for (int32_t g = 0; g < numGroups(); ++g)
     {
         Group& group = mGroups[static_cast<size_t>(g)];
-        std::vector<FreshPage> const& fresh = mFresh[static_cast<size_t>(g)];
-        for (auto page = fresh.rbegin(); page != fresh.rend(); ++page)
+        group.entries.clear();
+        for (FreshPage const& fresh : mFresh[static_cast<size_t>(g)])
         {
-            group.map.unpin(group.runHostPages[static_cast<size_t>(page->index - known.firstPage)]);
+            group.entries.push_back(
+                HostTierEntry{fresh.page, group.runHostPages[static_cast<size_t>(fresh.index - known.firstPage)]});
+        }
+        if (!group.entries.empty())
+        {
+            mover.onboard(g, group.entries.data(), static_cast<int32_t>(group.entries.size()));
+            mStats.onboardedPages += static_cast<int64_t>(group.entries.size());
+        }
+    }
+}
+
+void TieredPrefixCacheCore::unpinRun(NextPageHashes const& known) noexcept
+{
+    // Last page first, so that the run's first pages end up the most recently used: a run is only usable from its
+    // start, so its later pages should be the first ones given up.
+    for (Group& group : mGroups)
+    {
+        for (int32_t p = known.count - 1; p >= 0; --p)
+        {
+            uint8_t& pinned = group.runPinned[static_cast<size_t>(p)];
+            if (pinned == 1)
+            {
+                group.map.unpin(group.runHostPages[static_cast<size_t>(p)]);
+            }
+            else if (pinned == 2)
+            {
+                // Left by a restore that threw: its disk page stays on the disk.
+                mDisks[static_cast<size_t>(&group - mGroups.data())].unpin(diskPageOf(group.runHostPages[static_cast<size_t>(p)]));
+            }
+            pinned = 0;
         }
     }
 }
@@ -473,6 +663,16 @@ void TieredPrefixCacheCore::checkInvariants() const
         {
             throw std::logic_error(
                 fmt::format("{}: group {} has {} host pages pinned between calls", kWHAT, g, group.map.numPinned()));
+        }
+        if (!mDisks.empty())
+        {
+            HostPageMap const& disk = mDisks[static_cast<size_t>(g)];
+            disk.checkInvariants();
+            if (disk.numPinned() != 0)
+            {
+                throw std::logic_error(
+                    fmt::format("{}: group {} has {} disk pages pinned between calls", kWHAT, g, disk.numPinned()));
+            }
         }
         int64_t indexed = 0;
         for (size_t page = 0; page < group.pendingIndex.size(); ++page)

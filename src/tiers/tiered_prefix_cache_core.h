@@ -34,6 +34,12 @@ public:
     virtual void onboard(int32_t group, HostTierEntry const* entries, int32_t count) = 0;
     //! Runs the copies (copy-on-write) of `group`.
     virtual void copy(int32_t group, PageCopy const* copies, int32_t count) = 0;
+    //! Writes host page `hostPage` of `group` (its transfers done first) to disk page `diskPage` (disk tier only).
+    //! Throws Error when the page cannot be written (the core then counts it and holds no disk page for it), CudaError.
+    virtual void spill(int32_t group, int32_t hostPage, int32_t diskPage) = 0;
+    //! Reads disk page `diskPage` of `group` into host page `hostPage` (disk tier only). Throws Error when it cannot
+    //! be read back whole and as written (the core then drops the disk page), CudaError.
+    virtual void restore(int32_t group, int32_t diskPage, int32_t hostPage) = 0;
 
 protected:
     TierMover() = default;
@@ -50,6 +56,9 @@ void checkSameLayout(KVCacheLayout const& cache, KVCacheLayout const& manager);
 //! Throws InvalidArgumentError naming numHostPages[g], the value and the limit when `numHostPages` does not hold one
 //! entry in [1, INT32_MAX] per page group of `layout`.
 void checkNumHostPages(KVCacheLayout const& layout, std::vector<int64_t> const& numHostPages);
+//! Throws InvalidArgumentError naming numDiskPages and the rule when `numDiskPages` is neither empty (no disk tier)
+//! nor one entry in [1, INT32_MAX] per page group of `layout`.
+void checkNumDiskPages(KVCacheLayout const& layout, std::vector<int64_t> const& numDiskPages);
 
 //! TieredPrefixCache's decisions and counters (its class comment gives the rules). Sets the manager's eviction
 //! callback at the end of construction and clears it on destruction; neither copyable nor movable (the callback
@@ -57,8 +66,10 @@ void checkNumHostPages(KVCacheLayout const& layout, std::vector<int64_t> const& 
 class TieredPrefixCacheCore
 {
 public:
-    //! Throws as checkNumHostPages, std::bad_alloc; the manager is left as it was then.
-    TieredPrefixCacheCore(PageManager& pages, std::vector<int64_t> const& numHostPages);
+    //! A disk tier of numDiskPages[g] pages a group when numDiskPages is not empty. Throws as checkNumHostPages and
+    //! checkNumDiskPages, std::bad_alloc; the manager is left as it was then.
+    TieredPrefixCacheCore(
+        PageManager& pages, std::vector<int64_t> const& numHostPages, std::vector<int64_t> const& numDiskPages = {});
     ~TieredPrefixCacheCore();
     TieredPrefixCacheCore(TieredPrefixCacheCore const&) = delete;
     TieredPrefixCacheCore& operator=(TieredPrefixCacheCore const&) = delete;
@@ -90,6 +101,9 @@ public:
     }
     //! Returns the host page map of `group`. Throws OutOfRangeError naming `what` for a bad group.
     HostPageMap const& hostMap(int32_t group, char const* what = "TieredPrefixCache::hostMap") const;
+    //! Returns the disk page map of `group` (its pages are disk pages), or null without a disk tier. Throws
+    //! OutOfRangeError naming `what` for a bad group.
+    HostPageMap const* diskMap(int32_t group, char const* what = "TieredPrefixCache::diskMap") const;
     //! Returns the evictions recorded and not offloaded yet, all groups.
     int64_t numPendingEvictions() const noexcept;
     //! Throws std::logic_error naming the first broken rule: a host page map's own invariants, a host page left
@@ -115,11 +129,27 @@ private:
         //! Host pages an offload pinned while its list was put together.
         std::vector<int32_t> pinned;
         //! Where each page of an admission's run is: kUNKNOWN (not looked up yet), a host page, kON_DEVICE (on the device
-        //! only), or HostPageMap::kNONE (nowhere).
+        //! and not the host), onDisk(disk page) (on the disk only), or HostPageMap::kNONE (nowhere).
         std::vector<int32_t> runHostPages;
+        //! Per page of the run: 1 while its host page is pinned, 2 while its disk page is, else 0.
+        std::vector<uint8_t> runPinned;
     };
     static constexpr int32_t kUNKNOWN = -3;
     static constexpr int32_t kON_DEVICE = -2;
+    //! Disk page d as a run page's place: kFIRST_ON_DISK - d.
+    static constexpr int32_t kFIRST_ON_DISK = -4;
+    static constexpr int32_t onDisk(int32_t diskPage) noexcept
+    {
+        return kFIRST_ON_DISK - diskPage;
+    }
+    static constexpr bool isOnDisk(int32_t place) noexcept
+    {
+        return place <= kFIRST_ON_DISK;
+    }
+    static constexpr int32_t diskPageOf(int32_t place) noexcept
+    {
+        return kFIRST_ON_DISK - place;
+    }
     //! A slice of extra keys.
     struct KeySlice
     {
@@ -133,16 +163,29 @@ private:
     void offloadEvicted(TierMover& mover);
     void offloadGroup(TierMover& mover, int32_t group);
     void runCopies(TierMover& mover, StepCopies const& copies);
-    //! Adopts the longest run of pages after `length` that the device and the host tiers hold between them
-    //! (PageManagerInternal::adoptRun) and onboards its fresh pages from the host; returns its tokens.
+    //! Inserts `hash` into group g's host map; a host page given up for it goes to the disk tier first (spill()).
+    HostPageMap::Insertion insertHostPage(TierMover& mover, int32_t g, PageHash hash);
+    //! Writes host page `hostPage` of group g, which holds the page of `hash`, to a disk page (none without a disk
+    //! tier). A write that fails with Error is counted (diskFailures) and leaves no disk page.
+    void spill(TierMover& mover, int32_t g, int32_t hostPage, PageHash hash);
+    //! Adopts the longest run of pages after `length` that the device, the host and the disk hold between them
+    //! (PageManagerInternal::adoptRun) and onboards its fresh pages; returns its tokens.
     int32_t onboardRun(TierMover& mover, SequenceId sequence, int32_t const* tokens, int32_t count, int32_t length,
         PageExtraKey const* keys, int32_t numKeys);
     //! Returns where page `index` of the run in mHashes is in `group` (Group::runHostPages), looking it up once.
     int32_t source(int32_t group, int32_t index);
-    //! Returns whether every page a run of `pages` pages needs in each windowed group (the window before its end) is on
-    //! the device or the host.
-    bool windowsAreThere(NextPageHashes const& known, int32_t pages);
-    void unpinFresh(NextPageHashes const& known) noexcept;
+    //! Returns whether every page a run of `pages` pages needs (all in full attention, the window before its end in a
+    //! windowed group) is somewhere.
+    bool runIsThere(NextPageHashes const& known, int32_t pages);
+    //! Pins the host pages a run of `pages` pages needs and reads its disk pages into host pages; returns false when
+    //! one could not be read back (it is nowhere then).
+    bool secureRun(TierMover& mover, NextPageHashes const& known, int32_t pages);
+    //! Reads disk page `diskPage` of group g into a new host page for page `index` of the run, pinned; returns false
+    //! (dropping the disk page when it could not be read) when that fails.
+    bool restore(TierMover& mover, int32_t g, int32_t index, int32_t diskPage);
+    //! Offloads the adoption's evictions, then onboards each group's fresh pages from their host pages.
+    void onboardFresh(TierMover& mover, NextPageHashes const& known);
+    void unpinRun(NextPageHashes const& known) noexcept;
     static KeySlice keysIn(PageExtraKey const* keys, int32_t numKeys, int64_t begin, int64_t end) noexcept;
 
     PageManager* mPages = nullptr;
@@ -151,6 +194,8 @@ private:
     std::vector<PageHash> mHashes;
     //! The fresh pages of an admission's run, per group.
     std::vector<std::vector<FreshPage>> mFresh;
+    //! Per group, its disk pages; empty without a disk tier.
+    std::vector<HostPageMap> mDisks;
     TieredPrefixCacheStats mStats;
 };
 

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace kvcache::rt
@@ -21,6 +22,13 @@ struct TieredPrefixCacheOptions
     //! needs a tier, windowed groups included: a run brought back from the host needs, in a windowed group, the pages
     //! of the window at the run's end.
     std::vector<int64_t> numHostPages = {};
+    //! A third tier on disk: a directory (made when missing) where host pages the host tiers give up are written,
+    //! one sequence file a page (group<g>-page<d>.kvseq), and read back by admissions; empty for none. Its index is
+    //! in memory: the tier lives as long as the TieredPrefixCache, which removes its files on destruction.
+    std::string diskDirectory = {};
+    //! Disk pages of each page group's tier with a diskDirectory, one entry per group, each in [1, INT32_MAX]; empty
+    //! without one.
+    std::vector<int64_t> numDiskPages = {};
     //! How each tier pins its memory and stages copy-engine transfers (one setting for every tier; each tier
     //! allocates its own staging buffer).
     HostTierOptions hostTier = {};
@@ -61,6 +69,16 @@ struct TieredPrefixCacheStats
     int64_t evictedHostPages = 0;
     //! Host pages copied into fresh device pages by admissions, all groups (a run's pages the device had are not).
     int64_t onboardedPages = 0;
+    //! Disk tier (TieredPrefixCacheOptions::diskDirectory), all groups: host pages written to disk pages when the host
+    //! tier gave them up; those whose hash a disk page held already (nothing written; it becomes the most recent);
+    //! disk pages given up, least recently used first, to make room; disk pages read back into host pages by
+    //! admissions; and disk pages that could not be written or read back (an I/O error, a file changed on disk or
+    //! written under other host-held scales): such a page is simply not on the disk tier.
+    int64_t spilledPages = 0;
+    int64_t alreadyOnDiskPages = 0;
+    int64_t evictedDiskPages = 0;
+    int64_t restoredPages = 0;
+    int64_t diskFailures = 0;
 };
 
 //! A two-tier prefix cache: a PageManager's cached device pages, and pinned host memory (one HostTier per page group)
@@ -86,6 +104,13 @@ struct TieredPrefixCacheStats
 //!   longest shorter run it can is taken.
 //! - Hybrid caches: a prefix whose full-attention pages are still cached on the device but whose window a windowed
 //!   group evicted (the smaller group evicts sooner) is served by holding the former and onboarding the window only.
+//! - Disk (TieredPrefixCacheOptions::diskDirectory, optional). A host page a full host tier gives up is first written
+//!   to a disk page of its group (a one-page sequence file, on the host, after the host page's transfers are done),
+//!   unless a disk page holds its hash already; a full disk tier gives up its least recently used disk page. An
+//!   admission's run may take pages from the disk too: before the run is adopted, each such page is read into a host
+//!   page of its own (synchronously, on the host; pinned like the run's other host pages) and then onboarded as
+//!   those are. A disk page that cannot be written or read back whole (an I/O error, a file changed on disk, other
+//!   host-held scales since) is not on the tier and counts in diskFailures: the run stops before it, nothing fails.
 //!
 //! Ordering: everything is enqueued on the stream a call is given, in the order above; the runtime enqueues the
 //! step's kernels (which read onboarded pages and write new ones) on that stream after the call, or orders them after
@@ -111,7 +136,9 @@ public:
     //! host pages each) and sets the manager's eviction callback. Throws InvalidArgumentError when the manager's
     //! layout differs from the cache's (naming the group and the field), when numHostPages has another number of
     //! entries than the cache has groups or an entry outside [1, INT32_MAX] (naming numHostPages[g], the value and the
-    //! limit), and what HostTier's constructor throws (OutOfMemoryError, CudaError); nothing is changed then.
+    //! limit), the same for a non-empty numDiskPages, when only one of diskDirectory and numDiskPages is given or the
+    //! directory cannot be made, and what HostTier's constructor throws (OutOfMemoryError, CudaError); nothing is
+    //! changed then (a directory made stays).
     TieredPrefixCache(KVCacheManager const& cache, PageManager& pages, TieredPrefixCacheOptions const& options);
     //! Clears the manager's eviction callback, waits for the tiers' transfers and frees their memory; never throws.
     //! Evictions recorded but not offloaded yet (a direct evictCached) are lost.
@@ -161,6 +188,12 @@ public:
     int32_t numHostPagesHeld(int32_t group) const;
     //! Returns the host page of `group` holding the page of `hash`, or -1. Throws OutOfRangeError for a bad group.
     int32_t findHostPage(int32_t group, PageHash hash) const;
+    //! Returns the disk pages of `group` holding a page now (0 without a disk tier). Throws OutOfRangeError for a bad
+    //! group.
+    int32_t numDiskPagesHeld(int32_t group) const;
+    //! Returns the disk page of `group` holding the page of `hash` (its file: diskDirectory/group<g>-page<d>.kvseq), or
+    //! -1 (also without a disk tier). Throws OutOfRangeError for a bad group.
+    int32_t findDiskPage(int32_t group, PageHash hash) const;
 
     //! Returns normally when the bookkeeping is consistent (each group's hash -> host page map and its least recently
     //! used order; no host page left pinned between calls); throws std::logic_error naming the first broken rule.
