@@ -71,7 +71,7 @@ void addRun(ServingResult& total, ServingResult const& run)
 // Case g
 
 //! tiered_hit_rate/P: one iteration runs one seed on the four caches; hit rates are summed over the iterations.
-void tieredHitRate(benchmark::State& state, int32_t tokensPerPage, int32_t hostQuarters)
+void tieredHitRate(benchmark::State& state, int32_t tokensPerPage, int32_t hostQuarters, int32_t diskQuarters)
 {
     guarded(state,
         [&]
@@ -80,7 +80,7 @@ void tieredHitRate(benchmark::State& state, int32_t tokensPerPage, int32_t hostQ
             uint64_t seed = 1;
             for (auto _ : state)
             {
-                TieredRunResult const run = runTieredWorkload(tokensPerPage, hostQuarters, seed++);
+                TieredRunResult const run = runTieredWorkload(tokensPerPage, hostQuarters, diskQuarters, seed++);
                 addRun(total.device, run.device);
                 addRun(total.tiered, run.tiered);
                 addRun(total.combined, run.combined);
@@ -92,6 +92,9 @@ void tieredHitRate(benchmark::State& state, int32_t tokensPerPage, int32_t hostQ
                 total.tieredStats.onboardedPages += run.tieredStats.onboardedPages;
                 total.devicePages = run.devicePages;
                 total.hostPages = run.hostPages;
+                total.diskPages = run.diskPages;
+                total.tieredStats.spilledPages += run.tieredStats.spilledPages;
+                total.tieredStats.restoredPages += run.tieredStats.restoredPages;
                 state.SetIterationTime(run.tiered.nanoseconds * 1e-9);
             }
             auto const hits = [](ServingResult const& r) { return r.deviceTokens + r.hostTokens; };
@@ -116,6 +119,9 @@ void tieredHitRate(benchmark::State& state, int32_t tokensPerPage, int32_t hostQ
             state.counters["admitted"] = static_cast<double>(total.device.admitted);
             state.counters["device_pages"] = static_cast<double>(total.devicePages);
             state.counters["host_pages"] = static_cast<double>(total.hostPages);
+            state.counters["disk_pages"] = static_cast<double>(total.diskPages);
+            state.counters["spilled"] = static_cast<double>(total.tieredStats.spilledPages);
+            state.counters["restored"] = static_cast<double>(total.tieredStats.restoredPages);
             state.counters["offloaded"] = static_cast<double>(total.tieredStats.offloadedPages);
             state.counters["already_on_host"] = static_cast<double>(total.tieredStats.alreadyOnHostPages);
             state.counters["host_evicted"] = static_cast<double>(total.tieredStats.evictedHostPages);
@@ -328,14 +334,23 @@ void tieredAdmit(benchmark::State& state, rt::PageHashAlgorithm algorithm)
 void registerAll()
 {
     // Host tiers 4x the device pool (issue 20's setting), 1x and 0.25x: this workload's reuse fits in about twice the
-    // device pool, so only the smaller tiers churn and let the host tier's LRU order decide what is found.
-    for (auto const& [hostName, hostQuarters] :
-        {std::pair{"host4x", 16}, std::pair{"host1x", 4}, std::pair{"host0.25x", 1}})
+    // device pool, so only the smaller tiers churn and let the host tier's LRU order decide what is found; the 0.25x
+    // tier with a disk tier of 4x behind it.
+    struct Tiers
+    {
+        char const* name;
+        int32_t hostQuarters;
+        int32_t diskQuarters;
+    };
+    for (Tiers const tiers : {Tiers{"host4x", 16, 0}, Tiers{"host1x", 4, 0}, Tiers{"host0.25x", 1, 0},
+             Tiers{"host0.25x_disk4x", 1, 16}})
     {
         for (int32_t const tokensPerPage : {16, 128})
         {
-            std::string const name = std::string("tiered_hit_rate/") + hostName + "/" + std::to_string(tokensPerPage);
-            benchmark::RegisterBenchmark(name.c_str(), tieredHitRate, tokensPerPage, hostQuarters)
+            std::string const name =
+                std::string("tiered_hit_rate/") + tiers.name + "/" + std::to_string(tokensPerPage);
+            benchmark::RegisterBenchmark(
+                name.c_str(), tieredHitRate, tokensPerPage, tiers.hostQuarters, tiers.diskQuarters)
                 ->UseManualTime()
                 ->Iterations(kSEEDS)
                 ->Unit(benchmark::kMillisecond);

@@ -86,10 +86,11 @@ private:
 class TieredServing final : public ServingCache
 {
 public:
-    TieredServing(rt::PageManager& manager, std::vector<int64_t> const& numHostPages)
+    TieredServing(
+        rt::PageManager& manager, std::vector<int64_t> const& numHostPages, std::vector<int64_t> const& numDiskPages)
         : mManager(&manager)
         , mMover(numHostPages)
-        , mCore(manager, numHostPages)
+        , mCore(manager, numHostPages, numDiskPages)
     {
     }
     rt::SequenceId create() override
@@ -289,18 +290,24 @@ private:
     rt::SequenceId mNextId = 0;
 };
 
-//! Runs the workload on the two tiers over a manager made from `config`, each group's host tier hostQuarters / 4 times
-//! its device pages; returns the result and the core's checked counters.
+//! Runs the workload on the tiers over a manager made from `config`, each group's host tier hostQuarters / 4 times its
+//! device pages and its disk tier diskQuarters / 4 times (none for 0); returns the result and the core's checked
+//! counters.
 std::pair<ServingResult, rt::TieredPrefixCacheStats> runTiered(
-    rt::KVCacheConfig const& config, int32_t hostQuarters, uint64_t seed)
+    rt::KVCacheConfig const& config, int32_t hostQuarters, int32_t diskQuarters, uint64_t seed)
 {
     rt::PageManager manager(config, managerOptions());
     std::vector<int64_t> hostPages;
+    std::vector<int64_t> diskPages;
     for (rt::KVPageGroupLayout const& group : manager.layout().groups)
     {
         hostPages.push_back(int64_t{group.numPages} * hostQuarters / 4);
+        if (diskQuarters > 0)
+        {
+            diskPages.push_back(int64_t{group.numPages} * diskQuarters / 4);
+        }
     }
-    TieredServing tiered(manager, hostPages);
+    TieredServing tiered(manager, hostPages, diskPages);
     ServingResult const result = runServingWorkload(tiered, seed);
     rt::TieredPrefixCacheStats const stats = tiered.checkedStats();
     manager.checkInvariants();
@@ -335,16 +342,18 @@ rt::KVCacheConfig servingPoolConfig(int32_t tokensPerPage, int64_t numPages)
     return config;
 }
 
-TieredRunResult runTieredWorkload(int32_t tokensPerPage, int32_t hostQuarters, uint64_t seed)
+TieredRunResult runTieredWorkload(int32_t tokensPerPage, int32_t hostQuarters, int32_t diskQuarters, uint64_t seed)
 {
     TieredRunResult result;
     result.devicePages = kDEVICE_POOL_TOKENS / tokensPerPage;
     result.hostPages = result.devicePages * hostQuarters / 4;
+    result.diskPages = result.devicePages * diskQuarters / 4;
     result.device = runOnManager(tokensPerPage, result.devicePages, seed);
     std::tie(result.tiered, result.tieredStats) =
-        runTiered(servingPoolConfig(tokensPerPage, result.devicePages), hostQuarters, seed);
-    result.combined = runOnManager(tokensPerPage, result.devicePages + result.hostPages, seed);
-    LruPrefixOracle oracle(tokensPerPage, result.devicePages + result.hostPages);
+        runTiered(servingPoolConfig(tokensPerPage, result.devicePages), hostQuarters, diskQuarters, seed);
+    int64_t const capacity = result.devicePages + result.hostPages + result.diskPages;
+    result.combined = runOnManager(tokensPerPage, capacity, seed);
+    LruPrefixOracle oracle(tokensPerPage, capacity);
     result.oracle = runServingWorkload(oracle, seed);
     for (ServingResult const* run : {&result.tiered, &result.combined, &result.oracle})
     {
@@ -368,7 +377,7 @@ HybridTieredResult runHybridTieredWorkload(
         PageManagerServing serving(manager);
         *device = runServingWorkload(serving, seed);
         manager.checkInvariants();
-        std::tie(*tiered, *stats) = runTiered(*config, hostQuarters, seed);
+        std::tie(*tiered, *stats) = runTiered(*config, hostQuarters, 0, seed);
     }
     for (ServingResult const* run : {&result.twinTiered, &result.hybridDevice, &result.hybridTiered})
     {

@@ -24,14 +24,15 @@ struct TieredRunResult
     ServingResult device;
     //! The two tiers: deviceTokens adopted, hostTokens onboarded.
     ServingResult tiered;
-    //! A PageManager of devicePages + hostPages.
+    //! A PageManager of devicePages + hostPages + diskPages.
     ServingResult combined;
-    //! LruPrefixOracle of devicePages + hostPages.
+    //! LruPrefixOracle of devicePages + hostPages + diskPages.
     ServingResult oracle;
     //! The tiered cache's counters over the measured steps.
     rt::TieredPrefixCacheStats tieredStats;
     int64_t devicePages = 0;
     int64_t hostPages = 0;
+    int64_t diskPages = 0;
 };
 
 //! One full-attention layer of `numPages` pages at `tokensPerPage`, sequences up to kSERVING_MAX_LENGTH tokens, appends
@@ -39,8 +40,9 @@ struct TieredRunResult
 rt::KVCacheConfig servingPoolConfig(int32_t tokensPerPage, int64_t numPages);
 
 //! Runs the workload seeded by `seed` on the four caches at `tokensPerPage`: a device pool of the hybrid twin's
-//! 262,144 tokens, a host tier of `hostQuarters` / 4 times that. Throws std::runtime_error when a check fails.
-TieredRunResult runTieredWorkload(int32_t tokensPerPage, int32_t hostQuarters, uint64_t seed);
+//! 262,144 tokens, a host tier of `hostQuarters` / 4 times that and a disk tier of `diskQuarters` / 4 times (none for
+//! 0). Throws std::runtime_error when a check fails.
+TieredRunResult runTieredWorkload(int32_t tokensPerPage, int32_t hostQuarters, int32_t diskQuarters, uint64_t seed);
 
 //! One seed of case i: a hybrid model and its full-attention twin (case f's configs, the same device bytes), each on
 //! the device alone and under the two tiers.
