@@ -248,6 +248,17 @@ TEST_F(ScaledPageOpsTest, HostHeldLayerScalesAreKeptCheckedAndLeftAloneOnRefusal
         {"LayerScales.k", "nvfp4", "> 0"}));
     nvfp4.setLayerScales(0, {0.125F, 3.0F});
     EXPECT_EQ(nvfp4.layerScales(0).v, 3.0F);
+    // A latent layer's v is unused: a sequence file's 0 is taken back, its k is still checked.
+    KVCacheManager latent(test::pagePoolConfig({{1, 32}, {1, 32, 0, kLATENT}}, 16, 8)
+                              .dataType(DataType::kUINT8)
+                              .quantization(KVQuantization::kNVFP4),
+        stream.get());
+    latent.setLayerScales(1, {0.5F, 0.0F});
+    EXPECT_EQ(latent.layerScales(1).k, 0.5F);
+    EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
+        [&] { latent.setLayerScales(0, {0.5F, 0.0F}); }, {"LayerScales.v", "layer 0", "> 0"}));
+    EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
+        [&] { latent.setLayerScales(1, {0.0F, 0.0F}); }, {"LayerScales.k", "layer 1", "> 0"}));
 
     KVCacheManager tokenHead(test::pagePoolConfig({{1, 16}}, 16, 8)
                                  .dataType(DataType::kFP8_E4M3)

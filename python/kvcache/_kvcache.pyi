@@ -1035,7 +1035,7 @@ class SequenceFileInfo:
     @property
     def layer_scales(self) -> list[LayerScales]:
         """
-        The host-held scales the pages were written under, a LayerScales a layer of the geometry, for FP8_PER_TENSOR and NVFP4 (a latent layer's v is 0 and not compared: NVFP4's set_layer_scales needs any v > 0 for it); empty for the other quantizations. Set them with KVCacheManager.set_layer_scales before load_sequence into a cache whose scales differ.
+        The host-held scales the pages were written under, a LayerScales a layer of the geometry, for FP8_PER_TENSOR and NVFP4 (a latent layer's v is 0, not compared, and taken back by set_layer_scales); empty for the other quantizations. Set them with KVCacheManager.set_layer_scales before load_sequence into a cache whose scales differ.
         """
 
 class HostTier:

@@ -291,7 +291,12 @@ void KVCacheManager::setLayerScales(int32_t layerIdx, LayerScales scales)
     constexpr char const* kWHAT = "KVCacheManager::setLayerScales";
     checkScaledIndex(layerIdx, kWHAT, false);
     checkHostScale(kWHAT, "k", layerIdx, scales.k, mLayout.quantization);
-    checkHostScale(kWHAT, "v", layerIdx, scales.v, mLayout.quantization);
+    // A latent layer has no V: its v is unused, so not checked (sequence files record it as 0, and restoring a file's
+    // scales must be possible).
+    if (mLayout.layers[static_cast<size_t>(layerIdx)].kind != KVLayerKind::kLATENT)
+    {
+        checkHostScale(kWHAT, "v", layerIdx, scales.v, mLayout.quantization);
+    }
     mLayerScales[static_cast<size_t>(layerIdx)] = scales;
 }
 

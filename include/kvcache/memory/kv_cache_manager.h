@@ -80,8 +80,9 @@ public:
     //! Returns layer `layerIdx`'s host-held scales. Throws OutOfRangeError for a bad index and InvalidArgumentError,
     //! naming the quantization, unless it is kFP8_PER_TENSOR or kNVFP4. Both start at 1.
     LayerScales layerScales(int32_t layerIdx) const;
-    //! Sets layer `layerIdx`'s host-held scales (kFP8_PER_TENSOR: finite, >= 0; kNVFP4: finite, > 0). Throws as
-    //! layerScales does, and InvalidArgumentError naming the scale, its value and the limit; a throw changes nothing.
+    //! Sets layer `layerIdx`'s host-held scales (kFP8_PER_TENSOR: finite, >= 0; kNVFP4: finite, > 0; a latent layer's
+    //! v is unused and not checked, as sequence files record it as 0). Throws as layerScales does, and
+    //! InvalidArgumentError naming the scale, its value and the limit; a throw changes nothing.
     void setLayerScales(int32_t layerIdx, LayerScales scales);
 
     //! The same view as getCombinedKVCache(layerIdx) (the Python name slot_view); throws as it does.
