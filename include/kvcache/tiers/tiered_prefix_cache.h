@@ -24,7 +24,8 @@ struct TieredPrefixCacheOptions
     std::vector<int64_t> numHostPages = {};
     //! A third tier on disk: a directory (made when missing) where host pages the host tiers give up are written,
     //! one sequence file a page (group<g>-page<d>.kvseq), and read back by admissions; empty for none. Its index is
-    //! in memory: the tier lives as long as the TieredPrefixCache, which removes its files on destruction.
+    //! in memory: the tier lives as long as the TieredPrefixCache, which removes its files on destruction. One
+    //! TieredPrefixCache a directory at a time (two would write the same file names).
     std::string diskDirectory = {};
     //! Disk pages of each page group's tier with a diskDirectory, one entry per group, each in [1, INT32_MAX]; empty
     //! without one.
