@@ -7,7 +7,9 @@
 //      hashNextPages, the host lookups, the run's adoption), against adoptPrefix of the same prompt cached on the device,
 //      and against an admission that computes the prompt (adoptPrefix's miss + append), timed alternately in one loop;
 //   i. tiered_hybrid/hostNx/MODEL/SPLIT/P: case f's hybrid models and their full-attention twins, each on the device
-//      alone and with host tiers N times each group's pages (4, 0.25): the hybrid's tiered hit rate against the twin's.
+//      alone and with host tiers N times each group's pages (4, 0.25): the hybrid's tiered hit rate against the twin's;
+//   j. tiered_disk_page/32x8x128/16: a disk tier page's file written and read back on this machine, against plain
+//      stdio of the same bytes.
 // Transfers go to a mover that moves no bytes: what is timed is the decisions, not PCIe (for that, bench_host_tier).
 // A case whose check fails stops with an error and makes the process exit 1. See docs/benchmarks.md.
 
@@ -15,8 +17,10 @@
 #include "tiered_serving_sim.h"
 #include "tiers/tiered_prefix_cache_core.h"
 
+#include "kvcache/core/page_geometry.h"
 #include "kvcache/kv_cache_layout.h"
 #include "kvcache/page_manager.h"
+#include "kvcache/tiers/sequence_file.h"
 
 #include <benchmark/benchmark.h>
 
@@ -25,12 +29,16 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <exception>
+#include <filesystem>
 #include <random>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <unistd.h>
 
 namespace kvcache::bench
 {
@@ -331,6 +339,91 @@ void tieredAdmit(benchmark::State& state, rt::PageHashAlgorithm algorithm)
         });
 }
 
+// Case j
+
+//! Writes `bytes` bytes at `data` to a new file `path` with stdio (no checksum, no fsync) and reads them back into
+//! `out`; returns the two times in microseconds.
+std::pair<double, double> plainFile(std::string const& path, char const* data, char* out, size_t bytes)
+{
+    auto const t0 = Clock::now();
+    std::FILE* file = std::fopen(path.c_str(), "wb");
+    check(file != nullptr && std::fwrite(data, 1, bytes, file) == bytes, "cannot write " + path);
+    check(std::fclose(file) == 0, "cannot close " + path);
+    auto const t1 = Clock::now();
+    file = std::fopen(path.c_str(), "rb");
+    check(file != nullptr && std::fread(out, 1, bytes, file) == bytes, "cannot read " + path);
+    std::fclose(file);
+    auto const t2 = Clock::now();
+    return {std::chrono::duration<double, std::micro>(t1 - t0).count(),
+        std::chrono::duration<double, std::micro>(t2 - t1).count()};
+}
+
+//! tiered_disk_page/32x8x128/16: what the disk tier does a page on this machine's temporary directory: a one-page
+//! sequence file written (a spill: checksums, write, fsync, rename) and read back (a restore: read, checks, copy), a
+//! float16 page of 32 layers of 8 x 128 at 16 tokens (2 MiB), against a plain stdio write and read of the same bytes to
+//! one file (the file system's own cost), alternately in one loop. Every read is checked against the page.
+void diskPage(benchmark::State& state)
+{
+    guarded(state,
+        [&]
+        {
+            rt::KVCacheConfig config;
+            config.numAttentionLayers = 32;
+            config.maxBatchSize = 1;
+            config.maxSequenceLength = kSERVING_MAX_LENGTH;
+            config.tokensPerPage = 16;
+            config.layerConfigs.assign(32, rt::KVLayerConfig{8, 128});
+            rt::PageGeometry const geometry = rt::pageGeometry(rt::computeLayout(config), 0);
+            auto const bytes = static_cast<size_t>(geometry.bytesPerPage);
+            std::vector<char> page(bytes);
+            std::mt19937_64 rng(5);
+            for (char& byte : page)
+            {
+                byte = static_cast<char>(rng());
+            }
+            std::vector<char> back(bytes);
+            std::filesystem::path const directory =
+                std::filesystem::temp_directory_path() / ("kvcache-bench-disk-" + std::to_string(::getpid()));
+            std::filesystem::create_directories(directory);
+            std::string const file = (directory / "page.kvseq").string();
+            std::string const plain = (directory / "page.raw").string();
+            void const* written[] = {page.data()};
+            void* read[] = {back.data()};
+            double fileWrite = 0;
+            double fileRead = 0;
+            double plainWrite = 0;
+            double plainRead = 0;
+            for (auto _ : state)
+            {
+                auto const t0 = Clock::now();
+                rt::writeSequenceFile(file, geometry, 16, written, 1);
+                auto const t1 = Clock::now();
+                std::memset(back.data(), 0, bytes);
+                auto const t2 = Clock::now();
+                rt::readSequenceFile(file, geometry, read, 1);
+                auto const t3 = Clock::now();
+                check(std::memcmp(back.data(), page.data(), bytes) == 0, "the page file read back other bytes");
+                fileWrite += std::chrono::duration<double, std::micro>(t1 - t0).count();
+                fileRead += std::chrono::duration<double, std::micro>(t3 - t2).count();
+                std::memset(back.data(), 0, bytes);
+                auto const [writeUs, readUs] = plainFile(plain, page.data(), back.data(), bytes);
+                check(std::memcmp(back.data(), page.data(), bytes) == 0, "the plain file read back other bytes");
+                plainWrite += writeUs;
+                plainRead += readUs;
+                state.SetIterationTime(std::chrono::duration<double>(t1 - t0 + (t3 - t2)).count());
+            }
+            std::filesystem::remove_all(directory);
+            double const n = static_cast<double>(state.iterations());
+            state.counters["page_bytes"] = static_cast<double>(bytes);
+            state.counters["file_write_us"] = fileWrite / n;
+            state.counters["file_read_us"] = fileRead / n;
+            state.counters["plain_write_us"] = plainWrite / n;
+            state.counters["plain_read_us"] = plainRead / n;
+            state.counters["file_write_GBps"] = static_cast<double>(bytes) * n / fileWrite * 1e-3;
+            state.counters["file_read_GBps"] = static_cast<double>(bytes) * n / fileRead * 1e-3;
+        });
+}
+
 void registerAll()
 {
     // Host tiers 4x the device pool (issue 20's setting), 1x and 0.25x: this workload's reuse fits in about twice the
@@ -376,6 +469,10 @@ void registerAll()
             }
         }
     }
+    benchmark::RegisterBenchmark("tiered_disk_page/32x8x128/16", diskPage)
+        ->UseManualTime()
+        ->Iterations(50)
+        ->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark("tiered_admit/sha256/16", tieredAdmit, rt::PageHashAlgorithm::kSHA256)
         ->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark("tiered_admit/xxh3_128/16", tieredAdmit, rt::PageHashAlgorithm::kXXH3_128)

@@ -112,6 +112,8 @@ struct TieredPrefixCacheStats
 //!   page of its own (synchronously, on the host; pinned like the run's other host pages) and then onboarded as
 //!   those are. A disk page that cannot be written or read back whole (an I/O error, a file changed on disk, other
 //!   host-held scales since) is not on the tier and counts in diskFailures: the run stops before it, nothing fails.
+//!   Disk writes and reads are synchronous on the host, in the call that gives a host page up or admits the run
+//!   (docs/benchmarks.md, case j: about 3 ms to write and 0.65 ms to read a 2 MiB page on the CI machine's disk).
 //!
 //! Ordering: everything is enqueued on the stream a call is given, in the order above; the runtime enqueues the
 //! step's kernels (which read onboarded pages and write new ones) on that stream after the call, or orders them after
