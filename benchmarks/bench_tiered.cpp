@@ -76,6 +76,26 @@ void addRun(ServingResult& total, ServingResult const& run)
     total.nanoseconds += run.nanoseconds;
 }
 
+//! Adds every counter of `run` to `total`.
+void addStats(rt::TieredPrefixCacheStats& total, rt::TieredPrefixCacheStats const& run)
+{
+    total.admissions += run.admissions;
+    total.queryTokens += run.queryTokens;
+    total.deviceHitTokens += run.deviceHitTokens;
+    total.hostHitTokens += run.hostHitTokens;
+    total.missedTokens += run.missedTokens;
+    total.offloadedPages += run.offloadedPages;
+    total.alreadyOnHostPages += run.alreadyOnHostPages;
+    total.droppedPages += run.droppedPages;
+    total.evictedHostPages += run.evictedHostPages;
+    total.onboardedPages += run.onboardedPages;
+    total.spilledPages += run.spilledPages;
+    total.alreadyOnDiskPages += run.alreadyOnDiskPages;
+    total.evictedDiskPages += run.evictedDiskPages;
+    total.restoredPages += run.restoredPages;
+    total.diskFailures += run.diskFailures;
+}
+
 // Case g
 
 //! tiered_hit_rate/P: one iteration runs one seed on the four caches; hit rates are summed over the iterations.
@@ -93,16 +113,10 @@ void tieredHitRate(benchmark::State& state, int32_t tokensPerPage, int32_t hostQ
                 addRun(total.tiered, run.tiered);
                 addRun(total.combined, run.combined);
                 addRun(total.oracle, run.oracle);
-                total.tieredStats.offloadedPages += run.tieredStats.offloadedPages;
-                total.tieredStats.alreadyOnHostPages += run.tieredStats.alreadyOnHostPages;
-                total.tieredStats.droppedPages += run.tieredStats.droppedPages;
-                total.tieredStats.evictedHostPages += run.tieredStats.evictedHostPages;
-                total.tieredStats.onboardedPages += run.tieredStats.onboardedPages;
+                addStats(total.tieredStats, run.tieredStats);
                 total.devicePages = run.devicePages;
                 total.hostPages = run.hostPages;
                 total.diskPages = run.diskPages;
-                total.tieredStats.spilledPages += run.tieredStats.spilledPages;
-                total.tieredStats.restoredPages += run.tieredStats.restoredPages;
                 state.SetIterationTime(run.tiered.nanoseconds * 1e-9);
             }
             auto const hits = [](ServingResult const& r) { return r.deviceTokens + r.hostTokens; };
@@ -158,9 +172,8 @@ void tieredHybrid(
                 addRun(total.twinTiered, run.twinTiered);
                 addRun(total.hybridDevice, run.hybridDevice);
                 addRun(total.hybridTiered, run.hybridTiered);
-                total.hybridStats.onboardedPages += run.hybridStats.onboardedPages;
-                total.hybridStats.evictedHostPages += run.hybridStats.evictedHostPages;
-                total.twinStats.onboardedPages += run.twinStats.onboardedPages;
+                addStats(total.hybridStats, run.hybridStats);
+                addStats(total.twinStats, run.twinStats);
                 total.twinPages = run.twinPages;
                 total.hybridPages = run.hybridPages;
                 state.SetIterationTime(run.hybridTiered.nanoseconds * 1e-9);

@@ -265,19 +265,21 @@ void TieredPrefixCacheCore::unpinRun(NextPageHashes const& known) noexcept
 {
     // Last page first, so that the run's first pages end up the most recently used: a run is only usable from its
     // start, so its later pages should be the first ones given up.
-    for (Group& group : mGroups)
+    for (int32_t g = 0; g < numGroups(); ++g)
     {
+        Group& group = mGroups[static_cast<size_t>(g)];
         for (int32_t p = known.count - 1; p >= 0; --p)
         {
             uint8_t& pinned = group.runPinned[static_cast<size_t>(p)];
+            int32_t const place = group.runHostPages[static_cast<size_t>(p)];
             if (pinned == 1)
             {
-                group.map.unpin(group.runHostPages[static_cast<size_t>(p)]);
+                group.map.unpin(place);
             }
             else if (pinned == 2)
             {
                 // Left by a restore that threw: its disk page stays on the disk.
-                mDisks[static_cast<size_t>(&group - mGroups.data())].unpin(diskPageOf(group.runHostPages[static_cast<size_t>(p)]));
+                mDisks[static_cast<size_t>(g)].unpin(diskPageOf(place));
             }
             pinned = 0;
         }
