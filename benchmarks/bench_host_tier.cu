@@ -17,7 +17,8 @@
 // and are not in a host page, so no row moves them.
 //
 // Flags: --tier-gib=N (default 64) sizes the construction run (halved until it fits in half the machine's memory);
-// --reps=N (default 20) timed repetitions, the median reported; --quantized-only runs the quantized rows alone.
+// --reps=N (default 20) timed repetitions, the median reported; --quantized-only runs the quantized rows alone,
+// --tiered-only the tiered prefix cache's onboard rows alone (tiered_onboard_rows.cu, last in a full run).
 
 #include "host_tier_harness.h"
 
@@ -345,6 +346,7 @@ int main(int argc, char** argv)
 {
     int64_t tierGib = 64;
     bool quantizedOnly = false;
+    bool tieredOnly = false;
     for (int i = 1; i < argc; ++i)
     {
         if (std::strncmp(argv[i], "--tier-gib=", 11) == 0)
@@ -359,9 +361,13 @@ int main(int argc, char** argv)
         {
             quantizedOnly = true;
         }
+        else if (std::strcmp(argv[i], "--tiered-only") == 0)
+        {
+            tieredOnly = true;
+        }
         else
         {
-            std::fprintf(stderr, "usage: %s [--tier-gib=N] [--reps=N] [--quantized-only]\n", argv[0]);
+            std::fprintf(stderr, "usage: %s [--tier-gib=N] [--reps=N] [--quantized-only | --tiered-only]\n", argv[0]);
             return 2;
         }
     }
@@ -373,11 +379,18 @@ int main(int argc, char** argv)
     }
     try
     {
-        if (!quantizedOnly)
+        if (!quantizedOnly && !tieredOnly)
         {
             kvcache::bench::float16Rows(tierGib);
         }
-        kvcache::bench::quantizedRows();
+        if (!tieredOnly)
+        {
+            kvcache::bench::quantizedRows();
+        }
+        if (!quantizedOnly)
+        {
+            kvcache::bench::tieredRows();
+        }
         return 0;
     }
     catch (std::exception const& error)

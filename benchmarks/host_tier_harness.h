@@ -93,4 +93,8 @@ void fillHashed(rt::KVCacheManager const& cache, cudaStream_t stream);
 void checkRoundTrip(rt::HostTier& tier, rt::KVCacheManager const& cache, std::vector<rt::HostTierEntry> const& entries,
     rt::HostTierMethod method, ContiguousBuffers& buffers, cudaStream_t stream);
 
+//! The tiered prefix cache's onboard rows (tiered_onboard_rows.cu): an admission from the host tier against the host
+//! tier's own onboard of the same pages, after a bitwise check. Throws std::runtime_error when the check fails.
+void tieredRows();
+
 } // namespace kvcache::bench
