@@ -14,7 +14,7 @@ template <bool kWRITE, typename Source>
 void launchQuantized(TokenOpPlan const& plan, TokenKernelParams const& params, LayerScales scales, Source const& source,
     cudaStream_t stream)
 {
-    QuantKernelParams const quant{params, scales.k, scales.v, plan.quantVectors, plan.codeVectors};
+    QuantKernelParams const quant{params, scales.k, scales.v, plan.quantVectors, plan.codeVectors, plan.laneShift};
     switch (plan.quantization)
     {
     case KVQuantization::kFP8_PER_TENSOR:

@@ -24,6 +24,8 @@ inline constexpr int32_t kTOKEN_VECTOR_BYTES = 16;
 inline constexpr int32_t kTOKEN_BLOCK_THREADS = 256;
 //! Warps of one block of the quantizing kernel, each a token at a time.
 inline constexpr int32_t kQUANT_WARPS_PER_BLOCK = 8;
+//! The quantizing kernel's grid y (groups of a token's heads): CUDA's limit.
+inline constexpr int32_t kMAX_QUANT_GRID_Y = 65535;
 //! A quantized cache's tokens are moved for head dimensions that are multiples of this (whole NVFP4 blocks).
 inline constexpr int32_t kQUANT_HEAD_DIM_MULTIPLE = 16;
 
@@ -40,10 +42,13 @@ struct TokenOpPlan
     int32_t blockX = 0; //!< threads over one token's chunks
     int32_t blockY = 0; //!< tokens a block moves at once
     int64_t gridX = 0;  //!< blocks: capacity / blockY rounded up
-    //! A quantized cache's format (the quantizing kernel: a warp a token, valuesPerLane values a lane), or
-    //! kNONE (the token kernel above).
+    //! A quantized cache's format (the quantizing kernel: a head 2^laneShift lanes of valuesPerLane values, a warp a
+    //! token and 32 >> laneShift of its heads), or kNONE (the token kernel above).
     KVQuantization quantization = KVQuantization::kNONE;
-    int32_t valuesPerLane = 0; //!< a power of two in [2, 32] with 32 * valuesPerLane >= headDim
+    //! A power of two in [2, 32]: 16 bytes of the tensors' type, or more where 32 lanes would not cover the head.
+    int32_t valuesPerLane = 0;
+    int32_t laneShift = 0; //!< log2 of the lanes a head takes: the fewest that cover headDim, up to 32
+    int32_t gridY = 1;     //!< groups of 32 >> laneShift heads
     bool quantVectors = false; //!< the tensors allow loads (stores when reading) of valuesPerLane elements at once
     bool codeVectors = false; //!< a lane's codes (valuesPerLane bytes, or half as many for NVFP4) can be stored at once
 };

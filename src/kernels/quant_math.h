@@ -1,0 +1,119 @@
+#pragma once
+
+// Exact shortcuts of the quantizing write's arithmetic (docs/layout.md, "Quantization rules"), host and device: a
+// division by a reciprocal with one correction, and E2M1 rounding on the float's bits. The kernel takes them where
+// their ranges hold (checked a warp at a time) and the rules' plain operations elsewhere; tests/test_quant_math.cpp
+// checks both against the plain operations on the host.
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define KVCACHE_QUANT_MATH __host__ __device__ __forceinline__
+#else
+#define KVCACHE_QUANT_MATH inline
+#endif
+
+namespace kvcache::rt::detail
+{
+
+//! The magnitudes divideByReciprocal is exact for: dividends up to kFAST_DIVIDE_MAX and divisors in
+//! [kFAST_DIVIDE_MIN, kFAST_DIVIDE_MAX], whenever the quotient is at least kFAST_QUOTIENT_MIN.
+inline constexpr float kFAST_DIVIDE_MIN = 0x1p-50F;
+inline constexpr float kFAST_DIVIDE_MAX = 0x1p50F;
+inline constexpr float kFAST_QUOTIENT_MIN = 0x1p-40F;
+
+KVCACHE_QUANT_MATH float fusedMultiplyAdd(float a, float b, float c)
+{
+#if defined(__CUDA_ARCH__)
+    return __fmaf_rn(a, b, c);
+#else
+    return std::fma(a, b, c);
+#endif
+}
+
+KVCACHE_QUANT_MATH float multiply(float a, float b)
+{
+#if defined(__CUDA_ARCH__)
+    return __fmul_rn(a, b);
+#else
+    return a * b;
+#endif
+}
+
+KVCACHE_QUANT_MATH uint32_t floatBits(float x)
+{
+#if defined(__CUDA_ARCH__)
+    return __float_as_uint(x);
+#else
+    uint32_t bits = 0;
+    std::memcpy(&bits, &x, sizeof bits);
+    return bits;
+#endif
+}
+
+KVCACHE_QUANT_MATH float bitsFloat(uint32_t bits)
+{
+#if defined(__CUDA_ARCH__)
+    return __uint_as_float(bits);
+#else
+    float x = 0;
+    std::memcpy(&x, &bits, sizeof x);
+    return x;
+#endif
+}
+
+//! a / b rounded to nearest even, from `reciprocal` = 1 / b rounded to nearest even: the product a * reciprocal is off
+//! by at most an ulp, and one step with the exact residual a - b * q (a fused multiply-add) rounds it correctly
+//! (Markstein's correction). Exact for |a| <= kFAST_DIVIDE_MAX and b in [kFAST_DIVIDE_MIN, kFAST_DIVIDE_MAX] whenever
+//! |a / b| >= 2^-40; below that (|a| far under b) it may miss by an ulp but keeps a's sign, which no encoding here can
+//! tell apart (E4M3 and E2M1 round anything under 2^-10 to a signed zero).
+//! b must be positive; the quotient takes a's sign explicitly, because for a zero dividend the residual step adds
+//! +0 and -0, which rounds to +0.
+KVCACHE_QUANT_MATH float divideByReciprocal(float a, float b, float reciprocal)
+{
+    float const q = multiply(a, reciprocal);
+    float const residual = fusedMultiplyAdd(-q, b, a);
+    float const corrected = fusedMultiplyAdd(residual, reciprocal, q);
+    return bitsFloat((floatBits(corrected) & 0x7FFFFFFFU) | (floatBits(a) & 0x80000000U));
+}
+
+//! Whether an amax (a head's or a block's, >= 0) keeps every division the quantizing write makes of it or by it within
+//! divideByReciprocal's exact range: zero, or in [2^-30, kFAST_DIVIDE_MAX], so that amax / 448 and amax / 6 are at
+//! least 2^-39 and exact, and so are the values' quotients by the scales made of them.
+KVCACHE_QUANT_MATH bool isFastAmax(float amax)
+{
+    return amax == 0.0F || (amax >= 0x1p-30F && amax <= kFAST_DIVIDE_MAX);
+}
+
+//! Whether a runtime's scale (per-tensor FP8, NVFP4 global) keeps the divisors made of it within divideByReciprocal's
+//! range: in [2^-40, 2^40] (an NVFP4 divisor is an E4M3 value in [2^-9, 448] times it).
+KVCACHE_QUANT_MATH bool isFastScale(float scale)
+{
+    return scale >= 0x1p-40F && scale <= 0x1p40F;
+}
+
+//! |x|'s bits when x is finite, else 0: for non-negative floats the bits order as the values, so the integer maximum
+//! of these is the bits of the largest finite magnitude (the rules' amax).
+KVCACHE_QUANT_MATH uint32_t finiteMagnitudeBits(float x)
+{
+    uint32_t const magnitude = floatBits(x) & 0x7FFFFFFFU;
+    return magnitude < 0x7F800000U ? magnitude : 0U;
+}
+
+//! E2M1 nibble of a finite `x`, as the rules round it (nearest, ties to the even code, saturating at 6; sign in bit 3)
+//! on the float's bits: from 1 up, rounding the mantissa to one bit makes (bits >> 22) the code plus 252; below 1, the
+//! codes 0, 1, 2 are 2|x| rounded to an integer, which adding 2^23 does (one rounding of the exact sum).
+KVCACHE_QUANT_MATH uint32_t encodeE2M1Finite(float x)
+{
+    uint32_t const bits = floatBits(x);
+    uint32_t const magnitude = bits & 0x7FFFFFFFU;
+    uint32_t const rounded = magnitude + 0x1FFFFFU + ((magnitude >> 22) & 1U);
+    uint32_t const high = (rounded >> 22) - 252U;
+    uint32_t const low = floatBits(fusedMultiplyAdd(bitsFloat(magnitude), 2.0F, 0x1p23F)) - 0x4B000000U;
+    uint32_t const code = magnitude >= 0x3F800000U ? (high < 7U ? high : 7U) : low;
+    return code | ((bits >> 28) & 0x8U);
+}
+
+} // namespace kvcache::rt::detail
