@@ -20,6 +20,10 @@ namespace kvcache::rt::detail
 struct PageOpParams
 {
     LayerTableEntry const* table;
+    //! The scale entries beside `table` (nullptr for a cache without scale pools): blocks x >= dataChunks move scale
+    //! pages, chunk x - dataChunks, in the same launch as the data pages.
+    LayerTableEntry const* scaleTable;
+    int32_t dataChunks;
     int32_t firstLayer;
     int32_t halfBits;
     int32_t firstHalf;
@@ -46,13 +50,16 @@ __device__ __forceinline__ bool isValidPage(int32_t id, int32_t numPages)
     return id >= 0 && id < numPages;
 }
 
-//! Grid: x = chunk of a page, y = position in the launch's part of the list, z = targeted layer * (1 + halfBits) +
-//! half. Blocks run in that order, so the chunks of a few pages of one layer half are in flight together. No index
-//! needs a division, which would cost measurable time on a single-pair copy.
+//! Grid: x = chunk of a page (the data page's chunks, then the scale page's), y = position in the launch's part of the
+//! list, z = targeted layer * (1 + halfBits) + half. Blocks run in that order, so the chunks of a few pages of one
+//! layer half are in flight together, and a scale page's few blocks run among the data pages' many rather than in a
+//! launch of their own after them (measured: a second launch of small blocks cost a quantized cache's copy 5-10% of
+//! its time on the H200). No index needs a division, which would cost measurable time on a single-pair copy.
 template <typename Shape, typename Op, typename List>
 __global__ void __launch_bounds__(Shape::kTHREADS) pageOpKernel(PageOpParams params, List list)
 {
-    auto const chunk = static_cast<int32_t>(blockIdx.x);
+    bool const scalePart = static_cast<int32_t>(blockIdx.x) >= params.dataChunks;
+    int32_t const chunk = static_cast<int32_t>(blockIdx.x) - (scalePart ? params.dataChunks : 0);
     int32_t const layerSlot = static_cast<int32_t>(blockIdx.z >> params.halfBits);
     int32_t const half = params.firstHalf + static_cast<int32_t>(blockIdx.z & params.halfBits);
     int64_t const chunkStart = chunk * Shape::kCHUNK_BYTES;
@@ -60,7 +67,8 @@ __global__ void __launch_bounds__(Shape::kTHREADS) pageOpKernel(PageOpParams par
     // by one behind early exits, they became dependent round trips ahead of the first page load. Reading an entry
     // before comparing its position with the list's length stays inside the list: the grid keeps positions below its
     // capacity.
-    LayerTableEntry const layer = loadLayer(params.table + params.firstLayer + layerSlot);
+    LayerTableEntry const layer =
+        loadLayer((scalePart ? params.scaleTable : params.table) + params.firstLayer + layerSlot);
     auto const position = static_cast<int32_t>(blockIdx.y);
     auto const item = list[position];
     bool const listed = position < list.size();
@@ -85,7 +93,8 @@ __global__ void __launch_bounds__(Shape::kTHREADS) pageOpKernel(PageOpParams par
     bool const halfExists = (half == 0) | ((layer.pageBytesAndV & 1) != 0);
     if (!(listed & !unused & valid & halfExists & (chunkStart < pageBytes)))
     {
-        bool const reportsErrors = chunk == 0 && blockIdx.z == 0 && threadIdx.x == 0 && params.errorCount != nullptr;
+        bool const reportsErrors =
+            blockIdx.x == 0 && blockIdx.z == 0 && threadIdx.x == 0 && params.errorCount != nullptr;
         if (listed && !unused && !valid && reportsErrors)
         {
             atomicAdd(params.errorCount, 1);

@@ -65,7 +65,6 @@ PageOpPlan planPageOp(
     int64_t maxScalePageBytes = 0;
     int64_t bytesPerEntry = 0;
     bool samePageBytes = true;
-    bool sameScalePageBytes = true;
     for (int32_t i = target.firstLayer; i < target.firstLayer + numLayers; ++i)
     {
         KVLayerLayout const& layer = cache.layout().layers[static_cast<size_t>(groupLayers[static_cast<size_t>(i)])];
@@ -77,8 +76,6 @@ PageOpPlan planPageOp(
         samePageBytes =
             samePageBytes && (maxPageBytes == 0 || layer.pageBytes == maxPageBytes) && halves == (1 << halfBits);
         maxPageBytes = std::max(maxPageBytes, layer.pageBytes);
-        sameScalePageBytes = sameScalePageBytes && (maxScalePageBytes == 0 || layer.scalePageBytes == maxScalePageBytes)
-            && halves == (1 << halfBits);
         maxScalePageBytes = std::max(maxScalePageBytes, layer.scalePageBytes);
     }
     int64_t const gridZ = int64_t{numLayers} << halfBits;
@@ -97,19 +94,7 @@ PageOpPlan planPageOp(
     int32_t const numPages = groupCount == 0 ? cache.numPages() : cache.group(groupIndex).numPages;
     return PageOpPlan{ManagerInternals::layerTable(cache, groupIndex), target.firstLayer, halfBits,
         target.half == KVHalf::kV ? 1 : 0, numPages, pattern, errorCount, maxPageBytes, bytesPerEntry,
-        static_cast<uint32_t>(gridZ), samePageBytes, ManagerInternals::scaleTable(cache, groupIndex), maxScalePageBytes,
-        sameScalePageBytes};
-}
-
-PageOpPlan scalePassOf(PageOpPlan const& plan)
-{
-    PageOpPlan scales = plan;
-    scales.table = plan.scaleTable;
-    scales.maxPageBytes = plan.maxScalePageBytes;
-    scales.samePageBytes = plan.sameScalePageBytes;
-    scales.errorCount = nullptr;
-    scales.scaleTable = nullptr;
-    return scales;
+        static_cast<uint32_t>(gridZ), samePageBytes, ManagerInternals::scaleTable(cache, groupIndex), maxScalePageBytes};
 }
 
 bool usesWideBlocks(PageOpPlan const& plan, int32_t listSize)

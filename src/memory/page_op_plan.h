@@ -34,16 +34,11 @@ struct PageOpPlan
     int64_t bytesPerEntry; //!< bytes one list entry writes: its page in every targeted layer and existing half
     uint32_t gridZ;        //!< targeted layer halves
     bool samePageBytes;    //!< every targeted layer has the same page size: no block of the grid is idle
-    //! The group's first scale entry (its layers' scale pools), or nullptr when the cache keeps none: then the call
-    //! is one pass over the data entries, exactly as for an unscaled cache.
+    //! The group's first scale entry (its layers' scale pools), or nullptr when the cache keeps none: then the grid
+    //! covers the data entries only, exactly as for an unscaled cache.
     LayerTableEntry const* scaleTable;
     int64_t maxScalePageBytes; //!< the largest scale page of the targeted layers
-    bool sameScalePageBytes;   //!< samePageBytes, for the scale pages
 };
-
-//! Returns the plan of the second pass of a call with scale pools (`plan.scaleTable` not null): the same layers,
-//! halves, list and L2 decision, over the scale entries, counting no invalid ids (the data pass counts them once).
-PageOpPlan scalePassOf(PageOpPlan const& plan);
 
 //! Checks `target` against `cache` and the current device against the cache's; throws InvalidArgumentError naming
 //! `what` and the field. The plan's numPages is the range list ids must be checked against. bytesPerEntry counts

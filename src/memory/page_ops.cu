@@ -23,10 +23,10 @@ namespace
 // Short host lists travel in a small parameter block: a launch copies its whole parameter block.
 constexpr int32_t kSMALL_INLINE_LIST = 32;
 
-PageOpParams kernelParams(PageOpPlan const& plan, int32_t listSize)
+PageOpParams kernelParams(PageOpPlan const& plan, int32_t listSize, int32_t dataChunks)
 {
-    return PageOpParams{plan.table, plan.firstLayer, plan.halfBits, plan.firstHalf, plan.numPages,
-        keepsSourcesInL2(plan, listSize), plan.pattern, plan.errorCount};
+    return PageOpParams{plan.table, plan.scaleTable, dataChunks, plan.firstLayer, plan.halfBits, plan.firstHalf,
+        plan.numPages, keepsSourcesInL2(plan, listSize), plan.pattern, plan.errorCount};
 }
 
 //! Returns the part of a host list a launch covers: all of it (host lists are split before they are carried).
@@ -47,8 +47,11 @@ DeviceList<Item> partOf(DeviceList<Item> const& list, int64_t first, int32_t pos
 template <typename Shape, typename Op, typename List>
 void launchShaped(PageOpPlan const& plan, List const& list, int32_t listSize, cudaStream_t stream)
 {
-    PageOpParams const params = kernelParams(plan, listSize);
-    auto const chunks = static_cast<uint32_t>(chunksPerPage(plan.maxPageBytes, Shape::kCHUNK_BYTES));
+    auto const dataChunks = static_cast<int32_t>(chunksPerPage(plan.maxPageBytes, Shape::kCHUNK_BYTES));
+    int64_t const scaleChunks =
+        plan.scaleTable == nullptr ? 0 : chunksPerPage(plan.maxScalePageBytes, Shape::kCHUNK_BYTES);
+    PageOpParams const params = kernelParams(plan, listSize, dataChunks);
+    auto const chunks = static_cast<uint32_t>(dataChunks + scaleChunks);
     for (int64_t first = 0; first < listSize; first += kMAX_GRID_YZ)
     {
         auto const positions = static_cast<int32_t>(std::min(kMAX_GRID_YZ, listSize - first));
@@ -72,9 +75,8 @@ void launchPass(PageOpPlan const& plan, List const& list, int32_t listSize, cuda
     }
 }
 
-//! The data pass, then, for a cache with scale pools, the same kernel over the scale entries (docs/layout.md, "How
-//! every page operation carries scales"): a scale page is 1/32 to 1/8 of a data page, so a grid over both would be
-//! mostly idle scale blocks. Both passes read the same list, so a device list's count is read by each on the device.
+//! One grid over the data pages and, for a cache with scale pools, their scale pages (docs/layout.md, "How every page
+//! operation carries scales").
 template <typename Op, typename List>
 void launch(PageOpPlan const& plan, List const& list, int32_t listSize, cudaStream_t stream)
 {
@@ -83,10 +85,6 @@ void launch(PageOpPlan const& plan, List const& list, int32_t listSize, cudaStre
         return;
     }
     launchPass<Op>(plan, list, listSize, stream);
-    if (plan.scaleTable != nullptr)
-    {
-        launchPass<Op>(scalePassOf(plan), list, listSize, stream);
-    }
 }
 
 //! Launches a validated host list as kernel parameters, kMAX_INLINE_PAGE_OPS entries a launch.
