@@ -61,8 +61,9 @@ constexpr Format kFORMATS[] = {
 };
 constexpr rt::DataType kINPUT_TYPES[] = {rt::DataType::kFLOAT, rt::DataType::kHALF, rt::DataType::kBF16};
 
-//! Full attention 2 x 128; window 32, 1 x 64 (its own group); latent 1 x 48; full attention 1 x 528.
-std::vector<rt::KVLayerConfig> const kLAYERS{{2, 128}, {1, 64, 32}, {1, 48, 0, rt::KVLayerKind::kLATENT}, {1, 528}};
+//! Full attention 2 x 128 (fewer heads than a warp holds: idle lanes); window 32, 1 x 64 (its own group); latent
+//! 1 x 48; full attention 3 x 528 (a head a warp: three groups of heads in grid y).
+std::vector<rt::KVLayerConfig> const kLAYERS{{2, 128}, {1, 64, 32}, {1, 48, 0, rt::KVLayerKind::kLATENT}, {3, 528}};
 
 bool hasV(int32_t layer)
 {

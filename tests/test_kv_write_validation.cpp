@@ -107,15 +107,17 @@ TEST(TokenWriteValidationTest, QuantizedCachesPlanAWarpAHeadAndRefuseHeadsThatAr
              Case{rt::KVQuantization::kNVFP4, rt::DataType::kUINT8}})
     {
         SCOPED_TRACE(std::string(rt::kvQuantizationName(format.quantization)));
-        // Head sizes against the values a lane takes (float16 tensors: 8, a 16-byte vector, unless 32 lanes of 8 do
-        // not cover the head: then the fewest powers of two that do), the lanes a head takes (a power of two covering
-        // it: 16 / 8 = 2, 64 / 8 = 8, 80 / 8 = 10 -> 16, 128 / 8 = 16, 256 / 8 = 32, 528 / 32 = 16.5 -> 32) and the
-        // groups of heads in grid y (3 heads of 16 lanes, two a warp: 2 groups).
-        std::vector<rt::KVLayerConfig> const layers{{2, 16}, {1, 64}, {1, 80}, {3, 128}, {1, 256}, {1, 528}, {1, 1024}};
-        int32_t const perLane[] = {8, 8, 8, 8, 8, 32, 32};
-        int32_t const perLaneFloat[] = {4, 4, 4, 4, 8, 32, 32};
-        int32_t const laneShift[] = {1, 3, 4, 4, 5, 5, 5};
-        int32_t const gridY[] = {1, 1, 1, 2, 1, 1, 1};
+        // Head sizes against the values a lane takes (float16 tensors: 16, two 16-byte vectors, unless 32 lanes of
+        // 16 do not cover the head: then the fewest powers of two that do), the lanes a head takes (a power of two
+        // covering it: 16 / 16 = 1, 64 / 16 = 4, 80 / 16 = 5 -> 8, 128 / 16 = 8, 256 / 16 = 16, 528 / 32 = 16.5 ->
+        // 32) and the groups of heads in grid y (one group where a warp holds every head; 40 heads of 8 lanes, four a
+        // warp: 10 groups).
+        std::vector<rt::KVLayerConfig> const layers{
+            {2, 16}, {1, 64}, {1, 80}, {3, 128}, {1, 256}, {1, 528}, {1, 1024}, {40, 128}};
+        int32_t const perLane[] = {16, 16, 16, 16, 16, 32, 32, 16};
+        int32_t const perLaneFloat[] = {8, 8, 8, 8, 8, 32, 32, 8};
+        int32_t const laneShift[] = {0, 2, 3, 3, 4, 5, 5, 3};
+        int32_t const gridY[] = {1, 1, 1, 1, 1, 1, 1, 10};
         rt::KVCacheConfig const config = ConfigBuilder(layers)
                                              .maxBatchSize(2)
                                              .maxSequenceLength(64)
@@ -135,7 +137,7 @@ TEST(TokenWriteValidationTest, QuantizedCachesPlanAWarpAHeadAndRefuseHeadsThatAr
             EXPECT_EQ(p.laneShift, laneShift[layer]) << "headDim " << dim;
             EXPECT_GE(p.valuesPerLane << p.laneShift, dim) << "the lanes of a head cover it";
             EXPECT_EQ(p.gridY, gridY[layer]) << "heads " << heads;
-            // float32 tensors: 4 values (16 bytes) a lane.
+            // float32 tensors: 8 values (32 bytes) a lane.
             detail::TokenOpPlan const wide = plan(layout, layer, tokens(5, heads, dim, rt::DataType::kFLOAT),
                 tokens(5, heads, dim, rt::DataType::kFLOAT));
             EXPECT_EQ(wide.valuesPerLane, perLaneFloat[layer]) << "headDim " << dim;

@@ -127,9 +127,12 @@ void planQuantized(
                                                "for head dimensions that are multiples of {}",
             what, layerIdx, layer.headDim, kQUANT_HEAD_DIM_MULTIPLE));
     }
-    // A whole vector of the tensor's type a lane (fewer lanes a head and more heads a warp than one value pair a lane:
-    // measured faster on the H200), more where 32 lanes would not cover the head.
-    int32_t perLane = std::max<int32_t>(2, kTOKEN_VECTOR_BYTES / static_cast<int32_t>(dataTypeSize(k.getDataType())));
+    // Two whole vectors of the tensor's type a lane, more where 32 lanes would not cover the head: a lane's address
+    // work (the token's address, its page and offset, the code and scale addresses) is spread over more values, a
+    // head's amax takes fewer shuffles and an NVFP4 block is one lane's (no shuffle, one scale a lane). Measured on
+    // the H200: fewer values a lane (2, 4, 8) wrote the 8192-token prefill slower.
+    int32_t perLane =
+        std::max<int32_t>(2, 2 * kTOKEN_VECTOR_BYTES / static_cast<int32_t>(dataTypeSize(k.getDataType())));
     while (perLane * 32 < layer.headDim)
     {
         perLane *= 2;
