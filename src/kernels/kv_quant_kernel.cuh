@@ -3,8 +3,8 @@
 // The quantizing token kernel: writes tokens into, or reads them back from, the pages of a quantized cache (FP8 per
 // tensor, FP8 per token and head, NVFP4) by the rules of docs/layout.md ("Quantization rules"). A head is a group of
 // neighbouring lanes (a power of two), lane l of it holding values [l * kV, l * kV + kV), so a head's amax is a
-// reduction over its group and an NVFP4 block of 16 values is 16 / kV neighbouring lanes (or part of a lane's values
-// when kV is 16 or 32).
+// reduction over its group and an NVFP4 block of 16 values is 16 / kV neighbouring lanes (one lane's values when kV
+// is 16, half of them when it is 32).
 
 #include "kernels/kv_write_kernel.cuh"
 #include "kernels/quant_codes.cuh"
