@@ -5,6 +5,8 @@
 //    writes with the checks of the sequences and the cudaMemcpyAsync enqueue.
 //  - build_back_to_back: build() called again at once, so any host wait for an upload (the one before the last, whose
 //    staging region the build rewrites) counts too.
+//  - build_new_lists: build() of three batches in turn, so no list repeats what its staging region holds (a row is
+//    rewritten only where its list differs from the region's: the case where every one does).
 //  - build_windowed: build() of a sliding-window group's entries, the first 48 of each sequence's 64 released.
 //  - write_tables: both passes (detail::buildPageTables: the checks and the block table rows, then the CSR arrays and
 //    the per-sequence arrays) into pinned staging (cudaHostAlloc), alternating between two regions as build() does.
@@ -55,12 +57,12 @@ using Clock = std::chrono::steady_clock;
 //! full; the first `releasedPages` entries of each are kUNUSED_PAGE_ENTRY (pages a sliding window released).
 struct Workload
 {
-    Workload(int32_t maxBatchSize, int32_t maxPagesPerSequence, int32_t releasedPages = 0)
+    Workload(int32_t maxBatchSize, int32_t maxPagesPerSequence, int32_t releasedPages = 0, uint64_t seed = 1)
         : shape(rt::detail::makePageTableShape(maxBatchSize, maxPagesPerSequence, kTOKENS_PER_PAGE))
         , pages(kPOOL_PAGES)
     {
         std::iota(pages.begin(), pages.end(), 0);
-        std::shuffle(pages.begin(), pages.end(), std::mt19937_64(1));
+        std::shuffle(pages.begin(), pages.end(), std::mt19937_64(seed));
         int32_t const numTokens = maxPagesPerSequence * kTOKENS_PER_PAGE - kTOKENS_PER_PAGE / 2;
         for (int32_t b = 0; b < maxBatchSize; ++b)
         {
@@ -105,6 +107,32 @@ void buildTables(benchmark::State& state, Workload const& work)
         }
         Clock::time_point const start = Clock::now();
         tables.build(work.sequences.data(), work.shape.maxBatchSize, stream.get());
+        double const seconds = secondsSince(start);
+        state.SetIterationTime(seconds);
+        total += seconds;
+    }
+    stream.synchronize();
+    reportCalls(state, total);
+}
+
+//! build_new_lists/BxM: build() as build/BxM, but of three batches in turn (the same sizes, other random pages), so
+//! that no list repeats the one its staging region holds, as a decode step's lists (but for new pages) do.
+void buildNewLists(benchmark::State& state, Workload const& work)
+{
+    Workload const others[2] = {Workload(work.shape.maxBatchSize, work.shape.maxPagesPerSequence, 0, 2),
+        Workload(work.shape.maxBatchSize, work.shape.maxPagesPerSequence, 0, 3)};
+    Workload const* const batches[3] = {&work, &others[0], &others[1]};
+    test::CudaStream stream;
+    rt::PageTableBuffers tables(
+        work.shape.maxBatchSize, work.shape.maxPagesPerSequence, kTOKENS_PER_PAGE, stream.get());
+    int64_t call = 0;
+    double total = 0.0;
+    for (auto _ : state)
+    {
+        stream.synchronize();
+        Workload const& batch = *batches[call++ % 3];
+        Clock::time_point const start = Clock::now();
+        tables.build(batch.sequences.data(), batch.shape.maxBatchSize, stream.get());
         double const seconds = secondsSince(start);
         state.SetIterationTime(seconds);
         total += seconds;
@@ -318,9 +346,10 @@ void registerCase(char const* name, void (*body)(benchmark::State&, Workload con
 
 void registerAll()
 {
-    for (auto const& [name, body] : {std::pair{"build", &buildTables<false>},
-             std::pair{"build_back_to_back", &buildTables<true>}, std::pair{"write_tables", &writeTables<true>},
-             std::pair{"write_tables_pageable", &writeTables<false>}, std::pair{"build_steps", &buildSteps}})
+    for (auto const& [name, body] :
+        {std::pair{"build", &buildTables<false>}, std::pair{"build_back_to_back", &buildTables<true>},
+            std::pair{"build_new_lists", &buildNewLists}, std::pair{"write_tables", &writeTables<true>},
+            std::pair{"write_tables_pageable", &writeTables<false>}, std::pair{"build_steps", &buildSteps}})
     {
         registerCase(name, body, 256, 64);
     }

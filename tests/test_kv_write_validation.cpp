@@ -151,6 +151,17 @@ TEST(TokenWriteValidationTest, QuantizedCachesPlanAWarpAHeadAndRefuseHeadsThatAr
                 strided(5, heads, dim, heads * dim + 1, dim, 1))
                              .quantVectors);
         }
+        // A head past 32 lanes of the most values a lane takes is refused, not cut short.
+        rt::KVCacheLayout const huge = rt::KVCacheManager::validate(ConfigBuilder({{1, 1040}})
+                                                                        .maxBatchSize(2)
+                                                                        .maxSequenceLength(64)
+                                                                        .tokensPerPage(kTOKENS_PER_PAGE)
+                                                                        .dataType(format.storage)
+                                                                        .quantization(format.quantization)
+                                                                        .build());
+        EXPECT_TRUE(
+            throwsNaming<rt::InvalidArgumentError>([&] { plan(huge, 0, tokens(4, 1, 1040), tokens(4, 1, 1040)); },
+                {"writeTokens", "layer 0 has headDim 1040", "up to 1024"}));
         if (format.quantization != rt::KVQuantization::kNVFP4) // NVFP4 configs already refuse such heads
         {
             rt::KVCacheLayout const odd = rt::KVCacheManager::validate(ConfigBuilder(

@@ -529,6 +529,121 @@ TEST(PageTableBuildTest, ARefusedSequencePutsBackTheRowsWrittenBeforeIt)
     }
 }
 
+//! Returns tokens for `numPages` pages: a random count its pages hold.
+int32_t tokensFor(std::mt19937_64& rng, int32_t numPages, int32_t tokensPerPage)
+{
+    if (numPages == 0)
+    {
+        return 0;
+    }
+    return std::uniform_int_distribution<int32_t>((numPages - 1) * tokensPerPage + 1, numPages * tokensPerPage)(rng);
+}
+
+//! Returns `batch` a step later, sequence by sequence: as it was, a page more, one page replaced (as copy-on-write
+//! does), a page fewer, its first resident page released, or a new list; fresh page ids come from `nextId`.
+Batch evolve(std::mt19937_64& rng, Batch batch, Sizes const& sizes, int32_t& nextId)
+{
+    for (size_t b = 0; b < batch.pages.size(); ++b)
+    {
+        std::vector<int32_t>& pages = batch.pages[b];
+        auto const resident = static_cast<int32_t>(
+            std::find_if(pages.begin(), pages.end(), [](int32_t id) { return id >= 0; }) - pages.begin());
+        int32_t const numPages = static_cast<int32_t>(pages.size());
+        switch (std::uniform_int_distribution<int32_t>(0, 5)(rng))
+        {
+        case 1:
+            if (numPages < sizes.maxPagesPerSequence)
+            {
+                pages.push_back(nextId++);
+            }
+            break;
+        case 2:
+            if (resident < numPages)
+            {
+                pages[static_cast<size_t>(std::uniform_int_distribution<int32_t>(resident, numPages - 1)(rng))] =
+                    nextId++;
+            }
+            break;
+        case 3:
+            if (resident + 1 < numPages)
+            {
+                pages.pop_back();
+            }
+            break;
+        case 4:
+            if (resident + 1 < numPages)
+            {
+                pages[static_cast<size_t>(resident)] = rt::kUNUSED_PAGE_ENTRY;
+            }
+            break;
+        case 5:
+            pages.assign(
+                static_cast<size_t>(std::uniform_int_distribution<int32_t>(0, sizes.maxPagesPerSequence)(rng)), 0);
+            for (int32_t& id : pages)
+            {
+                id = nextId++;
+            }
+            break;
+        default: break;
+        }
+        batch.tokens[b] = tokensFor(rng, static_cast<int32_t>(pages.size()), sizes.tokensPerPage);
+    }
+    return batch;
+}
+
+TEST(PageTableBuildTest, ListsThatRepeatTheRegionsRowsGiveTheReferenceTablesAndTheirNewEntriesAreChecked)
+{
+    // A row is rewritten only where its list differs from what the region holds, and the ids it held are not checked
+    // again: a list that repeats them but for new, changed, fewer or released pages must still give exact tables, and
+    // a bad id among its new entries (past the ids the row held, where the row held padding) must still be refused.
+    std::mt19937_64 rng(777);
+    Sizes const sizes{16, 12, 16};
+    rt::detail::PageTableShape const shape = rt::detail::makePageTableShape(16, 12, 16);
+    std::vector<int32_t> region = emptyRegion(shape);
+    int32_t nextId = 0;
+    Batch batch = randomBatch(rng, sizes, sizes.maxBatchSize, 4 * sizes.maxBatchSize * sizes.maxPagesPerSequence);
+    nextId = 4 * sizes.maxBatchSize * sizes.maxPagesPerSequence;
+    for (int32_t round = 0; round < 300; ++round)
+    {
+        SCOPED_TRACE("round " + std::to_string(round));
+        batch = evolve(rng, batch, sizes, nextId);
+        std::vector<rt::SequencePages> sequences = batch.sequences();
+        int32_t const count = std::uniform_int_distribution<int32_t>(1, batch.count())(rng);
+        if (round % 3 == 2)
+        {
+            // The next step's list of one sequence with a bad entry appended: a negative id, or kUNUSED_PAGE_ENTRY
+            // where the row held padding.
+            auto const index = std::uniform_int_distribution<int32_t>(0, count - 1)(rng);
+            std::vector<int32_t> pages = batch.pages[static_cast<size_t>(index)];
+            if (pages.empty() || static_cast<int32_t>(pages.size()) == sizes.maxPagesPerSequence)
+            {
+                continue;
+            }
+            int32_t const bad = round % 2 == 0 ? -5 : rt::kUNUSED_PAGE_ENTRY;
+            pages.push_back(bad);
+            sequences[static_cast<size_t>(index)].pages = pages.data();
+            sequences[static_cast<size_t>(index)].numPages = static_cast<int32_t>(pages.size());
+            sequences[static_cast<size_t>(index)].numTokens =
+                tokensFor(rng, static_cast<int32_t>(pages.size()), sizes.tokensPerPage);
+            std::vector<int32_t> const before = region;
+            std::string const named = "sequences[" + std::to_string(index) + "].pages["
+                + std::to_string(pages.size() - 1) + "] is " + std::to_string(bad);
+            ASSERT_TRUE(throwsNaming<rt::InvalidArgumentError>(
+                [&] { rt::detail::buildPageTables(shape, sequences.data(), count, region.data()); }, {named}));
+            ASSERT_TRUE(region == before) << "the refused build changed the region";
+            continue;
+        }
+        int64_t const elements = rt::detail::buildPageTables(shape, sequences.data(), count, region.data());
+        Batch shown = batch;
+        shown.pages.resize(static_cast<size_t>(count));
+        shown.tokens.resize(static_cast<size_t>(count));
+        ASSERT_TRUE(sameTables(referenceTables(shown, sizes), readTables(regionViews(shape, region), sizes)));
+        std::vector<int32_t> fresh = emptyRegion(shape);
+        ASSERT_EQ(rt::detail::buildPageTables(shape, sequences.data(), count, fresh.data()), elements);
+        ASSERT_TRUE(std::equal(region.begin(), region.begin() + elements, fresh.begin()));
+    }
+}
+
 TEST(PageTableBuildTest, TokensAtTheEdgesOfTheirPagesGiveFullAndOneTokenLastPages)
 {
     Sizes const sizes{6, 3, 16};

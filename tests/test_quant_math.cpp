@@ -31,7 +31,8 @@ std::vector<float> float16Values()
     {
         int const exponent = static_cast<int>(h >> 10);
         auto const mantissa = static_cast<float>(h & 0x3FFU);
-        float const v = exponent == 0 ? std::ldexp(mantissa, -24) : std::ldexp(1.0F + mantissa / 1024.0F, exponent - 15);
+        float const v =
+            exponent == 0 ? std::ldexp(mantissa, -24) : std::ldexp(1.0F + mantissa / 1024.0F, exponent - 15);
         values.push_back(v);
         values.push_back(-v);
     }
@@ -106,6 +107,30 @@ TEST(QuantMath, DivisionByTheReciprocalIsExactForFloat32DividendsInItsRange)
         }
     }
     EXPECT_GT(exact, 1'000'000) << "too few quotients in the exact range to mean anything";
+}
+
+TEST(QuantMath, AZeroDivisorWithAZeroReciprocalGivesTheZeroOfTheDividendsSign)
+{
+    // The kernel passes reciprocal 0 for a zero divisor (a head or block of zeros, or an NVFP4 block scale that
+    // rounded to 0): every finite dividend must come out as the zero of its sign, as the rules store it.
+    std::mt19937 rng(5);
+    std::uniform_int_distribution<uint32_t> bits;
+    std::vector<float> dividends = float16Values();
+    for (int i = 0; i < 1'000'000; ++i)
+    {
+        float const a = detail::bitsFloat(bits(rng));
+        if (std::isfinite(a))
+        {
+            dividends.push_back(a);
+        }
+    }
+    dividends.push_back(std::numeric_limits<float>::max());
+    dividends.push_back(-std::numeric_limits<float>::denorm_min());
+    for (float const a : dividends)
+    {
+        float const actual = detail::divideByReciprocal(a, 0.0F, 0.0F);
+        ASSERT_EQ(detail::floatBits(actual), std::signbit(a) ? 0x80000000U : 0U) << a;
+    }
 }
 
 TEST(QuantMath, FastRangesHoldZeroAndTheirEnds)

@@ -13,6 +13,8 @@
 #include "kvcache/core/kv_cache_config.h"
 
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 namespace kvcache::rt::detail
 {
@@ -21,30 +23,130 @@ namespace kvcache::rt::detail
 struct QuantKernelParams
 {
     TokenKernelParams base;
-    float kScale;     //!< kFP8_PER_TENSOR: the layer's K scale; kNVFP4: its K global scale; else unused
-    float vScale;     //!< the same for V
-    bool vectors;     //!< the tensors' rows allow whole-chunk loads (and, reading, stores) of kV elements
-    bool codeVectors; //!< a lane's codes start aligned to their size (up to 16 bytes) in every head
+    float kScale;      //!< kFP8_PER_TENSOR: the layer's K scale; kNVFP4: its K global scale; else unused
+    float vScale;      //!< the same for V
+    bool vectors;      //!< the tensors' rows allow whole-chunk loads (and, reading, stores) of kV elements
+    bool codeVectors;  //!< a lane's codes start aligned to their size (up to 16 bytes) in every head
     int32_t laneShift; //!< log2 of the lanes a head takes
 };
 
-//! Loads this lane's kV values of a tensor row (kept in the tensor's type until used, which halves the registers of
-//! 16-bit inputs): one chunk access when allowed, else element by element; values at or past `headDim` read as 0.
+//! This lane's kV values of TensorT as loaded, kept packed: a 16-bit type's values two a word (the first in the low
+//! half), a float's one, so that conversions and the amax of 16-bit values work on pairs.
 template <typename TensorT, int32_t kV>
-__device__ __forceinline__ ElementChunk<TensorT, kV> loadValues(
-    TensorT const* row, int32_t first, int32_t headDim, bool vectors)
+struct LaneValues
 {
+    static constexpr bool kPACKED = sizeof(TensorT) == 2;
+    static constexpr int32_t kWORDS = kPACKED ? kV / 2 : kV;
+    static_assert(kV * sizeof(TensorT) % 16 == 0, "a lane loads whole 16-byte vectors");
+
+    uint32_t words[kWORDS] = {};
+
+    //! Value i (a constant once unrolled) as a float.
+    __device__ __forceinline__ float value(int32_t i) const
+    {
+        if constexpr (!kPACKED)
+        {
+            return __uint_as_float(words[i]);
+        }
+        else if constexpr (std::is_same_v<TensorT, __half>)
+        {
+            __half2 pair;
+            memcpy(&pair, &words[i / 2], sizeof pair);
+            return i % 2 == 0 ? __low2float(pair) : __high2float(pair);
+        }
+        else
+        {
+            // A bfloat16 is the upper half of the float it stands for.
+            return __uint_as_float(i % 2 == 0 ? words[i / 2] << 16 : words[i / 2] & 0xFFFF0000U);
+        }
+    }
+};
+
+//! The bits of one tensor element.
+__device__ __forceinline__ uint32_t elementBits(float value)
+{
+    return __float_as_uint(value);
+}
+__device__ __forceinline__ uint32_t elementBits(__half value)
+{
+    return __half_as_ushort(value);
+}
+__device__ __forceinline__ uint32_t elementBits(__nv_bfloat16 value)
+{
+    return __bfloat16_as_ushort(value);
+}
+
+//! Loads this lane's kV values of a tensor row: whole 16-byte vectors when allowed, else element by element; values
+//! at or past `headDim` read as 0.
+template <typename TensorT, int32_t kV>
+__device__ __forceinline__ void loadValues(
+    LaneValues<TensorT, kV>& lane, TensorT const* row, int32_t first, int32_t headDim, bool vectors)
+{
+    using Lane = LaneValues<TensorT, kV>;
     if (vectors && first + kV <= headDim)
     {
-        return loadOnce(reinterpret_cast<ElementChunk<TensorT, kV> const*>(row + first));
+        auto const* from = reinterpret_cast<int4 const*>(row + first);
+#pragma unroll
+        for (int32_t i = 0; i < Lane::kWORDS / 4; ++i)
+        {
+            int4 const vector = __ldcs(from + i);
+            lane.words[4 * i] = static_cast<uint32_t>(vector.x);
+            lane.words[4 * i + 1] = static_cast<uint32_t>(vector.y);
+            lane.words[4 * i + 2] = static_cast<uint32_t>(vector.z);
+            lane.words[4 * i + 3] = static_cast<uint32_t>(vector.w);
+        }
+        return;
     }
-    ElementChunk<TensorT, kV> chunk;
 #pragma unroll
     for (int32_t i = 0; i < kV; ++i)
     {
-        chunk.values[i] = first + i < headDim ? __ldcs(row + first + i) : fromFloat<TensorT>(0.0F);
+        uint32_t const bits = first + i < headDim ? elementBits(__ldcs(row + first + i)) : 0U;
+        if constexpr (Lane::kPACKED)
+        {
+            lane.words[i / 2] |= bits << (16 * (i % 2));
+        }
+        else
+        {
+            lane.words[i] = bits;
+        }
     }
-    return chunk;
+}
+
+//! The largest finite |value| among values [begin, begin + count) of the lane, as float bits (the rules' amax over
+//! them), and in `finite` whether all of them are finite. 16-bit values take it two at a time on their bits (a
+//! magnitude's bits order as its value), value by value only where one is not finite.
+template <typename TensorT, int32_t kV>
+__device__ __forceinline__ uint32_t magnitudeBits(
+    LaneValues<TensorT, kV> const& lane, int32_t begin, int32_t count, bool& finite)
+{
+    if constexpr (LaneValues<TensorT, kV>::kPACKED)
+    {
+        uint32_t most = 0;
+#pragma unroll
+        for (int32_t j = begin / 2; j < (begin + count) / 2; ++j)
+        {
+            most = __vmaxu2(most, lane.words[j] & 0x7FFF7FFFU);
+        }
+        uint32_t const top = max(most & 0xFFFFU, most >> 16);
+        constexpr bool kHALF = std::is_same_v<TensorT, __half>;
+        finite = top < (kHALF ? 0x7C00U : 0x7F80U);
+        if (finite)
+        {
+            return kHALF ? __float_as_uint(__half2float(__ushort_as_half(static_cast<unsigned short>(top))))
+                         : top << 16;
+        }
+    }
+    uint32_t bits = 0;
+    uint32_t nonFinite = 0;
+#pragma unroll
+    for (int32_t i = begin; i < begin + count; ++i)
+    {
+        float const x = lane.value(i);
+        bits = max(bits, finiteMagnitudeBits(x));
+        nonFinite |= static_cast<uint32_t>((floatBits(x) & 0x7FFFFFFFU) >= 0x7F800000U);
+    }
+    finite = nonFinite == 0;
+    return bits;
 }
 
 //! Stores this lane's kV floats into a tensor row converted to TensorT; elements past `headDim` are not stored.
@@ -82,6 +184,11 @@ struct CodeBytes
     __device__ __forceinline__ void set(int32_t j, uint32_t byte)
     {
         words[j / 4] |= (byte & 0xFFU) << (8 * (j % 4));
+    }
+    //! Sets bytes j and j + 1 (j even) from the low 16 bits of `pair`.
+    __device__ __forceinline__ void setPair(int32_t j, uint32_t pair)
+    {
+        words[j / 4] |= (pair & 0xFFFFU) << (8 * (j % 4));
     }
     __device__ __forceinline__ uint8_t get(int32_t j) const
     {
@@ -138,38 +245,27 @@ __device__ __forceinline__ void storeCodes(uint8_t* to, CodeBytes<kBYTES> const&
 //! `sub` is the lane's place among the `lanes` lanes of its head; `scale` the per-tensor scale or the NVFP4 global
 //! scale. Every lane of the warp calls it (reductions and a vote). The warp takes the fast path when all its values
 //! are finite and every amax and scale lies where divideByReciprocal is exact (quant_math.h): divisions become a
-//! product and two fused multiply-adds, E2M1 a few integer operations, with the same results as the rules' plain
+//! product and two fused multiply-adds (a zero divisor's reciprocal 0 gives each value's signed zero, as the rules
+//! do), E4M3 codes come two a conversion and E2M1 a few integer operations, with the same results as the rules' plain
 //! operations, which the other path applies (NaN, infinities, tiny or huge magnitudes).
 template <KVQuantization kFORMAT, int32_t kV, typename TensorT>
-__device__ __forceinline__ void quantizeLane(ElementChunk<TensorT, kV> const& values, int32_t sub, int32_t lanes,
+__device__ __forceinline__ void quantizeLane(LaneValues<TensorT, kV> const& lane, int32_t sub, int32_t lanes,
     int32_t valid, float scale, uint8_t* codes, void* scales, bool codeVectors)
 {
-    float x[kV];
-    uint32_t nonFinite = 0;
-#pragma unroll
-    for (int32_t i = 0; i < kV; ++i)
-    {
-        x[i] = toFloat(values.values[i]);
-        nonFinite |= static_cast<uint32_t>((floatBits(x[i]) & 0x7FFFFFFFU) >= 0x7F800000U);
-    }
     if constexpr (kFORMAT == KVQuantization::kNVFP4)
     {
         constexpr int32_t kBLOCKS = kV >= 16 ? kV / 16 : 1; // blocks this lane holds part or all of
         constexpr int32_t kPER_BLOCK = kV >= 16 ? 16 : kV;  // of this lane's values in each
         constexpr int32_t kLANES = kV >= 16 ? 1 : 16 / kV;  // lanes sharing a block
         float amax[kBLOCKS];
-        bool fast = nonFinite == 0 && isFastScale(scale);
+        bool fast = isFastScale(scale);
 #pragma unroll
         for (int32_t b = 0; b < kBLOCKS; ++b)
         {
-            uint32_t bits = 0;
-#pragma unroll
-            for (int32_t i = 0; i < kPER_BLOCK; ++i)
-            {
-                bits = max(bits, finiteMagnitudeBits(x[b * kPER_BLOCK + i]));
-            }
+            bool finite = true;
+            uint32_t const bits = magnitudeBits(lane, b * kPER_BLOCK, kPER_BLOCK, finite);
             amax[b] = bitsFloat(groupMaxBits(bits, kLANES));
-            fast = fast && isFastAmax(amax[b]);
+            fast = fast && finite && isFastAmax(amax[b]);
         }
         fast = __all_sync(0xFFFFFFFFU, fast);
         float const scaleReciprocal = fast ? __frcp_rn(scale) : 0.0F;
@@ -187,16 +283,10 @@ __device__ __forceinline__ void quantizeLane(ElementChunk<TensorT, kV> const& va
 #pragma unroll
                 for (int32_t i = 0; i < kPER_BLOCK; i += 2)
                 {
-                    float const lowValue = x[b * kPER_BLOCK + i];
-                    float const highValue = x[b * kPER_BLOCK + i + 1];
-                    // A zero divisor stores every (finite) value as the zero of its sign.
-                    uint32_t const low = divisor > 0.0F
-                        ? encodeE2M1Finite(divideByReciprocal(lowValue, divisor, reciprocal))
-                        : (floatBits(lowValue) >> 28) & 0x8U;
-                    uint32_t const high = divisor > 0.0F
-                        ? encodeE2M1Finite(divideByReciprocal(highValue, divisor, reciprocal))
-                        : (floatBits(highValue) >> 28) & 0x8U;
-                    packed.set((b * kPER_BLOCK + i) / 2, low | (high << 4));
+                    int32_t const at = b * kPER_BLOCK + i;
+                    uint32_t const low = encodeE2M1Finite(divideByReciprocal(lane.value(at), divisor, reciprocal));
+                    uint32_t const high = encodeE2M1Finite(divideByReciprocal(lane.value(at + 1), divisor, reciprocal));
+                    packed.set(at / 2, low | (high << 4));
                 }
             }
             else
@@ -204,9 +294,10 @@ __device__ __forceinline__ void quantizeLane(ElementChunk<TensorT, kV> const& va
 #pragma unroll
                 for (int32_t i = 0; i < kPER_BLOCK; i += 2)
                 {
-                    uint32_t const low = encodeScaled(x[b * kPER_BLOCK + i], divisor, encodeE2M1);
-                    uint32_t const high = encodeScaled(x[b * kPER_BLOCK + i + 1], divisor, encodeE2M1);
-                    packed.set((b * kPER_BLOCK + i) / 2, low | (high << 4));
+                    int32_t const at = b * kPER_BLOCK + i;
+                    uint32_t const low = encodeScaled(lane.value(at), divisor, encodeE2M1);
+                    uint32_t const high = encodeScaled(lane.value(at + 1), divisor, encodeE2M1);
+                    packed.set(at / 2, low | (high << 4));
                 }
             }
             // The block's first lane writes its scale; a block past the head (headDim is a multiple of 16) is none.
@@ -219,18 +310,14 @@ __device__ __forceinline__ void quantizeLane(ElementChunk<TensorT, kV> const& va
     }
     else
     {
+        bool finite = true;
+        uint32_t const bits = magnitudeBits(lane, 0, kV, finite);
         float divisor = scale;
         bool fast = false;
         if constexpr (kFORMAT == KVQuantization::kFP8_PER_TOKEN_HEAD)
         {
-            uint32_t bits = 0;
-#pragma unroll
-            for (int32_t i = 0; i < kV; ++i)
-            {
-                bits = max(bits, finiteMagnitudeBits(x[i]));
-            }
             float const amax = bitsFloat(groupMaxBits(bits, lanes));
-            fast = __all_sync(0xFFFFFFFFU, nonFinite == 0 && isFastAmax(amax));
+            fast = __all_sync(0xFFFFFFFFU, finite && isFastAmax(amax));
             divisor = fast ? divideByReciprocal(amax, 448.0F, 1.0F / 448.0F) : amax / 448.0F;
             if (sub == 0 && valid > 0)
             {
@@ -239,28 +326,20 @@ __device__ __forceinline__ void quantizeLane(ElementChunk<TensorT, kV> const& va
         }
         else
         {
-            uint32_t bits = 0;
-#pragma unroll
-            for (int32_t i = 0; i < kV; ++i)
-            {
-                bits = max(bits, floatBits(x[i]) & 0x7FFFFFFFU);
-            }
             // Quotients of values up to kFAST_DIVIDE_MAX by a fast scale stay finite.
-            fast = __all_sync(
-                0xFFFFFFFFU, isFastScale(scale) && bits <= floatBits(kFAST_DIVIDE_MAX));
+            fast = __all_sync(0xFFFFFFFFU, finite && isFastScale(scale) && bits <= floatBits(kFAST_DIVIDE_MAX));
         }
         CodeBytes<kV> bytes;
         if (fast)
         {
             float const reciprocal = divisor > 0.0F ? __frcp_rn(divisor) : 0.0F;
 #pragma unroll
-            for (int32_t i = 0; i < kV; ++i)
+            for (int32_t i = 0; i < kV; i += 2)
             {
-                // Finite values only here: the conversion saturates and no NaN needs its own code.
-                bytes.set(i, divisor > 0.0F
-                        ? static_cast<uint32_t>(__nv_cvt_float_to_fp8(
-                              divideByReciprocal(x[i], divisor, reciprocal), __NV_SATFINITE, __NV_E4M3))
-                        : (floatBits(x[i]) >> 24) & 0x80U);
+                // Finite quotients only here: the conversion saturates and no NaN needs its own code.
+                float2 const quotients = make_float2(divideByReciprocal(lane.value(i), divisor, reciprocal),
+                    divideByReciprocal(lane.value(i + 1), divisor, reciprocal));
+                bytes.setPair(i, __nv_cvt_float2_to_fp8x2(quotients, __NV_SATFINITE, __NV_E4M3));
             }
         }
         else
@@ -268,7 +347,7 @@ __device__ __forceinline__ void quantizeLane(ElementChunk<TensorT, kV> const& va
 #pragma unroll
             for (int32_t i = 0; i < kV; ++i)
             {
-                bytes.set(i, encodeScaled(x[i], divisor, encodeE4M3));
+                bytes.set(i, encodeScaled(lane.value(i), divisor, encodeE4M3));
             }
         }
         storeCodes<kV>(codes, bytes, valid, codeVectors);
@@ -311,9 +390,9 @@ __device__ __forceinline__ void dequantizeLane(
 }
 
 //! Moves tokens between the tensors (TensorT) and the pages of a quantized cache, kV values a lane; kWRITE quantizes
-//! tensor -> pages, else pages -> tensor. A head is 2^laneShift neighbouring lanes of a warp; a warp takes one token and
-//! 32 >> laneShift of its heads (grid y picks which), so that a decode step's few tokens still spread over the GPU and
-//! every lane loads a whole vector. Grid-strided over tokens in x.
+//! tensor -> pages, else pages -> tensor. A head is 2^laneShift neighbouring lanes of a warp; a warp takes one token
+//! and 32 >> laneShift of its heads (grid y picks which), so that a decode step's few tokens still spread over the GPU
+//! and every lane loads a whole vector. Grid-strided over tokens in x.
 template <typename TensorT, KVQuantization kFORMAT, int32_t kV, bool kWRITE, typename Source>
 __global__ void __launch_bounds__(32 * kQUANT_WARPS_PER_BLOCK) quantTokenKernel(QuantKernelParams params, Source source)
 {
@@ -351,11 +430,11 @@ __global__ void __launch_bounds__(32 * kQUANT_WARPS_PER_BLOCK) quantTokenKernel(
         {
             continue;
         }
-        auto* const kRow = static_cast<TensorT*>(base.k.data) + t * base.k.tokenStride
-            + int64_t{addressedHead} * base.k.headStride;
-        auto* const vRow = hasV ? static_cast<TensorT*>(base.v.data) + t * base.v.tokenStride
-                + int64_t{addressedHead} * base.v.headStride
-                            : nullptr;
+        auto* const kRow =
+            static_cast<TensorT*>(base.k.data) + t * base.k.tokenStride + int64_t{addressedHead} * base.k.headStride;
+        auto* const vRow = hasV
+            ? static_cast<TensorT*>(base.v.data) + t * base.v.tokenStride + int64_t{addressedHead} * base.v.headStride
+            : nullptr;
         // Per-tensor FP8 has no scale pools (its scales are the kernel's arguments).
         int64_t const scaleOffset = kFORMAT == KVQuantization::kFP8_PER_TENSOR
             ? 0
@@ -367,14 +446,14 @@ __global__ void __launch_bounds__(32 * kQUANT_WARPS_PER_BLOCK) quantTokenKernel(
         auto* const vScales = hasV ? static_cast<uint8_t*>(layer.vScalePool) + scaleOffset : nullptr;
         if constexpr (kWRITE)
         {
-            ElementChunk<TensorT, kV> kValues{};
-            ElementChunk<TensorT, kV> vValues{};
+            LaneValues<TensorT, kV> kValues;
+            LaneValues<TensorT, kV> vValues;
             if (valid > 0)
             {
-                kValues = loadValues<TensorT, kV>(kRow, first, layer.headDim, params.vectors);
+                loadValues(kValues, kRow, first, layer.headDim, params.vectors);
                 if (hasV)
                 {
-                    vValues = loadValues<TensorT, kV>(vRow, first, layer.headDim, params.vectors);
+                    loadValues(vValues, vRow, first, layer.headDim, params.vectors);
                 }
             }
             quantizeLane<kFORMAT, kV>(kValues, sub, lanes, valid, params.kScale, kCodes, kScales, params.codeVectors);

@@ -64,19 +64,19 @@ KVCACHE_QUANT_MATH float bitsFloat(uint32_t bits)
 #endif
 }
 
-//! a / b rounded to nearest even, from `reciprocal` = 1 / b rounded to nearest even: the product a * reciprocal is off
-//! by at most an ulp, and one step with the exact residual a - b * q (a fused multiply-add) rounds it correctly
-//! (Markstein's correction). Exact for |a| <= kFAST_DIVIDE_MAX and b in [kFAST_DIVIDE_MIN, kFAST_DIVIDE_MAX] whenever
-//! |a / b| >= 2^-40; below that (|a| far under b) it may miss by an ulp but keeps a's sign, which no encoding here can
-//! tell apart (E4M3 and E2M1 round anything under 2^-10 to a signed zero).
-//! b must be positive; the quotient takes a's sign explicitly, because for a zero dividend the residual step adds
-//! +0 and -0, which rounds to +0.
+//! a / b rounded to nearest even, from `reciprocal` = 1 / b rounded to nearest even: the product q = a * reciprocal is
+//! off by at most an ulp, and one step with the exact residual (a fused multiply-add) rounds it correctly (Markstein's
+//! correction). Exact for |a| <= kFAST_DIVIDE_MAX and b in [kFAST_DIVIDE_MIN, kFAST_DIVIDE_MAX] whenever |a / b| >=
+//! 2^-40; below that (|a| far under b) it may miss by an ulp but keeps a's sign, which no encoding here can tell apart
+//! (E4M3 and E2M1 round anything under 2^-10 to a signed zero). The residual is taken as q * b - a and subtracted
+//! (its negation rides on the reciprocal's sign, for free): of the two zeros a zero dividend's steps add, the last then
+//! has the dividend's sign, so the quotient keeps it without a sign fix. With b = 0 and reciprocal 0 it gives the zero
+//! of a's sign for every finite a, the rules' zero divisor.
 KVCACHE_QUANT_MATH float divideByReciprocal(float a, float b, float reciprocal)
 {
     float const q = multiply(a, reciprocal);
-    float const residual = fusedMultiplyAdd(-q, b, a);
-    float const corrected = fusedMultiplyAdd(residual, reciprocal, q);
-    return bitsFloat((floatBits(corrected) & 0x7FFFFFFFU) | (floatBits(a) & 0x80000000U));
+    float const overshoot = fusedMultiplyAdd(q, b, -a);
+    return fusedMultiplyAdd(overshoot, -reciprocal, q);
 }
 
 //! Whether an amax (a head's or a block's, >= 0) keeps every division the quantizing write makes of it or by it within

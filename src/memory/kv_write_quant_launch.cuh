@@ -35,8 +35,6 @@ void launchQuantPerLane(
 {
     switch (plan.valuesPerLane)
     {
-    case 2: launchQuantShaped<TensorT, kFORMAT, 2, kWRITE>(plan, params, source, stream); return;
-    case 4: launchQuantShaped<TensorT, kFORMAT, 4, kWRITE>(plan, params, source, stream); return;
     case 8: launchQuantShaped<TensorT, kFORMAT, 8, kWRITE>(plan, params, source, stream); return;
     case 16: launchQuantShaped<TensorT, kFORMAT, 16, kWRITE>(plan, params, source, stream); return;
     default: launchQuantShaped<TensorT, kFORMAT, 32, kWRITE>(plan, params, source, stream); return;

@@ -127,6 +127,12 @@ void planQuantized(
                                                "for head dimensions that are multiples of {}",
             what, layerIdx, layer.headDim, kQUANT_HEAD_DIM_MULTIPLE));
     }
+    if (layer.headDim > 32 * kMAX_QUANT_VALUES_PER_LANE)
+    {
+        throw InvalidArgumentError(fmt::format("{}: layer {} has headDim {}; a quantized cache's tokens are moved only "
+                                               "for head dimensions up to {}",
+            what, layerIdx, layer.headDim, 32 * kMAX_QUANT_VALUES_PER_LANE));
+    }
     // Two whole vectors of the tensor's type a lane, more where 32 lanes would not cover the head: a lane's address
     // work (the token's address, its page and offset, the code and scale addresses) is spread over more values, a
     // head's amax takes fewer shuffles and an NVFP4 block is one lane's (no shuffle, one scale a lane). Measured on
@@ -147,9 +153,10 @@ void planQuantized(
     plan.gridY = (layer.numKVHeads + headsPerWarp - 1) / headsPerWarp;
     if (plan.gridY > kMAX_QUANT_GRID_Y)
     {
-        throw InvalidArgumentError(fmt::format("{}: layer {} has numKVHeads {}; a quantized write serves at most {} ({} "
-                                               "heads a warp)",
-            what, layerIdx, layer.numKVHeads, int64_t{kMAX_QUANT_GRID_Y} * headsPerWarp, headsPerWarp));
+        throw InvalidArgumentError(
+            fmt::format("{}: layer {} has numKVHeads {}; a quantized write serves at most {} ({} "
+                        "heads a warp)",
+                what, layerIdx, layer.numKVHeads, int64_t{kMAX_QUANT_GRID_Y} * headsPerWarp, headsPerWarp));
     }
     // A lane's chunk of perLane elements is aligned to min(its bytes, 16): rows must start on that many elements.
     int64_t const alignElems = std::min<int64_t>(perLane, kTOKEN_VECTOR_BYTES / dataTypeSize(k.getDataType()));

@@ -28,6 +28,9 @@ inline constexpr int32_t kQUANT_WARPS_PER_BLOCK = 8;
 inline constexpr int32_t kMAX_QUANT_GRID_Y = 65535;
 //! A quantized cache's tokens are moved for head dimensions that are multiples of this (whole NVFP4 blocks).
 inline constexpr int32_t kQUANT_HEAD_DIM_MULTIPLE = 16;
+//! The most values a lane of the quantizing kernel takes (its largest instantiation), so a head it moves has at most
+//! 32 times as many.
+inline constexpr int32_t kMAX_QUANT_VALUES_PER_LANE = 32;
 
 //! What the token kernel is launched with, decided on the host.
 struct TokenOpPlan
@@ -47,8 +50,8 @@ struct TokenOpPlan
     KVQuantization quantization = KVQuantization::kNONE;
     //! A power of two in [2, 32]: 32 bytes of the tensors' type, or more where 32 lanes would not cover the head.
     int32_t valuesPerLane = 0;
-    int32_t laneShift = 0; //!< log2 of the lanes a head takes: the fewest that cover headDim, up to 32
-    int32_t gridY = 1;     //!< groups of 32 >> laneShift heads
+    int32_t laneShift = 0;     //!< log2 of the lanes a head takes: the fewest that cover headDim, up to 32
+    int32_t gridY = 1;         //!< groups of 32 >> laneShift heads
     bool quantVectors = false; //!< the tensors allow loads (stores when reading) of valuesPerLane elements at once
     bool codeVectors = false; //!< a lane's codes (valuesPerLane bytes, or half as many for NVFP4) can be stored at once
 };

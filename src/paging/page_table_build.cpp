@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 
 namespace kvcache::rt
@@ -126,6 +127,38 @@ int32_t orOfIds(int32_t const* ids, int64_t count) noexcept
     return all;
 }
 
+//! Copies `count` ids to `to` and returns their OR, negative when one is: one read of the list for both.
+int32_t copyIds(int32_t const* __restrict ids, int64_t count, int32_t* __restrict to) noexcept
+{
+    int32_t lanes[8] = {};
+    int64_t j = 0;
+    for (; j + 8 <= count; j += 8)
+    {
+        for (int32_t k = 0; k < 8; ++k)
+        {
+            to[j + k] = ids[j + k];
+            lanes[k] |= ids[j + k];
+        }
+    }
+    for (; j < count; ++j)
+    {
+        to[j] = ids[j];
+        lanes[0] |= ids[j];
+    }
+    int32_t all = 0;
+    for (int32_t const lane : lanes)
+    {
+        all |= lane;
+    }
+    return all;
+}
+
+//! Returns true when `count` ids at `held` are those at `ids` (none differs).
+bool sameIds(int32_t const* ids, int64_t count, int32_t const* held) noexcept
+{
+    return count > 0 && std::memcmp(ids, held, static_cast<size_t>(count) * sizeof(int32_t)) == 0;
+}
+
 //! Throws unless the entries of `sequence` from its first resident page on (after `released` leading entries) are
 //! page ids and there is one; `ids` is their OR.
 void checkIds(SequencePages const& sequence, int32_t index, int64_t released, int32_t ids)
@@ -209,11 +242,14 @@ void writeBlockTableRows(PageTableShape const& shape, SequencePages const* seque
             int64_t const pages = sequence.numPages - released;
             int32_t* const row = table + b * width;
             int32_t const* const resident = sequence.pages + released;
-            // copy_n takes an empty range (and a null list with no pages) without a branch here.
-            std::copy_n(resident, pages, row);
-            checkIds(sequence, static_cast<int32_t>(b), released, orOfIds(resident, pages));
-            // Padding over the rest of the old pages leaves the row whole without rewriting its unused tail.
+            // The row's first `held` entries are ids a build checked. A decode step's list repeats those of two builds
+            // before (this region's) but for new pages, so a row that starts with the list's pages is neither written
+            // nor checked again there; comparing costs reads where writing costs stores, and a list that differs
+            // differs at once, almost always.
             int64_t const held = indptr[b + 1] - indptr[b];
+            int64_t const kept = sameIds(resident, std::min(pages, held), row) ? std::min(pages, held) : 0;
+            checkIds(sequence, static_cast<int32_t>(b), released, copyIds(resident + kept, pages - kept, row + kept));
+            // Padding over the rest of the old pages leaves the row whole without rewriting its unused tail.
             if (held > pages)
             {
                 std::fill(row + pages, row + held, kUNUSED_PAGE_ENTRY);
@@ -249,7 +285,11 @@ int64_t writeCsrAndLengths(
         int64_t const pages = sequence.numPages - released;
         // From the list again, not the row just written: indices sit a multiple of 4 KiB after the block table at the
         // usual sizes, and reading the row while storing there stalls on 4K aliasing.
-        std::copy_n(sequence.pages + released, pages, indices + used);
+        // Rewritten only where they differ, as the rows are (the rows pass checked the list).
+        if (!sameIds(sequence.pages + released, pages, indices + used))
+        {
+            std::copy_n(sequence.pages + released, pages, indices + used);
+        }
         used += pages;
         // At most maxBatchSize * maxPagesPerSequence, which makePageTableShape keeps within int32.
         indptr[b + 1] = static_cast<int32_t>(used);

@@ -57,13 +57,13 @@ struct DevicePageTable
 //! A quantized cache (KVCacheConfig::quantization) stores the values quantized by docs/layout.md's "Quantization
 //! rules", bit for bit as tests/support/quantize_reference.h does: FP8 per tensor with the layer's host-held scales,
 //! FP8 per token and head with a scale per (page, token, head) written beside, NVFP4 with block scales and the layer's
-//! global scales; its head dimensions must be multiples of 16. One warp quantizes a token, head after head.
+//! global scales; its head dimensions must be multiples of 16 and at most 1024. One warp quantizes a token, head after
+//! head.
 //!
 //! Throws before launching anything: OutOfRangeError for a layer outside [0, numLayers()), InvalidArgumentError for an
-//! 8-bit cache without quantization, a quantized head not a multiple of 16, a wrong shape, type, device, stride or
-//! group, a
-//! null tensor or list with capacity > 0, or a V tensor given to a latent layer (or missing for a KV layer), naming
-//! the field, the value and the limit; CudaError when the launch fails. Zero capacity is a no-op.
+//! 8-bit cache without quantization, a quantized head not a multiple of 16 or above 1024, a wrong shape, type, device,
+//! stride or group, a null tensor or list with capacity > 0, or a V tensor given to a latent layer (or missing for a KV
+//! layer), naming the field, the value and the limit; CudaError when the launch fails. Zero capacity is a no-op.
 void writeTokens(KVCacheManager const& cache, int32_t layerIdx, Tensor const& k, Tensor const& v,
     int64_t const* deviceTokenAddresses, cudaStream_t stream, TokenOpOptions const& options = {});
 
