@@ -127,32 +127,6 @@ int32_t orOfIds(int32_t const* ids, int64_t count) noexcept
     return all;
 }
 
-//! Copies `count` ids to `to` and returns their OR, negative when one is: one read of the list for both.
-int32_t copyIds(int32_t const* __restrict ids, int64_t count, int32_t* __restrict to) noexcept
-{
-    int32_t lanes[8] = {};
-    int64_t j = 0;
-    for (; j + 8 <= count; j += 8)
-    {
-        for (int32_t k = 0; k < 8; ++k)
-        {
-            to[j + k] = ids[j + k];
-            lanes[k] |= ids[j + k];
-        }
-    }
-    for (; j < count; ++j)
-    {
-        to[j] = ids[j];
-        lanes[0] |= ids[j];
-    }
-    int32_t all = 0;
-    for (int32_t const lane : lanes)
-    {
-        all |= lane;
-    }
-    return all;
-}
-
 //! Returns true when `count` ids at `held` are those at `ids` (none differs).
 bool sameIds(int32_t const* ids, int64_t count, int32_t const* held) noexcept
 {
@@ -248,7 +222,8 @@ void writeBlockTableRows(PageTableShape const& shape, SequencePages const* seque
             // differs at once, almost always.
             int64_t const held = indptr[b + 1] - indptr[b];
             int64_t const kept = sameIds(resident, std::min(pages, held), row) ? std::min(pages, held) : 0;
-            checkIds(sequence, static_cast<int32_t>(b), released, copyIds(resident + kept, pages - kept, row + kept));
+            std::copy_n(resident + kept, pages - kept, row + kept);
+            checkIds(sequence, static_cast<int32_t>(b), released, orOfIds(resident + kept, pages - kept));
             // Padding over the rest of the old pages leaves the row whole without rewriting its unused tail.
             if (held > pages)
             {
