@@ -30,6 +30,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <deque>
 #include <exception>
 #include <memory>
 #include <numeric>
@@ -92,36 +93,19 @@ double secondsSince(Clock::time_point start)
 
 //! build/BxM: build() alone, the stream synchronised first (untimed), so the previous upload has finished.
 //! build_back_to_back/BxM: build() again at once; a call waits for its predecessor's upload if that is still in flight.
-template <bool kBACK_TO_BACK>
+//! build_new_lists/BxM (kBATCHES 3): build() as build/BxM, but of three batches in turn (the same sizes, other random
+//! pages), so that no list repeats the one its staging region holds, as a decode step's lists (but for new pages) do.
+template <bool kBACK_TO_BACK, int32_t kBATCHES = 1>
 void buildTables(benchmark::State& state, Workload const& work)
 {
-    test::CudaStream stream;
-    rt::PageTableBuffers tables(
-        work.shape.maxBatchSize, work.shape.maxPagesPerSequence, kTOKENS_PER_PAGE, stream.get());
-    double total = 0.0;
-    for (auto _ : state)
+    // A deque keeps each batch where it was built: its sequences point into its own pages.
+    std::deque<Workload> others;
+    std::vector<Workload const*> batches{&work};
+    for (int32_t seed = 2; seed <= kBATCHES; ++seed)
     {
-        if constexpr (!kBACK_TO_BACK)
-        {
-            stream.synchronize();
-        }
-        Clock::time_point const start = Clock::now();
-        tables.build(work.sequences.data(), work.shape.maxBatchSize, stream.get());
-        double const seconds = secondsSince(start);
-        state.SetIterationTime(seconds);
-        total += seconds;
+        batches.push_back(&others.emplace_back(
+            work.shape.maxBatchSize, work.shape.maxPagesPerSequence, 0, static_cast<uint64_t>(seed)));
     }
-    stream.synchronize();
-    reportCalls(state, total);
-}
-
-//! build_new_lists/BxM: build() as build/BxM, but of three batches in turn (the same sizes, other random pages), so
-//! that no list repeats the one its staging region holds, as a decode step's lists (but for new pages) do.
-void buildNewLists(benchmark::State& state, Workload const& work)
-{
-    Workload const others[2] = {Workload(work.shape.maxBatchSize, work.shape.maxPagesPerSequence, 0, 2),
-        Workload(work.shape.maxBatchSize, work.shape.maxPagesPerSequence, 0, 3)};
-    Workload const* const batches[3] = {&work, &others[0], &others[1]};
     test::CudaStream stream;
     rt::PageTableBuffers tables(
         work.shape.maxBatchSize, work.shape.maxPagesPerSequence, kTOKENS_PER_PAGE, stream.get());
@@ -129,8 +113,11 @@ void buildNewLists(benchmark::State& state, Workload const& work)
     double total = 0.0;
     for (auto _ : state)
     {
-        stream.synchronize();
-        Workload const& batch = *batches[call++ % 3];
+        if constexpr (!kBACK_TO_BACK)
+        {
+            stream.synchronize();
+        }
+        Workload const& batch = *batches[static_cast<size_t>(call++ % kBATCHES)];
         Clock::time_point const start = Clock::now();
         tables.build(batch.sequences.data(), batch.shape.maxBatchSize, stream.get());
         double const seconds = secondsSince(start);
@@ -348,7 +335,7 @@ void registerAll()
 {
     for (auto const& [name, body] :
         {std::pair{"build", &buildTables<false>}, std::pair{"build_back_to_back", &buildTables<true>},
-            std::pair{"build_new_lists", &buildNewLists}, std::pair{"write_tables", &writeTables<true>},
+            std::pair{"build_new_lists", &buildTables<false, 3>}, std::pair{"write_tables", &writeTables<true>},
             std::pair{"write_tables_pageable", &writeTables<false>}, std::pair{"build_steps", &buildSteps}})
     {
         registerCase(name, body, 256, 64);

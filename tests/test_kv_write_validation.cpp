@@ -49,6 +49,19 @@ rt::KVCacheLayout layoutOf(rt::DataType type)
     return rt::KVCacheManager::validate(config);
 }
 
+//! Returns the layout of a cache of `layers` quantized by `quantization` in `storage`.
+rt::KVCacheLayout quantizedLayoutOf(
+    std::vector<rt::KVLayerConfig> const& layers, rt::KVQuantization quantization, rt::DataType storage)
+{
+    return rt::KVCacheManager::validate(ConfigBuilder(layers)
+                                            .maxBatchSize(2)
+                                            .maxSequenceLength(64)
+                                            .tokensPerPage(kTOKENS_PER_PAGE)
+                                            .dataType(storage)
+                                            .quantization(quantization)
+                                            .build());
+}
+
 //! A fake device address, 256-byte aligned: planning never dereferences it.
 void* fakeDevice(uintptr_t offset = 0)
 {
@@ -118,14 +131,7 @@ TEST(TokenWriteValidationTest, QuantizedCachesPlanAWarpAHeadAndRefuseHeadsThatAr
         int32_t const perLaneFloat[] = {8, 8, 8, 8, 8, 32, 32, 8};
         int32_t const laneShift[] = {0, 2, 3, 3, 4, 5, 5, 3};
         int32_t const gridY[] = {1, 1, 1, 1, 1, 1, 1, 10};
-        rt::KVCacheConfig const config = ConfigBuilder(layers)
-                                             .maxBatchSize(2)
-                                             .maxSequenceLength(64)
-                                             .tokensPerPage(kTOKENS_PER_PAGE)
-                                             .dataType(format.storage)
-                                             .quantization(format.quantization)
-                                             .build();
-        rt::KVCacheLayout const layout = rt::KVCacheManager::validate(config);
+        rt::KVCacheLayout const layout = quantizedLayoutOf(layers, format.quantization, format.storage);
         for (int32_t layer = 0; layer < static_cast<int32_t>(layers.size()); ++layer)
         {
             int32_t const heads = layers[static_cast<size_t>(layer)].numKVHeads;
@@ -152,25 +158,13 @@ TEST(TokenWriteValidationTest, QuantizedCachesPlanAWarpAHeadAndRefuseHeadsThatAr
                              .quantVectors);
         }
         // A head past 32 lanes of the most values a lane takes is refused, not cut short.
-        rt::KVCacheLayout const huge = rt::KVCacheManager::validate(ConfigBuilder({{1, 1040}})
-                                                                        .maxBatchSize(2)
-                                                                        .maxSequenceLength(64)
-                                                                        .tokensPerPage(kTOKENS_PER_PAGE)
-                                                                        .dataType(format.storage)
-                                                                        .quantization(format.quantization)
-                                                                        .build());
+        rt::KVCacheLayout const huge = quantizedLayoutOf({{1, 1040}}, format.quantization, format.storage);
         EXPECT_TRUE(
             throwsNaming<rt::InvalidArgumentError>([&] { plan(huge, 0, tokens(4, 1, 1040), tokens(4, 1, 1040)); },
                 {"writeTokens", "layer 0 has headDim 1040", "up to 1024"}));
         if (format.quantization != rt::KVQuantization::kNVFP4) // NVFP4 configs already refuse such heads
         {
-            rt::KVCacheLayout const odd = rt::KVCacheManager::validate(ConfigBuilder(
-                {{1, 72}}).maxBatchSize(2)
-                                                                           .maxSequenceLength(64)
-                                                                           .tokensPerPage(kTOKENS_PER_PAGE)
-                                                                           .dataType(format.storage)
-                                                                           .quantization(format.quantization)
-                                                                           .build());
+            rt::KVCacheLayout const odd = quantizedLayoutOf({{1, 72}}, format.quantization, format.storage);
             EXPECT_TRUE(
                 throwsNaming<rt::InvalidArgumentError>([&] { plan(odd, 0, tokens(4, 1, 72), tokens(4, 1, 72)); },
                     {"writeTokens", "layer 0 has headDim 72", "multiples of 16"}));
