@@ -185,6 +185,15 @@ struct CodeBytes
     {
         words[j / 4] |= (byte & 0xFFU) << (8 * (j % 4));
     }
+    //! Sets byte j (j an unrolled constant, the byte still 0) from the low 8 bits of `byte`, whatever lies above them:
+    //! one byte permutation.
+    __device__ __forceinline__ void setByte(int32_t j, uint32_t byte)
+    {
+        // Selector nibble k picks byte k of the result from {byte, word}: byte 0 of `byte` (4) at j, the word's own
+        // bytes elsewhere.
+        uint32_t const selector = (0x3210U & ~(0xFU << (4 * (j % 4)))) | (4U << (4 * (j % 4)));
+        words[j / 4] = __byte_perm(words[j / 4], byte, selector);
+    }
     //! Sets bytes j and j + 1 (j even) from the low 16 bits of `pair`.
     __device__ __forceinline__ void setPair(int32_t j, uint32_t pair)
     {
@@ -276,21 +285,24 @@ __device__ __forceinline__ void quantizeLane(LaneValues<TensorT, kV> const& lane
             uint8_t const blockCode = fast
                 ? encodeE4M3(divideByReciprocal(divideByReciprocal(amax[b], 6.0F, 1.0F / 6.0F), scale, scaleReciprocal))
                 : encodeE4M3((amax[b] / 6.0F) / scale);
-            float const divisor = decodeE4M3(blockCode) * scale;
             if (fast)
             {
+                // A finite amax's code is no NaN, which the hardware decode would need mapping.
+                float const divisor = __half2float(__nv_cvt_fp8_to_halfraw(blockCode, __NV_E4M3)) * scale;
                 float const reciprocal = divisor > 0.0F ? __frcp_rn(divisor) : 0.0F;
 #pragma unroll
                 for (int32_t i = 0; i < kPER_BLOCK; i += 2)
                 {
                     int32_t const at = b * kPER_BLOCK + i;
-                    uint32_t const low = encodeE2M1Finite(divideByReciprocal(lane.value(at), divisor, reciprocal));
-                    uint32_t const high = encodeE2M1Finite(divideByReciprocal(lane.value(at + 1), divisor, reciprocal));
-                    packed.set(at / 2, low | (high << 4));
+                    uint32_t const low = e2m1NibbleOverBase(divideByReciprocal(lane.value(at), divisor, reciprocal));
+                    uint32_t const high =
+                        e2m1NibbleOverBase(divideByReciprocal(lane.value(at + 1), divisor, reciprocal));
+                    packed.setByte(at / 2, low + (high << 4));
                 }
             }
             else
             {
+                float const divisor = decodeE4M3(blockCode) * scale;
 #pragma unroll
                 for (int32_t i = 0; i < kPER_BLOCK; i += 2)
                 {
@@ -398,7 +410,9 @@ __global__ void __launch_bounds__(32 * kQUANT_WARPS_PER_BLOCK) quantTokenKernel(
 {
     TokenKernelParams const& base = params.base;
     LayerRef const& layer = base.layer;
-    int32_t const count = base.count == nullptr ? base.capacity : min(max(loadWord(base.count), 0), base.capacity);
+    // Compared where it is used, so that nothing waits for this load before the first token's loads are issued (t
+    // runs below capacity, so a count past it or below 0 needs no clamp).
+    int32_t const count = base.count == nullptr ? base.capacity : loadWord(base.count);
     auto const lane = static_cast<int32_t>(threadIdx.x);
     int32_t const lanes = 1 << params.laneShift;
     int32_t const sub = lane & (lanes - 1);
@@ -416,38 +430,20 @@ __global__ void __launch_bounds__(32 * kQUANT_WARPS_PER_BLOCK) quantTokenKernel(
     bool const hasV = base.v.data != nullptr;
     bool const countsErrors = lane == 0 && blockIdx.y == 0 && base.errorCount != nullptr;
     int64_t const tokensPerGrid = int64_t{gridDim.x} * blockDim.y;
-    for (int64_t t = int64_t{blockIdx.x} * blockDim.y + threadIdx.y; t < count; t += tokensPerGrid)
+    // Tokens run to capacity, not count: a write loads a token's rows (which the tensors hold up to capacity) and its
+    // address before the count, itself a load, says whether it moves, so the three loads' latencies overlap instead of
+    // following one another.
+    for (int64_t t = int64_t{blockIdx.x} * blockDim.y + threadIdx.y; t < base.capacity; t += tokensPerGrid)
     {
-        int64_t const address = source.address(static_cast<int32_t>(t), layer);
-        if (address == kBAD_TOKEN && countsErrors)
-        {
-            atomicAdd(base.errorCount, 1);
-        }
-        int32_t page = 0;
-        int32_t offset = 0;
-        splitTokenAddress(address, layer.tokensPerPage, page, offset);
-        if (page < 0)
-        {
-            continue;
-        }
         auto* const kRow =
             static_cast<TensorT*>(base.k.data) + t * base.k.tokenStride + int64_t{addressedHead} * base.k.headStride;
         auto* const vRow = hasV
             ? static_cast<TensorT*>(base.v.data) + t * base.v.tokenStride + int64_t{addressedHead} * base.v.headStride
             : nullptr;
-        // Per-tensor FP8 has no scale pools (its scales are the kernel's arguments).
-        int64_t const scaleOffset = kFORMAT == KVQuantization::kFP8_PER_TENSOR
-            ? 0
-            : layer.scaleOffset(page, offset, addressedHead) * layer.scaleElementBytes;
-        auto* const kCodes = static_cast<uint8_t*>(layer.kAddress(page, offset, addressedHead)) + codeFirst;
-        auto* const kScales = static_cast<uint8_t*>(layer.kScalePool) + scaleOffset;
-        auto* const vCodes =
-            hasV ? static_cast<uint8_t*>(layer.vAddress(page, offset, addressedHead)) + codeFirst : nullptr;
-        auto* const vScales = hasV ? static_cast<uint8_t*>(layer.vScalePool) + scaleOffset : nullptr;
+        LaneValues<TensorT, kV> kValues;
+        LaneValues<TensorT, kV> vValues;
         if constexpr (kWRITE)
         {
-            LaneValues<TensorT, kV> kValues;
-            LaneValues<TensorT, kV> vValues;
             if (valid > 0)
             {
                 loadValues(kValues, kRow, first, layer.headDim, params.vectors);
@@ -456,6 +452,33 @@ __global__ void __launch_bounds__(32 * kQUANT_WARPS_PER_BLOCK) quantTokenKernel(
                     loadValues(vValues, vRow, first, layer.headDim, params.vectors);
                 }
             }
+        }
+        int64_t const address = source.address(static_cast<int32_t>(t), layer);
+        if (t >= count)
+        {
+            break;
+        }
+        if (address == kBAD_TOKEN && countsErrors)
+        {
+            atomicAdd(base.errorCount, 1);
+        }
+        if (address < 0)
+        {
+            continue;
+        }
+        // A page is tokensPerPage tokens of the pools (LayerRef), so a token's address counts tokens from the pools'
+        // start: no division into page and offset. Per-tensor FP8 has no scale pools (its scales are the kernel's
+        // arguments).
+        int64_t const scaleOffset = kFORMAT == KVQuantization::kFP8_PER_TENSOR
+            ? 0
+            : (address * heads + addressedHead) * layer.scalesPerHead * layer.scaleElementBytes;
+        int64_t const codeOffset = (address * layer.tokenStride + addressedHead * layer.headStride) * layer.elementBytes;
+        auto* const kCodes = static_cast<uint8_t*>(layer.kPool) + codeOffset + codeFirst;
+        auto* const kScales = static_cast<uint8_t*>(layer.kScalePool) + scaleOffset;
+        auto* const vCodes = hasV ? static_cast<uint8_t*>(layer.vPool) + codeOffset + codeFirst : nullptr;
+        auto* const vScales = hasV ? static_cast<uint8_t*>(layer.vScalePool) + scaleOffset : nullptr;
+        if constexpr (kWRITE)
+        {
             quantizeLane<kFORMAT, kV>(kValues, sub, lanes, valid, params.kScale, kCodes, kScales, params.codeVectors);
             if (hasV)
             {

@@ -1,7 +1,7 @@
 #pragma once
 
 // Exact shortcuts of the quantizing write's arithmetic (docs/layout.md, "Quantization rules"), host and device: a
-// division by a reciprocal with one correction, and E2M1 rounding on the float's bits. The kernel takes them where
+// division by a reciprocal with one correction, and E2M1 rounding by additions to 2^24. The kernel takes them where
 // their ranges hold (checked a warp at a time) and the rules' plain operations elsewhere; tests/test_quant_math.cpp
 // checks both against the plain operations on the host.
 
@@ -102,18 +102,37 @@ KVCACHE_QUANT_MATH uint32_t finiteMagnitudeBits(float x)
     return magnitude < 0x7F800000U ? magnitude : 0U;
 }
 
-//! E2M1 nibble of a finite `x`, as the rules round it (nearest, ties to the even code, saturating at 6; sign in bit 3)
-//! on the float's bits: from 1 up, rounding the mantissa to one bit makes (bits >> 22) the code plus 252; below 1, the
-//! codes 0, 1, 2 are 2|x| rounded to an integer, which adding 2^23 does (one rounding of the exact sum).
+KVCACHE_QUANT_MATH float minimum(float a, float b)
+{
+#if defined(__CUDA_ARCH__)
+    return fminf(a, b);
+#else
+    return std::fmin(a, b);
+#endif
+}
+
+//! The bits of the float 2^24 + 2c (kE2M1_BASE + c) for E2M1 code c: a float in [2^24, 2^25) is a multiple of 2.
+inline constexpr uint32_t kE2M1_BASE = 0x4B800000U;
+
+//! E2M1 nibble of a finite `x` as the rules round it (nearest, ties to the even code, saturating at 6; sign in bit 3),
+//! plus kE2M1_BASE, whose low byte is 0: nibble a + (nibble b << 4) has the byte of the pair in its low 8 bits.
+//! Each grid of the format is one rounding: adding |x| times 4, 2 or 1 to 2^24 (plus 4 or 8) rounds to a multiple of 2,
+//! ties to even, which makes 2^24 + 2c for c = round(2|x|) (the step-1/2 codes below 2), round(|x|) + 2 (step 1, from 2
+//! to 4) and round(|x| / 2) + 4 (step 2, from 4). Each candidate exceeds the code of |x| outside its range and none
+//! falls below it, so the code is the smallest; |x| capped at 6 saturates.
+KVCACHE_QUANT_MATH uint32_t e2m1NibbleOverBase(float x)
+{
+    float const magnitude = minimum(std::fabs(x), 6.0F);
+    float const halves = fusedMultiplyAdd(magnitude, 4.0F, 0x1p24F);
+    float const units = fusedMultiplyAdd(magnitude, 2.0F, 0x1p24F + 4.0F);
+    float const twos = magnitude + (0x1p24F + 8.0F);
+    return floatBits(minimum(minimum(halves, units), twos)) | ((floatBits(x) >> 28) & 0x8U);
+}
+
+//! E2M1 nibble of a finite `x`, as the rules round it (e2m1NibbleOverBase without the base).
 KVCACHE_QUANT_MATH uint32_t encodeE2M1Finite(float x)
 {
-    uint32_t const bits = floatBits(x);
-    uint32_t const magnitude = bits & 0x7FFFFFFFU;
-    uint32_t const rounded = magnitude + 0x1FFFFFU + ((magnitude >> 22) & 1U);
-    uint32_t const high = (rounded >> 22) - 252U;
-    uint32_t const low = floatBits(fusedMultiplyAdd(bitsFloat(magnitude), 2.0F, 0x1p23F)) - 0x4B000000U;
-    uint32_t const code = magnitude >= 0x3F800000U ? (high < 7U ? high : 7U) : low;
-    return code | ((bits >> 28) & 0x8U);
+    return e2m1NibbleOverBase(x) - kE2M1_BASE;
 }
 
 } // namespace kvcache::rt::detail
