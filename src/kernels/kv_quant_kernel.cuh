@@ -8,13 +8,12 @@
 
 #include "kernels/kv_write_kernel.cuh"
 #include "kernels/quant_codes.cuh"
+#include "kernels/quant_lane.cuh"
 #include "memory/token_op_plan.h"
 
 #include "kvcache/core/kv_cache_config.h"
 
 #include <cstdint>
-#include <cstring>
-#include <type_traits>
 
 namespace kvcache::rt::detail
 {
@@ -29,225 +28,6 @@ struct QuantKernelParams
     bool codeVectors;  //!< a lane's codes start aligned to their size (up to 16 bytes) in every head
     int32_t laneShift; //!< log2 of the lanes a head takes
 };
-
-//! This lane's kV values of TensorT as loaded, kept packed: a 16-bit type's values two a word (the first in the low
-//! half), a float's one, so that conversions and the amax of 16-bit values work on pairs.
-template <typename TensorT, int32_t kV>
-struct LaneValues
-{
-    static constexpr bool kPACKED = sizeof(TensorT) == 2;
-    static constexpr int32_t kWORDS = kPACKED ? kV / 2 : kV;
-    static_assert(kV * sizeof(TensorT) % 16 == 0, "a lane loads whole 16-byte vectors");
-
-    uint32_t words[kWORDS] = {};
-
-    //! Value i (a constant once unrolled) as a float.
-    __device__ __forceinline__ float value(int32_t i) const
-    {
-        if constexpr (!kPACKED)
-        {
-            return __uint_as_float(words[i]);
-        }
-        else if constexpr (std::is_same_v<TensorT, __half>)
-        {
-            __half2 pair;
-            memcpy(&pair, &words[i / 2], sizeof pair);
-            return i % 2 == 0 ? __low2float(pair) : __high2float(pair);
-        }
-        else
-        {
-            // A bfloat16 is the upper half of the float it stands for.
-            return __uint_as_float(i % 2 == 0 ? words[i / 2] << 16 : words[i / 2] & 0xFFFF0000U);
-        }
-    }
-};
-
-//! The bits of one tensor element.
-__device__ __forceinline__ uint32_t elementBits(float value)
-{
-    return __float_as_uint(value);
-}
-__device__ __forceinline__ uint32_t elementBits(__half value)
-{
-    return __half_as_ushort(value);
-}
-__device__ __forceinline__ uint32_t elementBits(__nv_bfloat16 value)
-{
-    return __bfloat16_as_ushort(value);
-}
-
-//! Loads this lane's kV values of a tensor row: whole 16-byte vectors when allowed, else element by element; values
-//! at or past `headDim` read as 0.
-template <typename TensorT, int32_t kV>
-__device__ __forceinline__ void loadValues(
-    LaneValues<TensorT, kV>& lane, TensorT const* row, int32_t first, int32_t headDim, bool vectors)
-{
-    using Lane = LaneValues<TensorT, kV>;
-    if (vectors && first + kV <= headDim)
-    {
-        auto const* from = reinterpret_cast<int4 const*>(row + first);
-#pragma unroll
-        for (int32_t i = 0; i < Lane::kWORDS / 4; ++i)
-        {
-            int4 const vector = __ldcs(from + i);
-            lane.words[4 * i] = static_cast<uint32_t>(vector.x);
-            lane.words[4 * i + 1] = static_cast<uint32_t>(vector.y);
-            lane.words[4 * i + 2] = static_cast<uint32_t>(vector.z);
-            lane.words[4 * i + 3] = static_cast<uint32_t>(vector.w);
-        }
-        return;
-    }
-#pragma unroll
-    for (int32_t i = 0; i < kV; ++i)
-    {
-        uint32_t const bits = first + i < headDim ? elementBits(__ldcs(row + first + i)) : 0U;
-        if constexpr (Lane::kPACKED)
-        {
-            lane.words[i / 2] |= bits << (16 * (i % 2));
-        }
-        else
-        {
-            lane.words[i] = bits;
-        }
-    }
-}
-
-//! The largest finite |value| among values [begin, begin + count) of the lane, as float bits (the rules' amax over
-//! them), and in `finite` whether all of them are finite. 16-bit values take it two at a time on their bits (a
-//! magnitude's bits order as its value), value by value only where one is not finite.
-template <typename TensorT, int32_t kV>
-__device__ __forceinline__ uint32_t magnitudeBits(
-    LaneValues<TensorT, kV> const& lane, int32_t begin, int32_t count, bool& finite)
-{
-    if constexpr (LaneValues<TensorT, kV>::kPACKED)
-    {
-        uint32_t most = 0;
-#pragma unroll
-        for (int32_t j = begin / 2; j < (begin + count) / 2; ++j)
-        {
-            most = __vmaxu2(most, lane.words[j] & 0x7FFF7FFFU);
-        }
-        uint32_t const top = max(most & 0xFFFFU, most >> 16);
-        constexpr bool kHALF = std::is_same_v<TensorT, __half>;
-        finite = top < (kHALF ? 0x7C00U : 0x7F80U);
-        if (finite)
-        {
-            return kHALF ? __float_as_uint(__half2float(__ushort_as_half(static_cast<unsigned short>(top))))
-                         : top << 16;
-        }
-    }
-    uint32_t bits = 0;
-    uint32_t nonFinite = 0;
-#pragma unroll
-    for (int32_t i = begin; i < begin + count; ++i)
-    {
-        float const x = lane.value(i);
-        bits = max(bits, finiteMagnitudeBits(x));
-        nonFinite |= static_cast<uint32_t>((floatBits(x) & 0x7FFFFFFFU) >= 0x7F800000U);
-    }
-    finite = nonFinite == 0;
-    return bits;
-}
-
-//! Stores this lane's kV floats into a tensor row converted to TensorT; elements past `headDim` are not stored.
-template <typename TensorT, int32_t kV>
-__device__ __forceinline__ void storeValues(TensorT* row, int32_t first, int32_t headDim, bool vectors, float const* in)
-{
-    if (vectors && first + kV <= headDim)
-    {
-        ElementChunk<TensorT, kV> chunk;
-#pragma unroll
-        for (int32_t i = 0; i < kV; ++i)
-        {
-            chunk.values[i] = fromFloat<TensorT>(in[i]);
-        }
-        *reinterpret_cast<ElementChunk<TensorT, kV>*>(row + first) = chunk;
-        return;
-    }
-#pragma unroll
-    for (int32_t i = 0; i < kV; ++i)
-    {
-        if (first + i < headDim)
-        {
-            row[first + i] = fromFloat<TensorT>(in[i]);
-        }
-    }
-}
-
-//! kBYTES code bytes built in 32-bit registers (byte j in bits 8 * (j % 4) of word j / 4): byte arrays of odd sizes
-//! measured register spills.
-template <int32_t kBYTES>
-struct CodeBytes
-{
-    uint32_t words[(kBYTES + 3) / 4] = {};
-
-    __device__ __forceinline__ void set(int32_t j, uint32_t byte)
-    {
-        words[j / 4] |= (byte & 0xFFU) << (8 * (j % 4));
-    }
-    //! Sets byte j (j an unrolled constant, the byte still 0) from the low 8 bits of `byte`, whatever lies above them:
-    //! one byte permutation.
-    __device__ __forceinline__ void setByte(int32_t j, uint32_t byte)
-    {
-        // Selector nibble k picks byte k of the result from {byte, word}: byte 0 of `byte` (4) at j, the word's own
-        // bytes elsewhere.
-        uint32_t const selector = (0x3210U & ~(0xFU << (4 * (j % 4)))) | (4U << (4 * (j % 4)));
-        words[j / 4] = __byte_perm(words[j / 4], byte, selector);
-    }
-    //! Sets bytes j and j + 1 (j even) from the low 16 bits of `pair`.
-    __device__ __forceinline__ void setPair(int32_t j, uint32_t pair)
-    {
-        words[j / 4] |= (pair & 0xFFFFU) << (8 * (j % 4));
-    }
-    __device__ __forceinline__ uint8_t get(int32_t j) const
-    {
-        return static_cast<uint8_t>(words[j / 4] >> (8 * (j % 4)));
-    }
-};
-
-//! Stores this lane's `valid` code bytes of kBYTES: in one access (aligned to min(kBYTES, 16)) when all are and
-//! `vectors` says the address is so aligned, else byte by byte.
-template <int32_t kBYTES>
-__device__ __forceinline__ void storeCodes(uint8_t* to, CodeBytes<kBYTES> const& bytes, int32_t valid, bool vectors)
-{
-    if (vectors && valid >= kBYTES)
-    {
-        if constexpr (kBYTES == 1)
-        {
-            *to = bytes.get(0);
-        }
-        else if constexpr (kBYTES == 2)
-        {
-            *reinterpret_cast<uint16_t*>(to) = static_cast<uint16_t>(bytes.words[0]);
-        }
-        else if constexpr (kBYTES == 4)
-        {
-            *reinterpret_cast<uint32_t*>(to) = bytes.words[0];
-        }
-        else if constexpr (kBYTES == 8)
-        {
-            *reinterpret_cast<uint2*>(to) = make_uint2(bytes.words[0], bytes.words[1]);
-        }
-        else
-        {
-#pragma unroll
-            for (int32_t w = 0; w < kBYTES / 4; w += 4)
-            {
-                reinterpret_cast<uint4*>(to)[w / 4] =
-                    make_uint4(bytes.words[w], bytes.words[w + 1], bytes.words[w + 2], bytes.words[w + 3]);
-            }
-        }
-        return;
-    }
-#pragma unroll
-    for (int32_t i = 0; i < kBYTES; ++i)
-    {
-        if (i < valid)
-        {
-            to[i] = bytes.get(i);
-        }
-    }
-}
 
 //! Quantizes one lane's kV values of one head half into the page, of which `valid` (<= 0 for a lane past the head) lie
 //! inside the head: codes at `codes` (this lane's first byte), scales at `scales` (the head's first scale element).
@@ -291,13 +71,9 @@ __device__ __forceinline__ void quantizeLane(LaneValues<TensorT, kV> const& lane
                 float const divisor = __half2float(__nv_cvt_fp8_to_halfraw(blockCode, __NV_E4M3)) * scale;
                 float const reciprocal = divisor > 0.0F ? __frcp_rn(divisor) : 0.0F;
 #pragma unroll
-                for (int32_t i = 0; i < kPER_BLOCK; i += 2)
+                for (int32_t at = b * kPER_BLOCK; at < (b + 1) * kPER_BLOCK; at += 8)
                 {
-                    int32_t const at = b * kPER_BLOCK + i;
-                    uint32_t const low = e2m1NibbleOverBase(divideByReciprocal(lane.value(at), divisor, reciprocal));
-                    uint32_t const high =
-                        e2m1NibbleOverBase(divideByReciprocal(lane.value(at + 1), divisor, reciprocal));
-                    packed.setByte(at / 2, low + (high << 4));
+                    packed.words[at / 8] = e2m1Word(lane, at, divisor, reciprocal);
                 }
             }
             else
@@ -472,7 +248,8 @@ __global__ void __launch_bounds__(32 * kQUANT_WARPS_PER_BLOCK) quantTokenKernel(
         int64_t const scaleOffset = kFORMAT == KVQuantization::kFP8_PER_TENSOR
             ? 0
             : (address * heads + addressedHead) * layer.scalesPerHead * layer.scaleElementBytes;
-        int64_t const codeOffset = (address * layer.tokenStride + addressedHead * layer.headStride) * layer.elementBytes;
+        int64_t const codeOffset =
+            (address * layer.tokenStride + addressedHead * layer.headStride) * layer.elementBytes;
         auto* const kCodes = static_cast<uint8_t*>(layer.kPool) + codeOffset + codeFirst;
         auto* const kScales = static_cast<uint8_t*>(layer.kScalePool) + scaleOffset;
         auto* const vCodes = hasV ? static_cast<uint8_t*>(layer.vPool) + codeOffset + codeFirst : nullptr;

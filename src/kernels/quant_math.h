@@ -111,22 +111,30 @@ KVCACHE_QUANT_MATH float minimum(float a, float b)
 #endif
 }
 
-//! The bits of the float 2^24 + 2c (kE2M1_BASE + c) for E2M1 code c: a float in [2^24, 2^25) is a multiple of 2.
+//! The bits of the float 2^24 + 2c are kE2M1_BASE + c for E2M1 code c: a float in [2^24, 2^25) is a multiple of 2.
 inline constexpr uint32_t kE2M1_BASE = 0x4B800000U;
 
-//! E2M1 nibble of a finite `x` as the rules round it (nearest, ties to the even code, saturating at 6; sign in bit 3),
-//! plus kE2M1_BASE, whose low byte is 0: nibble a + (nibble b << 4) has the byte of the pair in its low 8 bits.
-//! Each grid of the format is one rounding: adding |x| times 4, 2 or 1 to 2^24 (plus 4 or 8) rounds to a multiple of 2,
-//! ties to even, which makes 2^24 + 2c for c = round(2|x|) (the step-1/2 codes below 2), round(|x|) + 2 (step 1, from 2
-//! to 4) and round(|x| / 2) + 4 (step 2, from 4). Each candidate exceeds the code of |x| outside its range and none
-//! falls below it, so the code is the smallest; |x| capped at 6 saturates.
-KVCACHE_QUANT_MATH uint32_t e2m1NibbleOverBase(float x)
+//! E2M1 code of |x| for a finite `x` as the rules round it (nearest, ties to the even code, saturating at 6), plus
+//! kE2M1_BASE: eight of these, value i shifted by 4i and summed (mod 2^32), are the word of their nibbles plus
+//! kE2M1_BASE * 0x11111111, as the codes are below 16. Each grid of the format is one rounding: adding |x| times 4, 2
+//! or 1 to 2^24 (plus 4 or 8) rounds to a multiple of 2, ties to even, which makes 2^24 + 2c for c = round(2|x|) (the
+//! step-1/2 codes below 2), round(|x|) + 2 (step 1, from 2 to 4) and round(|x| / 2) + 4 (step 2, from 4). Each
+//! candidate exceeds the code of |x| outside its range and none falls below it, so the code is the smallest (compared
+//! as bits, which order as these positive floats do); |x| capped at 6 saturates.
+KVCACHE_QUANT_MATH uint32_t e2m1MagnitudeOverBase(float x)
 {
     float const magnitude = minimum(std::fabs(x), 6.0F);
-    float const halves = fusedMultiplyAdd(magnitude, 4.0F, 0x1p24F);
-    float const units = fusedMultiplyAdd(magnitude, 2.0F, 0x1p24F + 4.0F);
-    float const twos = magnitude + (0x1p24F + 8.0F);
-    return floatBits(minimum(minimum(halves, units), twos)) | ((floatBits(x) >> 28) & 0x8U);
+    uint32_t const halves = floatBits(fusedMultiplyAdd(magnitude, 4.0F, 0x1p24F));
+    uint32_t const units = floatBits(fusedMultiplyAdd(magnitude, 2.0F, 0x1p24F + 4.0F));
+    uint32_t const twos = floatBits(magnitude + (0x1p24F + 8.0F));
+    uint32_t const fewer = halves < units ? halves : units;
+    return fewer < twos ? fewer : twos;
+}
+
+//! E2M1 nibble of a finite `x` (sign in bit 3) plus kE2M1_BASE (e2m1MagnitudeOverBase).
+KVCACHE_QUANT_MATH uint32_t e2m1NibbleOverBase(float x)
+{
+    return e2m1MagnitudeOverBase(x) | ((floatBits(x) >> 28) & 0x8U);
 }
 
 //! E2M1 nibble of a finite `x`, as the rules round it (e2m1NibbleOverBase without the base).
