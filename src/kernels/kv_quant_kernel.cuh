@@ -22,24 +22,27 @@ namespace kvcache::rt::detail
 struct QuantKernelParams
 {
     TokenKernelParams base;
-    float kScale;      //!< kFP8_PER_TENSOR: the layer's K scale; kNVFP4: its K global scale; else unused
-    float vScale;      //!< the same for V
-    bool vectors;      //!< the tensors' rows allow whole-chunk loads (and, reading, stores) of kV elements
-    bool codeVectors;  //!< a lane's codes start aligned to their size (up to 16 bytes) in every head
-    int32_t laneShift; //!< log2 of the lanes a head takes
+    float kScale;           //!< kFP8_PER_TENSOR: the layer's K scale; kNVFP4: its K global scale; else unused
+    float vScale;           //!< the same for V
+    float kScaleReciprocal; //!< 1 / kScale, rounded to nearest even, where isFastScale(kScale) holds; else 0
+    float vScaleReciprocal; //!< the same for V
+    bool vectors;           //!< the tensors' rows allow whole-chunk loads (and, reading, stores) of kV elements
+    bool codeVectors;       //!< a lane's codes start aligned to their size (up to 16 bytes) in every head
+    int32_t laneShift;      //!< log2 of the lanes a head takes
 };
 
 //! Quantizes one lane's kV values of one head half into the page, of which `valid` (<= 0 for a lane past the head) lie
 //! inside the head: codes at `codes` (this lane's first byte), scales at `scales` (the head's first scale element).
 //! `sub` is the lane's place among the `lanes` lanes of its head; `scale` the per-tensor scale or the NVFP4 global
-//! scale. Every lane of the warp calls it (reductions and a vote). The warp takes the fast path when all its values
+//! scale, `scaleReciprocal` its reciprocal where it is fast (0 where not: the warp takes the rules' operations). Every
+//! lane of the warp calls it (reductions and a vote). The warp takes the fast path when all its values
 //! are finite and every amax and scale lies where divideByReciprocal is exact (quant_math.h): divisions become a
 //! product and two fused multiply-adds (a zero divisor's reciprocal 0 gives each value's signed zero, as the rules
 //! do), E4M3 codes come two a conversion and E2M1 a few integer operations, with the same results as the rules' plain
 //! operations, which the other path applies (NaN, infinities, tiny or huge magnitudes).
 template <KVQuantization kFORMAT, int32_t kV, typename TensorT>
 __device__ __forceinline__ void quantizeLane(LaneValues<TensorT, kV> const& lane, int32_t sub, int32_t lanes,
-    int32_t valid, float scale, uint8_t* codes, void* scales, bool codeVectors)
+    int32_t valid, float scale, float scaleReciprocal, uint8_t* codes, void* scales, bool codeVectors)
 {
     if constexpr (kFORMAT == KVQuantization::kNVFP4)
     {
@@ -47,7 +50,7 @@ __device__ __forceinline__ void quantizeLane(LaneValues<TensorT, kV> const& lane
         constexpr int32_t kPER_BLOCK = kV >= 16 ? 16 : kV;  // of this lane's values in each
         constexpr int32_t kLANES = kV >= 16 ? 1 : 16 / kV;  // lanes sharing a block
         float amax[kBLOCKS];
-        bool fast = isFastScale(scale);
+        bool fast = scaleReciprocal != 0.0F;
 #pragma unroll
         for (int32_t b = 0; b < kBLOCKS; ++b)
         {
@@ -57,7 +60,6 @@ __device__ __forceinline__ void quantizeLane(LaneValues<TensorT, kV> const& lane
             fast = fast && finite && isFastAmax(amax[b]);
         }
         fast = __all_sync(0xFFFFFFFFU, fast);
-        float const scaleReciprocal = fast ? __frcp_rn(scale) : 0.0F;
         CodeBytes<kV / 2> packed;
 #pragma unroll
         for (int32_t b = 0; b < kBLOCKS; ++b)
@@ -115,12 +117,14 @@ __device__ __forceinline__ void quantizeLane(LaneValues<TensorT, kV> const& lane
         else
         {
             // Quotients of values up to kFAST_DIVIDE_MAX by a fast scale stay finite.
-            fast = __all_sync(0xFFFFFFFFU, finite && isFastScale(scale) && bits <= floatBits(kFAST_DIVIDE_MAX));
+            fast = __all_sync(0xFFFFFFFFU, finite && scaleReciprocal != 0.0F && bits <= floatBits(kFAST_DIVIDE_MAX));
         }
         CodeBytes<kV> bytes;
         if (fast)
         {
-            float const reciprocal = divisor > 0.0F ? __frcp_rn(divisor) : 0.0F;
+            float const reciprocal = kFORMAT == KVQuantization::kFP8_PER_TENSOR ? scaleReciprocal
+                : divisor > 0.0F                                                ? __frcp_rn(divisor)
+                                                                                : 0.0F;
 #pragma unroll
             for (int32_t i = 0; i < kV; i += 2)
             {
@@ -256,11 +260,12 @@ __global__ void __launch_bounds__(32 * kQUANT_WARPS_PER_BLOCK) quantTokenKernel(
         auto* const vScales = hasV ? static_cast<uint8_t*>(layer.vScalePool) + scaleOffset : nullptr;
         if constexpr (kWRITE)
         {
-            quantizeLane<kFORMAT, kV>(kValues, sub, lanes, valid, params.kScale, kCodes, kScales, params.codeVectors);
+            quantizeLane<kFORMAT, kV>(kValues, sub, lanes, valid, params.kScale, params.kScaleReciprocal, kCodes,
+                kScales, params.codeVectors);
             if (hasV)
             {
-                quantizeLane<kFORMAT, kV>(
-                    vValues, sub, lanes, valid, params.vScale, vCodes, vScales, params.codeVectors);
+                quantizeLane<kFORMAT, kV>(vValues, sub, lanes, valid, params.vScale, params.vScaleReciprocal, vCodes,
+                    vScales, params.codeVectors);
             }
         }
         else if (valid > 0)

@@ -14,7 +14,10 @@ template <bool kWRITE, typename Source>
 void launchQuantized(TokenOpPlan const& plan, TokenKernelParams const& params, LayerScales scales, Source const& source,
     cudaStream_t stream)
 {
-    QuantKernelParams const quant{params, scales.k, scales.v, plan.quantVectors, plan.codeVectors, plan.laneShift};
+    // A layer's scales are the same for every token, so their reciprocals are taken here, once.
+    auto const reciprocal = [](float scale) { return isFastScale(scale) ? 1.0F / scale : 0.0F; };
+    QuantKernelParams const quant{params, scales.k, scales.v, reciprocal(scales.k), reciprocal(scales.v),
+        plan.quantVectors, plan.codeVectors, plan.laneShift};
     switch (plan.quantization)
     {
     case KVQuantization::kFP8_PER_TENSOR:
