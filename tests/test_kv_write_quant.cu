@@ -47,6 +47,8 @@ constexpr int32_t kTOKENS = 24;
 constexpr int32_t kCOUNTED = kTOKENS - 3;
 constexpr int32_t kSKIPPED_TOKENS[] = {5, 9};
 constexpr int32_t kBAD_TOKEN = 7;
+//! A bad address past the count: neither written nor counted (the kernel loads it before it compares the count).
+constexpr int32_t kUNCOUNTED_BAD_TOKEN = kTOKENS - 2;
 
 struct Format
 {
@@ -240,6 +242,7 @@ std::vector<int64_t> makeAddresses(rt::LayerRef const& ref, uint64_t seed)
         addresses[static_cast<size_t>(t)] = -1;
     }
     addresses[kBAD_TOKEN] = int64_t{ref.numPages} * ref.tokensPerPage;
+    addresses[kUNCOUNTED_BAD_TOKEN] = int64_t{ref.numPages} * ref.tokensPerPage + 5;
     return addresses;
 }
 
@@ -413,7 +416,8 @@ TEST_F(QuantWriteTest, WritesAndReadsBackEveryFormatByTheRules)
                     Expected const expected = expectedWrite(cache, layer, k, v, hostAddresses);
                     EXPECT_EQ(firstDifference(cache.data(layer), expected.data), "") << "data";
                     EXPECT_EQ(firstDifference(cache.scales(layer), expected.scales), "") << "scales";
-                    EXPECT_EQ(errors.download(cache.stream.get())[0], 1) << "the bad address, counted once";
+                    EXPECT_EQ(errors.download(cache.stream.get())[0], 1) << "the bad address, counted once, and not the "
+                                                                          "one past the count";
 
                     DeviceArray<float> kOut(static_cast<size_t>(kTOKENS * rowElems));
                     DeviceArray<float> vOut(static_cast<size_t>(kTOKENS * rowElems));
