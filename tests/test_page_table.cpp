@@ -679,6 +679,31 @@ TEST(PageTableBuildTest, ReleasedPagesAreLeftOutAndFirstTokenSaysWhereEachRowSta
     EXPECT_EQ(elements, shape.indicesOffset() + 5);
 }
 
+TEST(PageTableBuildTest, ReleasedPagesCountsTheLeadingUnusedEntriesOfEveryLength)
+{
+    // Every list length and released prefix around the eight-entry steps the count takes, the entry after the prefix
+    // a page id, another negative id, or a zero (whose bits an AND with the prefix's could hide): the count stops at
+    // the first entry that is not kUNUSED_PAGE_ENTRY, as entry-by-entry counting does.
+    for (int32_t const next : {7, -5, 0})
+    {
+        for (int32_t length = 0; length <= 26; ++length)
+        {
+            for (int32_t prefix = 0; prefix <= length; ++prefix)
+            {
+                std::vector<int32_t> pages(static_cast<size_t>(length) + 1, rt::kUNUSED_PAGE_ENTRY);
+                std::iota(pages.begin() + prefix, pages.end(), 100);
+                if (prefix < length)
+                {
+                    pages[static_cast<size_t>(prefix)] = next;
+                }
+                rt::SequencePages const sequence{pages.data(), length, 0};
+                EXPECT_EQ(rt::detail::releasedPages(sequence), prefix)
+                    << "length " << length << ", prefix " << prefix << ", next " << next;
+            }
+        }
+    }
+}
+
 TEST(PageTableBuildTest, BadBuildsNameTheFieldAndLeaveTheTablesAsTheyWere)
 {
     rt::detail::PageTableShape const shape = rt::detail::makePageTableShape(

@@ -258,7 +258,13 @@ int64_t writeCsrAndLengths(
     for (int64_t b = 0; b < count; ++b)
     {
         SequencePages const& sequence = sequences[b];
-        int64_t const released = releasedPages(sequence);
+        // The rows pass checked the list: its released entries lead it and no other entry is kUNUSED_PAGE_ENTRY, so
+        // the first resident one is found by bisection (none when the first is resident, as in a full group).
+        int64_t const released = sequence.numPages == 0 || sequence.pages[0] != kUNUSED_PAGE_ENTRY
+            ? 0
+            : std::partition_point(sequence.pages, sequence.pages + sequence.numPages,
+                  [](int32_t id) { return id == kUNUSED_PAGE_ENTRY; })
+                - sequence.pages;
         int64_t const pages = sequence.numPages - released;
         // From the list again, not the row just written: indices sit a multiple of 4 KiB after the block table at the
         // usual sizes, and reading the row while storing there stalls on 4K aliasing.

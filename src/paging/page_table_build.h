@@ -3,6 +3,7 @@
 #include "kvcache/paging/page_table.h"
 
 #include <cstdint>
+#include <cstring>
 
 namespace kvcache::rt::detail
 {
@@ -77,9 +78,29 @@ private:
 PageTableShape makePageTableShape(int32_t maxBatchSize, int32_t maxPagesPerSequence, int32_t tokensPerPage);
 
 //! Returns the pages a sliding window released at the front of `sequence`: its leading kUNUSED_PAGE_ENTRY entries.
+//! Eight entries are taken at a time while all are released (their AND is kUNUSED_PAGE_ENTRY, all bits set, only
+//! then): a window's list is mostly released entries, and one compare and branch an entry made a windowed build of 256
+//! lists of 64 entries, 48 released, three to four times as slow as a full one.
 inline int64_t releasedPages(SequencePages const& sequence) noexcept
 {
+    static_assert(kUNUSED_PAGE_ENTRY == -1, "the AND of released entries is -1");
     int64_t released = 0;
+    while (released + 8 <= sequence.numPages)
+    {
+        // Two entries a 64-bit load: four loads and ANDs.
+        uint64_t all = ~uint64_t{0};
+        for (int32_t k = 0; k < 8; k += 2)
+        {
+            uint64_t pair = 0;
+            std::memcpy(&pair, sequence.pages + released + k, sizeof pair);
+            all &= pair;
+        }
+        if (all != ~uint64_t{0})
+        {
+            break;
+        }
+        released += 8;
+    }
     while (released < sequence.numPages && sequence.pages[released] == kUNUSED_PAGE_ENTRY)
     {
         ++released;
