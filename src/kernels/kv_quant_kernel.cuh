@@ -35,11 +35,11 @@ struct QuantKernelParams
 //! inside the head: codes at `codes` (this lane's first byte), scales at `scales` (the head's first scale element).
 //! `sub` is the lane's place among the `lanes` lanes of its head; `scale` the per-tensor scale or the NVFP4 global
 //! scale, `scaleReciprocal` its reciprocal where it is fast (0 where not: the warp takes the rules' operations). Every
-//! lane of the warp calls it (reductions and a vote). The warp takes the fast path when all its values
-//! are finite and every amax and scale lies where divideByReciprocal is exact (quant_math.h): divisions become a
-//! product and two fused multiply-adds (a zero divisor's reciprocal 0 gives each value's signed zero, as the rules
-//! do), E4M3 codes come two a conversion and E2M1 a few integer operations, with the same results as the rules' plain
-//! operations, which the other path applies (NaN, infinities, tiny or huge magnitudes).
+//! lane of the warp calls it (reductions and a vote). The warp takes the fast path when all its values are finite and
+//! every amax and scale lies where divideByReciprocal is exact (quant_math.h): divisions become a product and two
+//! fused multiply-adds (a zero divisor's reciprocal 0 gives each value's signed zero, as the rules do), E4M3 codes come
+//! two a conversion and E2M1 codes as the least of three rounded sums, eight a word (e2m1Word), with the same results
+//! as the rules' plain operations, which the other path applies (NaN, infinities, tiny or huge magnitudes).
 template <KVQuantization kFORMAT, int32_t kV, typename TensorT>
 __device__ __forceinline__ void quantizeLane(LaneValues<TensorT, kV> const& lane, int32_t sub, int32_t lanes,
     int32_t valid, float scale, float scaleReciprocal, uint8_t* codes, void* scales, bool codeVectors)
