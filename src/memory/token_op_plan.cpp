@@ -134,7 +134,7 @@ void planQuantized(
             what, layerIdx, layer.headDim, 32 * kMAX_QUANT_VALUES_PER_LANE));
     }
     // Two whole vectors of the tensor's type a lane, more where 32 lanes would not cover the head: a lane's address
-    // work (the token's address, its page and offset, the code and scale addresses) is spread over more values, a
+    // work (the token's address, the code and scale addresses) is spread over more values, a
     // head's amax takes fewer shuffles and an NVFP4 block is one lane's (no shuffle, one scale a lane). Measured on
     // the H200: fewer values a lane (2, 4, 8) wrote the 8192-token prefill slower.
     int32_t perLane =

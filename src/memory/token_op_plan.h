@@ -48,7 +48,7 @@ struct TokenOpPlan
     //! A quantized cache's format (the quantizing kernel: a head 2^laneShift lanes of valuesPerLane values, a warp a
     //! token and 32 >> laneShift of its heads), or kNONE (the token kernel above).
     KVQuantization quantization = KVQuantization::kNONE;
-    //! A power of two in [2, 32]: 32 bytes of the tensors' type, or more where 32 lanes would not cover the head.
+    //! A power of two in [8, 32]: 32 bytes of the tensors' type, or more where 32 lanes would not cover the head.
     int32_t valuesPerLane = 0;
     int32_t laneShift = 0;     //!< log2 of the lanes a head takes: the fewest that cover headDim, up to 32
     int32_t gridY = 1;         //!< groups of 32 >> laneShift heads

@@ -57,8 +57,8 @@ struct DevicePageTable
 //! A quantized cache (KVCacheConfig::quantization) stores the values quantized by docs/layout.md's "Quantization
 //! rules", bit for bit as tests/support/quantize_reference.h does: FP8 per tensor with the layer's host-held scales,
 //! FP8 per token and head with a scale per (page, token, head) written beside, NVFP4 with block scales and the layer's
-//! global scales; its head dimensions must be multiples of 16 and at most 1024. One warp quantizes a token, head after
-//! head.
+//! global scales; its head dimensions must be multiples of 16 and at most 1024. A warp quantizes a token's heads, a
+//! group of neighbouring lanes a head.
 //!
 //! Throws before launching anything: OutOfRangeError for a layer outside [0, numLayers()), InvalidArgumentError for an
 //! 8-bit cache without quantization, a quantized head not a multiple of 16 or above 1024, a wrong shape, type, device,
