@@ -283,10 +283,11 @@ void buildSteps(benchmark::State& state, Workload const& work)
             KVCACHE_CUDA_TRY(cudaEventSynchronize(uploaded[region].get()));
         }
         lap(kEVENT_QUERY);
-        rt::detail::writeBlockTableRows(work.shape, work.sequences.data(), count, regions.get(region));
+        int32_t const unchanged =
+            rt::detail::writeBlockTableRows(work.shape, work.sequences.data(), count, regions.get(region));
         lap(kROWS);
         int64_t const elements =
-            rt::detail::writeCsrAndLengths(work.shape, work.sequences.data(), count, regions.get(region));
+            rt::detail::writeCsrAndLengths(work.shape, work.sequences.data(), count, unchanged, regions.get(region));
         lap(kCSR);
         KVCACHE_CUDA_TRY(cudaMemcpyAsync(device.get(), regions.get(region),
             static_cast<size_t>(elements) * sizeof(int32_t), cudaMemcpyHostToDevice, stream.get()));

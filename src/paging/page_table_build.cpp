@@ -196,7 +196,7 @@ void validateSequences(PageTableShape const& shape, SequencePages const* sequenc
     }
 }
 
-void writeBlockTableRows(PageTableShape const& shape, SequencePages const* sequences, int32_t count, int32_t* region)
+int32_t writeBlockTableRows(PageTableShape const& shape, SequencePages const* sequences, int32_t count, int32_t* region)
 {
     checkCount(shape, sequences, count);
     int32_t const* const indptr = region + shape.indptrOffset();
@@ -206,6 +206,8 @@ void writeBlockTableRows(PageTableShape const& shape, SequencePages const* seque
     // from memory first. Indptr and indices stay the previous build's until the second pass, so a refused sequence
     // puts the rows written before it back from them.
     int64_t b = 0;
+    // Sequences [0, unchanged) repeat their rows exactly, so their indices start where they did and hold them too.
+    int64_t unchanged = -1;
     try
     {
         for (; b < count; ++b)
@@ -231,6 +233,10 @@ void writeBlockTableRows(PageTableShape const& shape, SequencePages const* seque
             {
                 std::fill(row + pages, row + held, kUNUSED_PAGE_ENTRY);
             }
+            if (unchanged < 0 && (kept != pages || held != pages))
+            {
+                unchanged = b;
+            }
         }
     }
     catch (...)
@@ -243,10 +249,11 @@ void writeBlockTableRows(PageTableShape const& shape, SequencePages const* seque
     {
         std::fill(table + row * width, table + row * width + (indptr[row + 1] - indptr[row]), kUNUSED_PAGE_ENTRY);
     }
+    return static_cast<int32_t>(unchanged < 0 ? count : unchanged);
 }
 
-int64_t writeCsrAndLengths(
-    PageTableShape const& shape, SequencePages const* sequences, int32_t count, int32_t* region) noexcept
+int64_t writeCsrAndLengths(PageTableShape const& shape, SequencePages const* sequences, int32_t count,
+    int32_t unchanged, int32_t* region) noexcept
 {
     int32_t* const indptr = region + shape.indptrOffset();
     int32_t* const lastPageLen = region + shape.lastPageLenOffset();
@@ -268,8 +275,9 @@ int64_t writeCsrAndLengths(
         int64_t const pages = sequence.numPages - released;
         // From the list again, not the row just written: indices sit a multiple of 4 KiB after the block table at the
         // usual sizes, and reading the row while storing there stalls on 4K aliasing.
-        // Rewritten only where they differ, as the rows are (the rows pass checked the list).
-        if (!sameIds(sequence.pages + released, pages, indices + used))
+        // Rewritten only where they differ, as the rows are (the rows pass checked the list); the leading sequences
+        // whose rows the rows pass found unchanged hold their lists there already, and are not compared again.
+        if (b >= unchanged && !sameIds(sequence.pages + released, pages, indices + used))
         {
             std::copy_n(sequence.pages + released, pages, indices + used);
         }
@@ -293,8 +301,8 @@ int64_t writeCsrAndLengths(
 
 int64_t buildPageTables(PageTableShape const& shape, SequencePages const* sequences, int32_t count, int32_t* region)
 {
-    writeBlockTableRows(shape, sequences, count, region);
-    return writeCsrAndLengths(shape, sequences, count, region);
+    int32_t const unchanged = writeBlockTableRows(shape, sequences, count, region);
+    return writeCsrAndLengths(shape, sequences, count, unchanged, region);
 }
 
 } // namespace detail
