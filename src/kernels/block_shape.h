@@ -10,6 +10,8 @@ namespace kvcache::rt::detail
 
 //! Bytes each thread moves per load or store.
 constexpr int64_t kVECTOR_BYTES = 16;
+//! Threads of a warp.
+constexpr int32_t kWARP_THREADS = 32;
 
 //! A block of THREADS threads, each moving VECTORS 16-byte vectors of one chunk of a page.
 template <int32_t THREADS, int32_t VECTORS>

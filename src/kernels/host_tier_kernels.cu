@@ -20,11 +20,10 @@ namespace kvcache::rt::detail
 namespace
 {
 
-//! The block shape of THREADS threads over the kernel's chunk.
-template <int32_t THREADS>
-using HostTierShape = BlockShapeOfChunk<THREADS, kHOST_TIER_KERNEL_CHUNK_BYTES>;
-static_assert(HostTierShape<kHOST_TIER_MAPPED_THREADS>::kCHUNK_BYTES == kHOST_TIER_KERNEL_CHUNK_BYTES);
-static_assert(HostTierShape<kHOST_TIER_STAGING_THREADS>::kCHUNK_BYTES == kHOST_TIER_KERNEL_CHUNK_BYTES);
+//! A warp moving the kernel's chunk.
+using HostTierShape = BlockShape<kWARP_THREADS, kHOST_TIER_WARP_VECTORS>;
+static_assert(HostTierShape::kCHUNK_BYTES == kHOST_TIER_KERNEL_CHUNK_BYTES);
+static_assert(kHOST_TIER_MAPPED_THREADS % kWARP_THREADS == 0 && kHOST_TIER_STAGING_THREADS % kWARP_THREADS == 0);
 
 // The explicit minimum of one block lets ptxas use the registers it needs: left to itself it spilled one on sm_80.
 template <bool TO_HOST, int32_t THREADS, typename List>
@@ -34,7 +33,9 @@ __global__ void __launch_bounds__(THREADS, 1) hostTierKernel(HostTierKernelParam
     auto const itemsPerHalf = static_cast<uint32_t>(params.chunksPerHalf);
     uint32_t const itemsPerEntry = static_cast<uint32_t>(params.numEntries) * 2 * itemsPerHalf;
     uint32_t const items = static_cast<uint32_t>(list.size()) * itemsPerEntry;
-    for (uint32_t item = blockIdx.x; item < items; item += gridDim.x)
+    constexpr uint32_t kWARPS = THREADS / kWARP_THREADS;
+    auto const lane = static_cast<int32_t>(threadIdx.x % kWARP_THREADS);
+    for (uint32_t item = blockIdx.x * kWARPS + threadIdx.x / kWARP_THREADS; item < items; item += gridDim.x * kWARPS)
     {
         auto const position = static_cast<int32_t>(item / itemsPerEntry);
         uint32_t const withinEntry = item - static_cast<uint32_t>(position) * itemsPerEntry;
@@ -55,8 +56,8 @@ __global__ void __launch_bounds__(THREADS, 1) hostTierKernel(HostTierKernelParam
             && params.chunks[static_cast<uint32_t>(entry.hostPage) / params.hostPagesPerChunk] != nullptr;
         if (!valid)
         {
-            // Counted once per entry: by the block holding its first item.
-            if (withinEntry == 0 && threadIdx.x == 0 && params.errorCount != nullptr)
+            // Counted once per entry: by the warp holding its first item.
+            if (withinEntry == 0 && lane == 0 && params.errorCount != nullptr)
             {
                 atomicAdd(params.errorCount, 1);
             }
@@ -83,11 +84,11 @@ __global__ void __launch_bounds__(THREADS, 1) hostTierKernel(HostTierKernelParam
         // working set.
         if constexpr (TO_HOST)
         {
-            moveChunk<HostTierShape<THREADS>>(devicePage, hostPage, bytes, vectorised, StreamingAccess{});
+            moveChunk<HostTierShape>(devicePage, hostPage, bytes, vectorised, StreamingAccess{}, lane);
         }
         else
         {
-            moveChunk<HostTierShape<THREADS>>(hostPage, devicePage, bytes, vectorised, StreamingAccess{});
+            moveChunk<HostTierShape>(hostPage, devicePage, bytes, vectorised, StreamingAccess{}, lane);
         }
     }
 }
@@ -100,7 +101,9 @@ void launch(HostTierKernelParams const& params, bool toHost, List const& list, i
     {
         return;
     }
-    auto const grid = static_cast<uint32_t>(std::max<int64_t>(1, std::min<int64_t>(items, maxGrid)));
+    int64_t const warpsPerBlock = THREADS / kWARP_THREADS;
+    auto const grid = static_cast<uint32_t>(
+        std::max<int64_t>(1, std::min<int64_t>((items + warpsPerBlock - 1) / warpsPerBlock, maxGrid)));
     if (toHost)
     {
         hostTierKernel<true, THREADS, List><<<grid, THREADS, 0, stream>>>(params, list);

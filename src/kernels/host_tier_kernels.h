@@ -4,6 +4,7 @@
 // device staging host pages (the copy-engine path's gather and scatter). A host page holds every table entry of the
 // group (data pages, then scale pages: tiers/host_page_layout.h), so scales move with data in the same launches.
 
+#include "kernels/block_shape.h"
 #include "memory/layer_table.h"
 
 #include "kvcache/tiers/host_tier.h"
@@ -15,16 +16,21 @@
 namespace kvcache::rt::detail
 {
 
-//! Bytes one block moves per work item, every thread issuing all its 16-byte loads before its stores.
-constexpr int64_t kHOST_TIER_KERNEL_CHUNK_BYTES = 32 * 1024;
+//! Vectors of 16 bytes each lane of a warp keeps in flight: a warp moves a work item (4 KiB) with one load per vector
+//! and lane, all issued before its stores.
+constexpr int32_t kHOST_TIER_WARP_VECTORS = 8;
+//! Bytes of one work item, which one warp moves. A warp, not a block: a quantized cache's page halves are a few KiB of
+//! data or less than one of scales, and a block that took one at a time kept a few KiB in flight and waited on each
+//! (the gather read 0.9 TB/s and the kernel path's onboards 17 GB/s: docs/benchmarks.md).
+constexpr int64_t kHOST_TIER_KERNEL_CHUNK_BYTES = int64_t{kWARP_THREADS} * kHOST_TIER_WARP_VECTORS * kVECTOR_BYTES;
 //! The kernel path's block: one on each of at most kHOST_TIER_MAX_SMS multiprocessors. It moves data as fast as a
 //! 1024-thread block, and a small block leaves room beside it: a persistent compute kernel of 1024-thread blocks
 //! launched while a transfer runs keeps one block a multiprocessor instead of doubling up on some, which would about
 //! double its time (docs/benchmarks.md).
 constexpr int32_t kHOST_TIER_MAPPED_THREADS = 256;
 //! The copy-engine path's gather and scatter block (device memory only, on every multiprocessor, for a short time):
-//! the shape that path was measured with; smaller blocks do not speed up short lists (docs/benchmarks.md).
-constexpr int32_t kHOST_TIER_STAGING_THREADS = 1024;
+//! small, so that a short list's few work items spread over many multiprocessors.
+constexpr int32_t kHOST_TIER_STAGING_THREADS = 256;
 //! The kernel path moves at most this many bytes a launch (whole host pages, at least one). Its blocks hold their
 //! multiprocessors until the launch ends; between launches, compute blocks waiting for room are placed first. So
 //! bounded launches keep a long transfer from holding back a compute kernel that fills the GPU, and 16 MiB launches

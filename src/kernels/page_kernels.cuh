@@ -108,7 +108,7 @@ __global__ void __launch_bounds__(Shape::kTHREADS) pageOpKernel(PageOpParams par
     if constexpr (std::is_same_v<Op, CopyOp>)
     {
         moveChunk<Shape>(halfBase + readPage * pageBytes, halfBase + writePage * pageBytes, bytes, vectorised,
-            CacheGlobalAccess{params.keepSourcesInL2});
+            CacheGlobalAccess{params.keepSourcesInL2}, static_cast<int32_t>(threadIdx.x));
     }
     else
     {

@@ -115,6 +115,7 @@ struct CacheGlobalAccess
             for (int32_t k = 0; k < Shape::kVECTORS; ++k)
             {
                 bool const startsLine = reinterpret_cast<uintptr_t>(from + k * Shape::kTHREADS) % kL2_LINE_BYTES == 0;
+                // The page kernels' chunks are a block's, so their first thread is the block's.
                 bool const startsChunk = k == 0 && threadIdx.x == 0;
                 if (startsLine || startsChunk)
                 {
@@ -135,18 +136,19 @@ __device__ __forceinline__ void moveWords(Word const* from, Word* to, int64_t fi
     }
 }
 
-//! Moves one chunk of `bytes` bytes with the block's Shape::kTHREADS threads. `vectorised`: source and destination
-//! are 16-byte aligned and so is `bytes`. A whole chunk (Shape::kCHUNK_BYTES) has every thread issue all its loads
-//! before its first store; a shorter one moves vectors, or bytes when not vectorised.
+//! Moves one chunk of `bytes` bytes with Shape::kTHREADS threads (a block, or a warp), of which this is `thread`.
+//! `vectorised`: source and destination are 16-byte aligned and so is `bytes`. A whole chunk (Shape::kCHUNK_BYTES)
+//! has every thread issue all its loads before its first store; a shorter one moves vectors, or bytes when not
+//! vectorised.
 template <typename Shape, typename Access>
-__device__ void moveChunk(
-    char const* __restrict__ src, char* __restrict__ dst, int64_t bytes, bool vectorised, Access const& access)
+__device__ void moveChunk(char const* __restrict__ src, char* __restrict__ dst, int64_t bytes, bool vectorised,
+    Access const& access, int32_t thread)
 {
     constexpr int32_t THREADS = Shape::kTHREADS;
     if (vectorised && bytes == Shape::kCHUNK_BYTES)
     {
-        auto const* from = reinterpret_cast<int4 const*>(src) + threadIdx.x;
-        auto* to = reinterpret_cast<int4*>(dst) + threadIdx.x;
+        auto const* from = reinterpret_cast<int4 const*>(src) + thread;
+        auto* to = reinterpret_cast<int4*>(dst) + thread;
         int4 staged[Shape::kVECTORS];
         access.template loadChunk<Shape>(from, staged);
 #pragma unroll
@@ -158,12 +160,12 @@ __device__ void moveChunk(
     }
     else if (vectorised)
     {
-        moveWords<Access>(reinterpret_cast<int4 const*>(src), reinterpret_cast<int4*>(dst), threadIdx.x,
-            bytes / kVECTOR_BYTES, THREADS);
+        moveWords<Access>(
+            reinterpret_cast<int4 const*>(src), reinterpret_cast<int4*>(dst), thread, bytes / kVECTOR_BYTES, THREADS);
     }
     else
     {
-        moveWords<PlainAccess>(src, dst, threadIdx.x, bytes, THREADS);
+        moveWords<PlainAccess>(src, dst, thread, bytes, THREADS);
     }
 }
 
