@@ -1,9 +1,9 @@
 #pragma once
 
-// The page mover: how one block moves (or fills) one chunk of bytes, shared by the page kernels, the host tier's
-// kernels and the transfer's pack kernels. A block shape (kernels/block_shape.h) fixes the threads and the vectors
-// each thread keeps in flight; an access policy fixes the load and store instructions, so each kernel keeps the cache
-// behaviour its memory needs.
+// The page mover: how a group of threads (a block, or a warp in the host tier's kernels) moves or fills one chunk of
+// bytes, shared by the page kernels, the host tier's kernels and the transfer's pack kernels. A block shape
+// (kernels/block_shape.h) fixes the threads and the vectors each thread keeps in flight; an access policy fixes the
+// load and store instructions, so each kernel keeps the cache behaviour its memory needs.
 
 #include "kernels/block_shape.h"
 #include "kernels/cache_hints.cuh"
