@@ -19,8 +19,8 @@ namespace
 
 //! Descriptors one cudaMemcpyBatchAsync call takes at most; longer lists take several calls.
 constexpr size_t kMAX_BATCH_DESCRIPTORS = 8192;
-//! Blocks a multiprocessor for the gather and scatter kernel (device memory only): 1024 threads, as many as its
-//! registers allow, whose warps keep 128 KiB in flight.
+//! Blocks a multiprocessor for the gather and scatter kernel (device memory only): 1024 threads, whose warps keep 128
+//! KiB in flight, which the gather measured to move at about the memory's speed (docs/benchmarks.md).
 constexpr int32_t kSTAGING_BLOCKS_PER_SM = 1024 / kHOST_TIER_STAGING_THREADS;
 
 //! Enqueues the copies dsts[i] <- srcs[i] of sizes[i] bytes on `stream` through the copy engine.
