@@ -8,6 +8,9 @@
 //  - build_new_lists: build() of three batches in turn, so no list repeats what its staging region holds (a row is
 //    rewritten only where its list differs from the region's: the case where every one does).
 //  - build_windowed: build() of a sliding-window group's entries, the first 48 of each sequence's 64 released.
+//  - build_growing: build() of a batch that changes as a decode step's does: before each call (untimed) 16 of the 256
+//    lists (one in 16-token pages) gain a page, or, full, give their place to a new sequence of 48 pages; lists start
+//    with 48 to 63 pages. Rows change only for those lists, indices move after the first of them.
 //  - write_tables: both passes (detail::buildPageTables: the checks and the block table rows, then the CSR arrays and
 //    the per-sequence arrays) into pinned staging (cudaHostAlloc), alternating between two regions as build() does.
 //    Target: 10 us a call.
@@ -306,6 +309,61 @@ void buildSteps(benchmark::State& state, Workload const& work)
     }
 }
 
+//! build_growing/BxM: build() of a batch in which, before each call (untimed), maxBatchSize / kTOKENS_PER_PAGE random
+//! sequences gain a page (a decode step adds a token to each, so a sequence in kTOKENS_PER_PAGE starts a page), or, at
+//! maxPagesPerSequence pages, are replaced by a new sequence of 3/4 of that; the stream synchronised first, as
+//! build/BxM.
+void buildGrowing(benchmark::State& state, Workload const& work)
+{
+    int32_t const width = work.shape.maxPagesPerSequence;
+    int32_t const fewest = width * 3 / 4;
+    Workload batch(work.shape.maxBatchSize, width, 0, 4);
+    std::mt19937 random(5);
+    // New sequences take page ids from the pool past the lists' own, in turn.
+    int64_t const ownPages = int64_t{work.shape.maxBatchSize} * width;
+    int64_t nextPage = ownPages;
+    auto const setPages = [](rt::SequencePages& sequence, int32_t numPages)
+    {
+        sequence.numPages = numPages;
+        sequence.numTokens = numPages * kTOKENS_PER_PAGE - kTOKENS_PER_PAGE / 2;
+    };
+    for (rt::SequencePages& sequence : batch.sequences)
+    {
+        setPages(sequence, fewest + static_cast<int32_t>(random() % static_cast<uint32_t>(width - fewest)));
+    }
+    test::CudaStream stream;
+    rt::PageTableBuffers tables(work.shape.maxBatchSize, width, kTOKENS_PER_PAGE, stream.get());
+    double total = 0.0;
+    for (auto _ : state)
+    {
+        for (int32_t k = 0; k < work.shape.maxBatchSize / kTOKENS_PER_PAGE; ++k)
+        {
+            size_t const b = random() % batch.sequences.size();
+            rt::SequencePages& sequence = batch.sequences[b];
+            if (sequence.numPages < width)
+            {
+                setPages(sequence, sequence.numPages + 1);
+                continue;
+            }
+            int32_t* const list = batch.pages.data() + static_cast<int64_t>(b) * width;
+            for (int32_t i = 0; i < width; ++i)
+            {
+                list[i] = batch.pages[static_cast<size_t>(nextPage)];
+                nextPage = nextPage + 1 < kPOOL_PAGES ? nextPage + 1 : ownPages;
+            }
+            setPages(sequence, fewest);
+        }
+        stream.synchronize();
+        Clock::time_point const start = Clock::now();
+        tables.build(batch.sequences.data(), batch.shape.maxBatchSize, stream.get());
+        double const seconds = secondsSince(start);
+        state.SetIterationTime(seconds);
+        total += seconds;
+    }
+    stream.synchronize();
+    reportCalls(state, total);
+}
+
 //! Cases that stopped with an error; any makes the process exit 1.
 int32_t gFailedCases = 0;
 
@@ -334,10 +392,10 @@ void registerCase(char const* name, void (*body)(benchmark::State&, Workload con
 
 void registerAll()
 {
-    for (auto const& [name, body] :
-        {std::pair{"build", &buildTables<false>}, std::pair{"build_back_to_back", &buildTables<true>},
-            std::pair{"build_new_lists", &buildTables<false, 3>}, std::pair{"write_tables", &writeTables<true>},
-            std::pair{"write_tables_pageable", &writeTables<false>}, std::pair{"build_steps", &buildSteps}})
+    for (auto const& [name, body] : {std::pair{"build", &buildTables<false>},
+             std::pair{"build_back_to_back", &buildTables<true>}, std::pair{"build_new_lists", &buildTables<false, 3>},
+             std::pair{"write_tables", &writeTables<true>}, std::pair{"write_tables_pageable", &writeTables<false>},
+             std::pair{"build_steps", &buildSteps}, std::pair{"build_growing", &buildGrowing}})
     {
         registerCase(name, body, 256, 64);
     }
