@@ -94,6 +94,16 @@ double secondsSince(Clock::time_point start)
     return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+//! Builds `batch` into `tables` on `stream` and returns the host seconds the call took, the iteration's time.
+double timedBuild(benchmark::State& state, rt::PageTableBuffers& tables, Workload const& batch, cudaStream_t stream)
+{
+    Clock::time_point const start = Clock::now();
+    tables.build(batch.sequences.data(), batch.shape.maxBatchSize, stream);
+    double const seconds = secondsSince(start);
+    state.SetIterationTime(seconds);
+    return seconds;
+}
+
 //! build/BxM: build() alone, the stream synchronised first (untimed), so the previous upload has finished.
 //! build_back_to_back/BxM: build() again at once; a call waits for its predecessor's upload if that is still in flight.
 //! build_new_lists/BxM (kBATCHES 3): build() as build/BxM, but of three batches in turn (the same sizes, other random
@@ -120,12 +130,7 @@ void buildTables(benchmark::State& state, Workload const& work)
         {
             stream.synchronize();
         }
-        Workload const& batch = *batches[static_cast<size_t>(call++ % kBATCHES)];
-        Clock::time_point const start = Clock::now();
-        tables.build(batch.sequences.data(), batch.shape.maxBatchSize, stream.get());
-        double const seconds = secondsSince(start);
-        state.SetIterationTime(seconds);
-        total += seconds;
+        total += timedBuild(state, tables, *batches[static_cast<size_t>(call++ % kBATCHES)], stream.get());
     }
     stream.synchronize();
     reportCalls(state, total);
@@ -354,11 +359,7 @@ void buildGrowing(benchmark::State& state, Workload const& work)
             setPages(sequence, fewest);
         }
         stream.synchronize();
-        Clock::time_point const start = Clock::now();
-        tables.build(batch.sequences.data(), batch.shape.maxBatchSize, stream.get());
-        double const seconds = secondsSince(start);
-        state.SetIterationTime(seconds);
-        total += seconds;
+        total += timedBuild(state, tables, batch, stream.get());
     }
     stream.synchronize();
     reportCalls(state, total);
