@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <numeric>
+#include <random>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -239,6 +241,73 @@ INSTANTIATE_TEST_SUITE_P(EveryTypeAndPageSize, HostTierRoundTripTest,
     roundTripName);
 
 using HostTierTest = kvcache::test::GpuTest;
+
+//! Ninety scattered pages through the copy engine: a batch moves in parts of 1, 8, 64 and the rest (onboards the other
+//! way round), the kernels of most parts on the tier's own stream while another part copies. With the default staging
+//! all ninety are one batch; with 40 host pages a half, three batches (40, 40, 10) of up to three parts each.
+TEST_F(HostTierTest, CopyEngineBatchesInPartsAreByteExact)
+{
+    constexpr int32_t kENTRIES = 90;
+    for (int32_t const stagingPages : {0, 40})
+    {
+        SCOPED_TRACE(::testing::Message() << "staging host pages " << stagingPages);
+        TierCase setup(rt::DataType::kHALF, 16, 100);
+        rt::HostTierOptions options;
+        if (stagingPages > 0)
+        {
+            options.stagingBytes = 2 * int64_t{stagingPages} * setup.hostPageBytes;
+        }
+        constexpr int32_t kHOST_PAGES = 100;
+        rt::HostTier tier(*setup.cache, 0, kHOST_PAGES, options);
+        ASSERT_EQ(tier.numStagingHostPages(), stagingPages > 0 ? stagingPages : kHOST_PAGES);
+        for (int32_t s = 0; s < kHOST_PAGES; ++s)
+        {
+            poisonHostPage(tier, s);
+        }
+        std::mt19937 random(11);
+        std::vector<int32_t> pages(static_cast<size_t>(setup.numPages));
+        std::iota(pages.begin(), pages.end(), 0);
+        std::shuffle(pages.begin(), pages.end(), random);
+        std::vector<int32_t> hostPages(kHOST_PAGES);
+        std::iota(hostPages.begin(), hostPages.end(), 0);
+        std::shuffle(hostPages.begin(), hostPages.end(), random);
+        std::vector<rt::HostTierEntry> out;
+        for (int32_t i = 0; i < kENTRIES; ++i)
+        {
+            out.push_back({pages[static_cast<size_t>(i)], hostPages[static_cast<size_t>(i)]});
+        }
+        EXPECT_EQ(tier.offload(*setup.cache, out, setup.stream.get(), rt::HostTierMethod::kCOPY_ENGINE),
+            rt::HostTierMethod::kCOPY_ENGINE);
+        for (rt::HostTierEntry const& entry : out)
+        {
+            ASSERT_EQ(hostPageContents(tier, entry.hostPage), setup.expectedHostPage(entry.page))
+                << "host page " << entry.hostPage;
+        }
+        for (int32_t i = kENTRIES; i < kHOST_PAGES; ++i)
+        {
+            ASSERT_EQ(hostPageContents(tier, hostPages[static_cast<size_t>(i)]), setup.poisonPage())
+                << "host page " << hostPages[static_cast<size_t>(i)];
+        }
+
+        // Back to other device pages, in another order: page pages[numPages - 1 - i] gets host page out[i]'s.
+        setup.poisonDevice();
+        std::vector<rt::HostTierEntry> in;
+        for (int32_t i = 0; i < kENTRIES; ++i)
+        {
+            in.push_back({pages[static_cast<size_t>(setup.numPages - 1 - i)], out[static_cast<size_t>(i)].hostPage});
+        }
+        EXPECT_EQ(tier.onboard(*setup.cache, in, setup.stream.get(), rt::HostTierMethod::kCOPY_ENGINE),
+            rt::HostTierMethod::kCOPY_ENGINE);
+        setup.stream.synchronize();
+        for (int32_t i = 0; i < setup.numPages; ++i)
+        {
+            int32_t const page = pages[static_cast<size_t>(setup.numPages - 1 - i)];
+            ASSERT_EQ(setup.devicePage(page),
+                i < kENTRIES ? setup.expectedHostPage(out[static_cast<size_t>(i)].page) : setup.poisonPage())
+                << "page " << page;
+        }
+    }
+}
 
 TEST_F(HostTierTest, DeviceListsReplayInAGraph)
 {

@@ -82,6 +82,13 @@ HostRegistration registerHost(void* data, int64_t bytes, unsigned int flags)
     return registration;
 }
 
+StreamHandle createStream()
+{
+    StreamHandle stream{};
+    KVCACHE_CUDA_TRY(cudaStreamCreateWithFlags(&stream.data, cudaStreamNonBlocking));
+    return stream;
+}
+
 EventHandle createEvent(unsigned int flags)
 {
     EventHandle event{};
@@ -112,6 +119,11 @@ void destroyEvent(EventHandle const& event) noexcept
     KVCACHE_CUDA_LOG(cudaEventDestroy(event.data));
 }
 
+void destroyStream(StreamHandle const& stream) noexcept
+{
+    KVCACHE_CUDA_LOG(cudaStreamDestroy(stream.data));
+}
+
 DeviceBuffer::DeviceBuffer(int64_t bytes, char const* what)
     : UniqueResource(allocateDevice(bytes, what))
 {
@@ -129,6 +141,11 @@ PinnedHostBuffer PinnedHostBuffer::adopt(void* data, int64_t bytes) noexcept
 
 RegisteredHostMemory::RegisteredHostMemory(void* data, int64_t bytes, unsigned int flags)
     : UniqueResource(registerHost(data, bytes, flags))
+{
+}
+
+CudaStream::CudaStream()
+    : UniqueResource(createStream())
 {
 }
 

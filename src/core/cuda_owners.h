@@ -237,6 +237,29 @@ private:
     }
 };
 
+//! A stream handle.
+struct StreamHandle
+{
+    cudaStream_t data = nullptr;
+};
+//! Destroys a stream with cudaStreamDestroy (work already enqueued still runs), logging a failure.
+void destroyStream(StreamHandle const& stream) noexcept;
+
+//! A stream of the current device that does not synchronise with the legacy default stream
+//! (cudaStreamNonBlocking), destroyed with cudaStreamDestroy.
+class CudaStream : public UniqueResource<StreamHandle, destroyStream>
+{
+public:
+    //! Creates the stream on the current device. Throws CudaError.
+    CudaStream();
+
+    //! Returns the stream (nullptr when owning nothing).
+    cudaStream_t get() const noexcept
+    {
+        return state().data;
+    }
+};
+
 //! Returns the capture status of `stream` (cudaStreamIsCapturing); throws CudaError. Host-list paths call it to
 //! refuse a capture before they change anything.
 cudaStreamCaptureStatus captureStatus(cudaStream_t stream);

@@ -64,6 +64,39 @@ int32_t stagingHostPages(int64_t hostPageBytes, int64_t stagingBytes, int64_t nu
         stagingBytes / 2 / hostPageBytes, 1, std::min<int64_t>(numHostPages, kMAX_INLINE_PAGE_OPS)));
 }
 
+//! Each part of a batch holds this many times the host pages of the one before. The kernel gathers or scatters a host
+//! page some twenty times as fast as the copy engine moves it over PCIe (docs/benchmarks.md), so the kernel's work on
+//! a part eight times as large still ends before the copy of the one before it.
+constexpr int32_t kPART_GROWTH = 8;
+//! Batches of fewer host pages move in one part: at 2 to 8 pages an extra copy's start cost as much as the kernel's
+//! work it hid, or more (the H200, docs/benchmarks.md).
+constexpr int32_t kPARTED_FROM = 16;
+
+//! The bounds of a batch of `n` host pages' parts, in the order they are moved: 0 = b[0] < ... < b[P] = n, parts of 1,
+//! kPART_GROWTH, kPART_GROWTH^2... host pages, the last what is left (one part below kPARTED_FROM); an onboard's in
+//! reverse (the largest first), since its last part's scatter is the one nothing overlaps.
+void partBounds(int32_t n, bool toHost, std::vector<int32_t>& bounds)
+{
+    bounds.assign(1, 0);
+    for (int32_t size = n < kPARTED_FROM ? n : 1; bounds.back() < n; size *= kPART_GROWTH)
+    {
+        bounds.push_back(bounds.back() + std::min(size, n - bounds.back()));
+    }
+    if (!toHost)
+    {
+        std::reverse(bounds.begin(), bounds.end());
+        for (int32_t& bound : bounds)
+        {
+            bound = n - bound;
+        }
+    }
+}
+
+void waitFor(cudaStream_t stream, CudaEvent const& event)
+{
+    KVCACHE_CUDA_TRY(cudaStreamWaitEvent(stream, event.get(), 0));
+}
+
 } // namespace
 
 StagedCopy::StagedCopy(
@@ -84,10 +117,17 @@ StagedCopy::StagedCopy(
             fmt::format("HostTier: the staging buffer of {} host pages ({} bytes) does not fit on device {}",
                 mNumStagingHostPages, bytes, device));
     }
+    mSide = CudaStream();
+    std::vector<int32_t> bounds;
+    partBounds(mNumStagingHostPages, true, bounds);
+    for (size_t part = 1; part < bounds.size(); ++part)
+    {
+        mParts.emplace_back();
+    }
 }
 
 void StagedCopy::enqueue(bool toHost, HostTierKernelParams const& cacheParams, PinnedChunks const& chunks,
-    HostTierEntry const* entries, int32_t count, cudaStream_t stream) const
+    HostTierEntry const* entries, int32_t count, cudaStream_t stream)
 {
     // Scattered pages make descriptors of one layer half each (tens of KiB), which the copy engine moves at half the
     // link's speed; whole host pages (MiB) move at its full speed. So a kernel on the whole GPU gathers the pages into
@@ -102,7 +142,9 @@ void StagedCopy::enqueue(bool toHost, HostTierKernelParams const& cacheParams, P
     staging.chunks[0] = buffer;
     int32_t const gatherGrid = mMultiprocessors * kSTAGING_BLOCKS_PER_SM;
     auto const pageBytes = static_cast<size_t>(mHostPageBytes);
+    cudaStream_t const side = mSide.get();
     thread_local std::vector<HostTierEntry> staged;
+    thread_local std::vector<int32_t> bounds;
     thread_local std::vector<void*> dsts;
     thread_local std::vector<void const*> srcs;
     thread_local std::vector<size_t> sizes;
@@ -110,39 +152,87 @@ void StagedCopy::enqueue(bool toHost, HostTierKernelParams const& cacheParams, P
     {
         int32_t const n = std::min(mNumStagingHostPages, count - first);
         staged.clear();
-        dsts.clear();
-        srcs.clear();
-        sizes.clear();
         for (int32_t i = 0; i < n; ++i)
         {
             staged.push_back(HostTierEntry{entries[first + i].page, i});
-            char* const host = chunks.hostAddress(entries[first + i].hostPage);
-            char* const device = buffer + static_cast<size_t>(i) * pageBytes;
-            char* const dst = toHost ? host : device;
-            char const* const src = toHost ? device : host;
-            // Host pages adjacent on both sides and in one pinned chunk make one descriptor (two chunks can lie side
-            // by side in the address space, but one descriptor must stay inside one registered range).
-            int64_t const chunk = entries[first + i].hostPage / chunks.hostPagesPerChunk();
-            bool const sameChunk = i > 0 && entries[first + i - 1].hostPage / chunks.hostPagesPerChunk() == chunk;
-            if (!sizes.empty() && sameChunk && static_cast<char*>(dsts.back()) + sizes.back() == dst
-                && static_cast<char const*>(srcs.back()) + sizes.back() == src)
-            {
-                sizes.back() += pageBytes;
-                continue;
-            }
-            dsts.push_back(dst);
-            srcs.push_back(src);
-            sizes.push_back(pageBytes);
         }
+        partBounds(n, toHost, bounds);
+        auto const parts = static_cast<int32_t>(bounds.size()) - 1;
+        auto const kernel = [&](int32_t part, cudaStream_t on)
+        {
+            launchStagingKernel(
+                staging, toHost, staged.data() + bounds[part], bounds[part + 1] - bounds[part], gatherGrid, on);
+        };
+        auto const copy = [&](int32_t part)
+        {
+            dsts.clear();
+            srcs.clear();
+            sizes.clear();
+            for (int32_t i = bounds[part]; i < bounds[part + 1]; ++i)
+            {
+                char* const host = chunks.hostAddress(entries[first + i].hostPage);
+                char* const device = buffer + static_cast<size_t>(i) * pageBytes;
+                char* const dst = toHost ? host : device;
+                char const* const src = toHost ? device : host;
+                // Host pages adjacent on both sides and in one pinned chunk make one descriptor (two chunks can lie
+                // side by side in the address space, but one descriptor must stay inside one registered range).
+                int64_t const chunk = entries[first + i].hostPage / chunks.hostPagesPerChunk();
+                bool const sameChunk =
+                    i > bounds[part] && entries[first + i - 1].hostPage / chunks.hostPagesPerChunk() == chunk;
+                if (sameChunk && static_cast<char*>(dsts.back()) + sizes.back() == dst
+                    && static_cast<char const*>(srcs.back()) + sizes.back() == src)
+                {
+                    sizes.back() += pageBytes;
+                    continue;
+                }
+                dsts.push_back(dst);
+                srcs.push_back(src);
+                sizes.push_back(pageBytes);
+            }
+            copyDescriptors(dsts, srcs, sizes, toHost ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, stream);
+        };
         if (toHost)
         {
-            launchStagingKernel(staging, true, staged.data(), n, gatherGrid, stream);
-            copyDescriptors(dsts, srcs, sizes, cudaMemcpyDeviceToHost, stream);
+            // The first part's gather on `stream`, the others' on the side stream after it (and so after everything
+            // `stream` held before); each copy waits for its own part's gather only.
+            kernel(0, stream);
+            if (parts > 1)
+            {
+                mParts[0].record(stream);
+                waitFor(side, mParts[0]);
+                for (int32_t part = 1; part < parts; ++part)
+                {
+                    kernel(part, side);
+                    mParts[static_cast<size_t>(part)].record(side);
+                }
+            }
+            for (int32_t part = 0; part < parts; ++part)
+            {
+                if (part > 0)
+                {
+                    waitFor(stream, mParts[static_cast<size_t>(part)]);
+                }
+                copy(part);
+            }
         }
         else
         {
-            copyDescriptors(dsts, srcs, sizes, cudaMemcpyHostToDevice, stream);
-            launchStagingKernel(staging, false, staged.data(), n, gatherGrid, stream);
+            // Each part's scatter but the last on the side stream once its copy is done, while the next copies;
+            // `stream` waits for all of them before the last.
+            for (int32_t part = 0; part + 1 < parts; ++part)
+            {
+                copy(part);
+                mParts[static_cast<size_t>(part)].record(stream);
+                waitFor(side, mParts[static_cast<size_t>(part)]);
+                kernel(part, side);
+            }
+            copy(parts - 1);
+            if (parts > 1)
+            {
+                mParts[static_cast<size_t>(parts - 1)].record(side);
+                waitFor(stream, mParts[static_cast<size_t>(parts - 1)]);
+            }
+            kernel(parts - 1, stream);
         }
     }
 }

@@ -1,7 +1,8 @@
 #pragma once
 
 // The host tier's copy-engine path: a kernel gathers the listed pages into whole host pages in a device staging half
-// (or scatters them from it) and the copy engine moves host pages, one descriptor each (cudaMemcpyBatchAsync).
+// (or scatters them from it) and the copy engine moves host pages, one descriptor each (cudaMemcpyBatchAsync). A batch
+// is moved in parts so that the kernel's work on one part overlaps the copy of another (enqueue).
 
 #include "core/cuda_owners.h"
 #include "kernels/host_tier_kernels.h"
@@ -11,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace kvcache::rt::detail
 {
@@ -34,15 +36,20 @@ public:
     }
     //! Enqueues the transfer of `entries[0, count)` (validated) on `stream`, numStagingHostPages() at a time through
     //! the half of its direction: `cacheParams` addresses the cache's pages (HostTier's kernel parameters), `chunks`
-    //! the host pages. Throws CudaError.
+    //! the host pages. A batch of 16 host pages or more moves in parts of 1, 8, 64... (an onboard's the other way
+    //! round): the kernels of all parts but the one moved first (offload) or last (onboard) run on a stream of this
+    //! object, ordered by events, while the copy engine moves another part on `stream`; everything is ordered before
+    //! `stream`'s later work. Throws CudaError.
     void enqueue(bool toHost, HostTierKernelParams const& cacheParams, PinnedChunks const& chunks,
-        HostTierEntry const* entries, int32_t count, cudaStream_t stream) const;
+        HostTierEntry const* entries, int32_t count, cudaStream_t stream);
 
 private:
     int64_t mHostPageBytes = 0;
     int32_t mNumStagingHostPages = 0;
     int32_t mMultiprocessors = 0;
-    DeviceBuffer mStaging{}; //!< 2 * numStagingHostPages() host pages: offloads, then onboards
+    DeviceBuffer mStaging{};       //!< 2 * numStagingHostPages() host pages: offloads, then onboards
+    CudaStream mSide{};            //!< the kernels of the parts the copy engine does not wait for
+    std::vector<CudaEvent> mParts; //!< one a part of a batch: where one stream waits for the other
 };
 
 } // namespace kvcache::rt::detail
