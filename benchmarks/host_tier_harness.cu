@@ -126,29 +126,64 @@ void enqueueSpin(cudaStream_t stream, long long cycles)
     KVCACHE_CUDA_TRY(cudaGetLastError());
 }
 
+namespace
+{
+
+//! Seconds of one `enqueue` on `stream` between `start` and `stop`, after a spin that keeps the GPU busy while the host
+//! enqueues.
+double timeOnce(cudaStream_t stream, cudaEvent_t start, cudaEvent_t stop, std::function<void()> const& enqueue)
+{
+    enqueueSpin(stream, kSPIN_CYCLES);
+    KVCACHE_CUDA_TRY(cudaEventRecord(start, stream));
+    enqueue();
+    KVCACHE_CUDA_TRY(cudaEventRecord(stop, stream));
+    KVCACHE_CUDA_TRY(cudaEventSynchronize(stop));
+    float ms = 0;
+    KVCACHE_CUDA_TRY(cudaEventElapsedTime(&ms, start, stop));
+    return ms * 1e-3;
+}
+
+double median(std::vector<double> times)
+{
+    std::sort(times.begin(), times.end());
+    return times[times.size() / 2];
+}
+
+} // namespace
+
 double medianSeconds(cudaStream_t stream, std::function<void()> const& enqueue)
 {
-    test::CudaEvent const startEvent(cudaEventDefault);
-    test::CudaEvent const stopEvent(cudaEventDefault);
-    cudaEvent_t const start = startEvent.get();
-    cudaEvent_t const stop = stopEvent.get();
+    test::CudaEvent const start(cudaEventDefault);
+    test::CudaEvent const stop(cudaEventDefault);
     std::vector<double> times;
     for (int32_t r = 0; r < gReps + 2; ++r)
     {
-        enqueueSpin(stream, kSPIN_CYCLES);
-        KVCACHE_CUDA_TRY(cudaEventRecord(start, stream));
-        enqueue();
-        KVCACHE_CUDA_TRY(cudaEventRecord(stop, stream));
-        KVCACHE_CUDA_TRY(cudaEventSynchronize(stop));
-        float ms = 0;
-        KVCACHE_CUDA_TRY(cudaEventElapsedTime(&ms, start, stop));
+        double const seconds = timeOnce(stream, start.get(), stop.get(), enqueue);
         if (r >= 2)
         {
-            times.push_back(ms * 1e-3);
+            times.push_back(seconds);
         }
     }
-    std::sort(times.begin(), times.end());
-    return times[times.size() / 2];
+    return median(times);
+}
+
+std::array<double, 2> medianTurns(
+    cudaStream_t stream, std::function<void()> const& first, std::function<void()> const& second)
+{
+    test::CudaEvent const start(cudaEventDefault);
+    test::CudaEvent const stop(cudaEventDefault);
+    std::array<std::vector<double>, 2> times;
+    for (int32_t r = 0; r < gReps + 2; ++r)
+    {
+        double const a = timeOnce(stream, start.get(), stop.get(), first);
+        double const b = timeOnce(stream, start.get(), stop.get(), second);
+        if (r >= 2)
+        {
+            times[0].push_back(a);
+            times[1].push_back(b);
+        }
+    }
+    return {median(times[0]), median(times[1])};
 }
 
 rt::KVCacheConfig tierConfig(rt::DataType type, rt::KVQuantization quantization)
@@ -197,21 +232,21 @@ ContiguousBuffers::ContiguousBuffers(int64_t hostPageBytes)
 {
 }
 
-double contiguousSeconds(cudaStream_t stream, ContiguousBuffers& buffers, bool toHost, int64_t bytes)
+void enqueueContiguous(cudaStream_t stream, ContiguousBuffers& buffers, bool toHost, int64_t bytes)
 {
     auto const size = static_cast<size_t>(bytes);
-    return medianSeconds(stream,
-        [&]
-        {
-            KVCACHE_CUDA_TRY(toHost
-                    ? cudaMemcpyAsync(buffers.pinned.data(), buffers.device.get(), size, cudaMemcpyDeviceToHost, stream)
-                    : cudaMemcpyAsync(
-                        buffers.device.get(), buffers.pinned.data(), size, cudaMemcpyHostToDevice, stream));
-        });
+    KVCACHE_CUDA_TRY(toHost
+            ? cudaMemcpyAsync(buffers.pinned.data(), buffers.device.get(), size, cudaMemcpyDeviceToHost, stream)
+            : cudaMemcpyAsync(buffers.device.get(), buffers.pinned.data(), size, cudaMemcpyHostToDevice, stream));
+}
+
+double contiguousSeconds(cudaStream_t stream, ContiguousBuffers& buffers, bool toHost, int64_t bytes)
+{
+    return medianSeconds(stream, [&] { enqueueContiguous(stream, buffers, toHost, bytes); });
 }
 
 std::array<double, 2> measureRates(std::string const& prefix, rt::HostTier& tier, rt::KVCacheManager const& cache,
-    std::vector<rt::HostTierEntry> const& entries, bool toHost, double contiguous, cudaStream_t stream,
+    std::vector<rt::HostTierEntry> const& entries, bool toHost, ContiguousBuffers& buffers, cudaStream_t stream,
     bool hostEnqueue)
 {
     char const* const direction = toHost ? "offload" : "onboard";
@@ -231,7 +266,10 @@ std::array<double, 2> measureRates(std::string const& prefix, rt::HostTier& tier
     std::array<double, 2> seconds{};
     for (auto const method : {rt::HostTierMethod::kCOPY_ENGINE, rt::HostTierMethod::kKERNEL})
     {
-        double const s = medianSeconds(stream, [&] { transfer(method); });
+        // In turns with the contiguous copy, so that the link's drift over a run moves both alike.
+        auto const [contiguous, s] = medianTurns(
+            stream, [&] { enqueueContiguous(stream, buffers, toHost, static_cast<int64_t>(bytes)); },
+            [&] { transfer(method); });
         seconds[method == rt::HostTierMethod::kKERNEL ? 1 : 0] = s;
         if (hostEnqueue)
         {

@@ -48,6 +48,10 @@ void enqueueSpin(cudaStream_t stream, long long cycles);
 //! GPU's work alone, not the host's (host time is reported apart).
 double medianSeconds(cudaStream_t stream, std::function<void()> const& enqueue);
 
+//! Times `first` and `second` in turns (each after the spin, as medianSeconds) and returns their median seconds.
+std::array<double, 2> medianTurns(
+    cudaStream_t stream, std::function<void()> const& first, std::function<void()> const& second);
+
 //! Returns the config of the benchmark's geometry with `type` values under `quantization`.
 rt::KVCacheConfig tierConfig(rt::DataType type, rt::KVQuantization quantization);
 
@@ -69,16 +73,19 @@ struct ContiguousBuffers
     test::PinnedHostBuffer pinned;
 };
 
-//! Returns the median seconds of one cudaMemcpyAsync of `bytes` between the buffers, device to host (`toHost`) or host
-//! to device.
+//! Enqueues one cudaMemcpyAsync of `bytes` between the buffers on `stream`, device to host (`toHost`) or host to
+//! device: the contiguous baseline.
+void enqueueContiguous(cudaStream_t stream, ContiguousBuffers& buffers, bool toHost, int64_t bytes);
+
+//! Returns the median seconds of one enqueueContiguous.
 double contiguousSeconds(cudaStream_t stream, ContiguousBuffers& buffers, bool toHost, int64_t bytes);
 
-//! Times an offload (`toHost`) or onboard of `entries` by the copy engine and by the kernel, prints one line a method,
-//! `<prefix><direction>/<method>/<count>: <GB/s>, contiguous <GB/s>, ratio <contiguous seconds / seconds>`, and,
-//! with `hostEnqueue`, the host's median time to enqueue a call. Returns the median seconds of the copy engine [0]
-//! and of the kernel [1].
+//! Times an offload (`toHost`) or onboard of `entries` by the copy engine and by the kernel, each in turns with the
+//! contiguous copy of the same bytes, prints one line a method, `<prefix><direction>/<method>/<count>: <GB/s>,
+//! contiguous <GB/s>, ratio <contiguous seconds / seconds>` (medians), and, with `hostEnqueue`, the host's median time
+//! to enqueue a call. Returns the median seconds of the copy engine [0] and of the kernel [1].
 std::array<double, 2> measureRates(std::string const& prefix, rt::HostTier& tier, rt::KVCacheManager const& cache,
-    std::vector<rt::HostTierEntry> const& entries, bool toHost, double contiguous, cudaStream_t stream,
+    std::vector<rt::HostTierEntry> const& entries, bool toHost, ContiguousBuffers& buffers, cudaStream_t stream,
     bool hostEnqueue);
 
 //! Fills every byte of `cache`'s data and scale pools with a hash of its layer, pool and offset, so that K, V and their
