@@ -11,12 +11,13 @@
 //  - build_growing: build() of a batch that changes as a decode step's does: before each call (untimed) 16 of the 256
 //    lists (one in 16-token pages) gain a page, or, full, give their place to a new sequence of 48 pages; lists start
 //    with 48 to 63 pages. Rows change only for those lists, indices move after the first of them.
-//  - write_tables: both passes (detail::buildPageTables: the checks and the block table rows, then the CSR arrays and
-//    the per-sequence arrays) into pinned staging (cudaHostAlloc), alternating between two regions as build() does.
+//  - write_tables: the table writes (detail::buildPageTables: the checks, the block table rows, the CSR arrays and the
+//    per-sequence arrays, one pass) into pinned staging (cudaHostAlloc), alternating between two regions as build()
+//    does.
 //    Target: 10 us a call.
 //  - write_tables_pageable: the same writes into ordinary (pageable) host memory.
 //  - build_steps: build()'s steps made one by one, as build() makes them, each timed alone (counters
-//    capture_check_us, event_query_us, rows_us, csr_us, copy_enqueue_us, event_record_us; the case's time is their
+//    capture_check_us, event_query_us, tables_us, copy_enqueue_us, event_record_us; the case's time is their
 //    sum), so that build's time can be split between them. The stream never changes, so build()'s
 //    cudaStreamWaitEvent for a new stream is not among them.
 // Host wall time (steady clock) around the timed calls. Counters: ns_per_op and us_per_call. Exits 77 without a GPU,
@@ -253,14 +254,13 @@ void buildSteps(benchmark::State& state, Workload const& work)
     {
         kCAPTURE_CHECK,
         kEVENT_QUERY,
-        kROWS,
-        kCSR,
+        kTABLES,
         kCOPY_ENQUEUE,
         kEVENT_RECORD,
         kSTEPS
     };
     constexpr char const* kCOUNTERS[kSTEPS] = {
-        "capture_check_us", "event_query_us", "rows_us", "csr_us", "copy_enqueue_us", "event_record_us"};
+        "capture_check_us", "event_query_us", "tables_us", "copy_enqueue_us", "event_record_us"};
     test::CudaStream stream;
     StagingRegions const regions(work, true);
     test::DeviceArray<int32_t> device(static_cast<size_t>(work.shape.elements()));
@@ -291,12 +291,9 @@ void buildSteps(benchmark::State& state, Workload const& work)
             KVCACHE_CUDA_TRY(cudaEventSynchronize(uploaded[region].get()));
         }
         lap(kEVENT_QUERY);
-        int32_t const unchanged =
-            rt::detail::writeBlockTableRows(work.shape, work.sequences.data(), count, regions.get(region));
-        lap(kROWS);
         int64_t const elements =
-            rt::detail::writeCsrAndLengths(work.shape, work.sequences.data(), count, unchanged, regions.get(region));
-        lap(kCSR);
+            rt::detail::buildPageTables(work.shape, work.sequences.data(), count, regions.get(region));
+        lap(kTABLES);
         KVCACHE_CUDA_TRY(cudaMemcpyAsync(device.get(), regions.get(region),
             static_cast<size_t>(elements) * sizeof(int32_t), cudaMemcpyHostToDevice, stream.get()));
         lap(kCOPY_ENQUEUE);

@@ -1,10 +1,10 @@
 // PageTableBuffers, the device page tables attention kernels read. Without a GPU: the sizes checks, the table building
 // (src/paging/page_table_build.h) against a reference written from the documentation for random batches, in one
-// region and in two alternating ones as the staging does, and the argument checks leaving the region as it was, rows
-// written before a refused sequence included. On a GPU: uploads at fixed addresses, the build after next waiting for
-// an upload (the next need not), uploads on two streams landing in build order, failed builds, moves, destruction with
-// an upload in flight, builds refused inside a capture, and a captured kernel that reads the block table replaying with
-// the rebuilt tables.
+// region and in two alternating ones as the staging does, and the argument checks: a refused count leaves the region
+// as it was, a refused sequence the tables of count 0 (sequences before it were written), and the next build is exact.
+// On a GPU: uploads at fixed addresses, the build after next waiting for an upload (the next need not), uploads on two
+// streams landing in build order, failed builds, moves, destruction with an upload in flight, builds refused inside a
+// capture, and a captured kernel that reads the block table replaying with the rebuilt tables.
 
 #include "paging/page_table_build.h"
 
@@ -471,10 +471,10 @@ TEST(PageTableBuildTest, AlternatingRegionsUploadWhatAFreshBuildWould)
     }
 }
 
-TEST(PageTableBuildTest, ARefusedSequencePutsBackTheRowsWrittenBeforeIt)
+TEST(PageTableBuildTest, ARefusedSequenceLeavesTheEmptyTablesAndTheNextBuildIsExact)
 {
-    // Rows are checked as they are written; a sequence refused after others were written restores their rows from
-    // the region's indptr and indices, so that the region is as it was and the next build into it is exact.
+    // Sequences are checked as they are written; a sequence refused after others were written leaves the tables of
+    // count 0, so that the region is whole and the next build into it (the next round's) is exact.
     std::mt19937_64 rng(4242);
     Sizes const sizes{24, 9, 4};
     rt::detail::PageTableShape const shape = rt::detail::makePageTableShape(24, 9, 4);
@@ -525,7 +525,7 @@ TEST(PageTableBuildTest, ARefusedSequencePutsBackTheRowsWrittenBeforeIt)
         ASSERT_TRUE(throwsNaming<rt::InvalidArgumentError>([&]
             { rt::detail::buildPageTables(shape, sequences.data(), batch.count(), region.data()); },
             {sequence + named}));
-        ASSERT_TRUE(region == before) << "the refused build changed the region";
+        ASSERT_TRUE(region == emptyRegion(shape)) << "the refused build left other tables than those of count 0";
     }
 }
 
@@ -625,12 +625,11 @@ TEST(PageTableBuildTest, ListsThatRepeatTheRegionsRowsGiveTheReferenceTablesAndT
             sequences[static_cast<size_t>(index)].numPages = static_cast<int32_t>(pages.size());
             sequences[static_cast<size_t>(index)].numTokens =
                 tokensFor(rng, static_cast<int32_t>(pages.size()), sizes.tokensPerPage);
-            std::vector<int32_t> const before = region;
             std::string const named = "sequences[" + std::to_string(index) + "].pages["
                 + std::to_string(pages.size() - 1) + "] is " + std::to_string(bad);
             ASSERT_TRUE(throwsNaming<rt::InvalidArgumentError>(
                 [&] { rt::detail::buildPageTables(shape, sequences.data(), count, region.data()); }, {named}));
-            ASSERT_TRUE(region == before) << "the refused build changed the region";
+            ASSERT_TRUE(region == emptyRegion(shape)) << "the refused build left other tables than those of count 0";
             continue;
         }
         int64_t const elements = rt::detail::buildPageTables(shape, sequences.data(), count, region.data());
@@ -704,12 +703,11 @@ TEST(PageTableBuildTest, ReleasedPagesCountsTheLeadingUnusedEntriesOfEveryLength
     }
 }
 
-TEST(PageTableBuildTest, BadBuildsNameTheFieldAndLeaveTheTablesAsTheyWere)
+TEST(PageTableBuildTest, BadBuildsNameTheFieldAndLeaveWholeTables)
 {
     rt::detail::PageTableShape const shape = rt::detail::makePageTableShape(
         kBAD_BUILD_SIZES.maxBatchSize, kBAD_BUILD_SIZES.maxPagesPerSequence, kBAD_BUILD_SIZES.tokensPerPage);
-    std::vector<int32_t> region(static_cast<size_t>(shape.elements()));
-    rt::detail::writeEmptyPageTables(shape, region.data());
+    std::vector<int32_t> region = emptyRegion(shape);
     Batch const good = goodBatch();
     std::vector<rt::SequencePages> const sequences = good.sequences();
     rt::detail::buildPageTables(shape, sequences.data(), good.count(), region.data());
@@ -719,7 +717,15 @@ TEST(PageTableBuildTest, BadBuildsNameTheFieldAndLeaveTheTablesAsTheyWere)
         EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
             [&] { rt::detail::buildPageTables(shape, bad.list(), bad.count, region.data()); }, bad.named))
             << bad.named.front();
-        ASSERT_EQ(region, before) << "a refused build wrote: " << bad.named.front();
+        // A bad count or a null list is refused before anything is written; a bad sequence leaves the tables of
+        // count 0, after which the good batch builds its tables exactly again.
+        std::string const& front = bad.named.front();
+        bool const countRefused =
+            front.find("build: count is") != std::string::npos || front.find("sequences is null") != std::string::npos;
+        ASSERT_EQ(region, countRefused ? before : emptyRegion(shape))
+            << "a refused build left the wrong tables: " << bad.named.front();
+        rt::detail::buildPageTables(shape, sequences.data(), good.count(), region.data());
+        ASSERT_EQ(region, before) << "the build after: " << bad.named.front();
         // validateSequences, the check alone, refuses the same builds with the same words.
         EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
             [&] { rt::detail::validateSequences(shape, bad.list(), bad.count); }, bad.named))

@@ -1,4 +1,4 @@
-// Page table building on the host: the checks and the two passes that write a staging region (page_table_build.h).
+// Page table building on the host: the checks and the pass that writes a staging region (page_table_build.h).
 // No CUDA calls, so host tests drive every path.
 
 #include "paging/page_table_build.h"
@@ -65,7 +65,7 @@ void checkCount(PageTableShape const& shape, SequencePages const* sequences, int
 }
 
 //! Throws unless the sizes of `sequence` are valid, so that its page list can be read. The messages are made out of
-//! line, which keeps this small enough to inline into the row pass.
+//! line, which keeps this small enough to inline into the build's loop.
 inline void checkSizes(PageTableShape const& shape, SequencePages const& sequence, int32_t index)
 {
     int64_t const numPages = sequence.numPages;
@@ -145,20 +145,6 @@ void checkIds(SequencePages const& sequence, int32_t index, int64_t released, in
     }
 }
 
-//! Writes block table rows [0, rows) of `region` back as its indptr and indices say they were.
-void restoreRows(PageTableShape const& shape, int64_t rows, int32_t* region) noexcept
-{
-    int32_t const* const indptr = region + shape.indptrOffset();
-    int32_t const* const indices = region + shape.indicesOffset();
-    int64_t const width = shape.maxPagesPerSequence;
-    for (int64_t b = 0; b < rows; ++b)
-    {
-        int32_t* const row = region + shape.blockTableOffset() + b * width;
-        int32_t* const end = std::copy(indices + indptr[b], indices + indptr[b + 1], row);
-        std::fill(end, row + width, kUNUSED_PAGE_ENTRY);
-    }
-}
-
 } // namespace
 
 PageTableShape makePageTableShape(int32_t maxBatchSize, int32_t maxPagesPerSequence, int32_t tokensPerPage)
@@ -196,18 +182,27 @@ void validateSequences(PageTableShape const& shape, SequencePages const* sequenc
     }
 }
 
-int32_t writeBlockTableRows(PageTableShape const& shape, SequencePages const* sequences, int32_t count, int32_t* region)
+int64_t buildPageTables(PageTableShape const& shape, SequencePages const* sequences, int32_t count, int32_t* region)
 {
     checkCount(shape, sequences, count);
-    int32_t const* const indptr = region + shape.indptrOffset();
+    int32_t* const indptr = region + shape.indptrOffset();
+    int32_t* const lastPageLen = region + shape.lastPageLenOffset();
+    int32_t* const firstToken = region + shape.firstTokenOffset();
+    int32_t* const residentTokens = region + shape.residentTokensOffset();
     int32_t* const table = region + shape.blockTableOffset();
+    int32_t* const indices = region + shape.indicesOffset();
     int64_t const width = shape.maxPagesPerSequence;
-    // Checking a sequence as its row is written reads its page list once, where a separate check pass would read it
-    // from memory first. Indptr and indices stay the previous build's until the second pass, so a refused sequence
-    // puts the rows written before it back from them.
+    int64_t const tokensPerPage = shape.tokensPerPage;
+    // One pass: a sequence is checked as its row and its indices are written, so its list is read from memory once
+    // and is still in the cache when its indices are compared and copied (a second pass over the lists made a decode
+    // step's build a quarter slower). indptr[b + 1] is this region's previous build's until sequence b's turn, which
+    // reads it first: where row b's previous ids end.
+    int64_t used = 0;
+    int64_t heldEnd = indptr[0];
+    // While every list so far repeats its row exactly, its indices are where and what they were (both arrays were
+    // written from the same lists), and are neither compared nor copied.
+    bool repeated = true;
     int64_t b = 0;
-    // Sequences [0, unchanged) repeat their rows exactly, so their indices start where they did and hold them too.
-    int64_t unchanged = -1;
     try
     {
         for (; b < count; ++b)
@@ -224,7 +219,9 @@ int32_t writeBlockTableRows(PageTableShape const& shape, SequencePages const* se
             // before (this region's) but for new pages, so a row that starts with the list's pages is neither written
             // nor checked again there; comparing costs reads where writing costs stores, and a list that differs
             // differs at once, almost always.
-            int64_t const held = indptr[b + 1] - indptr[b];
+            int64_t const heldStart = heldEnd;
+            heldEnd = indptr[b + 1];
+            int64_t const held = heldEnd - heldStart;
             int64_t const kept = sameIds(resident, std::min(pages, held), row) ? std::min(pages, held) : 0;
             std::copy_n(resident + kept, pages - kept, row + kept);
             checkIds(sequence, static_cast<int32_t>(b), released, orOfIds(resident + kept, pages - kept));
@@ -233,76 +230,46 @@ int32_t writeBlockTableRows(PageTableShape const& shape, SequencePages const* se
             {
                 std::fill(row + pages, row + held, kUNUSED_PAGE_ENTRY);
             }
-            if (unchanged < 0 && (kept != pages || held != pages))
+            // Indices from the list, not the row just written: indices sit a multiple of 4 KiB after the block table
+            // at the usual sizes, and reading the row while storing there stalls on 4K aliasing. Rewritten only where
+            // they differ, as the rows are.
+            repeated = repeated && kept == pages && held == pages;
+            if (!repeated && !sameIds(resident, pages, indices + used))
             {
-                unchanged = b;
+                std::copy_n(resident, pages, indices + used);
             }
+            used += pages;
+            // At most maxBatchSize * maxPagesPerSequence, which makePageTableShape keeps within int32.
+            indptr[b + 1] = static_cast<int32_t>(used);
+            // numTokens is 0 with no pages, so the tokens past the full pages are 0 too.
+            int64_t const firstResident = released * tokensPerPage;
+            lastPageLen[b] =
+                static_cast<int32_t>(sequence.numTokens - std::max<int64_t>(sequence.numPages - 1, 0) * tokensPerPage);
+            // Both fit: numTokens is an int32 and firstResident is below it.
+            firstToken[b] = static_cast<int32_t>(firstResident);
+            residentTokens[b] = static_cast<int32_t>(sequence.numTokens - firstResident);
         }
     }
     catch (...)
     {
-        restoreRows(shape, std::min<int64_t>(b + 1, count), region);
+        // The sequences before the refused one are written, the rest are not: the tables of count 0 make the region
+        // whole again, and the next build into it writes everything.
+        writeEmptyPageTables(shape, region);
         throw;
     }
-    // Rows from `count` on are empty now; only those that held pages before need padding.
-    for (int64_t row = count; row < shape.maxBatchSize && indptr[row] < indptr[shape.maxBatchSize]; ++row)
+    // Rows from `count` on are empty now; only those that held pages before need padding (heldEnd is where row
+    // `count`'s previous ids start, indptr past `count` still the previous build's).
+    for (int64_t row = count; row < shape.maxBatchSize && heldEnd < indptr[shape.maxBatchSize]; ++row)
     {
-        std::fill(table + row * width, table + row * width + (indptr[row + 1] - indptr[row]), kUNUSED_PAGE_ENTRY);
-    }
-    return static_cast<int32_t>(unchanged < 0 ? count : unchanged);
-}
-
-int64_t writeCsrAndLengths(PageTableShape const& shape, SequencePages const* sequences, int32_t count,
-    int32_t unchanged, int32_t* region) noexcept
-{
-    int32_t* const indptr = region + shape.indptrOffset();
-    int32_t* const lastPageLen = region + shape.lastPageLenOffset();
-    int32_t* const firstToken = region + shape.firstTokenOffset();
-    int32_t* const residentTokens = region + shape.residentTokensOffset();
-    int32_t* const indices = region + shape.indicesOffset();
-    int64_t const tokensPerPage = shape.tokensPerPage;
-    int64_t used = 0;
-    for (int64_t b = 0; b < count; ++b)
-    {
-        SequencePages const& sequence = sequences[b];
-        // The rows pass checked the list: its released entries lead it and no other entry is kUNUSED_PAGE_ENTRY, so
-        // the first resident one is found by bisection (none when the first is resident, as in a full group).
-        int64_t const released = sequence.numPages == 0 || sequence.pages[0] != kUNUSED_PAGE_ENTRY
-            ? 0
-            : std::partition_point(sequence.pages, sequence.pages + sequence.numPages,
-                  [](int32_t id) { return id == kUNUSED_PAGE_ENTRY; })
-                - sequence.pages;
-        int64_t const pages = sequence.numPages - released;
-        // From the list again, not the row just written: indices sit a multiple of 4 KiB after the block table at the
-        // usual sizes, and reading the row while storing there stalls on 4K aliasing.
-        // Rewritten only where they differ, as the rows are (the rows pass checked the list); the leading sequences
-        // whose rows the rows pass found unchanged hold their lists there already, and are not compared again.
-        if (b >= unchanged && !sameIds(sequence.pages + released, pages, indices + used))
-        {
-            std::copy_n(sequence.pages + released, pages, indices + used);
-        }
-        used += pages;
-        // At most maxBatchSize * maxPagesPerSequence, which makePageTableShape keeps within int32.
-        indptr[b + 1] = static_cast<int32_t>(used);
-        // numTokens is 0 with no pages, so the tokens past the full pages are 0 too.
-        int64_t const firstResident = released * tokensPerPage;
-        lastPageLen[b] =
-            static_cast<int32_t>(sequence.numTokens - std::max<int64_t>(sequence.numPages - 1, 0) * tokensPerPage);
-        // Both fit: numTokens is an int32 and firstResident is below it.
-        firstToken[b] = static_cast<int32_t>(firstResident);
-        residentTokens[b] = static_cast<int32_t>(sequence.numTokens - firstResident);
+        int64_t const heldStart = heldEnd;
+        heldEnd = indptr[row + 1];
+        std::fill(table + row * width, table + row * width + (heldEnd - heldStart), kUNUSED_PAGE_ENTRY);
     }
     std::fill(indptr + count + 1, indptr + shape.maxBatchSize + 1, static_cast<int32_t>(used));
     std::fill(lastPageLen + count, lastPageLen + shape.maxBatchSize, 0);
     std::fill(firstToken + count, firstToken + shape.maxBatchSize, 0);
     std::fill(residentTokens + count, residentTokens + shape.maxBatchSize, 0);
     return shape.indicesOffset() + used;
-}
-
-int64_t buildPageTables(PageTableShape const& shape, SequencePages const* sequences, int32_t count, int32_t* region)
-{
-    int32_t const unchanged = writeBlockTableRows(shape, sequences, count, region);
-    return writeCsrAndLengths(shape, sequences, count, unchanged, region);
 }
 
 } // namespace detail

@@ -113,26 +113,14 @@ void writeEmptyPageTables(PageTableShape const& shape, int32_t* region) noexcept
 
 //! Throws InvalidArgumentError, naming the sequence index, the field, the value and the limit, unless `count`
 //! sequences make tables of `shape` (the rules of PageTableBuffers::build); touches nothing. Builds check as they write
-//! (writeBlockTableRows): this is for a caller that only checks.
+//! (buildPageTables): this is for a caller that only checks.
 void validateSequences(PageTableShape const& shape, SequencePages const* sequences, int32_t count);
 
-//! The first of a build's two passes over the sequences: checks each (the rules of PageTableBuffers::build) and writes
-//! its block table row into `region`, which holds tables of `shape`. Only the rows are written: the region's indptr
-//! and indices stay those of its previous build, which say how many pages each row held (only those and the new pages
-//! are written) and, when a sequence is refused, what the rows written so far held. Throws InvalidArgumentError,
-//! naming the sequence index, the field, the value and the limit, with `region` restored as it was. Returns how many
-//! leading sequences have exactly the pages their rows held before (a decode step's batch, when no list grew).
-int32_t writeBlockTableRows(
-    PageTableShape const& shape, SequencePages const* sequences, int32_t count, int32_t* region);
-
-//! The second pass, over sequences writeBlockTableRows accepted into `region`: writes indptr, indices, lastPageLen,
-//! firstToken and residentTokens; returns the elements one upload must copy from the region's start (indicesOffset()
-//! + indptr[count]). `unchanged` is what writeBlockTableRows returned: those sequences' indices are not touched.
-int64_t writeCsrAndLengths(PageTableShape const& shape, SequencePages const* sequences, int32_t count,
-    int32_t unchanged, int32_t* region) noexcept;
-
-//! Both passes: checks `count` sequences and writes their tables into `region`, which holds tables of `shape`; returns
-//! the elements one upload must copy from the region's start. Throws as writeBlockTableRows, `region` then as it was.
+//! Checks `count` sequences (the rules of PageTableBuffers::build) and writes their tables into `region`, which holds
+//! tables of `shape` as a previous build (or writeEmptyPageTables) left them: only what differs from those is written.
+//! Returns the elements one upload must copy from the region's start (indicesOffset() + indptr[count]). Throws
+//! InvalidArgumentError, naming the sequence index, the field, the value and the limit: for a bad `count` or null
+//! `sequences` with `region` untouched, for a refused sequence with `region` holding the tables of count 0.
 int64_t buildPageTables(PageTableShape const& shape, SequencePages const* sequences, int32_t count, int32_t* region);
 
 } // namespace kvcache::rt::detail
