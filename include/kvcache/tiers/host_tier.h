@@ -25,7 +25,9 @@ enum class HostTierMethod : int32_t
     //! tier's staging buffer (or scatters them from it), and the copy engine moves each host page as one descriptor
     //! (cudaMemcpyBatchAsync; cudaMemcpyAsync a host page on the legacy default stream). Whole host pages (MiB) move
     //! at the link's full speed where scattered layer halves (tens of KiB) would not; the gather kernel holds the
-    //! whole GPU only briefly.
+    //! whole GPU only briefly. A batch of 16 host pages or more moves in parts, the kernel's work on all parts but
+    //! one on a stream of the tier's (ordered by events) while the copy engine moves another part; the caller's
+    //! stream waits for that work, so the transfer is still ordered on it as a whole.
     kCOPY_ENGINE = 1,
     //! A kernel of one 256-thread block a multiprocessor on at most kHOST_TIER_MAX_SMS multiprocessors, reading or
     //! writing the mapped pinned memory directly, in launches of at most 16 MiB (at least one host page) so compute
