@@ -105,15 +105,16 @@ __global__ void __launch_bounds__(Shape::kTHREADS) pageOpKernel(PageOpParams par
     // Pools start 256-byte aligned, so every page and chunk is 16-byte aligned when pages are whole vectors.
     bool const vectorised = pageBytes % kVECTOR_BYTES == 0;
     char* const halfBase = layer.kBase + int64_t{half} * params.numPages * pageBytes + chunkStart;
+    auto const thread = static_cast<int32_t>(threadIdx.x);
     if constexpr (std::is_same_v<Op, CopyOp>)
     {
         moveChunk<Shape>(halfBase + readPage * pageBytes, halfBase + writePage * pageBytes, bytes, vectorised,
-            CacheGlobalAccess{params.keepSourcesInL2}, static_cast<int32_t>(threadIdx.x));
+            CacheGlobalAccess{params.keepSourcesInL2}, thread);
     }
     else
     {
         fillChunk<Shape, CacheGlobalAccess>(
-            halfBase + writePage * pageBytes, chunkStart, bytes, vectorised, params.pattern);
+            halfBase + writePage * pageBytes, chunkStart, bytes, vectorised, params.pattern, thread);
     }
 }
 

@@ -34,7 +34,7 @@ struct UnhintedChunks
         stageChunk<Shape, Access>(from, staged);
     }
     template <typename Shape>
-    __device__ __forceinline__ void afterChunk(int4 const*) const
+    __device__ __forceinline__ void afterChunk(int4 const*, int32_t) const
     {
     }
 };
@@ -107,7 +107,7 @@ struct CacheGlobalAccess
         }
     }
     template <typename Shape>
-    __device__ __forceinline__ void afterChunk(int4 const* from) const
+    __device__ __forceinline__ void afterChunk(int4 const* from, int32_t thread) const
     {
         if (keepSources)
         {
@@ -115,8 +115,7 @@ struct CacheGlobalAccess
             for (int32_t k = 0; k < Shape::kVECTORS; ++k)
             {
                 bool const startsLine = reinterpret_cast<uintptr_t>(from + k * Shape::kTHREADS) % kL2_LINE_BYTES == 0;
-                // The page kernels' chunks are a block's, so their first thread is the block's.
-                bool const startsChunk = k == 0 && threadIdx.x == 0;
+                bool const startsChunk = k == 0 && thread == 0;
                 if (startsLine || startsChunk)
                 {
                     releaseL2Line(from + k * Shape::kTHREADS);
@@ -156,7 +155,7 @@ __device__ void moveChunk(char const* __restrict__ src, char* __restrict__ dst, 
         {
             Access::store(to + k * THREADS, staged[k]);
         }
-        access.template afterChunk<Shape>(from);
+        access.template afterChunk<Shape>(from, thread);
     }
     else if (vectorised)
     {
@@ -170,9 +169,9 @@ __device__ void moveChunk(char const* __restrict__ src, char* __restrict__ dst, 
 }
 
 //! Fills one chunk that starts `offset` bytes into its page with the 4-byte `pattern` (byte b of the page gets byte
-//! b % 4 of the pattern), storing through Access.
+//! b % 4 of the pattern), storing through Access; `thread` is this thread's index among Shape::kTHREADS.
 template <typename Shape, typename Access>
-__device__ void fillChunk(char* dst, int64_t offset, int64_t bytes, bool vectorised, uint32_t pattern)
+__device__ void fillChunk(char* dst, int64_t offset, int64_t bytes, bool vectorised, uint32_t pattern, int32_t thread)
 {
     constexpr int32_t THREADS = Shape::kTHREADS;
     if (vectorised)
@@ -180,14 +179,14 @@ __device__ void fillChunk(char* dst, int64_t offset, int64_t bytes, bool vectori
         auto const word = static_cast<int>(pattern);
         int4 const value = make_int4(word, word, word, word);
         auto* to = reinterpret_cast<int4*>(dst);
-        for (int64_t i = threadIdx.x; i < bytes / kVECTOR_BYTES; i += THREADS)
+        for (int64_t i = thread; i < bytes / kVECTOR_BYTES; i += THREADS)
         {
             Access::store(to + i, value);
         }
     }
     else
     {
-        for (int64_t i = threadIdx.x; i < bytes; i += THREADS)
+        for (int64_t i = thread; i < bytes; i += THREADS)
         {
             dst[i] = static_cast<char>(pattern >> (8 * ((offset + i) % 4)));
         }
