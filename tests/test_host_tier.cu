@@ -174,7 +174,8 @@ public:
     int64_t hostPageBytes = 0;
 };
 
-using RoundTripParams = std::tuple<rt::DataType, int32_t, rt::HostTierMethod>;
+//! Element type, tokens a page, method, and whether the transfers run on the legacy default stream.
+using RoundTripParams = std::tuple<rt::DataType, int32_t, rt::HostTierMethod, bool>;
 
 class HostTierRoundTripTest : public kvcache::test::GpuTest, public ::testing::WithParamInterface<RoundTripParams>
 {
@@ -182,10 +183,13 @@ class HostTierRoundTripTest : public kvcache::test::GpuTest, public ::testing::W
 
 TEST_P(HostTierRoundTripTest, OffloadAndOnboardAreByteExact)
 {
-    auto const [type, tokensPerPage, method] = GetParam();
+    auto const [type, tokensPerPage, method, legacyStream] = GetParam();
     TierCase setup(type, tokensPerPage);
-    // 16-token pages stage two host pages at a time, so the five entries take three rounds through the staging buffer;
-    // 128-token pages stage them all at once (the default staging holds every host page of this small tier).
+    // The copy engine moves these short lists straight between pages and host pages on a stream of the caller's, and
+    // through the staging buffer on the legacy default stream (which takes no batch copies): there 16-token pages
+    // stage two host pages at a time, so the five entries take three rounds, and 128-token pages stage them all at
+    // once (the default staging holds every host page of this small tier).
+    cudaStream_t const stream = legacyStream ? cudaStreamLegacy : setup.stream.get();
     rt::HostTierOptions options;
     if (tokensPerPage == 16)
     {
@@ -202,7 +206,9 @@ TEST_P(HostTierRoundTripTest, OffloadAndOnboardAreByteExact)
     // Scattered, and pages above the minimum; minPages + 5 and + 6 adjacent on both sides.
     std::vector<rt::HostTierEntry> const out{
         {last, 3}, {0, 0}, {setup.minPages + 5, 6}, {setup.minPages + 6, 7}, {setup.minPages + 1, 1}};
-    EXPECT_EQ(tier.offload(*setup.cache, out, setup.stream.get(), method), method);
+    setup.stream.synchronize();
+    EXPECT_EQ(tier.offload(*setup.cache, out, stream, method), method);
+    KVCACHE_CUDA_TRY(cudaStreamSynchronize(stream));
     for (rt::HostTierEntry const& entry : out)
     {
         EXPECT_EQ(hostPageContents(tier, entry.hostPage), setup.expectedHostPage(entry.page))
@@ -215,8 +221,8 @@ TEST_P(HostTierRoundTripTest, OffloadAndOnboardAreByteExact)
 
     setup.poisonDevice();
     std::vector<rt::HostTierEntry> const in{{2, 3}, {last, 0}, {9, 6}, {10, 7}, {setup.minPages + 2, 1}};
-    EXPECT_EQ(tier.onboard(*setup.cache, in, setup.stream.get(), method), method);
-    setup.stream.synchronize();
+    EXPECT_EQ(tier.onboard(*setup.cache, in, stream, method), method);
+    KVCACHE_CUDA_TRY(cudaStreamSynchronize(stream));
     for (size_t i = 0; i < in.size(); ++i)
     {
         EXPECT_EQ(setup.devicePage(in[i].page), setup.expectedHostPage(out[i].page)) << "page " << in[i].page;
@@ -229,15 +235,16 @@ TEST_P(HostTierRoundTripTest, OffloadAndOnboardAreByteExact)
 
 std::string roundTripName(::testing::TestParamInfo<RoundTripParams> const& info)
 {
-    auto const [type, tokensPerPage, method] = info.param;
+    auto const [type, tokensPerPage, method, legacyStream] = info.param;
     return std::string(rt::dataTypeName(type)) + "_" + std::to_string(tokensPerPage) + "_"
-        + (method == rt::HostTierMethod::kKERNEL ? "kernel" : "copy_engine");
+        + (method == rt::HostTierMethod::kKERNEL ? "kernel" : "copy_engine") + (legacyStream ? "_legacy_stream" : "");
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryTypeAndPageSize, HostTierRoundTripTest,
     ::testing::Combine(::testing::Values(rt::DataType::kFLOAT, rt::DataType::kHALF, rt::DataType::kBF16,
                            rt::DataType::kFP8_E4M3, rt::DataType::kFP8_E5M2, rt::DataType::kINT8, rt::DataType::kUINT8),
-        ::testing::Values(16, 128), ::testing::Values(rt::HostTierMethod::kCOPY_ENGINE, rt::HostTierMethod::kKERNEL)),
+        ::testing::Values(16, 128), ::testing::Values(rt::HostTierMethod::kCOPY_ENGINE, rt::HostTierMethod::kKERNEL),
+        ::testing::Bool()),
     roundTripName);
 
 using HostTierTest = kvcache::test::GpuTest;

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support/cuda_raii.h"
@@ -58,10 +59,23 @@ TEST_F(HostTierScalesTest, HostListsMoveDataAndScalesOfEveryGroupByEitherMethod)
         {
             SCOPED_TRACE("group " + std::to_string(group));
             int64_t const bytes = cut.reference().model().groups[static_cast<size_t>(group)].bytesPerPage;
-            for (HostTierMethod const method : {HostTierMethod::kKERNEL, HostTierMethod::kCOPY_ENGINE})
+            // The copy engine moves five entries straight on the cache's stream, and through the staging buffer on
+            // the legacy default stream (which takes no batch copies): two host pages at a time, three rounds.
+            for (auto const& run : {std::pair{HostTierMethod::kKERNEL, false},
+                     std::pair{HostTierMethod::kCOPY_ENGINE, false}, std::pair{HostTierMethod::kCOPY_ENGINE, true}})
             {
-                SCOPED_TRACE(method == HostTierMethod::kKERNEL ? "kernel" : "copy engine");
-                // Two host pages staged at a time: the five entries take three rounds.
+                HostTierMethod const method = run.first;
+                bool const legacyStream = run.second;
+                SCOPED_TRACE(method == HostTierMethod::kKERNEL ? "kernel"
+                        : legacyStream                         ? "copy engine, legacy default stream"
+                                                               : "copy engine");
+                cudaStream_t const stream = legacyStream ? cudaStreamLegacy : cut.stream();
+                // The cache's stream's work done before, and the transfer's after, when they are two streams.
+                auto const settle = [&]
+                {
+                    KVCACHE_CUDA_TRY(cudaStreamSynchronize(cut.stream()));
+                    KVCACHE_CUDA_TRY(cudaStreamSynchronize(stream));
+                };
                 HostTierOptions options;
                 options.stagingBytes = 2 * 2 * bytes;
                 HostTier tier(cut.cache(), group, kHOST_PAGES, options);
@@ -74,10 +88,16 @@ TEST_F(HostTierScalesTest, HostListsMoveDataAndScalesOfEveryGroupByEitherMethod)
                 test::roundTrip(
                     cut, tier, sources, destinations, {6, 0, 3, 4, 1},
                     [&](std::vector<HostTierEntry> const& entries)
-                    { EXPECT_EQ(tier.offload(cut.cache(), entries, cut.stream(), method), method); },
+                    {
+                        settle();
+                        EXPECT_EQ(tier.offload(cut.cache(), entries, stream, method), method);
+                    },
                     [&](std::vector<HostTierEntry> const& entries)
-                    { EXPECT_EQ(tier.onboard(cut.cache(), entries, cut.stream(), method), method); },
-                    [] {});
+                    {
+                        settle();
+                        EXPECT_EQ(tier.onboard(cut.cache(), entries, stream, method), method);
+                    },
+                    settle);
                 if (HasFatalFailure())
                 {
                     return;

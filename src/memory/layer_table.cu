@@ -26,6 +26,22 @@ __global__ void uploadLayerTableKernel(LayerTableEntry* dst, UploadBatch batch)
     }
 }
 
+std::vector<LayerTableEntry> entriesOf(std::vector<DeviceAllocation> const& buffers,
+    std::vector<DeviceAllocation> const& scaleBuffers, KVCacheLayout const& layout)
+{
+    std::vector<char*> dataBases;
+    std::vector<char*> scaleBases;
+    for (DeviceAllocation const& buffer : buffers)
+    {
+        dataBases.push_back(static_cast<char*>(buffer.data()));
+    }
+    for (DeviceAllocation const& buffer : scaleBuffers)
+    {
+        scaleBases.push_back(static_cast<char*>(buffer.data()));
+    }
+    return layerTableEntries(layout, dataBases, scaleBases);
+}
+
 } // namespace
 
 std::vector<LayerTableEntry> layerTableEntries(
@@ -56,21 +72,23 @@ std::vector<LayerTableEntry> layerTableEntries(
     return entries;
 }
 
+std::vector<LayerTableEntry> ManagerInternals::hostLayerTable(KVCacheManager const& cache, int32_t group)
+{
+    std::vector<LayerTableEntry> entries = entriesOf(cache.mBuffers, cache.mScaleBuffers, cache.mLayout);
+    int64_t first = 0;
+    for (int32_t g = 0; g < group; ++g)
+    {
+        first += groupTableEntries(cache.mLayout, g);
+    }
+    auto const begin = entries.begin() + first;
+    return std::vector<LayerTableEntry>(begin, begin + groupTableEntries(cache.mLayout, group));
+}
+
 DeviceAllocation makeLayerTable(std::vector<DeviceAllocation> const& buffers,
     std::vector<DeviceAllocation> const& scaleBuffers, KVCacheLayout const& layout, cudaStream_t stream,
     cudaMemPool_t pool)
 {
-    std::vector<char*> dataBases;
-    std::vector<char*> scaleBases;
-    for (DeviceAllocation const& buffer : buffers)
-    {
-        dataBases.push_back(static_cast<char*>(buffer.data()));
-    }
-    for (DeviceAllocation const& buffer : scaleBuffers)
-    {
-        scaleBases.push_back(static_cast<char*>(buffer.data()));
-    }
-    std::vector<LayerTableEntry> const entries = layerTableEntries(layout, dataBases, scaleBases);
+    std::vector<LayerTableEntry> const entries = entriesOf(buffers, scaleBuffers, layout);
     auto const count = static_cast<int32_t>(entries.size());
     if (count == 0)
     {

@@ -68,6 +68,9 @@ struct ManagerInternals
         }
         return table;
     }
+    //! Returns a host copy of the device table's entries of page group `group`: its data entries, then its scale
+    //! entries (with scale pools), as layerTable and scaleTable point to them.
+    static std::vector<LayerTableEntry> hostLayerTable(KVCacheManager const& cache, int32_t group);
     //! Returns the device table's scale entries of page group `group`, in the order of its layers, right after its
     //! data entries; nullptr when the cache keeps no scale pools.
     static LayerTableEntry const* scaleTable(KVCacheManager const& cache, int32_t group) noexcept

@@ -234,7 +234,8 @@ HostTierMethod HostTier::Impl::transfer(Direction direction, KVCacheManager cons
         int32_t const maxGrid = std::min(multiprocessors, kHOST_TIER_MAX_SMS);
         detail::launchHostTierKernel(params, toHost, entries, count, maxGrid, stream);
     }
-    else
+    else if (!staged.enqueueDirect(toHost, detail::ManagerInternals::hostLayerTable(cache, group),
+                 pageLayout.entryOffsets, numPages, chunks, entries, count, stream))
     {
         staged.enqueue(toHost, params, chunks, entries, count, stream);
     }

@@ -19,18 +19,32 @@ namespace
 
 //! Descriptors one cudaMemcpyBatchAsync call takes at most; longer lists take several calls.
 constexpr size_t kMAX_BATCH_DESCRIPTORS = 8192;
+//! A batch moves straight between the pages and the host pages, one descriptor a page half of a layer, when it takes
+//! at most this many: on the H200, 1024 such descriptors of 1-32 KiB in one call moved at the link's speed, as fast as
+//! one contiguous copy, where 8192 moved at a fifth of it (docs/benchmarks.md).
+constexpr int64_t kDIRECT_MAX_DESCRIPTORS = 1024;
 //! Blocks a multiprocessor for the gather and scatter kernel (device memory only): 1024 threads, whose warps keep 128
 //! KiB in flight, which the gather measured to move at about the memory's speed (docs/benchmarks.md).
 constexpr int32_t kSTAGING_BLOCKS_PER_SM = 1024 / kHOST_TIER_STAGING_THREADS;
+
+//! Whether `stream` takes cudaMemcpyBatchAsync, which refuses the legacy default stream.
+bool takesBatches(cudaStream_t stream)
+{
+#if CUDART_VERSION >= 12080
+    return stream != nullptr && stream != cudaStreamLegacy;
+#else
+    static_cast<void>(stream);
+    return false;
+#endif
+}
 
 //! Enqueues the copies dsts[i] <- srcs[i] of sizes[i] bytes on `stream` through the copy engine.
 void copyDescriptors(std::vector<void*> const& dsts, std::vector<void const*> const& srcs,
     std::vector<size_t> const& sizes, cudaMemcpyKind kind, cudaStream_t stream)
 {
 #if CUDART_VERSION >= 12080
-    // The batch call refuses the legacy default stream; that stream gets one cudaMemcpyAsync a descriptor.
-    bool const legacy = stream == nullptr || stream == cudaStreamLegacy;
-    if (!legacy)
+    // The legacy default stream gets one cudaMemcpyAsync a descriptor.
+    if (takesBatches(stream))
     {
         cudaMemcpyAttributes attributes{};
         attributes.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
@@ -124,6 +138,46 @@ StagedCopy::StagedCopy(
     {
         mParts.emplace_back();
     }
+}
+
+bool StagedCopy::enqueueDirect(bool toHost, std::vector<LayerTableEntry> const& table,
+    std::vector<int64_t> const& entryOffsets, int32_t numPages, PinnedChunks const& chunks,
+    HostTierEntry const* entries, int32_t count, cudaStream_t stream)
+{
+    int64_t halves = 0;
+    for (LayerTableEntry const& entry : table)
+    {
+        halves += 1 + (entry.pageBytesAndV & 1);
+    }
+    if (!takesBatches(stream) || int64_t{count} * halves > kDIRECT_MAX_DESCRIPTORS)
+    {
+        return false;
+    }
+    thread_local std::vector<void*> dsts;
+    thread_local std::vector<void const*> srcs;
+    thread_local std::vector<size_t> sizes;
+    dsts.clear();
+    srcs.clear();
+    sizes.clear();
+    for (int32_t i = 0; i < count; ++i)
+    {
+        char* const hostPage = chunks.hostAddress(entries[i].hostPage);
+        for (size_t e = 0; e < table.size(); ++e)
+        {
+            int64_t const pageBytes = table[e].pageBytesAndV >> 1;
+            for (int64_t half = 0; half <= (table[e].pageBytesAndV & 1); ++half)
+            {
+                // A page half's place in the cache, as the kernels find it (LayerTableEntry), and in the host page.
+                char* const device = table[e].kBase + (half * numPages + entries[i].page) * pageBytes;
+                char* const host = hostPage + entryOffsets[e] + half * pageBytes;
+                dsts.push_back(toHost ? host : device);
+                srcs.push_back(toHost ? device : host);
+                sizes.push_back(static_cast<size_t>(pageBytes));
+            }
+        }
+    }
+    copyDescriptors(dsts, srcs, sizes, toHost ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, stream);
+    return true;
 }
 
 void StagedCopy::enqueue(bool toHost, HostTierKernelParams const& cacheParams, PinnedChunks const& chunks,

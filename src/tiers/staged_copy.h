@@ -1,11 +1,14 @@
 #pragma once
 
-// The host tier's copy-engine path: a kernel gathers the listed pages into whole host pages in a device staging half
-// (or scatters them from it) and the copy engine moves host pages, one descriptor each (cudaMemcpyBatchAsync). A batch
-// is moved in parts so that the kernel's work on one part overlaps the copy of another (enqueue).
+// The host tier's copy-engine path. A short transfer moves straight between the pages and the host pages, one
+// descriptor a page half of a layer (enqueueDirect). A longer one is staged: a kernel gathers the listed pages into
+// whole host pages in a device staging half (or scatters them from it) and the copy engine moves host pages, one
+// descriptor each (cudaMemcpyBatchAsync), in parts, so that the kernel's work on one part overlaps the copy of another
+// (enqueue).
 
 #include "core/cuda_owners.h"
 #include "kernels/host_tier_kernels.h"
+#include "memory/layer_table.h"
 
 #include "kvcache/tiers/host_tier.h"
 
@@ -42,6 +45,14 @@ public:
     //! `stream`'s later work. Throws CudaError.
     void enqueue(bool toHost, HostTierKernelParams const& cacheParams, PinnedChunks const& chunks,
         HostTierEntry const* entries, int32_t count, cudaStream_t stream);
+    //! Enqueues the transfer of `entries[0, count)` (validated) on `stream` straight between the pages and the host
+    //! pages, without staging: one descriptor a page half of a table entry, in one cudaMemcpyBatchAsync call. `table`
+    //! is a host copy of the group's table entries (ManagerInternals::hostLayerTable), `entryOffsets` where each
+    //! entry's K page sits in a host page, `numPages` the group's pages. Does nothing and returns false when the
+    //! stream takes no batch calls (the legacy default stream) or the transfer takes more than 1024 descriptors,
+    //! which move slower than staged host pages. Throws CudaError.
+    bool enqueueDirect(bool toHost, std::vector<LayerTableEntry> const& table, std::vector<int64_t> const& entryOffsets,
+        int32_t numPages, PinnedChunks const& chunks, HostTierEntry const* entries, int32_t count, cudaStream_t stream);
 
 private:
     int64_t mHostPageBytes = 0;
