@@ -19,9 +19,9 @@ namespace
 
 //! Descriptors one cudaMemcpyBatchAsync call takes at most; longer lists take several calls.
 constexpr size_t kMAX_BATCH_DESCRIPTORS = 8192;
-//! A batch moves straight between the pages and the host pages, one descriptor a page half of a layer, when it takes
-//! at most this many: on the H200, 1024 such descriptors of 1-32 KiB in one call moved at the link's speed, as fast as
-//! one contiguous copy, where 8192 moved at a fifth of it (docs/benchmarks.md).
+//! A transfer of fewer than kPARTED_FROM host pages moves straight between the pages and the host pages, one descriptor
+//! a page half of a layer, when it takes at most this many: on the H200, 1024 such descriptors of 1-32 KiB in one call
+//! moved at the link's speed, as fast as one contiguous copy, where 8192 moved at a fifth of it (docs/benchmarks.md).
 constexpr int64_t kDIRECT_MAX_DESCRIPTORS = 1024;
 //! Blocks a multiprocessor for the gather and scatter kernel (device memory only): 1024 threads, whose warps keep 128
 //! KiB in flight, which the gather measured to move at about the memory's speed (docs/benchmarks.md).
@@ -149,7 +149,10 @@ bool StagedCopy::enqueueDirect(bool toHost, std::vector<LayerTableEntry> const& 
     {
         halves += 1 + (entry.pageBytesAndV & 1);
     }
-    if (!takesBatches(stream) || int64_t{count} * halves > kDIRECT_MAX_DESCRIPTORS)
+    // From kPARTED_FROM host pages a staged transfer moves in parts, which hide its kernel's work; below, a staged
+    // transfer's gather or scatter and its hand-over to or from the copy engine add to the copy (10% of 8 NVFP4 host
+    // pages), which a direct one does not have.
+    if (!takesBatches(stream) || count >= kPARTED_FROM || int64_t{count} * halves > kDIRECT_MAX_DESCRIPTORS)
     {
         return false;
     }

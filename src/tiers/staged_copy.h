@@ -49,8 +49,9 @@ public:
     //! pages, without staging: one descriptor a page half of a table entry, in one cudaMemcpyBatchAsync call. `table`
     //! is a host copy of the group's table entries (ManagerInternals::hostLayerTable), `entryOffsets` where each
     //! entry's K page sits in a host page, `numPages` the group's pages. Does nothing and returns false when the
-    //! stream takes no batch calls (the legacy default stream) or the transfer takes more than 1024 descriptors,
-    //! which move slower than staged host pages. Throws CudaError.
+    //! stream takes no batch calls (the legacy default stream), for 16 host pages or more (enqueue's parts move those
+    //! as fast) or when the transfer takes more than 1024 descriptors (more in one call move slower). Throws
+    //! CudaError.
     bool enqueueDirect(bool toHost, std::vector<LayerTableEntry> const& table, std::vector<int64_t> const& entryOffsets,
         int32_t numPages, PinnedChunks const& chunks, HostTierEntry const* entries, int32_t count, cudaStream_t stream);
 

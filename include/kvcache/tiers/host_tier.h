@@ -21,13 +21,15 @@ enum class HostTierMethod : int32_t
 {
     //! The kernel for small transfers, the copy engine otherwise (kHOST_TIER_KERNEL_MAX_BYTES gives the rule).
     kAUTO = 0,
-    //! Staged through device memory: a kernel on every multiprocessor gathers the pages into whole host pages in the
-    //! tier's staging buffer (or scatters them from it), and the copy engine moves each host page as one descriptor
-    //! (cudaMemcpyBatchAsync; cudaMemcpyAsync a host page on the legacy default stream). Whole host pages (MiB) move
-    //! at the link's full speed where scattered layer halves (tens of KiB) would not; the gather kernel holds the
-    //! whole GPU only briefly. A batch of 16 host pages or more moves in parts, the kernel's work on all parts but
-    //! one on a stream of the tier's (ordered by events) while the copy engine moves another part; the caller's
-    //! stream waits for that work, so the transfer is still ordered on it as a whole.
+    //! The copy engine (cudaMemcpyBatchAsync). A transfer of fewer than 16 host pages that takes at most 1024
+    //! descriptors moves straight between the pages and the host pages, one descriptor a page half of a layer (data
+    //! or scales), in one call, which moves at the link's speed and needs no kernel. Longer transfers, and every one
+    //! on the legacy default stream (which takes no batch calls: cudaMemcpyAsync a host page), are staged through
+    //! device memory: a kernel on every multiprocessor gathers the pages into whole host pages in the tier's staging
+    //! buffer (or scatters them from it), and the copy engine moves each host page as one descriptor, in parts from 16
+    //! host pages, the kernel's work on all parts but one on a stream of the tier's (ordered by events) while the copy
+    //! engine moves another part; the caller's stream waits for that work, so the transfer is still ordered on it as
+    //! a whole.
     kCOPY_ENGINE = 1,
     //! A kernel of one 256-thread block a multiprocessor on at most kHOST_TIER_MAX_SMS multiprocessors, reading or
     //! writing the mapped pinned memory directly, in launches of at most 16 MiB (at least one host page) so compute
