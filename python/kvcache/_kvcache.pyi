@@ -957,7 +957,7 @@ class HostTierMethod(enum.Enum):
 
     COPY_ENGINE = 1
     """
-    Staged through the tier's device staging buffer, one copy-engine descriptor a host page.
+    The copy engine: fewer than 16 host pages straight, one descriptor a page half; more staged through the tier's device staging buffer, one descriptor a host page.
     """
 
     KERNEL = 2
