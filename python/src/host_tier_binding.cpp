@@ -132,8 +132,8 @@ void bindHostTier(nb::module_& m)
         .value("AUTO", rt::HostTierMethod::kAUTO,
             "The kernel for at most HOST_TIER_KERNEL_MAX_BYTES (count * host_page_bytes), the copy engine above.")
         .value("COPY_ENGINE", rt::HostTierMethod::kCOPY_ENGINE,
-            "The copy engine: straight, one descriptor a page half, below 16 host pages; staged through the tier's "
-            "device staging buffer, one descriptor a host page, above.")
+            "The copy engine: fewer than 16 host pages straight, one descriptor a page half; more staged through the "
+            "tier's device staging buffer, one descriptor a host page.")
         .value("KERNEL", rt::HostTierMethod::kKERNEL,
             "A kernel on at most HOST_TIER_MAX_SMS multiprocessors over the mapped pinned memory (device lists too).");
 
