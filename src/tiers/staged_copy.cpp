@@ -186,9 +186,10 @@ bool StagedCopy::enqueueDirect(bool toHost, std::vector<LayerTableEntry> const& 
 void StagedCopy::enqueue(bool toHost, HostTierKernelParams const& cacheParams, PinnedChunks const& chunks,
     HostTierEntry const* entries, int32_t count, cudaStream_t stream)
 {
-    // Scattered pages make descriptors of one layer half each (tens of KiB), which the copy engine moves at half the
-    // link's speed; whole host pages (MiB) move at its full speed. So a kernel on the whole GPU gathers the pages into
-    // host pages of the staging buffer at HBM speed, or scatters them from it, and the copy engine moves host pages.
+    // Scattered pages make descriptors of one layer half each (KiB), which the copy engine moves at a fraction of the
+    // link's speed once a call holds thousands of them (8192: a fifth); whole host pages (MiB) move at its full speed.
+    // So a kernel on the whole GPU gathers the pages into host pages of the staging buffer at HBM speed, or scatters
+    // them from it, and the copy engine moves host pages.
     char* const buffer =
         static_cast<char*>(mStaging.data()) + (toHost ? 0 : int64_t{mNumStagingHostPages} * mHostPageBytes);
     // A staging half as a tier of numStagingHostPages() host pages in one chunk: the kernel's addressing serves both.
