@@ -20,8 +20,9 @@ namespace
 //! Descriptors one cudaMemcpyBatchAsync call takes at most; longer lists take several calls.
 constexpr size_t kMAX_BATCH_DESCRIPTORS = 8192;
 //! A transfer of fewer than kPARTED_FROM host pages moves straight between the pages and the host pages, one descriptor
-//! a page half of a layer, when it takes at most this many: on the H200, 1024 such descriptors of 0.5-32 KiB in one call
-//! moved at the link's speed, as fast as one contiguous copy, where 8192 moved at a fifth of it (docs/benchmarks.md).
+//! a page half of a layer, when it takes at most this many: on the H200, 1024 such descriptors of 0.5-32 KiB in one
+//! call moved at the link's speed, as fast as one contiguous copy, where 8192 moved at a fifth of it
+//! (docs/benchmarks.md).
 constexpr int64_t kDIRECT_MAX_DESCRIPTORS = 1024;
 //! Blocks a multiprocessor for the gather and scatter kernel (device memory only): 1024 threads, whose warps keep 128
 //! KiB in flight, which the gather measured to move at about the memory's speed (docs/benchmarks.md).
