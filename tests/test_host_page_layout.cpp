@@ -49,6 +49,7 @@ TEST(HostPageLayoutTest, EntriesAreEveryLayersDataThenEveryLayersScalesOfEveryFo
             std::vector<int64_t> offsets;
             int64_t offset = 0;
             int64_t largest = 0;
+            int64_t halves = 0;
             for (bool const scales : {false, true})
             {
                 if (scales && !scaled)
@@ -61,6 +62,7 @@ TEST(HostPageLayoutTest, EntriesAreEveryLayersDataThenEveryLayersScalesOfEveryFo
                     int64_t const pageBytes = scales ? m.scalePageBytes : m.pageBytes;
                     offsets.push_back(offset);
                     offset += m.numHalves * pageBytes;
+                    halves += m.numHalves;
                     largest = std::max(largest, pageBytes);
                 }
             }
@@ -68,6 +70,7 @@ TEST(HostPageLayoutTest, EntriesAreEveryLayersDataThenEveryLayersScalesOfEveryFo
             EXPECT_EQ(hostPage.entryOffsets, offsets);
             EXPECT_EQ(hostPage.largestPageBytes, largest);
             EXPECT_EQ(hostPage.hostPageBytes, offset);
+            EXPECT_EQ(hostPage.pageHalves, halves);
             // Exact bytes: the host page is the group's page, data and scales, with nothing between or after.
             EXPECT_EQ(hostPage.hostPageBytes, modelGroup.bytesPerPage);
             EXPECT_EQ(hostPage.hostPageBytes, layout.groups[static_cast<size_t>(group)].bytesPerPage);

@@ -31,6 +31,7 @@ HostPageLayout hostPageLayout(KVCacheLayout const& layout, int32_t group)
             int64_t const pageBytes = scales ? layer.scalePageBytes : layer.pageBytes;
             hostPage.entryOffsets.push_back(hostPage.hostPageBytes);
             hostPage.hostPageBytes += layer.numHalves * pageBytes;
+            hostPage.pageHalves += layer.numHalves;
             hostPage.largestPageBytes = std::max(hostPage.largestPageBytes, pageBytes);
         }
     };

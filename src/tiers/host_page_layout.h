@@ -24,6 +24,9 @@ struct HostPageLayout
     int64_t largestPageBytes = 0;
     //! Bytes of one host page: the group's bytesPerPage, data and scales.
     int64_t hostPageBytes = 0;
+    //! Pages of one half a host page holds (each entry's K page, and its V page where it has one): the copy engine's
+    //! descriptors for one host page moved straight.
+    int64_t pageHalves = 0;
 };
 
 //! Returns the host page layout of page group `group` of `layout` (computed in int64; computeLayout has bounded every

@@ -234,8 +234,13 @@ HostTierMethod HostTier::Impl::transfer(Direction direction, KVCacheManager cons
         int32_t const maxGrid = std::min(multiprocessors, kHOST_TIER_MAX_SMS);
         detail::launchHostTierKernel(params, toHost, entries, count, maxGrid, stream);
     }
-    else if (!staged.enqueueDirect(toHost, detail::ManagerInternals::hostLayerTable(cache, group),
-                 pageLayout.entryOffsets, numPages, chunks, entries, count, stream))
+    else if (detail::StagedCopy::movesDirect(count, pageLayout.pageHalves, stream))
+    {
+        // The pools' addresses from the cache of this call (the tier checked its geometry only).
+        detail::StagedCopy::enqueueDirect(toHost, detail::ManagerInternals::hostLayerTable(cache, group),
+            pageLayout.entryOffsets, numPages, chunks, entries, count, stream);
+    }
+    else
     {
         staged.enqueue(toHost, params, chunks, entries, count, stream);
     }

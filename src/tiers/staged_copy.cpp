@@ -141,22 +141,18 @@ StagedCopy::StagedCopy(
     }
 }
 
-bool StagedCopy::enqueueDirect(bool toHost, std::vector<LayerTableEntry> const& table,
-    std::vector<int64_t> const& entryOffsets, int32_t numPages, PinnedChunks const& chunks,
-    HostTierEntry const* entries, int32_t count, cudaStream_t stream)
+bool StagedCopy::movesDirect(int32_t count, int64_t pageHalves, cudaStream_t stream)
 {
-    int64_t halves = 0;
-    for (LayerTableEntry const& entry : table)
-    {
-        halves += 1 + (entry.pageBytesAndV & 1);
-    }
     // From kPARTED_FROM host pages a staged transfer moves in parts, which hide its kernel's work; below, a staged
     // transfer's gather or scatter and its hand-over to or from the copy engine add to the copy (10% of 8 NVFP4 host
     // pages), which a direct one does not have.
-    if (!takesBatches(stream) || count >= kPARTED_FROM || int64_t{count} * halves > kDIRECT_MAX_DESCRIPTORS)
-    {
-        return false;
-    }
+    return takesBatches(stream) && count < kPARTED_FROM && int64_t{count} * pageHalves <= kDIRECT_MAX_DESCRIPTORS;
+}
+
+void StagedCopy::enqueueDirect(bool toHost, std::vector<LayerTableEntry> const& table,
+    std::vector<int64_t> const& entryOffsets, int32_t numPages, PinnedChunks const& chunks,
+    HostTierEntry const* entries, int32_t count, cudaStream_t stream)
+{
     thread_local std::vector<void*> dsts;
     thread_local std::vector<void const*> srcs;
     thread_local std::vector<size_t> sizes;
@@ -181,7 +177,6 @@ bool StagedCopy::enqueueDirect(bool toHost, std::vector<LayerTableEntry> const& 
         }
     }
     copyDescriptors(dsts, srcs, sizes, toHost ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, stream);
-    return true;
 }
 
 void StagedCopy::enqueue(bool toHost, HostTierKernelParams const& cacheParams, PinnedChunks const& chunks,

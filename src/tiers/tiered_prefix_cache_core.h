@@ -128,8 +128,8 @@ private:
         std::vector<HostTierEntry> entries;
         //! Host pages an offload pinned while its list was put together.
         std::vector<int32_t> pinned;
-        //! Where each page of an admission's run is: kUNKNOWN (not looked up yet), a host page, kON_DEVICE (on the device
-        //! and not the host), onDisk(disk page) (on the disk only), or HostPageMap::kNONE (nowhere).
+        //! Where each page of an admission's run is: kUNKNOWN (not looked up yet), a host page, kON_DEVICE (on the
+        //! device and not the host), onDisk(disk page) (on the disk only), or HostPageMap::kNONE (nowhere).
         std::vector<int32_t> runHostPages;
         //! Per page of the run: 1 while its host page is pinned, 2 while its disk page is, else 0.
         std::vector<uint8_t> runPinned;
