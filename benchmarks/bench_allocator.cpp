@@ -1,5 +1,6 @@
-// Page bookkeeping on the host (kvcache/page_allocator.h, kvcache/page_manager.h), shaped like the vLLM baseline's
-// cases (shared/anchors/vllm-blockpool, bench_vllm_alloc.py), with the same sizes, seeds' roles and simulation rules:
+// Page bookkeeping on the host (kvcache/paging/page_allocator.h, kvcache/paging/page_manager.h), shaped like the vLLM
+// baseline's cases (shared/anchors/vllm-blockpool, bench_vllm_alloc.py), with the same sizes, seeds' roles and
+// simulation rules:
 //   a. one page allocated and freed on a 100,000-page pool with half of it in use;
 //   b. an 8192-token request's pages (512 at 16 tokens a page, 64 at 128) allocated and freed;
 //   c. the prefix lookup of an 8192-token prompt whose first 75% is cached, hashing included;
@@ -15,9 +16,9 @@
 #include "hybrid_serving_sim.h"
 #include "serving_workload.h"
 
-#include "kvcache/kv_cache_layout.h"
-#include "kvcache/page_allocator.h"
-#include "kvcache/page_manager.h"
+#include "kvcache/core/kv_cache_layout.h"
+#include "kvcache/paging/page_allocator.h"
+#include "kvcache/paging/page_manager.h"
 
 #include <benchmark/benchmark.h>
 #include <time.h>

@@ -24,11 +24,11 @@
 
 #include "host_tier_harness.h"
 
-#include "kvcache/errors.h"
-#include "kvcache/host_tier.h"
-#include "kvcache/kv_cache_config.h"
-#include "kvcache/kv_cache_layout.h"
-#include "kvcache/kv_cache_manager.h"
+#include "kvcache/core/errors.h"
+#include "kvcache/core/kv_cache_config.h"
+#include "kvcache/core/kv_cache_layout.h"
+#include "kvcache/memory/kv_cache_manager.h"
+#include "kvcache/tiers/host_tier.h"
 
 #include <cuda_runtime_api.h>
 #include <unistd.h>

@@ -15,8 +15,8 @@
 // GPU (1 under KVCACHE_REQUIRE_GPU=1). Flags: --reps=N (default 50) launches a timing; --smoke (5 reps, prefill and
 // decode only).
 
-#include "kvcache/errors.h"
-#include "kvcache/kv_cache_manager.h"
+#include "kvcache/core/errors.h"
+#include "kvcache/memory/kv_cache_manager.h"
 #include "kvcache/memory/kv_write.h"
 
 #include <cuda_runtime_api.h>

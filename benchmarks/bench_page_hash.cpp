@@ -1,8 +1,8 @@
-// Chained page hashes on the host (kvcache/page_hash.h): the full pages of an 8192-token prompt (512 pages of 16
+// Chained page hashes on the host (kvcache/paging/page_hash.h): the full pages of an 8192-token prompt (512 pages of 16
 // tokens, 64 of 128) hashed with PageHasher::chain, SHA-256 and XXH3. No GPU. Counters: ns_per_page and ns_per_prompt,
 // wall time; cpu_s_per_page, CPU time. See docs/benchmarks.md.
 
-#include "kvcache/page_hash.h"
+#include "kvcache/paging/page_hash.h"
 
 #include <benchmark/benchmark.h>
 

@@ -15,9 +15,9 @@
 #include "page_ops_harness.h"
 #include "page_ops_models.h"
 
-#include "kvcache/errors.h"
-#include "kvcache/kv_cache_manager.h"
-#include "kvcache/page_ops.h"
+#include "kvcache/core/errors.h"
+#include "kvcache/memory/kv_cache_manager.h"
+#include "kvcache/memory/page_ops.h"
 
 #include <benchmark/benchmark.h>
 #include <cuda_runtime_api.h>

@@ -1,5 +1,5 @@
-// Page table building on the host (kvcache/page_table.h) for a full decode batch: 256 sequences of 64 pages, 16 tokens
-// a page. Cases, each named <case>/<maxBatchSize>x<maxPagesPerSequence> and all at the full batch:
+// Page table building on the host (kvcache/paging/page_table.h) for a full decode batch: 256 sequences of 64 pages, 16
+// tokens a page. Cases, each named <case>/<maxBatchSize>x<maxPagesPerSequence> and all at the full batch:
 //  - build: PageTableBuffers::build() alone, the previous upload finished (the stream is synchronised outside the
 //    timed part, as a runtime's previous step has long finished): the capture check, the event check, the staging
 //    writes with the checks of the sequences and the cudaMemcpyAsync enqueue.
@@ -23,10 +23,10 @@
 // Host wall time (steady clock) around the timed calls. Counters: ns_per_op and us_per_call. Exits 77 without a GPU,
 // 1 under KVCACHE_REQUIRE_GPU=1. See docs/benchmarks.md.
 
-#include "paging/page_table_build.h"
+#include "paging/page_table/page_table_build.h"
 
-#include "kvcache/errors.h"
-#include "kvcache/page_table.h"
+#include "kvcache/core/errors.h"
+#include "kvcache/paging/page_table.h"
 
 #include <benchmark/benchmark.h>
 

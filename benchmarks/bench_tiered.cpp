@@ -1,11 +1,12 @@
-// The tiered prefix cache's bookkeeping on the host (src/tiers/tiered_prefix_cache_core.h), no GPU:
+// The tiered prefix cache's bookkeeping on the host (src/tiers/tiered/tiered_prefix_cache_core.h), no GPU:
 //   g. tiered_hit_rate/hostNx/P: the prefix hit rate of device pages plus a host tier N times as large (4, 1, 0.25) on
 //   the serving workload of
 //      serving_workload.cpp, against the device cache alone, a PageManager of the combined capacity and an independent
 //      LRU prefix cache of the combined capacity (tiered_serving_sim.cpp);
 //   h. tiered_admit/HASH/16: an admission that onboards an 8192-token prompt from the host tier (adoptPrefix's miss,
-//      hashNextPages, the host lookups, the run's adoption), against adoptPrefix of the same prompt cached on the device,
-//      and against an admission that computes the prompt (adoptPrefix's miss + append), timed alternately in one loop;
+//      hashNextPages, the host lookups, the run's adoption), against adoptPrefix of the same prompt cached on the
+//      device, and against an admission that computes the prompt (adoptPrefix's miss + append), timed alternately in
+//      one loop;
 //   i. tiered_hybrid/hostNx/MODEL/SPLIT/P: case f's hybrid models and their full-attention twins, each on the device
 //      alone and with host tiers N times each group's pages (4, 0.25): the hybrid's tiered hit rate against the twin's;
 //   j. tiered_disk_page/32x8x128/16: a disk tier page's file written and read back on this machine, against plain
@@ -15,14 +16,15 @@
 
 #include "bench_main.h"
 #include "tiered_serving_sim.h"
-#include "tiers/tiered_prefix_cache_core.h"
+#include "tiers/tiered/tiered_prefix_cache_core.h"
 
+#include "kvcache/core/kv_cache_layout.h"
 #include "kvcache/core/page_geometry.h"
-#include "kvcache/kv_cache_layout.h"
-#include "kvcache/page_manager.h"
+#include "kvcache/paging/page_manager.h"
 #include "kvcache/tiers/sequence_file.h"
 
 #include <benchmark/benchmark.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -37,8 +39,6 @@
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <unistd.h>
 
 namespace kvcache::bench
 {
@@ -167,7 +167,8 @@ void tieredHybrid(
             uint64_t seed = 1;
             for (auto _ : state)
             {
-                HybridTieredResult const run = runHybridTieredWorkload(shape, split, tokensPerPage, hostQuarters, seed++);
+                HybridTieredResult const run =
+                    runHybridTieredWorkload(shape, split, tokensPerPage, hostQuarters, seed++);
                 addRun(total.twinDevice, run.twinDevice);
                 addRun(total.twinTiered, run.twinTiered);
                 addRun(total.hybridDevice, run.hybridDevice);
@@ -262,10 +263,10 @@ void cachePrompt(rt::PageManager& manager, std::vector<int32_t> const& prompt, A
 //! TieredPrefixCacheCore::admit() + free(): adoptPrefix's miss, the hashes of the 511 pages, their host lookups and
 //! pins, the run's adoption (each page looked up on the device, taken and registered under the lookup's hash) and the
 //! onboard lists. The pages the tiered operation left cached on the device are evicted again, untimed (they are on the
-//! host already: nothing is copied), so every iteration starts from the same state. `computed` times the admission without a second
-//! tier, the floor of any admission that does not adopt: create() + adoptPrefix() (a miss) + append() of the same 8176
-//! tokens in 2048-token chunks + free(), its pages evicted untimed. The three operations alternate in one loop, so the
-//! machine's noise falls on all.
+//! host already: nothing is copied), so every iteration starts from the same state. `computed` times the admission
+//! without a second tier, the floor of any admission that does not adopt: create() + adoptPrefix() (a miss) + append()
+//! of the same 8176 tokens in 2048-token chunks + free(), its pages evicted untimed. The three operations alternate in
+//! one loop, so the machine's noise falls on all.
 void tieredAdmit(benchmark::State& state, rt::PageHashAlgorithm algorithm)
 {
     guarded(state,
@@ -448,13 +449,12 @@ void registerAll()
         int32_t hostQuarters;
         int32_t diskQuarters;
     };
-    for (Tiers const tiers : {Tiers{"host4x", 16, 0}, Tiers{"host1x", 4, 0}, Tiers{"host0.25x", 1, 0},
-             Tiers{"host0.25x_disk4x", 1, 16}})
+    for (Tiers const tiers :
+        {Tiers{"host4x", 16, 0}, Tiers{"host1x", 4, 0}, Tiers{"host0.25x", 1, 0}, Tiers{"host0.25x_disk4x", 1, 16}})
     {
         for (int32_t const tokensPerPage : {16, 128})
         {
-            std::string const name =
-                std::string("tiered_hit_rate/") + tiers.name + "/" + std::to_string(tokensPerPage);
+            std::string const name = std::string("tiered_hit_rate/") + tiers.name + "/" + std::to_string(tokensPerPage);
             benchmark::RegisterBenchmark(
                 name.c_str(), tieredHitRate, tokensPerPage, tiers.hostQuarters, tiers.diskQuarters)
                 ->UseManualTime()
@@ -473,8 +473,7 @@ void registerAll()
                 {
                     std::string const name = std::string("tiered_hybrid/") + hostName + "/" + shape.name + "/"
                         + splitName + "/" + std::to_string(tokensPerPage);
-                    benchmark::RegisterBenchmark(
-                        name.c_str(), tieredHybrid, shape, split, tokensPerPage, hostQuarters)
+                    benchmark::RegisterBenchmark(name.c_str(), tieredHybrid, shape, split, tokensPerPage, hostQuarters)
                         ->UseManualTime()
                         ->Iterations(kSEEDS)
                         ->Unit(benchmark::kMillisecond);

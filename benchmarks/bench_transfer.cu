@@ -5,9 +5,9 @@
 // ratios vs_nccl and vs_peer_copy (above 1 is faster than the baseline). Exits 77 with fewer than two GPUs.
 // NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 runs it over NCCL's socket transport.
 
-#include "kvcache/kv_cache_config.h"
-#include "kvcache/kv_cache_manager.h"
-#include "kvcache/transfer/page_transfer.h"
+#include "kvcache/core/kv_cache_config.h"
+#include "kvcache/dist/page_transfer.h"
+#include "kvcache/memory/kv_cache_manager.h"
 
 #include <benchmark/benchmark.h>
 #include <cuda_runtime_api.h>

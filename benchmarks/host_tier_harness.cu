@@ -1,8 +1,8 @@
 #include "host_tier_harness.h"
 
-#include "kvcache/errors.h"
-#include "kvcache/layer_ref.h"
-#include "kvcache/page_ops.h"
+#include "kvcache/core/errors.h"
+#include "kvcache/memory/layer_ref.h"
+#include "kvcache/memory/page_ops.h"
 
 #include <algorithm>
 #include <chrono>

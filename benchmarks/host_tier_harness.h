@@ -4,9 +4,9 @@
 // entry lists, the rate rows (offload or onboard by each method against one contiguous cudaMemcpyAsync of the same
 // bytes) and the one-off round-trip check. The rows themselves are in bench_host_tier.cu.
 
-#include "kvcache/host_tier.h"
-#include "kvcache/kv_cache_config.h"
-#include "kvcache/kv_cache_manager.h"
+#include "kvcache/core/kv_cache_config.h"
+#include "kvcache/memory/kv_cache_manager.h"
+#include "kvcache/tiers/host_tier.h"
 
 #include <cuda_runtime_api.h>
 

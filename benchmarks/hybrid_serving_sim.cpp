@@ -4,7 +4,7 @@
 
 #include "hybrid_serving_sim.h"
 
-#include "kvcache/kv_cache_layout.h"
+#include "kvcache/core/kv_cache_layout.h"
 
 #include <algorithm>
 #include <array>

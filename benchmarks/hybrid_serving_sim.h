@@ -6,7 +6,7 @@
 
 #include "serving_workload.h"
 
-#include "kvcache/page_manager.h"
+#include "kvcache/paging/page_manager.h"
 
 #include <array>
 #include <cstdint>

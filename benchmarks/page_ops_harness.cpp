@@ -1,6 +1,6 @@
 #include "page_ops_harness.h"
 
-#include "kvcache/errors.h"
+#include "kvcache/core/errors.h"
 
 #include <algorithm>
 #include <cstddef>

@@ -5,8 +5,8 @@
 // case registration and the program's entry. The models and cases live in bench_page_ops.cpp; docs/benchmarks.md
 // says what is measured and how.
 
-#include "kvcache/kv_cache_config.h"
-#include "kvcache/kv_cache_manager.h"
+#include "kvcache/core/kv_cache_config.h"
+#include "kvcache/memory/kv_cache_manager.h"
 
 #include <benchmark/benchmark.h>
 

@@ -1,6 +1,6 @@
 #include "page_ops_models.h"
 
-#include "kvcache/kv_cache_layout.h"
+#include "kvcache/core/kv_cache_layout.h"
 
 #include <algorithm>
 #include <cstdint>

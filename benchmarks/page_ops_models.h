@@ -5,9 +5,9 @@
 
 #include "page_ops_harness.h"
 
-#include "kvcache/kv_cache_config.h"
-#include "kvcache/kv_cache_manager.h"
-#include "kvcache/page_ops.h"
+#include "kvcache/core/kv_cache_config.h"
+#include "kvcache/memory/kv_cache_manager.h"
+#include "kvcache/memory/page_ops.h"
 
 #include <cstdint>
 #include <vector>

@@ -5,7 +5,7 @@
 // cache behind ServingCache. The stream never looks at the cache, so every cache a case compares sees the same
 // requests in the same order. See serving_workload.cpp for the rules and docs/benchmarks.md for the figures.
 
-#include "kvcache/page_manager.h"
+#include "kvcache/paging/page_manager.h"
 
 #include <array>
 #include <cstdint>

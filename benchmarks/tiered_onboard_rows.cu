@@ -9,9 +9,9 @@
 
 #include "host_tier_harness.h"
 
-#include "kvcache/errors.h"
-#include "kvcache/page_manager.h"
-#include "kvcache/page_ops.h"
+#include "kvcache/core/errors.h"
+#include "kvcache/memory/page_ops.h"
+#include "kvcache/paging/page_manager.h"
 #include "kvcache/tiers/tiered_prefix_cache.h"
 
 #include <algorithm>
@@ -56,8 +56,8 @@ std::vector<uint8_t> sampledBytes(
         {
             for (int32_t i = 0; i < count; ++i)
             {
-                std::vector<uint8_t> const part
-                    = test::downloadBytes(static_cast<char const*>(pool) + pages[i] * pageBytes, pageBytes, stream);
+                std::vector<uint8_t> const part =
+                    test::downloadBytes(static_cast<char const*>(pool) + pages[i] * pageBytes, pageBytes, stream);
                 bytes.insert(bytes.end(), part.begin(), part.end());
             }
         }
@@ -102,7 +102,8 @@ void tieredRow(int32_t runPages)
     tiered.evictCached(0, kPAGES, stream.get());
     KVCACHE_CUDA_TRY(cudaStreamSynchronize(stream.get()));
     check(tiered.numHostPagesHeld(0) == runPages,
-        "the host tier holds " + std::to_string(tiered.numHostPagesHeld(0)) + " pages, not " + std::to_string(runPages));
+        "the host tier holds " + std::to_string(tiered.numHostPagesHeld(0)) + " pages, not "
+            + std::to_string(runPages));
 
     std::vector<int32_t> all(kPAGES);
     std::iota(all.begin(), all.end(), 0);

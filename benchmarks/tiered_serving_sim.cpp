@@ -14,10 +14,10 @@
 #include "tiered_serving_sim.h"
 
 #include "bench_main.h"
-#include "tiers/tiered_prefix_cache_core.h"
+#include "tiers/tiered/tiered_prefix_cache_core.h"
 
-#include "kvcache/kv_cache_layout.h"
-#include "kvcache/page_manager.h"
+#include "kvcache/core/kv_cache_layout.h"
+#include "kvcache/paging/page_manager.h"
 
 #include <array>
 #include <list>

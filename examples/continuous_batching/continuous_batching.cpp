@@ -6,10 +6,10 @@
 //
 // Run: kvcache-continuous-batching [--requests N] [--samples N] [--tokens-per-page N] [--system-prompt N] [--seed N]
 
-#include "kvcache/errors.h"
-#include "kvcache/kv_cache_config.h"
-#include "kvcache/kv_cache_layout.h"
-#include "kvcache/page_manager.h"
+#include "kvcache/core/errors.h"
+#include "kvcache/core/kv_cache_config.h"
+#include "kvcache/core/kv_cache_layout.h"
+#include "kvcache/paging/page_manager.h"
 
 #include <fmt/format.h>
 

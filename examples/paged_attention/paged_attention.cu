@@ -10,8 +10,8 @@
 // Run: kvcache-paged-attention   (exits 77 without a GPU, or 1 when KVCACHE_REQUIRE_GPU=1 is set)
 
 #include <kvcache/kvcache.h>
-#include <kvcache/page_manager.h>
-#include <kvcache/page_table.h>
+#include <kvcache/paging/page_manager.h>
+#include <kvcache/paging/page_table.h>
 
 #include <cuda_fp16.h>
 #include <cuda_runtime_api.h>

@@ -1,6 +1,6 @@
 #pragma once
 
-#include "kvcache/kv_cache_config.h"
+#include "kvcache/core/kv_cache_config.h"
 
 #include <cstdint>
 #include <stdexcept>

@@ -2,7 +2,7 @@
 
 #include "plan_internal.h"
 
-#include "kvcache/errors.h"
+#include "kvcache/core/errors.h"
 
 #include <fmt/format.h>
 

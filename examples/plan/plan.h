@@ -3,9 +3,9 @@
 #include "model_config.h"
 #include "plan_options.h"
 
-#include "kvcache/kv_cache_config.h"
-#include "kvcache/kv_cache_layout.h"
-#include "kvcache/tensor_parallel.h"
+#include "kvcache/core/kv_cache_config.h"
+#include "kvcache/core/kv_cache_layout.h"
+#include "kvcache/dist/tensor_parallel.h"
 
 #include <cstdint>
 #include <iosfwd>

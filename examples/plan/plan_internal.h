@@ -2,8 +2,8 @@
 
 // Helpers the plan's maths (plan.cpp), text (plan_text.cpp) and JSON (plan_json.cpp) share; text_format.cpp has them.
 
-#include "kvcache/kv_cache_config.h"
-#include "kvcache/kv_cache_layout.h"
+#include "kvcache/core/kv_cache_config.h"
+#include "kvcache/core/kv_cache_layout.h"
 
 #include <algorithm>
 #include <array>

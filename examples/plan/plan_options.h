@@ -1,7 +1,7 @@
 #pragma once
 
-#include "kvcache/data_type.h"
-#include "kvcache/kv_cache_config.h"
+#include "kvcache/core/data_type.h"
+#include "kvcache/core/kv_cache_config.h"
 
 #include <cstdint>
 #include <optional>

@@ -1,7 +1,7 @@
 // kvcache-plan's plans against sizes worked out by hand: pages, groups, windows, budgets.
 #include "test_support.h"
 
-#include "kvcache/errors.h"
+#include "kvcache/core/errors.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // kvcache quickstart: the KV cache of a small model whose attention layers differ in shape. Write a sequence with a
 // kernel, fork it into another batch slot, reset the pages of the original, read values back.
-// tests/test_usage_scenario.cu checks the same steps byte for byte.
+// tests/scenarios/test_usage_scenario.cu checks the same steps byte for byte.
 //
 // Run: kvcache-quickstart   (exits 77 without a GPU, or 1 when KVCACHE_REQUIRE_GPU=1 is set)
 

@@ -1,8 +1,8 @@
 #include "bindings.h"
 #include "cuda_arguments.h"
 
-#include <kvcache/errors.h>
-#include <kvcache/page_allocator.h>
+#include <kvcache/core/errors.h>
+#include <kvcache/paging/page_allocator.h>
 
 #include <fmt/format.h>
 #include <nanobind/ndarray.h>

@@ -1,10 +1,10 @@
 #include "bindings.h"
 #include "cuda_arguments.h"
 
-#include <kvcache/errors.h>
-#include <kvcache/kv_cache_config.h>
-#include <kvcache/kv_cache_layout.h>
-#include <kvcache/page_ops.h>
+#include <kvcache/core/errors.h>
+#include <kvcache/core/kv_cache_config.h>
+#include <kvcache/core/kv_cache_layout.h>
+#include <kvcache/memory/page_ops.h>
 
 #include <fmt/format.h>
 #include <nanobind/stl/string.h>

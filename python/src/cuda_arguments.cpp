@@ -2,7 +2,7 @@
 
 #include "dlpack.h"
 
-#include <kvcache/errors.h>
+#include <kvcache/core/errors.h>
 
 #include <fmt/format.h>
 #include <nanobind/ndarray.h>
@@ -468,6 +468,5 @@ std::string pathArgument(nb::handle path, char const* field)
     }
     return result;
 }
-
 
 } // namespace kvcache::python

@@ -1,6 +1,6 @@
 #pragma once
 
-#include <kvcache/page_ops.h>
+#include <kvcache/memory/page_ops.h>
 
 #include <cuda_runtime_api.h>
 #include <nanobind/nanobind.h>

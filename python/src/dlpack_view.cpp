@@ -3,7 +3,7 @@
 #include "core/scoped_device.h"
 #include "cuda_arguments.h"
 
-#include <kvcache/errors.h>
+#include <kvcache/core/errors.h>
 
 #include <fmt/format.h>
 #include <nanobind/stl/string.h>

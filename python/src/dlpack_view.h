@@ -2,8 +2,8 @@
 
 #include "dlpack.h"
 
-#include <kvcache/data_type.h>
-#include <kvcache/tensor.h>
+#include <kvcache/core/data_type.h>
+#include <kvcache/core/tensor.h>
 
 #include <cuda_runtime_api.h>
 #include <nanobind/nanobind.h>

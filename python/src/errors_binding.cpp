@@ -1,6 +1,6 @@
 #include "bindings.h"
 
-#include <kvcache/errors.h>
+#include <kvcache/core/errors.h>
 
 #include <exception>
 #include <string>

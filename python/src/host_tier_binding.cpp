@@ -6,8 +6,8 @@
 #include "dlpack_view.h"
 #include "host_tier_handle.h"
 
-#include <kvcache/errors.h>
-#include <kvcache/host_tier.h>
+#include <kvcache/core/errors.h>
+#include <kvcache/tiers/host_tier.h>
 
 #include <fmt/format.h>
 #include <nanobind/stl/string.h>

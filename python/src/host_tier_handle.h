@@ -5,7 +5,7 @@
 
 #include "write_binding.h"
 
-#include <kvcache/host_tier.h>
+#include <kvcache/tiers/host_tier.h>
 
 #include <cuda_runtime_api.h>
 #include <nanobind/nanobind.h>

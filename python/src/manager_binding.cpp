@@ -3,9 +3,9 @@
 #include "dlpack_view.h"
 #include "handle_stream.h"
 
-#include <kvcache/errors.h>
-#include <kvcache/kv_cache_manager.h>
-#include <kvcache/page_ops.h>
+#include <kvcache/core/errors.h>
+#include <kvcache/memory/kv_cache_manager.h>
+#include <kvcache/memory/page_ops.h>
 
 #include <fmt/format.h>
 #include <nanobind/stl/pair.h>

@@ -2,8 +2,8 @@
 #include "cuda_arguments.h"
 #include "page_manager_handle.h"
 
-#include <kvcache/errors.h>
-#include <kvcache/page_manager.h>
+#include <kvcache/core/errors.h>
+#include <kvcache/paging/page_manager.h>
 
 #include <fmt/format.h>
 #include <nanobind/stl/function.h>

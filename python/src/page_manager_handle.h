@@ -3,7 +3,7 @@
 // The PageManager Python object (page_manager_binding.cpp) as the other binding files reach it: its manager, the
 // scratch lists its host arguments are read into, and whether a TieredPrefixCache serves it.
 
-#include <kvcache/page_manager.h>
+#include <kvcache/paging/page_manager.h>
 
 #include <nanobind/nanobind.h>
 

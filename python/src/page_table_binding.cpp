@@ -3,8 +3,8 @@
 #include "dlpack_view.h"
 #include "handle_stream.h"
 
-#include <kvcache/errors.h>
-#include <kvcache/page_table.h>
+#include <kvcache/core/errors.h>
+#include <kvcache/paging/page_table.h>
 
 #include <fmt/format.h>
 #include <nanobind/stl/vector.h>

@@ -5,9 +5,9 @@
 #include "cuda_arguments.h"
 #include "host_tier_handle.h"
 
-#include <kvcache/errors.h>
-#include <kvcache/host_tier.h>
-#include <kvcache/sequence_file.h>
+#include <kvcache/core/errors.h>
+#include <kvcache/tiers/host_tier.h>
+#include <kvcache/tiers/sequence_file.h>
 
 #include <fmt/format.h>
 #include <nanobind/ndarray.h>

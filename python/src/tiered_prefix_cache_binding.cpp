@@ -7,7 +7,7 @@
 #include "page_manager_handle.h"
 #include "write_binding.h"
 
-#include <kvcache/errors.h>
+#include <kvcache/core/errors.h>
 #include <kvcache/tiers/tiered_prefix_cache.h>
 
 #include <fmt/format.h>

@@ -5,7 +5,7 @@
 
 #include "cuda_arguments.h"
 
-#include <kvcache/errors.h>
+#include <kvcache/core/errors.h>
 #include <kvcache/memory/kv_write.h>
 
 #include <fmt/format.h>

@@ -5,7 +5,7 @@
 
 #include "dlpack_view.h"
 
-#include <kvcache/kv_cache_manager.h>
+#include <kvcache/memory/kv_cache_manager.h>
 
 #include <cuda_runtime_api.h>
 #include <nanobind/nanobind.h>

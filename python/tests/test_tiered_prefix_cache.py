@@ -1,6 +1,6 @@
 """TieredPrefixCache through Python. The host tests check what is refused before any CUDA call; the GPU tests take the
 `torch` fixture (skipped without a GPU or torch, failed under KVCACHE_REQUIRE_GPU=1) and follow
-tests/test_tiered_prefix_cache.cu: a prompt's pages are evicted by later steps, whose kernels (modelled by a reset of
+tests/tiers/tiered/test_tiered_prefix_cache.cu: a prompt's pages are evicted by later steps, whose kernels (modelled by a reset of
 the pages each step took) overwrite them at once, so a page reaches the host only if its offload was ordered first;
 the device is then poisoned and admit() brings the pages back, compared with what they held (every layer, K and V,
 which hold distinct values; a latent layer's one half). A hybrid cache's windowed group comes back through its own

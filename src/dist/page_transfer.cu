@@ -1,10 +1,10 @@
 #include "kvcache/dist/page_transfer.h"
 
 #include "core/scoped_device.h"
+#include "device/page_mover.cuh"
 #include "dist/transfer_header.h"
-#include "kernels/page_mover.cuh"
-#include "memory/page_list_validation.h"
-#include "memory/scale_support.h"
+#include "memory/cache/scale_support.h"
+#include "memory/page_ops/page_list_validation.h"
 
 #include "kvcache/core/device_allocation.h"
 #include "kvcache/core/errors.h"

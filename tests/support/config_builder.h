@@ -3,7 +3,7 @@
 // One way for tests and benchmarks to write a config: named setters over defaults, so no call depends on an argument
 // order.
 
-#include "kvcache/kv_cache_config.h"
+#include "kvcache/core/kv_cache_config.h"
 
 #include <cuda_runtime_api.h>
 

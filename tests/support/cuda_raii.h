@@ -7,7 +7,7 @@
 
 #include "core/cuda_owners.h"
 
-#include "kvcache/errors.h"
+#include "kvcache/core/errors.h"
 
 #include <cuda_runtime_api.h>
 

@@ -2,7 +2,7 @@
 
 // The KV cache element types as GoogleTest type lists, each with an unsigned integer of its size to move raw bits.
 
-#include "kvcache/data_type.h"
+#include "kvcache/core/data_type.h"
 
 #include <gtest/gtest.h>
 

@@ -4,8 +4,8 @@
 // group, K page then V page, in layer order, then the scales of every layer in the same order; and host page helpers
 // the host tier and sequence file tests share.
 
-#include "kvcache/host_tier.h"
-#include "kvcache/page_ops.h"
+#include "kvcache/memory/page_ops.h"
+#include "kvcache/tiers/host_tier.h"
 
 #include <cstdint>
 #include <cstring>

@@ -2,7 +2,7 @@
 
 // GoogleTest expectations of a page group's and a layer's layout against the independent model.
 
-#include "kvcache/kv_cache_layout.h"
+#include "kvcache/core/kv_cache_layout.h"
 
 #include <gtest/gtest.h>
 

@@ -3,9 +3,9 @@
 // The tests' own model of the layout, written from the design document's formulas without the library's code: pages
 // are counted one at a time, element sizes are written out by hand, sizes are summed layer by layer.
 
-#include "kvcache/data_type.h"
-#include "kvcache/kv_cache_config.h"
-#include "kvcache/layer_ref.h"
+#include "kvcache/core/data_type.h"
+#include "kvcache/core/kv_cache_config.h"
+#include "kvcache/memory/layer_ref.h"
 
 #include <algorithm>
 #include <cstdint>

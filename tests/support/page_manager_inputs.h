@@ -3,7 +3,7 @@
 // Inputs the page manager tests share: runs of token ids, and options whose hash seed is fixed so that hashes are the
 // same in every run.
 
-#include "kvcache/page_manager.h"
+#include "kvcache/paging/page_manager.h"
 
 #include <array>
 #include <cstddef>

@@ -1,17 +1,17 @@
 #pragma once
 
-// The tests' own model of the PageManager contract (kvcache/page_manager.h), written from the header's text without
-// the library's code: reference counts in vectors, the free pages on a stack, the cached pages in a vector in release
-// order, each group's cache a std::map from hash to page, lists searched linearly. Hashes come from the same
+// The tests' own model of the PageManager contract (kvcache/paging/page_manager.h), written from the header's text
+// without the library's code: reference counts in vectors, the free pages on a stack, the cached pages in a vector in
+// release order, each group's cache a std::map from hash to page, lists searched linearly. Hashes come from the same
 // rt::PageHasher (same algorithm and seed); extra keys are fed to it in the model's own byte encoding, so a model
 // hash equals the manager's only for pages without extra keys, and tests compare the rest through a one-to-one map.
 // A hybrid cache's cuts (the header's "Hybrid caches" paragraph) are kept as a vector of records, least recently made
 // first, each with its windows' page ids; whether a page is anchored is found by searching them.
 
-#include "kvcache/kv_cache_config.h"
-#include "kvcache/page_hash.h"
-#include "kvcache/page_manager.h"
-#include "kvcache/page_ops.h"
+#include "kvcache/core/kv_cache_config.h"
+#include "kvcache/memory/page_ops.h"
+#include "kvcache/paging/page_hash.h"
+#include "kvcache/paging/page_manager.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -636,8 +636,8 @@ public:
         return ModelOutcome::kOK;
     }
 
-    //! detail::PageManagerInternal::adoptRun of the next `pages` whole pages of `tokens` (the sequence's tokens from its
-    //! length on; `keys` those in them) for a sequence that holds whole pages only and prefix caching on: returns
+    //! detail::PageManagerInternal::adoptRun of the next `pages` whole pages of `tokens` (the sequence's tokens from
+    //! its length on; `keys` those in them) for a sequence that holds whole pages only and prefix caching on: returns
     //! false, changing nothing, when a group lacks the free and cached pages for its fresh pages; else adopts the run
     //! and writes each group's fresh (entry, page) pairs to `*fresh`. A run page a group needs (every page in full
     //! attention, the window before the run's end in a windowed group) is its registered page when there is one, held,
@@ -662,8 +662,8 @@ public:
             Group const& group = mGroups[static_cast<size_t>(g)];
             int32_t const window = firstNeededPage(g, int64_t{end} * mTokensPerPage);
             int64_t taken = 0;
-            int64_t available = static_cast<int64_t>(group.freeStack.size() + group.lru.size()
-                + group.anchoredCached.size());
+            int64_t available =
+                static_cast<int64_t>(group.freeStack.size() + group.lru.size() + group.anchoredCached.size());
             for (int32_t p = std::max(first, window); p < end; ++p)
             {
                 std::optional<int32_t> const page = lookup(group, hashes[static_cast<size_t>(p - first)]);

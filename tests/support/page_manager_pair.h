@@ -3,8 +3,8 @@
 // A PageManager and the independent model (page_manager_model.h) side by side: every call goes to both and the manager
 // is checked against the model after each (snapshot, eviction callback calls, invariants).
 
-#include "kvcache/page_hash.h"
-#include "kvcache/page_manager.h"
+#include "kvcache/paging/page_hash.h"
+#include "kvcache/paging/page_manager.h"
 
 #include <gtest/gtest.h>
 

@@ -4,10 +4,10 @@
 // host model (support/reference_cache.h), and the configs and targets the tests share. Byte for byte: every test
 // compares every byte of every layer.
 
-#include "kvcache/data_type.h"
-#include "kvcache/kv_cache_config.h"
-#include "kvcache/kv_cache_manager.h"
-#include "kvcache/page_ops.h"
+#include "kvcache/core/data_type.h"
+#include "kvcache/core/kv_cache_config.h"
+#include "kvcache/memory/kv_cache_manager.h"
+#include "kvcache/memory/page_ops.h"
 
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>

@@ -5,9 +5,9 @@
 // half, in the order a host page holds them (docs/layout.md, "Host pages"). The benchmarks move these one at a time
 // for their per-page baselines, and read them back for their checks. No GoogleTest: benchmarks use it.
 
-#include "kvcache/kv_cache_layout.h"
-#include "kvcache/kv_cache_manager.h"
-#include "kvcache/layer_ref.h"
+#include "kvcache/core/kv_cache_layout.h"
+#include "kvcache/memory/kv_cache_manager.h"
+#include "kvcache/memory/layer_ref.h"
 
 #include <cstdint>
 #include <vector>

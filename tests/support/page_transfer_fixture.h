@@ -5,12 +5,12 @@
 // (data and scale pages alike), the receiver's a poison byte, and the receiver's pages are checked byte for byte
 // against that model. Skips with fewer than two GPUs, fails under KVCACHE_REQUIRE_GPU=1.
 
-#include "memory/scale_support.h"
+#include "memory/cache/scale_support.h"
 
-#include "kvcache/errors.h"
-#include "kvcache/kv_cache_config.h"
-#include "kvcache/kv_cache_manager.h"
-#include "kvcache/transfer/page_transfer.h"
+#include "kvcache/core/errors.h"
+#include "kvcache/core/kv_cache_config.h"
+#include "kvcache/dist/page_transfer.h"
+#include "kvcache/memory/kv_cache_manager.h"
 
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>

@@ -6,7 +6,7 @@
 // written rules operation by operation (float32 divisions where the rules divide) and never depend on the
 // floating-point environment. Every input is defined: NaN, infinities and zeros included; no path divides by zero.
 
-#include "kvcache/kv_cache_config.h"
+#include "kvcache/core/kv_cache_config.h"
 
 #include <cmath>
 #include <cstddef>

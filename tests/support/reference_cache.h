@@ -3,7 +3,7 @@
 // The page-op tests' host model of a cache: every layer's bytes, and its scale pool's, with copies and resets applied
 // as the documentation says they act (support/page_op_reference.h puts it beside a real cache).
 
-#include "kvcache/page_ops.h"
+#include "kvcache/memory/page_ops.h"
 
 #include <algorithm>
 #include <cstdint>

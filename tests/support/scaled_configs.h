@@ -3,8 +3,8 @@
 // Quantized configs the scale tests share: the formats with scale pools and their storage types, and a cache of seven
 // layers in three page groups (full attention and two windows, KV and latent layers) that any quantization can hold.
 
-#include "kvcache/data_type.h"
-#include "kvcache/kv_cache_config.h"
+#include "kvcache/core/data_type.h"
+#include "kvcache/core/kv_cache_config.h"
 
 #include <cstdint>
 #include <iterator>

@@ -4,7 +4,7 @@
 // pages, the file's bytes, and header fields rewritten under a recomputed checksum. A test including this header
 // needs xxhash.h on its include path (target_include_directories ... KVCACHE_XXHASH_INCLUDE_DIR).
 
-#include "kvcache/sequence_file.h"
+#include "kvcache/tiers/sequence_file.h"
 
 #include <gtest/gtest.h>
 

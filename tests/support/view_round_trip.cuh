@@ -4,9 +4,9 @@
 // element values, the kernel that writes them and the host-side checks. Shared by the manager's view, lifetime and
 // LayerRef tests, so that each checks data the same way.
 
-#include "kvcache/kv_cache_manager.h"
-#include "kvcache/layer_ref.h"
-#include "kvcache/tensor.h"
+#include "kvcache/core/tensor.h"
+#include "kvcache/memory/kv_cache_manager.h"
+#include "kvcache/memory/layer_ref.h"
 
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>

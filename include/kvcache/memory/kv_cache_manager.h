@@ -191,7 +191,7 @@ private:
     std::vector<LayerScales> mLayerScales{};
     std::vector<Tensor> mSlotViews{};
     std::vector<Tensor> mPoolViews{};
-    //! Data entries then scale entries, group by group, read by the page kernels (see src/memory/layer_table.h).
+    //! Data entries then scale entries, group by group, read by the page kernels (see src/memory/cache/layer_table.h).
     DeviceAllocation mLayerTable{};
 };
 

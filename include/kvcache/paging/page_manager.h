@@ -125,7 +125,7 @@ struct PageManagerStats
 
 namespace detail
 {
-//! The library's own access to a PageManager beyond its public calls (src/paging/page_manager_internal.h).
+//! The library's own access to a PageManager beyond its public calls (src/paging/page_manager/page_manager_internal.h).
 class PageManagerInternal;
 } // namespace detail
 

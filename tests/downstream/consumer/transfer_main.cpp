@@ -1,8 +1,8 @@
 // Links kvcache::transfer from the package and checks a host-only part of it: the geometry fingerprint two peers
 // compare before a transfer equals FNV-1a over the encoding its header documents, computed here from the config, and
 // changes with the page size and with the quantization.
+#include <kvcache/dist/page_transfer.h>
 #include <kvcache/kvcache.h>
-#include <kvcache/transfer/page_transfer.h>
 
 #include <cstdint>
 #include <cstdio>

@@ -1,4 +1,0 @@
-#pragma once
-
-//! Forwards to the header's place by layer; kept so that existing includes stay valid.
-#include "kvcache/memory/kv_cache_manager.h"

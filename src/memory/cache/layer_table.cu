@@ -1,0 +1,110 @@
+#include "memory/cache/layer_table.h"
+
+#include "kvcache/core/errors.h"
+
+#include <algorithm>
+
+namespace kvcache::rt::detail
+{
+namespace
+{
+
+constexpr int32_t kENTRIES_PER_UPLOAD = 64;
+
+//! Entries that travel as kernel parameters, so the upload needs no pageable host copy and no host sync.
+struct UploadBatch
+{
+    LayerTableEntry entries[kENTRIES_PER_UPLOAD];
+    int32_t count;
+};
+
+__global__ void uploadLayerTableKernel(LayerTableEntry* dst, UploadBatch batch)
+{
+    if (static_cast<int32_t>(threadIdx.x) < batch.count)
+    {
+        dst[threadIdx.x] = batch.entries[threadIdx.x];
+    }
+}
+
+std::vector<LayerTableEntry> entriesOf(std::vector<DeviceAllocation> const& buffers,
+    std::vector<DeviceAllocation> const& scaleBuffers, KVCacheLayout const& layout)
+{
+    std::vector<char*> dataBases;
+    std::vector<char*> scaleBases;
+    for (DeviceAllocation const& buffer : buffers)
+    {
+        dataBases.push_back(static_cast<char*>(buffer.data()));
+    }
+    for (DeviceAllocation const& buffer : scaleBuffers)
+    {
+        scaleBases.push_back(static_cast<char*>(buffer.data()));
+    }
+    return layerTableEntries(layout, dataBases, scaleBases);
+}
+
+} // namespace
+
+std::vector<LayerTableEntry> layerTableEntries(
+    KVCacheLayout const& layout, std::vector<char*> const& dataBases, std::vector<char*> const& scaleBases)
+{
+    bool const scaled = keepsScalePools(layout.quantization);
+    std::vector<LayerTableEntry> entries;
+    entries.reserve(layout.layers.size() * (scaled ? 2 : 1));
+    for (KVPageGroupLayout const& group : layout.groups)
+    {
+        for (int32_t const index : group.layers)
+        {
+            KVLayerLayout const& layer = layout.layers[static_cast<size_t>(index)];
+            entries.push_back(
+                makeLayerTableEntry(dataBases[static_cast<size_t>(index)], layer.pageBytes, layer.numHalves == 2));
+        }
+        if (!scaled)
+        {
+            continue;
+        }
+        for (int32_t const index : group.layers)
+        {
+            KVLayerLayout const& layer = layout.layers[static_cast<size_t>(index)];
+            entries.push_back(makeLayerTableEntry(
+                scaleBases[static_cast<size_t>(index)], layer.scalePageBytes, layer.numHalves == 2));
+        }
+    }
+    return entries;
+}
+
+std::vector<LayerTableEntry> ManagerInternals::hostLayerTable(KVCacheManager const& cache, int32_t group)
+{
+    std::vector<LayerTableEntry> entries = entriesOf(cache.mBuffers, cache.mScaleBuffers, cache.mLayout);
+    int64_t first = 0;
+    for (int32_t g = 0; g < group; ++g)
+    {
+        first += groupTableEntries(cache.mLayout, g);
+    }
+    auto const begin = entries.begin() + first;
+    return std::vector<LayerTableEntry>(begin, begin + groupTableEntries(cache.mLayout, group));
+}
+
+DeviceAllocation makeLayerTable(std::vector<DeviceAllocation> const& buffers,
+    std::vector<DeviceAllocation> const& scaleBuffers, KVCacheLayout const& layout, cudaStream_t stream,
+    cudaMemPool_t pool)
+{
+    std::vector<LayerTableEntry> const entries = entriesOf(buffers, scaleBuffers, layout);
+    auto const count = static_cast<int32_t>(entries.size());
+    if (count == 0)
+    {
+        return {};
+    }
+    DeviceAllocation table(int64_t{count} * static_cast<int64_t>(sizeof(LayerTableEntry)), stream, pool);
+    auto* const dst = static_cast<LayerTableEntry*>(table.data());
+    for (int32_t first = 0; first < count; first += kENTRIES_PER_UPLOAD)
+    {
+        UploadBatch batch{};
+        batch.count = std::min(kENTRIES_PER_UPLOAD, count - first);
+        std::copy(entries.begin() + first, entries.begin() + first + batch.count, batch.entries);
+        uploadLayerTableKernel<<<1, kENTRIES_PER_UPLOAD, 0, stream>>>(dst + first, batch);
+        KVCACHE_CUDA_TRY(cudaGetLastError());
+    }
+    return table;
+}
+
+} // namespace kvcache::rt::detail

@@ -1,0 +1,206 @@
+// The cuts of a hybrid cache (prefix_cuts.h): eviction across the groups, making and dropping cuts, and their
+// invariants.
+#include "paging/page_manager/page_manager_state.h"
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace kvcache::rt
+{
+
+int32_t PageManager::State::evictOne(int32_t group)
+{
+    PagePool& pool = pools[static_cast<size_t>(group)];
+    // Only a windowed group of a hybrid cache can have cached pages and an empty list: its cached pages are all in
+    // cut windows. The least recently made cuts give way until one leaves a page no other cut needs.
+    while (pool.cached.size() == 0)
+    {
+        dropCut(cuts.order.oldest());
+    }
+    int32_t const page = prefix.evictOldest(group, pool);
+    if (group == cuts.fullGroup && cuts.cutPages[static_cast<size_t>(page)] != 0)
+    {
+        // No adoptable prefix ends at this page any more: its cut's windows serve nothing.
+        dropCut(page);
+    }
+    return page;
+}
+
+void PageManager::State::makeCut(int32_t row, int32_t pages)
+{
+    if (!cuts.enabled() || pages <= 0)
+    {
+        return;
+    }
+    PageHash const* hashes = sequences.hashes(row);
+    int32_t const carrier = prefix.find(cuts.fullGroup, hashes[pages - 1]);
+    if (carrier == PageHashTable::kNONE_PAGE)
+    {
+        return;
+    }
+    size_t const at = static_cast<size_t>(carrier);
+    if (cuts.cutPages[at] != 0)
+    {
+        cuts.order.unlink(carrier);
+        cuts.order.pushNewest(carrier);
+        return;
+    }
+    // Every window page is looked up before any is anchored: a cut with a page missing would keep the others for
+    // nothing.
+    cuts.window.clear();
+    for (int32_t const g : cuts.windowedGroups)
+    {
+        for (int32_t p = policies[static_cast<size_t>(g)].firstAdopted(pages, tokensPerPage); p < pages; ++p)
+        {
+            int32_t const page = prefix.find(g, hashes[p]);
+            if (page == PageHashTable::kNONE_PAGE)
+            {
+                return;
+            }
+            cuts.window.push_back(page);
+        }
+    }
+    size_t next = 0;
+    for (size_t w = 0; w < cuts.windowedGroups.size(); ++w)
+    {
+        int32_t const g = cuts.windowedGroups[w];
+        PagePool& pool = pools[static_cast<size_t>(g)];
+        int32_t const count = pages - policies[static_cast<size_t>(g)].firstAdopted(pages, tokensPerPage);
+        int32_t before = CachedPageList::kNONE;
+        for (int32_t i = 0; i < count; ++i, ++next)
+        {
+            int32_t const page = cuts.window[next];
+            pool.anchor(page);
+            if (i > 0)
+            {
+                cuts.previous[w][static_cast<size_t>(page)] = before;
+            }
+            before = page;
+        }
+        cuts.tail[w][at] = before;
+    }
+    cuts.cutPages[at] = pages;
+    cuts.order.pushNewest(carrier);
+}
+
+void PageManager::State::dropCut(int32_t page)
+{
+    size_t const at = static_cast<size_t>(page);
+    int32_t const pages = cuts.cutPages[at];
+    cuts.cutPages[at] = 0;
+    cuts.order.unlink(page);
+    for (size_t w = 0; w < cuts.windowedGroups.size(); ++w)
+    {
+        int32_t const g = cuts.windowedGroups[w];
+        PagePool& pool = pools[static_cast<size_t>(g)];
+        int32_t const count = pages - policies[static_cast<size_t>(g)].firstAdopted(pages, tokensPerPage);
+        cuts.window.clear();
+        for (int32_t i = 0, walk = cuts.tail[w][at]; i < count; ++i)
+        {
+            cuts.window.push_back(walk);
+            walk = i + 1 < count ? cuts.previous[w][static_cast<size_t>(walk)] : CachedPageList::kNONE;
+        }
+        // From the window's first page to its last, each to the front: the last is evicted first.
+        for (int32_t i = count - 1; i >= 0; --i)
+        {
+            int32_t const windowPage = cuts.window[static_cast<size_t>(i)];
+            if (pool.unanchor(windowPage))
+            {
+                pool.cached.pushOldest(windowPage);
+            }
+        }
+    }
+}
+
+namespace
+{
+
+[[noreturn]] void fail(std::string const& message)
+{
+    throw std::logic_error("PageManager invariant: " + message);
+}
+
+} // namespace
+
+void PageManager::State::checkCutInvariants() const
+{
+    // Anchor counts recounted from the cuts' windows; each window's pages registered under the hashes of one chain
+    // ending at the carrier's (the last page's hash is the carrier's own).
+    std::vector<std::vector<int32_t>> anchors(cuts.windowedGroups.size());
+    for (size_t w = 0; w < cuts.windowedGroups.size(); ++w)
+    {
+        anchors[w].assign(static_cast<size_t>(pools[static_cast<size_t>(cuts.windowedGroups[w])].pages.numPages()), 0);
+    }
+    int32_t counted = 0;
+    int32_t previous = CachedPageList::kNONE;
+    int32_t const fullPages = cuts.enabled() ? pools[static_cast<size_t>(cuts.fullGroup)].pages.numPages() : 0;
+    for (int32_t carrier = cuts.order.oldest(); carrier != CachedPageList::kNONE; carrier = cuts.order.next(carrier))
+    {
+        if (carrier < 0 || carrier >= fullPages || cuts.order.previous(carrier) != previous || counted > fullPages)
+        {
+            fail(fmt::format("the list of cuts is broken at page {}", carrier));
+        }
+        previous = carrier;
+        ++counted;
+        int32_t const pages = cuts.cutPages[static_cast<size_t>(carrier)];
+        if (pages <= 0 || !prefix.isRegistered(cuts.fullGroup, carrier))
+        {
+            fail(fmt::format("group {} page {} is on the list of cuts with {} pages, registered {}", cuts.fullGroup,
+                carrier, pages, prefix.isRegistered(cuts.fullGroup, carrier)));
+        }
+        PageHash const carried = prefix.hashOf(cuts.fullGroup, carrier);
+        for (size_t w = 0; w < cuts.windowedGroups.size(); ++w)
+        {
+            int32_t const g = cuts.windowedGroups[w];
+            int32_t const count = pages - policies[static_cast<size_t>(g)].firstAdopted(pages, tokensPerPage);
+            int32_t walk = cuts.tail[w][static_cast<size_t>(carrier)];
+            if (count > 0 && !(prefix.isRegistered(g, walk) && prefix.hashOf(g, walk) == carried))
+            {
+                fail(fmt::format("the cut of {} pages at group {} page {} ends at group {} page {}, not registered "
+                                 "under the same hash",
+                    pages, cuts.fullGroup, carrier, g, walk));
+            }
+            for (int32_t i = 0; i < count; ++i)
+            {
+                if (walk < 0 || walk >= static_cast<int32_t>(anchors[w].size()) || !prefix.isRegistered(g, walk))
+                {
+                    fail(fmt::format("the cut of {} pages at group {} page {} has page {} of group {} in its window, "
+                                     "not registered",
+                        pages, cuts.fullGroup, carrier, walk, g));
+                }
+                ++anchors[w][static_cast<size_t>(walk)];
+                walk = i + 1 < count ? cuts.previous[w][static_cast<size_t>(walk)] : CachedPageList::kNONE;
+            }
+        }
+    }
+    if (previous != cuts.order.newest() || counted != cuts.order.size())
+    {
+        fail(fmt::format("the list of cuts holds {} pages, counted {}", counted, cuts.order.size()));
+    }
+    int32_t carriers = 0;
+    for (int32_t p = 0; p < fullPages; ++p)
+    {
+        carriers += cuts.cutPages[static_cast<size_t>(p)] != 0 ? 1 : 0;
+    }
+    if (carriers != counted)
+    {
+        fail(fmt::format("{} full-attention pages carry a cut; the list of cuts holds {}", carriers, counted));
+    }
+    for (size_t w = 0; w < cuts.windowedGroups.size(); ++w)
+    {
+        int32_t const g = cuts.windowedGroups[w];
+        PagePool const& pool = pools[static_cast<size_t>(g)];
+        for (int32_t p = 0; p < pool.pages.numPages(); ++p)
+        {
+            if (pool.anchors[static_cast<size_t>(p)] != anchors[w][static_cast<size_t>(p)])
+            {
+                fail(fmt::format("group {} page {} has {} anchors and is in {} cut windows", g, p,
+                    pool.anchors[static_cast<size_t>(p)], anchors[w][static_cast<size_t>(p)]));
+            }
+        }
+    }
+}
+
+} // namespace kvcache::rt

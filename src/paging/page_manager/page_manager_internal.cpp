@@ -1,0 +1,65 @@
+// The library's own access to a PageManager: hashNextPages() with what a run adopted by its hashes needs, and that
+// adoption's checks.
+#include "paging/page_manager/page_manager_internal.h"
+
+#include "paging/page_manager/page_manager_state.h"
+
+#include "kvcache/core/errors.h"
+
+#include <fmt/format.h>
+
+namespace kvcache::rt::detail
+{
+
+NextPageHashes PageManagerInternal::hashNextPages(PageManager const& manager, SequenceId sequence,
+    int32_t const* tokens, int32_t count, PageHash* out, PageExtraKey const* extraKeys, int32_t numExtraKeys)
+{
+    PageManager::State& s = *manager.mState;
+    int32_t const row = s.sequences.rowOf(sequence, "hashNextPages");
+    NextPageHashes known;
+    known.count = s.hashNextPages(row, tokens, count, out, extraKeys, numExtraKeys);
+    known.sequence = sequence;
+    known.parent = s.sequences[row].lastHash;
+    known.firstPage = s.sequences[row].length >> s.pageShift;
+    known.hashes = out;
+    return known;
+}
+
+bool PageManagerInternal::hasPage(PageManager const& manager, int32_t group, PageHash hash) noexcept
+{
+    return manager.mState->prefix.find(group, hash) != PageHashTable::kNONE_PAGE;
+}
+
+int32_t PageManagerInternal::firstNeededPage(PageManager const& manager, int32_t group, int32_t pages) noexcept
+{
+    PageManager::State const& s = *manager.mState;
+    return s.policies[static_cast<size_t>(group)].firstAdopted(pages, s.tokensPerPage);
+}
+
+bool PageManagerInternal::adoptRun(
+    PageManager& manager, NextPageHashes const& known, int32_t pages, std::vector<std::vector<FreshPage>>& fresh)
+{
+    PageManager::State& s = *manager.mState;
+    int32_t const row = s.sequences.rowOf(known.sequence, "adoptRun");
+    SequenceState const& sequence = s.sequences[row];
+    if (!s.prefix.enabled())
+    {
+        throw InvalidArgumentError(
+            "PageManager::adoptRun: prefix caching is off; a run is adopted by its hashes (enablePrefixCaching)");
+    }
+    if (int64_t{sequence.length} != int64_t{known.firstPage} * s.tokensPerPage || sequence.lastHash != known.parent)
+    {
+        throw InvalidArgumentError(fmt::format("PageManager::adoptRun: sequence {} has {} tokens; the run's hashes "
+                                               "continue {} whole pages of {} tokens ({} tokens) and their hash chain",
+            known.sequence, sequence.length, known.firstPage, s.tokensPerPage,
+            int64_t{known.firstPage} * s.tokensPerPage));
+    }
+    if (pages < 1 || pages > known.count || known.hashes == nullptr)
+    {
+        throw InvalidArgumentError(fmt::format(
+            "PageManager::adoptRun: pages is {}; it must be in [1, {}] (the pages hashed)", pages, known.count));
+    }
+    return s.adoptRun(row, known, pages, fresh);
+}
+
+} // namespace kvcache::rt::detail

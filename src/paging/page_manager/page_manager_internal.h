@@ -1,0 +1,66 @@
+#pragma once
+
+// What the library's own layers reach in a PageManager beyond its public calls: the hashes of a sequence's next pages
+// with what a run adopted by them needs, and that adoption, which gives a sequence a run of pages each group has on the
+// device or fills fresh from another tier (the tiered prefix cache's host pages), hashed once. Not installed: a runtime
+// cannot pass hashes of its own.
+
+#include "kvcache/paging/page_hash.h"
+#include "kvcache/paging/page_manager.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace kvcache::rt::detail
+{
+
+//! Hashes of the pages [firstPage, firstPage + count) of `sequence`, as hashNextPages() computed them when the sequence
+//! held firstPage whole pages and the hash of its last full page (its root when none) was `parent`.
+struct NextPageHashes
+{
+    SequenceId sequence = -1;
+    PageHash parent = {};
+    int32_t firstPage = 0;
+    int32_t count = 0;
+    PageHash const* hashes = nullptr;
+};
+
+//! A page adoptRun() took fresh: the sequence's entry `index` in the group is `page`, registered under the run's hash
+//! of that index; its bytes are the caller's to fill before a kernel reads it.
+struct FreshPage
+{
+    int32_t index = 0;
+    int32_t page = 0;
+};
+
+class PageManagerInternal
+{
+public:
+    //! PageManager::hashNextPages(sequence, tokens, count, out, extraKeys, numExtraKeys), returning with the hashes
+    //! written to out what adoptRun() needs to take them (count: how many were written). Throws what hashNextPages
+    //! throws.
+    static NextPageHashes hashNextPages(PageManager const& manager, SequenceId sequence, int32_t const* tokens,
+        int32_t count, PageHash* out, PageExtraKey const* extraKeys, int32_t numExtraKeys);
+
+    //! Returns whether `group` (checked by the caller) has a page registered under `hash`, held or cached.
+    static bool hasPage(PageManager const& manager, int32_t group, PageHash hash) noexcept;
+    //! Returns the first page a sequence of `pages` whole pages needs in `group` (checked by the caller): 0 for full
+    //! attention, the window's first page for a sliding window.
+    static int32_t firstNeededPage(PageManager const& manager, int32_t group, int32_t pages) noexcept;
+
+    //! Extends known.sequence by the pages [known.firstPage, known.firstPage + pages) of `known`, as adoptPrefix()
+    //! would if every group had them cached: in each group, every page the sequence then needs (all of them in full
+    //! attention; in a windowed group, those of the window before the new length) is the group's page registered under
+    //! its hash when there is one (held, as adoptPrefix holds it), else a fresh page registered under that hash and
+    //! listed in fresh[g] (resized to the groups, in index order); a windowed group's pages out of the new window, the
+    //! adopted prefix's included, are released (before fresh pages are taken) and its entries before the window are
+    //! kUNUSED_PAGE_ENTRY. The sequence then holds known.firstPage + pages whole pages; the cuts of a hybrid cache are
+    //! made as adoptPrefix makes them. Returns false, changing nothing, when a group lacks the free and cached pages
+    //! for its fresh pages. Throws InvalidArgumentError, before changing anything, when prefix caching is off, when the
+    //! sequence does not hold exactly known.firstPage whole pages ending in known.parent's hash, or when pages is
+    //! outside [1, known.count]; after the change is complete, what the eviction callback throws.
+    static bool adoptRun(
+        PageManager& manager, NextPageHashes const& known, int32_t pages, std::vector<std::vector<FreshPage>>& fresh);
+};
+
+} // namespace kvcache::rt::detail

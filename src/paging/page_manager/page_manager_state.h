@@ -1,0 +1,145 @@
+#pragma once
+
+#include "paging/page_manager/page_manager_internal.h"
+#include "paging/page_manager/prefix_cuts.h"
+#include "paging/parts/group_policy.h"
+#include "paging/parts/page_pool.h"
+#include "paging/parts/prefix_cache.h"
+#include "paging/parts/sequence_table.h"
+
+#include "kvcache/paging/page_manager.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace kvcache::rt
+{
+
+//! What a PageManager is made of, and the operations that span its parts. The parts: per group a PagePool and a
+//! GroupPolicy, the SequenceTable, the PrefixCache, a hybrid cache's PrefixCuts; the step's copy buffers.
+struct PageManager::State
+{
+    KVCacheLayout layout;
+    PageManagerOptions options;
+    int32_t maxSequenceLength = 0;
+    int32_t tokensPerPage = 0;
+    //! tokensPerPage is a power of two: shifts and masks instead of divisions on the per-token paths.
+    int32_t pageShift = 0;
+    int64_t pageMask = 0;
+    int32_t maxTokensPerStep = 0;
+    std::vector<PagePool> pools;
+    std::vector<GroupPolicy> policies;
+    //! Whether any group releases pages that leave its window (else a step has nothing to release).
+    bool anyWindowed = false;
+    SequenceTable sequences;
+    PrefixCache prefix;
+    PrefixCuts cuts;
+    //! The latest step's copies, one list per group, reused from step to step.
+    std::vector<std::vector<PageCopy>> copies;
+    //! The step's page count per group (step(), pagesNeeded()).
+    mutable std::vector<int64_t> stepNeeded;
+    mutable std::vector<int64_t> stepReleased;
+    int64_t copyOnWritePages = 0;
+    int64_t prefixQueryTokens = 0;
+    int64_t prefixHitTokens = 0;
+    //! Scratch of adoptPrefix: the prompt's page hashes, and the page each group has cached under them (-1: not looked
+    //! up, a windowed group's); adoptRun's lookups too.
+    std::vector<PageHash> promptHashes;
+    std::vector<int32_t> promptPages;
+
+    State(KVCacheLayout const& layout, PageManagerOptions const& options);
+
+    int32_t numGroups() const noexcept
+    {
+        return static_cast<int32_t>(pools.size());
+    }
+    //! Pages that `tokens` tokens fill, the last possibly partial.
+    int64_t pagesFor(int64_t tokens) const noexcept
+    {
+        return (tokens + pageMask) >> pageShift;
+    }
+    //! Sets up the cuts when the cache is hybrid; called once the pools and policies exist.
+    void setUpCuts(int32_t maxEntries);
+    //! Throws OutOfRangeError naming `what` for a group outside [0, numGroups()).
+    void checkGroup(int32_t group, char const* what) const;
+
+    //! Takes a page of `group` for a new holder: the most recently freed, else the cached one evictOne() evicts. The
+    //! caller has checked that one is available.
+    int32_t takePage(int32_t group)
+    {
+        PagePool& pool = pools[static_cast<size_t>(group)];
+        if (pool.pages.numFree() > 0)
+        {
+            return pool.pages.allocate();
+        }
+        // A cache without cuts evicts the oldest cached page, inline: the path every step of such a cache takes.
+        int32_t const page = cuts.enabled() ? evictOne(group) : prefix.evictOldest(group, pool);
+        pool.pages.hold(page);
+        return page;
+    }
+    //! Removes a holder from `page` of `group`: a registered page with no holder left becomes cached, others free.
+    void releasePage(int32_t group, int32_t page)
+    {
+        // Whether the page is registered matters only to its last holder.
+        pools[static_cast<size_t>(group)].letGo(page, [&](int32_t last) { return prefix.isRegistered(group, last); });
+    }
+
+    // Cuts of a hybrid cache (page_manager_cuts.cpp) --------------------------------------------------------------
+
+    //! Drops the content of the cached page of `group` that goes first and returns it, parked and unregistered: the
+    //! oldest on the list, after dropping cuts (least recently made first) while the list is empty, which happens only
+    //! in a windowed group whose cached pages are all anchored; a full-attention page's cut goes with it. The group
+    //! must have a cached page.
+    int32_t evictOne(int32_t group);
+    //! Makes the cut of the first `pages` whole pages of the sequence in `row` (its hashes known), or makes it the most
+    //! recent again when it exists; makes none when the full-attention page or a window page is not registered.
+    void makeCut(int32_t row, int32_t pages);
+    //! Drops the cut `page` of the full-attention group carries: its window pages lose an anchor, and those left
+    //! cached without one go before every other cached page of their group, the window's last page first.
+    void dropCut(int32_t page);
+    //! Notes that the sequence in `row` filled its page `index` (hashed `hash`, registered in every group): keeps the
+    //! hash and makes the cuts the sequence waits for at that length.
+    void filledPage(int32_t row, int32_t index, PageHash hash)
+    {
+        sequences.hashes(row)[index] = hash;
+        SequenceState const& sequence = sequences[row];
+        if (index + 1 == sequence.promptCut || index + 1 == sequence.matchCut)
+        {
+            makeCut(row, index + 1);
+        }
+    }
+    void checkCutInvariants() const;
+
+    // Validation (page_manager_step.cpp) ---------------------------------------------------------------------------
+
+    void checkExtraKeys(char const* what, PageExtraKey const* keys, int32_t numKeys, int64_t begin, int64_t end) const;
+    //! Checks every entry of a step as step() does, throwing what it throws; marks each listed sequence with a fresh
+    //! stamp (duplicates).
+    void checkStep(SequenceAppend const* appends, int32_t count) const;
+    //! Writes to needed[g] the pages the (checked) step takes from group g and to released[g] those its window releases
+    //! make available.
+    void countStep(SequenceAppend const* appends, int32_t count, int64_t* needed, int64_t* released) const;
+
+    // Operations ---------------------------------------------------------------------------------------------------
+
+    StepCopies step(SequenceAppend const* appends, int32_t count);
+    void releaseOutOfWindow(int32_t row);
+    void appendOne(SequenceAppend const& append, int32_t row);
+    void registerFilledPages(SequenceAppend const& append, int32_t row);
+    //! Returns the hash of the page [start, start + tokensPerPage) the append fills, its extra keys those the sequence
+    //! kept for it and the append's in it; forgets the kept ones.
+    PageHash hashFilledPage(
+        SequenceState& sequence, SequenceAppend const& append, int32_t const* pageTokens, int32_t start);
+    int32_t adoptPrefix(int32_t row, int32_t const* tokens, int32_t count, PageExtraKey const* keys, int32_t numKeys);
+    //! Returns how many whole prompt pages (of promptHashes) every windowed group can serve.
+    int32_t windowedServedPages() const;
+    //! detail::PageManagerInternal::adoptRun, its arguments checked; fresh[g] is cleared and filled.
+    bool adoptRun(int32_t row, detail::NextPageHashes const& known, int32_t pages,
+        std::vector<std::vector<detail::FreshPage>>& fresh);
+    int32_t hashNextPages(
+        int32_t row, int32_t const* tokens, int32_t count, PageHash* out, PageExtraKey const* keys, int32_t numKeys);
+    void checkInvariants() const;
+    void checkGroupInvariants(int32_t group) const;
+};
+
+} // namespace kvcache::rt

@@ -1,0 +1,126 @@
+// Sequence files over a host tier's host pages: the pages hold data and page scales; the host-held scales (per-tensor
+// FP8, NVFP4 global scales) come from the cache and are recorded in, or compared with, the file's header.
+
+#include "memory/cache/scale_support.h"
+#include "memory/page_ops/page_list_validation.h"
+#include "tiers/host_tier/host_page_pool.h"
+
+#include "kvcache/core/errors.h"
+#include "kvcache/tiers/host_tier.h"
+#include "kvcache/tiers/sequence_file.h"
+
+#include <fmt/format.h>
+
+#include <vector>
+
+namespace kvcache::rt
+{
+namespace
+{
+
+//! Returns the host-held scales of `cache`'s layers of `tier`'s group in the group's order (a latent layer's v as 0),
+//! none for a quantization without them. Throws InvalidArgumentError naming `what` and both geometries when `cache`'s
+//! group has another geometry than the tier's.
+std::vector<LayerScales> groupLayerScales(char const* what, HostTier const& tier, KVCacheManager const& cache)
+{
+    int32_t const group = tier.group();
+    if (group >= cache.numGroups())
+    {
+        throw InvalidArgumentError(
+            fmt::format("{}: the cache has {} groups; the tier holds group {}", what, cache.numGroups(), group));
+    }
+    PageGeometry const geometry = pageGeometry(cache.layout(), group);
+    PageGeometry const& expected = tier.geometry();
+    if (geometry != expected)
+    {
+        throw InvalidArgumentError(fmt::format("{}: the cache's group {} has another geometry: quantization {}, {} "
+                                               "layers, {} bytes a page; the tier's has quantization {}, {} layers, {} "
+                                               "bytes",
+            what, group, kvQuantizationName(geometry.quantization), geometry.layers.size(), geometry.bytesPerPage,
+            kvQuantizationName(expected.quantization), expected.layers.size(), expected.bytesPerPage));
+    }
+    std::vector<LayerScales> scales;
+    if (!detail::keepsHostScales(geometry.quantization))
+    {
+        return scales;
+    }
+    for (int32_t const layer : cache.group(group).layers)
+    {
+        LayerScales layerScales = cache.layerScales(layer);
+        if (cache.layout().layers[static_cast<size_t>(layer)].kind == KVLayerKind::kLATENT)
+        {
+            layerScales.v = 0.0F; // no V: what the file records
+        }
+        scales.push_back(layerScales);
+    }
+    return scales;
+}
+
+//! Throws InvalidArgumentError naming `what` and the quantization when the tier's cache keeps host-held scales, which
+//! only the cache knows.
+void refuseHostHeldScales(char const* what, HostTier const& tier)
+{
+    if (detail::keepsHostScales(tier.quantization()))
+    {
+        throw InvalidArgumentError(fmt::format("{}: KVCacheConfig.quantization is {}, whose host-held layer scales the "
+                                               "cache keeps, not the tier: pass the cache ({}(path, tier, cache, ...)) "
+                                               "so that the file's scales are recorded or compared",
+            what, kvQuantizationName(tier.quantization()), what));
+    }
+}
+
+void save(std::string const& path, HostTier& tier, std::vector<LayerScales> const& scales, int32_t const* hostPages,
+    int64_t count, int64_t tokenCount)
+{
+    tier.synchronizeHostPages(hostPages, count);
+    std::vector<void const*> pages;
+    pages.reserve(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i)
+    {
+        pages.push_back(tier.hostPageData(hostPages[i]));
+    }
+    writeSequenceFile(path, tier.geometry(), tokenCount, pages.data(), count, scales);
+}
+
+int64_t load(std::string const& path, HostTier& tier, std::vector<LayerScales> const& scales, int32_t const* hostPages,
+    int64_t count)
+{
+    tier.synchronizeHostPages(hostPages, count);
+    std::vector<int32_t> sorted(hostPages, hostPages + count);
+    detail::validateDistinctIds("loadSequence", "host page", sorted);
+    std::vector<void*> pages;
+    pages.reserve(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i)
+    {
+        pages.push_back(tier.hostPageData(hostPages[i]));
+    }
+    return readSequenceFile(path, tier.geometry(), pages.data(), count, scales);
+}
+
+} // namespace
+
+void saveSequence(std::string const& path, HostTier& tier, KVCacheManager const& cache, int32_t const* hostPages,
+    int64_t count, int64_t tokenCount)
+{
+    save(path, tier, groupLayerScales("saveSequence", tier, cache), hostPages, count, tokenCount);
+}
+
+void saveSequence(std::string const& path, HostTier& tier, int32_t const* hostPages, int64_t count, int64_t tokenCount)
+{
+    refuseHostHeldScales("saveSequence", tier);
+    save(path, tier, {}, hostPages, count, tokenCount);
+}
+
+int64_t loadSequence(
+    std::string const& path, HostTier& tier, KVCacheManager const& cache, int32_t const* hostPages, int64_t count)
+{
+    return load(path, tier, groupLayerScales("loadSequence", tier, cache), hostPages, count);
+}
+
+int64_t loadSequence(std::string const& path, HostTier& tier, int32_t const* hostPages, int64_t count)
+{
+    refuseHostHeldScales("loadSequence", tier);
+    return load(path, tier, {}, hostPages, count);
+}
+
+} // namespace kvcache::rt

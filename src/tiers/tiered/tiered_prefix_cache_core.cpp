@@ -1,0 +1,436 @@
+// TieredPrefixCache's bookkeeping: evictions recorded by the callback and offloaded once the manager's call returned
+// (host pages a full host tier gives up go to the disk tier first), steps, and the checks of a layout and of the tiers'
+// sizes; admissions are in tiered_prefix_cache_admit.cpp. Host only: transfers go through a TierMover.
+#include "tiers/tiered/tiered_prefix_cache_core.h"
+
+#include "kvcache/core/errors.h"
+#include "kvcache/core/page_geometry.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+#include <stdexcept>
+
+namespace kvcache::rt::detail
+{
+namespace
+{
+
+constexpr char const* kWHAT = "TieredPrefixCache";
+
+//! Throws InvalidArgumentError naming the field, the manager's value and the cache's.
+template <typename Value>
+void checkField(char const* field, Value manager, Value cache)
+{
+    if (manager != cache)
+    {
+        throw InvalidArgumentError(fmt::format("{}: the page manager's layout is not the cache's: {} is {} in the "
+                                               "manager and {} in the cache; size the manager from cache.layout()",
+            kWHAT, field, manager, cache));
+    }
+}
+
+} // namespace
+
+void checkSameLayout(KVCacheLayout const& cache, KVCacheLayout const& manager)
+{
+    checkField("the number of page groups", manager.groups.size(), cache.groups.size());
+    checkField("tokensPerPage", manager.tokensPerPage, cache.tokensPerPage);
+    checkField("maxSequenceLength", manager.maxSequenceLength, cache.maxSequenceLength);
+    for (size_t g = 0; g < cache.groups.size(); ++g)
+    {
+        std::string const numPages = fmt::format("group {} numPages", g);
+        checkField(numPages.c_str(), manager.groups[g].numPages, cache.groups[g].numPages);
+        std::string const window = fmt::format("group {} slidingWindow", g);
+        checkField(window.c_str(), manager.groups[g].slidingWindow, cache.groups[g].slidingWindow);
+        if (pageGeometry(manager, static_cast<int32_t>(g)) != pageGeometry(cache, static_cast<int32_t>(g)))
+        {
+            throw InvalidArgumentError(fmt::format("{}: the page manager's layout is not the cache's: group {}'s page "
+                                                   "geometry (data type, quantization, layers) differs ({} and {} "
+                                                   "bytes a page, quantization {} and {})",
+                kWHAT, g, manager.groups[g].bytesPerPage, cache.groups[g].bytesPerPage,
+                kvQuantizationName(manager.quantization), kvQuantizationName(cache.quantization)));
+        }
+    }
+}
+
+void checkNumHostPages(KVCacheLayout const& layout, std::vector<int64_t> const& numHostPages)
+{
+    if (numHostPages.size() != layout.groups.size())
+    {
+        throw InvalidArgumentError(fmt::format("{}: numHostPages has {} entries; it must have one per page group ({}): "
+                                               "every group needs a host tier",
+            kWHAT, numHostPages.size(), layout.groups.size()));
+    }
+    for (size_t g = 0; g < numHostPages.size(); ++g)
+    {
+        if (numHostPages[g] < 1 || numHostPages[g] > std::numeric_limits<int32_t>::max())
+        {
+            throw InvalidArgumentError(fmt::format("{}: numHostPages[{}] is {}; it must be in [1, {}] (group {}, {}, "
+                                                   "needs a host tier: an onboarded run fills its pages in every "
+                                                   "group)",
+                kWHAT, g, numHostPages[g], std::numeric_limits<int32_t>::max(), g,
+                layout.groups[g].slidingWindow == 0
+                    ? std::string("full attention")
+                    : fmt::format("sliding window of {} tokens", layout.groups[g].slidingWindow)));
+        }
+    }
+}
+
+void checkNumDiskPages(KVCacheLayout const& layout, std::vector<int64_t> const& numDiskPages)
+{
+    if (numDiskPages.empty())
+    {
+        return;
+    }
+    if (numDiskPages.size() != layout.groups.size())
+    {
+        throw InvalidArgumentError(fmt::format("{}: numDiskPages has {} entries; it must be empty (no disk tier) or "
+                                               "have one per page group ({})",
+            kWHAT, numDiskPages.size(), layout.groups.size()));
+    }
+    for (size_t g = 0; g < numDiskPages.size(); ++g)
+    {
+        if (numDiskPages[g] < 1 || numDiskPages[g] > std::numeric_limits<int32_t>::max())
+        {
+            throw InvalidArgumentError(fmt::format("{}: numDiskPages[{}] is {}; it must be in [1, {}] (with a disk "
+                                                   "tier, every group has one: a run needs its pages in every group)",
+                kWHAT, g, numDiskPages[g], std::numeric_limits<int32_t>::max()));
+        }
+    }
+}
+
+TieredPrefixCacheCore::TieredPrefixCacheCore(
+    PageManager& pages, std::vector<int64_t> const& numHostPages, std::vector<int64_t> const& numDiskPages)
+    : mPages(&pages)
+{
+    KVCacheLayout const& layout = pages.layout();
+    checkNumHostPages(layout, numHostPages);
+    checkNumDiskPages(layout, numDiskPages);
+    mTokensPerPage = layout.tokensPerPage;
+    int64_t const pagesPerSequence = (int64_t{layout.maxSequenceLength} + mTokensPerPage - 1) / mTokensPerPage;
+    mHashes.resize(static_cast<size_t>(pagesPerSequence));
+    mGroups.reserve(layout.groups.size());
+    for (size_t g = 0; g < layout.groups.size(); ++g)
+    {
+        auto const numPages = static_cast<size_t>(layout.groups[g].numPages);
+        // A group's evictions between two offloads are distinct pages (recordEviction replaces a page's older
+        // record), and an offload or an onboard lists at most every page once: numPages bounds every list.
+        Group group{HostPageMap(numHostPages[g]), layout.groups[g].slidingWindow != 0, {},
+            std::vector<int32_t>(numPages, -1), {}, {},
+            std::vector<int32_t>(static_cast<size_t>(pagesPerSequence), kUNKNOWN),
+            std::vector<uint8_t>(static_cast<size_t>(pagesPerSequence), 0)};
+        group.pending.reserve(numPages);
+        group.entries.reserve(numPages);
+        group.pinned.reserve(numPages);
+        mGroups.push_back(std::move(group));
+        mFresh.emplace_back().reserve(static_cast<size_t>(pagesPerSequence));
+    }
+    mDisks.reserve(numDiskPages.size());
+    for (int64_t const diskPages : numDiskPages)
+    {
+        // Disk pages are files: every one is usable from the start.
+        mDisks.emplace_back(diskPages).setUsable(diskPages);
+    }
+    // Last, once nothing can throw any more: a failed construction leaves the manager's callback as it was.
+    pages.setEvictionCallback(
+        [this](int32_t group, int32_t page, PageHash hash) { recordEviction(group, page, hash); });
+}
+
+TieredPrefixCacheCore::~TieredPrefixCacheCore()
+{
+    try
+    {
+        mPages->setEvictionCallback({});
+    }
+    catch (...)
+    {
+        // Clearing a std::function does not throw in practice; a destructor must not let anything out regardless.
+    }
+}
+
+HostPageMap const& TieredPrefixCacheCore::hostMap(int32_t group, char const* what) const
+{
+    if (group < 0 || group >= numGroups())
+    {
+        throw OutOfRangeError(fmt::format("{}: group is {}; groups are [0, {})", what, group, numGroups()));
+    }
+    return mGroups[static_cast<size_t>(group)].map;
+}
+
+HostPageMap const* TieredPrefixCacheCore::diskMap(int32_t group, char const* what) const
+{
+    hostMap(group, what);
+    return mDisks.empty() ? nullptr : &mDisks[static_cast<size_t>(group)];
+}
+
+int64_t TieredPrefixCacheCore::numPendingEvictions() const noexcept
+{
+    int64_t pending = 0;
+    for (Group const& group : mGroups)
+    {
+        pending += static_cast<int64_t>(group.pending.size());
+    }
+    return pending;
+}
+
+void TieredPrefixCacheCore::recordEviction(int32_t group, int32_t page, PageHash hash) noexcept
+{
+    // The manager gives only its own groups and pages; the checks keep a broken promise from writing out of bounds.
+    if (group < 0 || group >= numGroups())
+    {
+        return;
+    }
+    Group& state = mGroups[static_cast<size_t>(group)];
+    if (page < 0 || static_cast<size_t>(page) >= state.pendingIndex.size())
+    {
+        return;
+    }
+    int32_t& index = state.pendingIndex[static_cast<size_t>(page)];
+    if (index >= 0)
+    {
+        // Evicted again before an offload (a direct evictCached, then a step that bypassed this class): the older
+        // bytes are gone, the page holds those of `hash`.
+        state.pending[static_cast<size_t>(index)].hash = hash;
+        return;
+    }
+    index = static_cast<int32_t>(state.pending.size());
+    state.pending.push_back(Eviction{page, hash});
+}
+
+HostPageMap::Insertion TieredPrefixCacheCore::insertHostPage(TierMover& mover, int32_t g, PageHash hash)
+{
+    HostPageMap& map = mGroups[static_cast<size_t>(g)].map;
+    HostPageMap::Insertion const insertion = map.insert(hash);
+    if (insertion.hostPage == HostPageMap::kNONE || !insertion.evicted)
+    {
+        return insertion;
+    }
+    ++mStats.evictedHostPages;
+    try
+    {
+        // The host page still holds the bytes of the page it gave up: to the disk tier before anything overwrites it.
+        spill(mover, g, insertion.hostPage, insertion.evictedHash);
+    }
+    catch (...)
+    {
+        map.erase(insertion.hostPage);
+        throw;
+    }
+    return insertion;
+}
+
+void TieredPrefixCacheCore::spill(TierMover& mover, int32_t g, int32_t hostPage, PageHash hash)
+{
+    if (mDisks.empty())
+    {
+        return;
+    }
+    HostPageMap& disk = mDisks[static_cast<size_t>(g)];
+    int32_t const held = disk.find(hash);
+    if (held != HostPageMap::kNONE)
+    {
+        disk.touch(held);
+        ++mStats.alreadyOnDiskPages;
+        return;
+    }
+    HostPageMap::Insertion const insertion = disk.insert(hash);
+    if (insertion.hostPage == HostPageMap::kNONE)
+    {
+        ++mStats.droppedPages;
+        return;
+    }
+    mStats.evictedDiskPages += insertion.evicted ? 1 : 0;
+    try
+    {
+        mover.spill(g, hostPage, insertion.hostPage);
+    }
+    catch (CudaError const&)
+    {
+        disk.erase(insertion.hostPage);
+        throw;
+    }
+    catch (Error const&)
+    {
+        // A disk tier is a cache: a page it could not write (disk full, no permission) is one it does not hold.
+        disk.erase(insertion.hostPage);
+        ++mStats.diskFailures;
+        return;
+    }
+    ++mStats.spilledPages;
+}
+
+void TieredPrefixCacheCore::offloadEvicted(TierMover& mover)
+{
+    for (int32_t g = 0; g < numGroups(); ++g)
+    {
+        offloadGroup(mover, g);
+    }
+}
+
+void TieredPrefixCacheCore::offloadGroup(TierMover& mover, int32_t g)
+{
+    Group& group = mGroups[static_cast<size_t>(g)];
+    if (group.pending.empty())
+    {
+        return;
+    }
+    HostPageMap& map = group.map;
+    int64_t const usable = std::min<int64_t>(mover.usableHostPages(g), map.numHostPages());
+    map.setUsable(std::max<int64_t>(usable, map.numUsable()));
+    for (Eviction const& eviction : group.pending)
+    {
+        group.pendingIndex[static_cast<size_t>(eviction.page)] = -1;
+    }
+    // Pass 1: evicted pages the host holds already need no copy; they are pinned so that no new one displaces them.
+    // The rest are counted, so that when more are new than the tier can take, the oldest evictions are the ones
+    // dropped (the device evicts least recently used first).
+    group.pinned.clear();
+    group.entries.clear();
+    int32_t fresh = 0;
+    for (Eviction& eviction : group.pending)
+    {
+        int32_t const held = map.find(eviction.hash);
+        if (held == HostPageMap::kNONE)
+        {
+            ++fresh;
+            continue;
+        }
+        map.pin(held);
+        group.pinned.push_back(held);
+        ++mStats.alreadyOnHostPages;
+        eviction.page = -1;
+    }
+    int32_t toDrop = std::max(0, fresh - map.numAvailable());
+    try
+    {
+        // Pass 2: a host page for each new one, pinned until the offload is enqueued.
+        for (Eviction const& eviction : group.pending)
+        {
+            if (eviction.page < 0)
+            {
+                continue;
+            }
+            if (map.find(eviction.hash) != HostPageMap::kNONE)
+            {
+                // The same hash twice in one batch (possible only after a bypassed step): the first copy serves.
+                ++mStats.alreadyOnHostPages;
+                continue;
+            }
+            if (toDrop > 0)
+            {
+                --toDrop;
+                ++mStats.droppedPages;
+                continue;
+            }
+            HostPageMap::Insertion const insertion = insertHostPage(mover, g, eviction.hash);
+            if (insertion.hostPage == HostPageMap::kNONE)
+            {
+                ++mStats.droppedPages;
+                continue;
+            }
+            map.pin(insertion.hostPage);
+            group.pinned.push_back(insertion.hostPage);
+            group.entries.push_back(HostTierEntry{eviction.page, insertion.hostPage});
+        }
+        group.pending.clear();
+        if (!group.entries.empty())
+        {
+            mover.offload(g, group.entries.data(), static_cast<int32_t>(group.entries.size()));
+        }
+    }
+    catch (...)
+    {
+        // The host pages of the failed offload hold unknown bytes: they hold no page any more.
+        group.pending.clear();
+        for (int32_t const hostPage : group.pinned)
+        {
+            map.unpin(hostPage);
+        }
+        for (HostTierEntry const& entry : group.entries)
+        {
+            map.erase(entry.hostPage);
+        }
+        throw;
+    }
+    for (int32_t const hostPage : group.pinned)
+    {
+        map.unpin(hostPage);
+    }
+    mStats.offloadedPages += static_cast<int64_t>(group.entries.size());
+}
+
+void TieredPrefixCacheCore::runCopies(TierMover& mover, StepCopies const& copies)
+{
+    for (int32_t g = 0; g < copies.numGroups(); ++g)
+    {
+        std::vector<PageCopy> const& list = copies[g];
+        if (!list.empty())
+        {
+            mover.copy(g, list.data(), static_cast<int32_t>(list.size()));
+        }
+    }
+}
+
+StepCopies TieredPrefixCacheCore::step(TierMover& mover, SequenceAppend const* appends, int32_t count)
+{
+    StepCopies const copies = mPages->step(appends, count);
+    offloadEvicted(mover);
+    runCopies(mover, copies);
+    return copies;
+}
+
+int32_t TieredPrefixCacheCore::evictCached(TierMover& mover, int32_t group, int32_t count)
+{
+    int32_t const evicted = mPages->evictCached(group, count);
+    offloadEvicted(mover);
+    return evicted;
+}
+
+void TieredPrefixCacheCore::checkInvariants() const
+{
+    for (int32_t g = 0; g < numGroups(); ++g)
+    {
+        Group const& group = mGroups[static_cast<size_t>(g)];
+        group.map.checkInvariants();
+        if (group.map.numPinned() != 0)
+        {
+            throw std::logic_error(
+                fmt::format("{}: group {} has {} host pages pinned between calls", kWHAT, g, group.map.numPinned()));
+        }
+        if (!mDisks.empty())
+        {
+            HostPageMap const& disk = mDisks[static_cast<size_t>(g)];
+            disk.checkInvariants();
+            if (disk.numPinned() != 0)
+            {
+                throw std::logic_error(
+                    fmt::format("{}: group {} has {} disk pages pinned between calls", kWHAT, g, disk.numPinned()));
+            }
+        }
+        int64_t indexed = 0;
+        for (size_t page = 0; page < group.pendingIndex.size(); ++page)
+        {
+            int32_t const index = group.pendingIndex[page];
+            if (index < 0)
+            {
+                continue;
+            }
+            ++indexed;
+            if (static_cast<size_t>(index) >= group.pending.size()
+                || group.pending[static_cast<size_t>(index)].page != static_cast<int32_t>(page))
+            {
+                throw std::logic_error(fmt::format(
+                    "{}: group {}'s record of page {}'s eviction is not where its index says", kWHAT, g, page));
+            }
+        }
+        if (indexed != static_cast<int64_t>(group.pending.size()))
+        {
+            throw std::logic_error(fmt::format(
+                "{}: group {} has {} pending evictions but {} indexed", kWHAT, g, group.pending.size(), indexed));
+        }
+    }
+}
+
+} // namespace kvcache::rt::detail

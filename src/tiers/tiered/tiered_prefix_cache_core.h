@@ -1,0 +1,202 @@
+#pragma once
+
+// The bookkeeping of a TieredPrefixCache, host only: the eviction callback's records, each group's hash -> host page
+// map, which run an admission adopts and what of it it onboards, and the order of the transfers, which it asks of a
+// TierMover.
+// TieredPrefixCache gives it a mover over HostTier and copyPages; host tests give it one that models device and host
+// pages, so every decision is checked without a GPU.
+
+#include "paging/page_manager/page_manager_internal.h"
+#include "tiers/tiered/tiered_prefix_cache_host_map.h"
+
+#include "kvcache/core/kv_cache_layout.h"
+#include "kvcache/memory/page_ops.h"
+#include "kvcache/paging/page_hash.h"
+#include "kvcache/paging/page_manager.h"
+#include "kvcache/tiers/tiered_prefix_cache.h"
+
+#include <cstdint>
+#include <vector>
+
+namespace kvcache::rt::detail
+{
+
+//! What a TieredPrefixCacheCore enqueues, in the order it calls these (one stream's order in TieredPrefixCache). A
+//! call may throw; the core then leaves its bookkeeping consistent and rethrows.
+class TierMover
+{
+public:
+    //! Returns how many of group `group`'s host pages are usable now (a HostTier's numPinnedHostPages()).
+    virtual int64_t usableHostPages(int32_t group) const = 0;
+    //! Copies each entry's device page of `group` to its host page.
+    virtual void offload(int32_t group, HostTierEntry const* entries, int32_t count) = 0;
+    //! Copies each entry's host page to its device page of `group`.
+    virtual void onboard(int32_t group, HostTierEntry const* entries, int32_t count) = 0;
+    //! Runs the copies (copy-on-write) of `group`.
+    virtual void copy(int32_t group, PageCopy const* copies, int32_t count) = 0;
+    //! Writes host page `hostPage` of `group` (its transfers done first) to disk page `diskPage` (disk tier only).
+    //! Throws Error when the page cannot be written (the core then counts it and holds no disk page for it), CudaError.
+    virtual void spill(int32_t group, int32_t hostPage, int32_t diskPage) = 0;
+    //! Reads disk page `diskPage` of `group` into host page `hostPage` (disk tier only). Throws Error when it cannot
+    //! be read back whole and as written (the core then drops the disk page), CudaError.
+    virtual void restore(int32_t group, int32_t diskPage, int32_t hostPage) = 0;
+
+protected:
+    TierMover() = default;
+    TierMover(TierMover const&) = default;
+    TierMover& operator=(TierMover const&) = default;
+    ~TierMover() = default;
+};
+
+//! Throws InvalidArgumentError naming the group, the field and both values when `manager` (a PageManager's layout)
+//! does not describe the pages of `cache` (a KVCacheManager's): another number of groups, tokensPerPage,
+//! maxSequenceLength, or a group's numPages or page geometry.
+void checkSameLayout(KVCacheLayout const& cache, KVCacheLayout const& manager);
+
+//! Throws InvalidArgumentError naming numHostPages[g], the value and the limit when `numHostPages` does not hold one
+//! entry in [1, INT32_MAX] per page group of `layout`.
+void checkNumHostPages(KVCacheLayout const& layout, std::vector<int64_t> const& numHostPages);
+//! Throws InvalidArgumentError naming numDiskPages and the rule when `numDiskPages` is neither empty (no disk tier)
+//! nor one entry in [1, INT32_MAX] per page group of `layout`.
+void checkNumDiskPages(KVCacheLayout const& layout, std::vector<int64_t> const& numDiskPages);
+
+//! TieredPrefixCache's decisions and counters (its class comment gives the rules). Sets the manager's eviction
+//! callback at the end of construction and clears it on destruction; neither copyable nor movable (the callback
+//! holds it). Nothing allocated after construction except by the manager and the mover.
+class TieredPrefixCacheCore
+{
+public:
+    //! A disk tier of numDiskPages[g] pages a group when numDiskPages is not empty. Throws as checkNumHostPages and
+    //! checkNumDiskPages, std::bad_alloc; the manager is left as it was then.
+    TieredPrefixCacheCore(
+        PageManager& pages, std::vector<int64_t> const& numHostPages, std::vector<int64_t> const& numDiskPages = {});
+    ~TieredPrefixCacheCore();
+    TieredPrefixCacheCore(TieredPrefixCacheCore const&) = delete;
+    TieredPrefixCacheCore& operator=(TieredPrefixCacheCore const&) = delete;
+    TieredPrefixCacheCore(TieredPrefixCacheCore&&) = delete;
+    TieredPrefixCacheCore& operator=(TieredPrefixCacheCore&&) = delete;
+
+    //! TieredPrefixCache::admit.
+    TieredAdmission admit(TierMover& mover, SequenceId sequence, int32_t const* tokens, int32_t count,
+        PageExtraKey const* extraKeys, int32_t numExtraKeys);
+    //! TieredPrefixCache::step.
+    StepCopies step(TierMover& mover, SequenceAppend const* appends, int32_t count);
+    //! TieredPrefixCache::evictCached.
+    int32_t evictCached(TierMover& mover, int32_t group, int32_t count);
+
+    //! Returns the counters.
+    TieredPrefixCacheStats const& stats() const noexcept
+    {
+        return mStats;
+    }
+    //! Sets every counter to 0.
+    void resetStats() noexcept
+    {
+        mStats = TieredPrefixCacheStats{};
+    }
+    //! Returns the number of page groups.
+    int32_t numGroups() const noexcept
+    {
+        return static_cast<int32_t>(mGroups.size());
+    }
+    //! Returns the host page map of `group`. Throws OutOfRangeError naming `what` for a bad group.
+    HostPageMap const& hostMap(int32_t group, char const* what = "TieredPrefixCache::hostMap") const;
+    //! Returns the disk page map of `group` (its pages are disk pages), or null without a disk tier. Throws
+    //! OutOfRangeError naming `what` for a bad group.
+    HostPageMap const* diskMap(int32_t group, char const* what = "TieredPrefixCache::diskMap") const;
+    //! Returns the evictions recorded and not offloaded yet, all groups.
+    int64_t numPendingEvictions() const noexcept;
+    //! Throws std::logic_error naming the first broken rule: a host page map's own invariants, a host page left
+    //! pinned, the record of pending evictions.
+    void checkInvariants() const;
+
+private:
+    //! An evicted page waiting for its offload.
+    struct Eviction
+    {
+        int32_t page = 0;
+        PageHash hash = {};
+    };
+    //! One page group: its host pages and the scratch of its transfers (sized at construction).
+    struct Group
+    {
+        HostPageMap map;
+        bool windowed = false;
+        std::vector<Eviction> pending;
+        //! Per device page: its position in `pending`, or -1.
+        std::vector<int32_t> pendingIndex;
+        std::vector<HostTierEntry> entries;
+        //! Host pages an offload pinned while its list was put together.
+        std::vector<int32_t> pinned;
+        //! Where each page of an admission's run is: kUNKNOWN (not looked up yet), a host page, kON_DEVICE (on the
+        //! device and not the host), onDisk(disk page) (on the disk only), or HostPageMap::kNONE (nowhere).
+        std::vector<int32_t> runHostPages;
+        //! Per page of the run: 1 while its host page is pinned, 2 while its disk page is, else 0.
+        std::vector<uint8_t> runPinned;
+    };
+    static constexpr int32_t kUNKNOWN = -3;
+    static constexpr int32_t kON_DEVICE = -2;
+    //! Disk page d as a run page's place: kFIRST_ON_DISK - d.
+    static constexpr int32_t kFIRST_ON_DISK = -4;
+    static constexpr int32_t onDisk(int32_t diskPage) noexcept
+    {
+        return kFIRST_ON_DISK - diskPage;
+    }
+    static constexpr bool isOnDisk(int32_t place) noexcept
+    {
+        return place <= kFIRST_ON_DISK;
+    }
+    static constexpr int32_t diskPageOf(int32_t place) noexcept
+    {
+        return kFIRST_ON_DISK - place;
+    }
+    //! A slice of extra keys.
+    struct KeySlice
+    {
+        PageExtraKey const* keys = nullptr;
+        int32_t count = 0;
+    };
+
+    //! The eviction callback: records the page (replacing an older record of the same page, whose bytes are gone).
+    void recordEviction(int32_t group, int32_t page, PageHash hash) noexcept;
+    //! Offloads every recorded eviction, a group at a time (see the class comment of TieredPrefixCache).
+    void offloadEvicted(TierMover& mover);
+    void offloadGroup(TierMover& mover, int32_t group);
+    void runCopies(TierMover& mover, StepCopies const& copies);
+    //! Inserts `hash` into group g's host map; a host page given up for it goes to the disk tier first (spill()).
+    HostPageMap::Insertion insertHostPage(TierMover& mover, int32_t g, PageHash hash);
+    //! Writes host page `hostPage` of group g, which holds the page of `hash`, to a disk page (none without a disk
+    //! tier). A write that fails with Error is counted (diskFailures) and leaves no disk page.
+    void spill(TierMover& mover, int32_t g, int32_t hostPage, PageHash hash);
+    //! Adopts the longest run of pages after `length` that the device, the host and the disk hold between them
+    //! (PageManagerInternal::adoptRun) and onboards its fresh pages; returns its tokens.
+    int32_t onboardRun(TierMover& mover, SequenceId sequence, int32_t const* tokens, int32_t count, int32_t length,
+        PageExtraKey const* keys, int32_t numKeys);
+    //! Returns where page `index` of the run in mHashes is in `group` (Group::runHostPages), looking it up once.
+    int32_t source(int32_t group, int32_t index);
+    //! Returns whether every page a run of `pages` pages needs (all in full attention, the window before its end in a
+    //! windowed group) is somewhere.
+    bool runIsThere(NextPageHashes const& known, int32_t pages);
+    //! Pins the host pages a run of `pages` pages needs and reads its disk pages into host pages; returns false when
+    //! one could not be read back (it is nowhere then).
+    bool secureRun(TierMover& mover, NextPageHashes const& known, int32_t pages);
+    //! Reads disk page `diskPage` of group g into a new host page for page `index` of the run, pinned; returns false
+    //! (dropping the disk page when it could not be read) when that fails.
+    bool restore(TierMover& mover, int32_t g, int32_t index, int32_t diskPage);
+    //! Offloads the adoption's evictions, then onboards each group's fresh pages from their host pages.
+    void onboardFresh(TierMover& mover, NextPageHashes const& known);
+    void unpinRun(NextPageHashes const& known) noexcept;
+    static KeySlice keysIn(PageExtraKey const* keys, int32_t numKeys, int64_t begin, int64_t end) noexcept;
+
+    PageManager* mPages = nullptr;
+    int32_t mTokensPerPage = 0;
+    std::vector<Group> mGroups;
+    std::vector<PageHash> mHashes;
+    //! The fresh pages of an admission's run, per group.
+    std::vector<std::vector<FreshPage>> mFresh;
+    //! Per group, its disk pages; empty without a disk tier.
+    std::vector<HostPageMap> mDisks;
+    TieredPrefixCacheStats mStats;
+};
+
+} // namespace kvcache::rt::detail

@@ -1,0 +1,325 @@
+// Host tests of the parts a PageManager is made of, each on its own against a simple model: the page allocator's
+// parked pages (hold, letGo, freeParked), the list of cached pages (src/paging/parts/cached_page_list.h), the pool that
+// combines them (page_pool.h) and the two group policies (group_policy.h), whose window rule is checked against a
+// token-by-token count.
+
+#include "paging/parts/cached_page_list.h"
+#include "paging/parts/group_policy.h"
+#include "paging/parts/page_pool.h"
+
+#include "kvcache/core/errors.h"
+#include "kvcache/paging/page_allocator.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <list>
+#include <random>
+#include <vector>
+
+namespace kvcache::rt
+{
+namespace
+{
+
+//! What the allocator's caller sees of each page: -1 parked, 0 free, else its holders; and the free stack.
+struct AllocatorModel
+{
+    std::vector<int32_t> state;
+    std::vector<int32_t> freeStack;
+
+    explicit AllocatorModel(int32_t numPages)
+        : state(static_cast<size_t>(numPages), 0)
+    {
+        for (int32_t p = numPages - 1; p >= 0; --p)
+        {
+            freeStack.push_back(p);
+        }
+    }
+};
+
+void expectSame(PageAllocator const& allocator, AllocatorModel const& model)
+{
+    int32_t parked = 0;
+    for (size_t p = 0; p < model.state.size(); ++p)
+    {
+        int32_t const page = static_cast<int32_t>(p);
+        EXPECT_EQ(allocator.isParked(page), model.state[p] == -1) << "page " << p;
+        EXPECT_EQ(allocator.refCount(page), std::max(model.state[p], 0)) << "page " << p;
+        parked += model.state[p] == -1 ? 1 : 0;
+    }
+    EXPECT_EQ(allocator.numParked(), parked);
+    EXPECT_EQ(allocator.numFree(), static_cast<int32_t>(model.freeStack.size()));
+    EXPECT_EQ(allocator.numUsed(), allocator.numPages() - allocator.numFree() - parked);
+    EXPECT_NO_THROW(allocator.checkInvariants());
+}
+
+TEST(PageAllocatorParking, ParkedPagesAreNeverAllocatedAndComeBackOnTopOfTheFreeList)
+{
+    PageAllocator allocator(4);
+    int32_t pages[3] = {-7, -7, -7};
+    allocator.allocate(3, pages); // 0, 1, 2
+    EXPECT_EQ(allocator.letGo(1, true), 0);
+    EXPECT_TRUE(allocator.isParked(1));
+    EXPECT_EQ(allocator.numParked(), 1);
+    EXPECT_EQ(allocator.numUsed(), 2);
+    EXPECT_EQ(allocator.numFree(), 1);
+    EXPECT_EQ(allocator.allocate(), 3); // not the parked page
+    EXPECT_THROW(allocator.allocate(), OutOfMemoryError);
+    EXPECT_EQ(allocator.hold(1), 1); // parked -> in use again
+    EXPECT_FALSE(allocator.isParked(1));
+    EXPECT_EQ(allocator.letGo(1, true), 0);
+    allocator.freeParked(1);
+    EXPECT_EQ(allocator.allocate(), 1);
+    EXPECT_EQ(allocator.letGo(0, false), 0); // not parked: free
+    EXPECT_EQ(allocator.allocate(), 0);
+    // letGoIf asks only for the last holder, with the page's id.
+    allocator.retain(0);
+    std::vector<int32_t> asked;
+    auto const park = [&](int32_t page)
+    {
+        asked.push_back(page);
+        return true;
+    };
+    EXPECT_EQ(allocator.letGoIf(0, park), 1);
+    EXPECT_TRUE(asked.empty());
+    EXPECT_EQ(allocator.letGoIf(0, park), 0);
+    EXPECT_EQ(asked, std::vector<int32_t>{0});
+    EXPECT_TRUE(allocator.isParked(0));
+    allocator.checkInvariants();
+}
+
+TEST(PageAllocatorParking, RejectionsChangeNothing)
+{
+    PageAllocator allocator(3);
+    AllocatorModel model(3);
+    (void)allocator.allocate();
+    model.freeStack.pop_back();
+    model.state[0] = 1;
+    (void)allocator.allocate();
+    model.freeStack.pop_back();
+    model.state[1] = 1;
+    (void)allocator.letGo(1, true);
+    model.state[1] = -1;
+    EXPECT_THROW((void)allocator.hold(2), InvalidArgumentError);         // free
+    EXPECT_THROW((void)allocator.hold(3), OutOfRangeError);              // out of range
+    EXPECT_THROW((void)allocator.letGo(1, false), InvalidArgumentError); // parked
+    EXPECT_THROW((void)allocator.letGo(2, true), InvalidArgumentError);  // free
+    EXPECT_THROW(allocator.freeParked(0), InvalidArgumentError);         // in use
+    EXPECT_THROW(allocator.freeParked(2), InvalidArgumentError);         // free
+    EXPECT_THROW(allocator.freeParked(-1), OutOfRangeError);
+    EXPECT_THROW(allocator.retain(1), InvalidArgumentError);  // parked pages take hold()
+    EXPECT_THROW(allocator.release(1), InvalidArgumentError); // parked
+    int32_t const list[2] = {0, 1};
+    EXPECT_THROW(allocator.release(list, 2), InvalidArgumentError); // page 1 parked: page 0 stays held
+    expectSame(allocator, model);
+}
+
+TEST(PageAllocatorParking, RandomOperationsMatchTheModel)
+{
+    constexpr int32_t kPAGES = 12;
+    PageAllocator allocator(kPAGES);
+    AllocatorModel model(kPAGES);
+    std::mt19937 random(7);
+    for (int32_t op = 0; op < 200000; ++op)
+    {
+        int32_t const page = static_cast<int32_t>(random() % (kPAGES + 1)) - (random() % 16 == 0 ? 1 : 0);
+        bool const inRange = page >= 0 && page < kPAGES;
+        int32_t const state = inRange ? model.state[static_cast<size_t>(page)] : 0;
+        switch (random() % 4)
+        {
+        case 0:
+            if (model.freeStack.empty())
+            {
+                EXPECT_THROW((void)allocator.allocate(), OutOfMemoryError);
+                break;
+            }
+            EXPECT_EQ(allocator.allocate(), model.freeStack.back());
+            model.state[static_cast<size_t>(model.freeStack.back())] = 1;
+            model.freeStack.pop_back();
+            break;
+        case 1:
+            if (!inRange || state == 0)
+            {
+                EXPECT_ANY_THROW((void)allocator.hold(page));
+                break;
+            }
+            EXPECT_EQ(allocator.hold(page), std::max(state, 0) + 1);
+            model.state[static_cast<size_t>(page)] = std::max(state, 0) + 1;
+            break;
+        case 2:
+        {
+            bool const park = random() % 2 == 0;
+            if (!inRange || state <= 0)
+            {
+                EXPECT_ANY_THROW((void)allocator.letGo(page, park));
+                break;
+            }
+            EXPECT_EQ(allocator.letGo(page, park), state - 1);
+            model.state[static_cast<size_t>(page)] = state - 1 == 0 && park ? -1 : state - 1;
+            if (state == 1 && !park)
+            {
+                model.freeStack.push_back(page);
+            }
+            break;
+        }
+        default:
+            if (!inRange || state != -1)
+            {
+                EXPECT_ANY_THROW(allocator.freeParked(page));
+                break;
+            }
+            allocator.freeParked(page);
+            model.state[static_cast<size_t>(page)] = 0;
+            model.freeStack.push_back(page);
+            break;
+        }
+        if (op % 1000 == 0 || HasFailure())
+        {
+            expectSame(allocator, model);
+            ASSERT_FALSE(HasFailure()) << "operation " << op;
+        }
+    }
+    expectSame(allocator, model);
+}
+
+//! The list's pages oldest first, read through oldest()/next() and checked backwards through newest()/previous().
+std::vector<int32_t> orderOf(CachedPageList const& list)
+{
+    std::vector<int32_t> forward;
+    for (int32_t page = list.oldest(); page != CachedPageList::kNONE; page = list.next(page))
+    {
+        forward.push_back(page);
+    }
+    std::vector<int32_t> backward;
+    for (int32_t page = list.newest(); page != CachedPageList::kNONE; page = list.previous(page))
+    {
+        backward.insert(backward.begin(), page);
+    }
+    EXPECT_EQ(forward, backward);
+    return forward;
+}
+
+TEST(CachedPageList, RandomPushUnlinkAndPopMatchAStdList)
+{
+    constexpr int32_t kPAGES = 40;
+    CachedPageList list(kPAGES);
+    std::list<int32_t> model;
+    std::vector<bool> listed(kPAGES, false);
+    std::mt19937 random(11);
+    EXPECT_EQ(list.oldest(), CachedPageList::kNONE);
+    for (int32_t op = 0; op < 100000; ++op)
+    {
+        int32_t const page = static_cast<int32_t>(random() % kPAGES);
+        uint32_t const roll = static_cast<uint32_t>(random() % 3);
+        if (roll == 0 && !listed[static_cast<size_t>(page)])
+        {
+            list.pushNewest(page);
+            model.push_back(page);
+            listed[static_cast<size_t>(page)] = true;
+        }
+        else if (roll == 1 && listed[static_cast<size_t>(page)])
+        {
+            list.unlink(page);
+            model.remove(page);
+            listed[static_cast<size_t>(page)] = false;
+        }
+        else if (roll == 2 && !model.empty())
+        {
+            EXPECT_EQ(list.popOldest(), model.front());
+            listed[static_cast<size_t>(model.front())] = false;
+            model.pop_front();
+        }
+        ASSERT_EQ(list.size(), static_cast<int32_t>(model.size())) << "operation " << op;
+        ASSERT_EQ(list.oldest(), model.empty() ? CachedPageList::kNONE : model.front());
+        ASSERT_EQ(list.newest(), model.empty() ? CachedPageList::kNONE : model.back());
+        if (op % 97 == 0)
+        {
+            ASSERT_EQ(orderOf(list), std::vector<int32_t>(model.begin(), model.end())) << "operation " << op;
+        }
+    }
+}
+
+TEST(PagePool, HoldersSharingAndCachingFollowTheCounts)
+{
+    PagePool pool(4);
+    int32_t const a = pool.pages.allocate(); // 0
+    int32_t const b = pool.pages.allocate(); // 1
+    pool.hold(a);
+    EXPECT_EQ(pool.numShared, 1);
+    pool.hold(a);
+    EXPECT_EQ(pool.numShared, 1); // counted once however many holders
+    pool.letGo(a, [](int32_t) { return true; });
+    pool.letGo(a, [](int32_t) { return true; });
+    EXPECT_EQ(pool.numShared, 0);
+    pool.letGo(a, [](int32_t) { return true; }); // no holder left, kept: cached
+    pool.letGo(b, [](int32_t) { return true; });
+    EXPECT_EQ(orderOf(pool.cached), (std::vector<int32_t>{a, b}));
+    EXPECT_EQ(pool.available(), 4); // 2 free, 2 cached
+    pool.hold(a);                   // adopted from the cache: off the list, in use
+    EXPECT_EQ(orderOf(pool.cached), (std::vector<int32_t>{b}));
+    EXPECT_EQ(pool.holders(a), 1);
+    pool.letGo(a, [](int32_t) { return false; }); // not kept: free, on top
+    EXPECT_EQ(pool.pages.allocate(), a);
+    EXPECT_EQ(pool.pages.numParked(), 1);
+    pool.pages.checkInvariants();
+}
+
+//! The first page holding a token within `window` tokens before `position` (inclusive of position - window + 1),
+//! counted token by token.
+int32_t firstNeededByTokens(int64_t position, int32_t window, int32_t tokensPerPage)
+{
+    for (int64_t token = 0;; ++token)
+    {
+        if (token >= position - window + 1)
+        {
+            return static_cast<int32_t>(token / tokensPerPage);
+        }
+    }
+}
+
+TEST(GroupPolicy, FullAttentionKeepsEveryPage)
+{
+    GroupPolicy const policy(0, 8, 2);
+    EXPECT_FALSE(policy.windowed());
+    for (int64_t position : {0, 1, 5, 1000, 1 << 30})
+    {
+        EXPECT_EQ(policy.firstNeeded(position), 0);
+        EXPECT_EQ(FullAttentionPolicy::firstNeeded(position), 0);
+    }
+    EXPECT_EQ(policy.firstAdopted(100, 4), 0);
+    EXPECT_TRUE(policy.withinBound(1 << 30));
+    EXPECT_EQ(policy.visit([](auto const& p) { return p.firstNeeded(77); }), 0);
+}
+
+TEST(GroupPolicy, SlidingWindowKeepsThePagesOfTheWindowAndBoundsThem)
+{
+    for (int32_t shift : {0, 2, 4})
+    {
+        int32_t const tokensPerPage = 1 << shift;
+        for (int32_t window : {1, 3, 4, 7, 16, 33})
+        {
+            GroupPolicy const policy(window, 5, shift);
+            EXPECT_TRUE(policy.windowed());
+            EXPECT_EQ(policy.pagesPerSequence(), 5);
+            for (int64_t position = 0; position < 200; ++position)
+            {
+                int32_t const expected = firstNeededByTokens(position, window, tokensPerPage);
+                ASSERT_EQ(policy.firstNeeded(position), expected)
+                    << "window " << window << ", tokensPerPage " << tokensPerPage << ", position " << position;
+                ASSERT_EQ(policy.visit([&](auto const& p) { return p.firstNeeded(position); }), expected);
+            }
+            for (int32_t pages = 0; pages < 20; ++pages)
+            {
+                EXPECT_EQ(policy.firstAdopted(pages, tokensPerPage),
+                    firstNeededByTokens(int64_t{pages} * tokensPerPage, window, tokensPerPage));
+            }
+            EXPECT_TRUE(policy.withinBound(5));
+            EXPECT_FALSE(policy.withinBound(6));
+        }
+    }
+}
+
+} // namespace
+} // namespace kvcache::rt
