@@ -1,5 +1,7 @@
 #include "kvcache/core/kv_cache_layout.h"
 
+#include "core/scale_support.h"
+
 #include "kvcache/core/errors.h"
 
 #include <fmt/format.h>
@@ -52,11 +54,6 @@ int64_t checkedAdd(int64_t a, int64_t b, std::string const& what)
     return sum;
 }
 
-//! Bytes of one FP8 per-token-head scale (float32, as FlashInfer's kv_cache_sf reads it).
-constexpr int64_t kTOKEN_HEAD_SCALE_BYTES = 4;
-//! Bytes of one NVFP4 block scale (FP8 E4M3).
-constexpr int64_t kNVFP4_SCALE_BYTES = 1;
-
 //! Throws InvalidConfigError when `config.quantization` is outside the enumeration, or when its storage type or a
 //! layer's headDim cannot hold the format. Runs after the layers' own checks, so headDim is positive here.
 void checkQuantization(KVCacheConfig const& config)
@@ -99,19 +96,6 @@ void checkQuantization(KVCacheConfig const& config)
     throw InvalidConfigError(fmt::format("KVCacheConfig.quantization is {}; it must be kNONE (0), kFP8_PER_TENSOR (1), "
                                          "kFP8_PER_TOKEN_HEAD (2) or kNVFP4 (3)",
         static_cast<int32_t>(quantization)));
-}
-
-//! Returns the scale bytes of one token and head of one half in `quantization` for heads of `headDim` values.
-int64_t scaleBytesPerTokenHead(KVQuantization quantization, int64_t headDim)
-{
-    switch (quantization)
-    {
-    case KVQuantization::kFP8_PER_TOKEN_HEAD: return kTOKEN_HEAD_SCALE_BYTES;
-    case KVQuantization::kNVFP4: return headDim / kNVFP4_BLOCK_VALUES * kNVFP4_SCALE_BYTES;
-    case KVQuantization::kNONE:
-    case KVQuantization::kFP8_PER_TENSOR: break; // per-tensor scales are per layer, on the host, not in pages
-    }
-    return 0;
 }
 
 } // namespace
@@ -334,8 +318,8 @@ KVCacheLayout computeLayout(KVCacheConfig const& config)
             checkedMul(layer.numHalves, layer.halfElems, where + "elements"), layout.elementBytes, where + "bytes");
         // Scales live in an allocation of their own (docs/layout.md, "Quantized pages"): no padding, so a page id's
         // bytes times the pages are the cache's bytes exactly and the budget maths stay closed form.
-        layer.scalePageBytes = checkedMul(
-            tokenHeads, scaleBytesPerTokenHead(config.quantization, layerConfig.headDim), where + "scale page bytes");
+        layer.scalePageBytes = checkedMul(tokenHeads,
+            detail::scaleBytesPerTokenHead(config.quantization, layerConfig.headDim), where + "scale page bytes");
         layer.scaleBytes = checkedMul(checkedMul(layer.numHalves, group.numPages, where + "scale pages"),
             layer.scalePageBytes, where + "scale bytes");
         int64_t const layerPageBytes = checkedMul(layer.numHalves,

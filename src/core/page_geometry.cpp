@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <string_view>
+
 namespace kvcache::rt
 {
 
@@ -19,6 +21,7 @@ bool operator!=(PageLayerGeometry const& a, PageLayerGeometry const& b) noexcept
 
 bool operator==(PageGeometry const& a, PageGeometry const& b) noexcept
 {
+    // The fields pageGeometryDifference compares, without building its message.
     return a.dataType == b.dataType && a.quantization == b.quantization && a.tokensPerPage == b.tokensPerPage
         && a.slidingWindow == b.slidingWindow && a.layers == b.layers && a.bytesPerPage == b.bytesPerPage;
 }
@@ -26,6 +29,94 @@ bool operator==(PageGeometry const& a, PageGeometry const& b) noexcept
 bool operator!=(PageGeometry const& a, PageGeometry const& b) noexcept
 {
     return !(a == b);
+}
+
+namespace
+{
+
+//! Returns "" when `a == b`, else "<field> is <a> in <aName> and <b> in <bName>".
+template <typename T>
+std::string differs(std::string_view field, T const& a, T const& b, char const* aName, char const* bName)
+{
+    return a == b ? std::string() : fmt::format("{} is {} in {} and {} in {}", field, a, aName, b, bName);
+}
+
+constexpr uint64_t kFNV_OFFSET_BASIS = 14695981039346656037ull;
+constexpr uint64_t kFNV_PRIME = 1099511628211ull;
+
+//! Folds the bytes of `value`, least significant first, into the FNV-1a `hash`.
+template <typename T>
+void fnv(uint64_t& hash, T value) noexcept
+{
+    auto const bits = static_cast<uint64_t>(value);
+    for (size_t byte = 0; byte < sizeof(T); ++byte)
+    {
+        hash ^= (bits >> (8 * byte)) & 0xFFu;
+        hash *= kFNV_PRIME;
+    }
+}
+
+} // namespace
+
+std::string pageGeometryDifference(PageGeometry const& a, PageGeometry const& b, char const* aName, char const* bName)
+{
+    std::string difference = differs("quantization", std::string(kvQuantizationName(a.quantization)),
+        std::string(kvQuantizationName(b.quantization)), aName, bName);
+    if (difference.empty())
+    {
+        difference = differs(
+            "dataType", std::string(dataTypeName(a.dataType)), std::string(dataTypeName(b.dataType)), aName, bName);
+    }
+    if (difference.empty())
+    {
+        difference = differs("tokensPerPage", a.tokensPerPage, b.tokensPerPage, aName, bName);
+    }
+    if (difference.empty())
+    {
+        difference = differs("slidingWindow", a.slidingWindow, b.slidingWindow, aName, bName);
+    }
+    if (difference.empty())
+    {
+        difference = differs("the number of layers", a.layers.size(), b.layers.size(), aName, bName);
+    }
+    for (size_t i = 0; i < a.layers.size() && difference.empty(); ++i)
+    {
+        PageLayerGeometry const& x = a.layers[i];
+        PageLayerGeometry const& y = b.layers[i];
+        difference = differs(fmt::format("layers[{}].kind", i), static_cast<int32_t>(x.kind),
+            static_cast<int32_t>(y.kind), aName, bName);
+        if (difference.empty())
+        {
+            difference = differs(fmt::format("layers[{}].numKVHeads", i), x.numKVHeads, y.numKVHeads, aName, bName);
+        }
+        if (difference.empty())
+        {
+            difference = differs(fmt::format("layers[{}].headDim", i), x.headDim, y.headDim, aName, bName);
+        }
+    }
+    if (difference.empty())
+    {
+        difference = differs("bytesPerPage", a.bytesPerPage, b.bytesPerPage, aName, bName);
+    }
+    return difference;
+}
+
+uint64_t pageGeometryFingerprint(PageGeometry const& geometry) noexcept
+{
+    uint64_t hash = kFNV_OFFSET_BASIS;
+    fnv(hash, static_cast<uint32_t>(geometry.dataType));
+    fnv(hash, static_cast<uint32_t>(geometry.quantization));
+    fnv(hash, static_cast<uint32_t>(geometry.tokensPerPage));
+    fnv(hash, static_cast<uint32_t>(geometry.slidingWindow));
+    fnv(hash, static_cast<uint32_t>(geometry.layers.size()));
+    for (PageLayerGeometry const& layer : geometry.layers)
+    {
+        fnv(hash, static_cast<uint32_t>(layer.kind));
+        fnv(hash, static_cast<uint32_t>(layer.numKVHeads));
+        fnv(hash, static_cast<uint32_t>(layer.headDim));
+    }
+    fnv(hash, static_cast<uint64_t>(geometry.bytesPerPage));
+    return hash;
 }
 
 PageLayerGeometry pageLayerGeometry(KVLayerLayout const& layer) noexcept

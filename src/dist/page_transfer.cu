@@ -1,9 +1,11 @@
 #include "kvcache/dist/page_transfer.h"
 
+#include "core/page_anatomy.h"
+#include "core/scale_support.h"
 #include "core/scoped_device.h"
 #include "device/page_mover.cuh"
 #include "dist/transfer_header.h"
-#include "memory/cache/scale_support.h"
+#include "memory/cache/layer_table.h"
 #include "memory/page_ops/page_list_validation.h"
 
 #include "kvcache/core/device_allocation.h"
@@ -316,38 +318,22 @@ void transferPages(Side side, KVCacheManager const& cache, int32_t group, int32_
     detail::ScopedDevice const device(cache.device());
     auto const deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(options.timeoutMs);
 
-    // A page of the group is its data halves, then (with scale pools) its scale halves: the layer table's order, a host
-    // page's. Page ids index scale pages as they index data pages, so both go by the same runs and the same list.
+    // A page of the group is its entries' halves in the layer table's order (pageAnatomy): data, then scales. Page ids
+    // index scale pages as they index data pages, so both go by the same runs and the same list.
     std::vector<HalfRef> halves;
+    size_t dataHalves = 0; // halves before the first scale entry's: the pack kernels take the two ranges apart
     int64_t stagingBytes = 0;
-    auto const addHalf = [&](void* pool, int64_t pageBytes)
+    int32_t const numPages = cache.group(group).numPages;
+    detail::PageAnatomy const anatomy = detail::pageAnatomy(cache.layout(), group);
+    std::vector<detail::LayerTableEntry> const table = detail::ManagerInternals::hostLayerTable(cache, group);
+    for (size_t e = 0; e < table.size(); ++e)
     {
-        halves.push_back({static_cast<char*>(pool), pageBytes, stagingBytes});
-        stagingBytes += int64_t{count} * pageBytes;
-    };
-    KVPageGroupLayout const& groupLayout = cache.group(group);
-    for (int32_t const layer : groupLayout.layers)
-    {
-        KVLayerLayout const& layerLayout = cache.layout().layers[static_cast<size_t>(layer)];
-        addHalf(cache.kPoolPtr(layer), layerLayout.pageBytes);
-        if (layerLayout.numHalves == 2)
+        for (int32_t half = 0; half <= int32_t{table[e].hasV()}; ++half)
         {
-            addHalf(cache.vPoolPtr(layer), layerLayout.pageBytes);
+            halves.push_back({table[e].halfAddress(half, numPages, 0), table[e].pageBytes(), stagingBytes});
+            stagingBytes += int64_t{count} * table[e].pageBytes();
         }
-    }
-    size_t const dataHalves = halves.size();
-    if (detail::keepsScalePools(cache.layout().quantization))
-    {
-        for (int32_t const layer : groupLayout.layers)
-        {
-            KVLayerLayout const& layerLayout = cache.layout().layers[static_cast<size_t>(layer)];
-            LayerRef const ref = cache.layerRef(layer);
-            addHalf(ref.kScalePool, layerLayout.scalePageBytes);
-            if (layerLayout.numHalves == 2)
-            {
-                addHalf(ref.vScalePool, layerLayout.scalePageBytes);
-            }
-        }
+        dataHalves = anatomy.entries[e].kind == detail::PagePartKind::kDATA ? halves.size() : dataHalves;
     }
 
     // Scratch: two headers, both page lists, the half table, then the staging buffer (each 256-byte aligned).

@@ -3,7 +3,7 @@
 
 #include "dist/transfer_header.h"
 
-#include "memory/cache/scale_support.h"
+#include "core/scale_support.h"
 
 #include "kvcache/core/page_geometry.h"
 #include "kvcache/dist/page_transfer.h"

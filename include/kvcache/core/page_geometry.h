@@ -5,6 +5,7 @@
 #include "kvcache/core/kv_cache_layout.h"
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace kvcache::rt
@@ -44,6 +45,19 @@ bool operator!=(PageLayerGeometry const& a, PageLayerGeometry const& b) noexcept
 bool operator==(PageGeometry const& a, PageGeometry const& b) noexcept;
 //! Returns true when any field differs.
 bool operator!=(PageGeometry const& a, PageGeometry const& b) noexcept;
+
+//! Returns "" when `a` and `b` are equal, else their first field that differs (in the order quantization, dataType,
+//! tokensPerPage, slidingWindow, the number of layers, each layer's kind, numKVHeads and headDim, bytesPerPage) with
+//! both values, naming the two sides `aName` and `bName`: "quantization is none in the cache and fp8_per_tensor in the
+//! tier". Every check that two pages are interchangeable uses this, so each refusal names what differs.
+std::string pageGeometryDifference(
+    PageGeometry const& a, PageGeometry const& b, char const* aName = "the first", char const* bName = "the second");
+
+//! Returns the 64-bit FNV-1a hash (offset basis 14695981039346656037, prime 1099511628211) of this byte encoding of
+//! `geometry`: little-endian int32 values of the data type's and the quantization's enumerators, tokensPerPage,
+//! slidingWindow and the number of layers, then per layer its kind's enumerator, numKVHeads and headDim, then
+//! bytesPerPage as an int64. Equal geometries have equal fingerprints.
+uint64_t pageGeometryFingerprint(PageGeometry const& geometry) noexcept;
 
 //! Returns what a page holds of layer `layer`: its kind, head count and head size.
 PageLayerGeometry pageLayerGeometry(KVLayerLayout const& layer) noexcept;

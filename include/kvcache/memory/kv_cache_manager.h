@@ -49,7 +49,7 @@ public:
     //! self-move gives the memory up).
     KVCacheManager& operator=(KVCacheManager&& other) noexcept = default;
 
-    //! Exactly computeLayout(config), kept as the seed API's name: validates `config` without a GPU and returns its
+    //! Exactly computeLayout(config), under the seed API's name: validates `config` without a GPU and returns its
     //! layout; throws InvalidConfigError naming the field, the value and the limit.
     static KVCacheLayout validate(Config const& config)
     {

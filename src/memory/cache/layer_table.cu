@@ -47,26 +47,15 @@ std::vector<LayerTableEntry> entriesOf(std::vector<DeviceAllocation> const& buff
 std::vector<LayerTableEntry> layerTableEntries(
     KVCacheLayout const& layout, std::vector<char*> const& dataBases, std::vector<char*> const& scaleBases)
 {
-    bool const scaled = keepsScalePools(layout.quantization);
     std::vector<LayerTableEntry> entries;
-    entries.reserve(layout.layers.size() * (scaled ? 2 : 1));
-    for (KVPageGroupLayout const& group : layout.groups)
+    for (size_t g = 0; g < layout.groups.size(); ++g)
     {
-        for (int32_t const index : group.layers)
+        auto const group = static_cast<int32_t>(g);
+        for (PageEntry const& entry : pageAnatomy(layout, group).entries)
         {
-            KVLayerLayout const& layer = layout.layers[static_cast<size_t>(index)];
+            auto const layer = static_cast<size_t>(layoutLayer(layout, group, entry));
             entries.push_back(
-                makeLayerTableEntry(dataBases[static_cast<size_t>(index)], layer.pageBytes, layer.numHalves == 2));
-        }
-        if (!scaled)
-        {
-            continue;
-        }
-        for (int32_t const index : group.layers)
-        {
-            KVLayerLayout const& layer = layout.layers[static_cast<size_t>(index)];
-            entries.push_back(makeLayerTableEntry(
-                scaleBases[static_cast<size_t>(index)], layer.scalePageBytes, layer.numHalves == 2));
+                makeLayerTableEntry(entry.kind == PagePartKind::kDATA ? dataBases[layer] : scaleBases[layer], entry));
         }
     }
     return entries;

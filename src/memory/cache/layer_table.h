@@ -1,6 +1,7 @@
 #pragma once
 
-#include "memory/cache/scale_support.h"
+#include "core/page_anatomy.h"
+#include "core/scale_support.h"
 
 #include "kvcache/core/device_allocation.h"
 #include "kvcache/core/kv_cache_layout.h"
@@ -14,36 +15,19 @@
 namespace kvcache::rt::detail
 {
 
-//! One layer as the page kernels see it: pages are bytes, so dtype and head shape reduce to pageBytes, and the V pool
-//! (when the layer has one) starts numPages * pageBytes after kBase, numPages being the layer's group's. 16 bytes,
-//! 16-aligned: a kernel fetches an entry with one load, so whether V exists is folded into the page size.
-struct alignas(16) LayerTableEntry
-{
-    char* kBase;           //!< start of the K pool
-    int64_t pageBytesAndV; //!< (bytes of one page of one half) * 2, plus 1 when the layer has a V half
-};
-
-//! Returns the entry of a layer whose pages are `pageBytes` and that has a V half or not.
-inline LayerTableEntry makeLayerTableEntry(char* kBase, int64_t pageBytes, bool hasV)
-{
-    return LayerTableEntry{kBase, pageBytes * 2 + (hasV ? 1 : 0)};
-}
-static_assert(sizeof(LayerTableEntry) == 16, "KVCacheManager::allocatedBytes documents 16 bytes a layer");
-
-//! Returns the entries page group `group` of `layout` takes in the table: one a layer, two a layer when the cache keeps
-//! scale pools (a data entry and a scale entry).
+//! Returns the entries page group `group` of `layout` takes in the table: as many as pageAnatomy has entries: one per
+//! layer, two per layer when the cache keeps scale pools (a data entry and a scale entry).
 inline int64_t groupTableEntries(KVCacheLayout const& layout, int32_t group)
 {
     auto const layers = static_cast<int64_t>(layout.groups[static_cast<size_t>(group)].layers.size());
     return keepsScalePools(layout.quantization) ? 2 * layers : layers;
 }
 
-//! Returns the table of `layout` (host side, no CUDA), group by group. A group of n layers (ascending) takes positions
-//! [0, n) for its layers' data entries, {dataBases[layer], pageBytes, V or not}, and, when the cache keeps scale pools,
-//! positions [n, 2n) for their scale entries in the same order, {scaleBases[layer], scalePageBytes, V or not}: a scale
-//! pool is K scales then V scales numPages pages on, exactly a data pool's shape, so the page kernels walk it
-//! unchanged (docs/layout.md, "How every page operation carries scales"). `scaleBases` is read only with scale pools;
-//! both hold one base a layer, indexed by layer.
+//! Returns the table of `layout` (host side, no CUDA), group by group: each group's page entries (pageAnatomy), a data
+//! entry's pool at dataBases[layer] and a scale entry's at scaleBases[layer]. A scale pool is K scales then V scales
+//! numPages pages on, exactly a data pool's shape, so the page kernels walk it unchanged (docs/layout.md, "How every
+//! page operation carries scales"). `scaleBases` is read only with scale pools; both hold one base per layer, indexed
+//! by layer.
 std::vector<LayerTableEntry> layerTableEntries(
     KVCacheLayout const& layout, std::vector<char*> const& dataBases, std::vector<char*> const& scaleBases);
 

@@ -161,9 +161,8 @@ __device__ __forceinline__ void splitTokenAddress(
     }
 }
 
-//! Reads a chunk once with the evict-first hint (ld.global.cs): each byte a token move reads is read once, and keeping
-//! it out of the way of the lines being written measured 7-12% faster on the H200 than plain loads (as fast as a
-//! contiguous cudaMemcpyAsync of the same bytes).
+//! Reads a chunk once with the evict-first hint (ld.global.cs): each byte a token move reads is read once, so it
+//! should not push out the lines being written (docs/benchmarks.md, "Token write").
 template <typename Chunk>
 __device__ __forceinline__ Chunk loadOnce(Chunk const* from)
 {

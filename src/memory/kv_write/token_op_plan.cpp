@@ -135,8 +135,8 @@ void planQuantized(
     }
     // Two whole vectors of the tensor's type a lane (8 floats, 16 of a 16-bit type), more where 32 lanes would not
     // cover the head: a lane's address work (the token's address, the code and scale addresses) is spread over more
-    // values, a head's amax takes fewer shuffles and an NVFP4 block is one lane's (no shuffle, one scale a lane).
-    // Measured on the H200: fewer values a lane (2, 4, 8) wrote the 8192-token prefill slower.
+    // values, a head's amax takes fewer shuffles and an NVFP4 block is one lane's (no shuffle, one scale per lane).
+    // Fewer values per lane write a long prefill slower (docs/benchmarks.md).
     int32_t perLane = 2 * kTOKEN_VECTOR_BYTES / static_cast<int32_t>(dataTypeSize(k.getDataType()));
     while (perLane * 32 < layer.headDim)
     {

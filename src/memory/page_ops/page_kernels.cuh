@@ -53,8 +53,8 @@ __device__ __forceinline__ bool isValidPage(int32_t id, int32_t numPages)
 //! Grid: x = chunk of a page (the data page's chunks, then the scale page's), y = position in the launch's part of the
 //! list, z = targeted layer * (1 + halfBits) + half. Blocks run in that order, so the chunks of a few pages of one
 //! layer half are in flight together, and a scale page's few blocks run among the data pages' many rather than in a
-//! launch of their own after them (measured: a second launch of small blocks cost a quantized cache's copy 5-10% of
-//! its time on the H200). No index needs a division, which would cost measurable time on a single-pair copy.
+//! launch of their own after them, where they would add a second launch's start to a quantized cache's copy. No index
+//! needs a division, which would cost time on a single-pair copy.
 template <typename Shape, typename Op, typename List>
 __global__ void __launch_bounds__(Shape::kTHREADS) pageOpKernel(PageOpParams params, List list)
 {
@@ -89,8 +89,8 @@ __global__ void __launch_bounds__(Shape::kTHREADS) pageOpKernel(PageOpParams par
         valid = isValidPage(item, params.numPages);
         writePage = item;
     }
-    int64_t const pageBytes = layer.pageBytesAndV >> 1;
-    bool const halfExists = (half == 0) | ((layer.pageBytesAndV & 1) != 0);
+    int64_t const pageBytes = layer.pageBytes();
+    bool const halfExists = (half == 0) | layer.hasV();
     if (!(listed & !unused & valid & halfExists & (chunkStart < pageBytes)))
     {
         bool const reportsErrors =
@@ -104,7 +104,7 @@ __global__ void __launch_bounds__(Shape::kTHREADS) pageOpKernel(PageOpParams par
     int64_t const bytes = min(Shape::kCHUNK_BYTES, pageBytes - chunkStart);
     // Pools start 256-byte aligned, so every page and chunk is 16-byte aligned when pages are whole vectors.
     bool const vectorised = pageBytes % kVECTOR_BYTES == 0;
-    char* const halfBase = layer.kBase + int64_t{half} * params.numPages * pageBytes + chunkStart;
+    char* const halfBase = layer.halfAddress(half, params.numPages, 0) + chunkStart;
     auto const thread = static_cast<int32_t>(threadIdx.x);
     if constexpr (std::is_same_v<Op, CopyOp>)
     {

@@ -129,7 +129,7 @@ int32_t orOfIds(int32_t const* ids, int64_t count) noexcept
 
 //! Returns true when `count` ids at `held` are those at `ids` (none differs). The first pair is compared inline: a list
 //! that differs almost always differs there, and the branch predicted past it keeps the load of `held` off the path
-//! of the copy that follows (a call that compares first measured 15-20% slower builds of all-new lists).
+//! of the copy that follows (docs/benchmarks.md, "Page tables for kernels").
 inline bool sameIds(int32_t const* ids, int64_t count, int32_t const* held) noexcept
 {
     return count > 0 && ids[0] == held[0] && std::memcmp(ids, held, static_cast<size_t>(count) * sizeof(int32_t)) == 0;
@@ -194,8 +194,7 @@ int64_t buildPageTables(PageTableShape const& shape, SequencePages const* sequen
     int64_t const width = shape.maxPagesPerSequence;
     int64_t const tokensPerPage = shape.tokensPerPage;
     // One pass: a sequence is checked as its row and its indices are written, so its list is read from memory once
-    // and is still in the cache when its indices are compared and copied (a second pass over the lists made a decode
-    // step's build a quarter slower). indptr[b + 1] is this region's previous build's until sequence b's turn, which
+    // and is still in the cache when its indices are compared and copied. indptr[b + 1] is this region's previous build's until sequence b's turn, which
     // reads it first: where row b's previous ids end.
     int64_t used = 0;
     int64_t heldEnd = indptr[0];

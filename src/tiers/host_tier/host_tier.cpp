@@ -4,10 +4,11 @@
 #include "kvcache/tiers/host_tier.h"
 
 #include "core/cuda_owners.h"
+#include "core/page_anatomy.h"
 #include "core/scoped_device.h"
+#include "memory/cache/cache_geometry.h"
 #include "memory/cache/layer_table.h"
 #include "memory/page_ops/page_list_validation.h"
-#include "tiers/host_tier/host_page_layout.h"
 #include "tiers/host_tier/host_page_pool.h"
 #include "tiers/host_tier/host_tier_kernels.h"
 #include "tiers/host_tier/pinned_chunks.h"
@@ -91,10 +92,10 @@ struct HostTier::Impl
     PageGeometry geometry;
     int32_t numPages; //!< the group's pages: the device id range
     int32_t multiprocessors;
-    detail::HostPageLayout pageLayout; //!< where each table entry's pages sit in a host page
+    detail::PageAnatomy anatomy; //!< what a host page holds, in order: the group's page entries back to back
     // Declared in the order they are made; destroyed the other way: transfers waited for, memory unpinned, staging
     // and offsets freed.
-    detail::DeviceBuffer entryOffsets; //!< device: pageLayout.entryOffsets
+    detail::DeviceBuffer entryOffsets; //!< device: each anatomy entry's offset in a host page
     detail::StagedCopy staged;
     detail::PinnedChunks chunks;
     detail::HostPagePool pool;
@@ -105,9 +106,13 @@ namespace
 {
 
 //! The device buffer of a host page's entry offsets, filled (once, at construction); made on `device`.
-detail::DeviceBuffer entryOffsetsOf(detail::HostPageLayout const& pageLayout, int32_t device)
+detail::DeviceBuffer entryOffsetsOf(detail::PageAnatomy const& anatomy, int32_t device)
 {
-    std::vector<int64_t> const& offsets = pageLayout.entryOffsets;
+    std::vector<int64_t> offsets;
+    for (detail::PageEntry const& entry : anatomy.entries)
+    {
+        offsets.push_back(entry.offset);
+    }
     detail::ScopedDevice const scoped(device);
     size_t const bytes = offsets.size() * sizeof(int64_t);
     detail::DeviceBuffer buffer(static_cast<int64_t>(std::max<size_t>(bytes, 1)), "HostTier: entry offsets");
@@ -124,8 +129,8 @@ HostTier::Impl::Impl(KVCacheManager const& cache, int32_t groupIn, int64_t numHo
     , geometry(pageGeometry(cache.layout(), group))
     , numPages(cache.group(group).numPages)
     , multiprocessors(multiprocessorCount(device))
-    , pageLayout(detail::hostPageLayout(cache.layout(), group))
-    , entryOffsets(entryOffsetsOf(pageLayout, device))
+    , anatomy(detail::pageAnatomy(geometry))
+    , entryOffsets(entryOffsetsOf(anatomy, device))
     , staged(geometry.bytesPerPage, options.stagingBytes, numHostPages, device, multiprocessors)
     , chunks(device, numHostPages, geometry.bytesPerPage, options.chunkBytes, options.preferGpuNumaNode)
     , pool(numHostPages)
@@ -140,20 +145,11 @@ void HostTier::Impl::checkGeometry(char const* what, KVCacheManager const& cache
         throw InvalidArgumentError(fmt::format(
             "{}: the cache is on device {}; the tier is mapped for device {}", what, cache.device(), device));
     }
-    if (group >= cache.numGroups())
+    detail::checkGroupGeometry(what, cache, group, geometry, "the tier");
+    if (cache.group(group).numPages != numPages)
     {
-        throw InvalidArgumentError(
-            fmt::format("{}: the cache has {} groups; the tier holds group {}", what, cache.numGroups(), group));
-    }
-    PageGeometry const other = pageGeometry(cache.layout(), group);
-    if (other != geometry || cache.group(group).numPages != numPages)
-    {
-        throw InvalidArgumentError(fmt::format(
-            "{}: the cache's group {} has another geometry: quantization {}, {} layers, {} bytes and {} pages a half; "
-            "the tier's has quantization {}, {} layers, {} bytes and {} pages",
-            what, group, kvQuantizationName(other.quantization), other.layers.size(), other.bytesPerPage,
-            cache.group(group).numPages, kvQuantizationName(geometry.quantization), geometry.layers.size(),
-            geometry.bytesPerPage, numPages));
+        throw InvalidArgumentError(fmt::format("{}: the cache's group {} has {} pages per half; the tier's has {}",
+            what, group, cache.group(group).numPages, numPages));
     }
 }
 
@@ -171,11 +167,10 @@ detail::HostTierKernelParams HostTier::Impl::kernelParams(
     detail::HostTierKernelParams params{};
     params.table = detail::ManagerInternals::layerTable(cache, group);
     params.entryOffsets = static_cast<int64_t const*>(entryOffsets.data());
-    params.numEntries = static_cast<int32_t>(pageLayout.entryOffsets.size());
+    params.numEntries = static_cast<int32_t>(anatomy.entries.size());
     params.numPages = numPages;
-    params.chunksPerHalf =
-        static_cast<int32_t>((pageLayout.largestPageBytes + detail::kHOST_TIER_KERNEL_CHUNK_BYTES - 1)
-            / detail::kHOST_TIER_KERNEL_CHUNK_BYTES);
+    params.chunksPerHalf = static_cast<int32_t>(
+        (anatomy.largestHalfBytes + detail::kHOST_TIER_KERNEL_CHUNK_BYTES - 1) / detail::kHOST_TIER_KERNEL_CHUNK_BYTES);
     params.numHostPages = static_cast<int32_t>(numPinnedNow);
     params.hostPagesPerChunk = static_cast<uint32_t>(chunks.hostPagesPerChunk());
     params.hostPageBytes = geometry.bytesPerPage;
@@ -234,11 +229,11 @@ HostTierMethod HostTier::Impl::transfer(Direction direction, KVCacheManager cons
         int32_t const maxGrid = std::min(multiprocessors, kHOST_TIER_MAX_SMS);
         detail::launchHostTierKernel(params, toHost, entries, count, maxGrid, stream);
     }
-    else if (detail::StagedCopy::movesDirect(count, pageLayout.pageHalves, stream))
+    else if (detail::StagedCopy::movesDirect(count, anatomy.halves, stream))
     {
         // The pools' addresses from the cache of this call (the tier checked its geometry only).
-        detail::StagedCopy::enqueueDirect(toHost, detail::ManagerInternals::hostLayerTable(cache, group),
-            pageLayout.entryOffsets, numPages, chunks, entries, count, stream);
+        detail::StagedCopy::enqueueDirect(toHost, detail::ManagerInternals::hostLayerTable(cache, group), anatomy,
+            numPages, chunks, entries, count, stream);
     }
     else
     {

@@ -64,15 +64,13 @@ __global__ void __launch_bounds__(THREADS, 1) hostTierKernel(HostTierKernelParam
             continue;
         }
         LayerTableEntry const layerEntry = loadLayer(params.table + tableEntry);
-        int64_t const pageBytes = layerEntry.pageBytesAndV >> 1;
-        bool const hasV = (layerEntry.pageBytesAndV & 1) != 0;
-        if ((half == 1 && !hasV) || chunkStart >= pageBytes)
+        int64_t const pageBytes = layerEntry.pageBytes();
+        if ((half == 1 && !layerEntry.hasV()) || chunkStart >= pageBytes)
         {
             continue;
         }
         int64_t const bytes = min(kHOST_TIER_KERNEL_CHUNK_BYTES, pageBytes - chunkStart);
-        char* const devicePage =
-            layerEntry.kBase + (int64_t{half} * params.numPages + entry.page) * pageBytes + chunkStart;
+        char* const devicePage = layerEntry.halfAddress(half, params.numPages, entry.page) + chunkStart;
         uint32_t const chunk = static_cast<uint32_t>(entry.hostPage) / params.hostPagesPerChunk;
         char* const hostPage = params.chunks[chunk]
             + int64_t{static_cast<uint32_t>(entry.hostPage) - chunk * params.hostPagesPerChunk} * params.hostPageBytes

@@ -2,7 +2,7 @@
 
 // The host tier's kernels: whole host pages between the cache's pages and mapped pinned memory (the kernel path) or
 // device staging host pages (the copy-engine path's gather and scatter). A host page holds every table entry of the
-// group (data pages, then scale pages: tiers/host_tier/host_page_layout.h), so scales move with data in the same
+// group (data pages, then scale pages: core/page_anatomy.h), so scales move with data in the same
 // launches.
 
 #include "device/block_shape.h"
@@ -22,7 +22,7 @@ namespace kvcache::rt::detail
 constexpr int32_t kHOST_TIER_WARP_VECTORS = 8;
 //! Bytes of one work item, which one warp moves. A warp, not a block: a quantized cache's page halves are a few KiB of
 //! data or less than one of scales, and a block that took one at a time kept a few KiB in flight and waited on each
-//! (the gather read 0.9 TB/s and the kernel path's onboards 17 GB/s: docs/benchmarks.md).
+//! (docs/benchmarks.md).
 constexpr int64_t kHOST_TIER_KERNEL_CHUNK_BYTES = int64_t{kWARP_THREADS} * kHOST_TIER_WARP_VECTORS * kVECTOR_BYTES;
 //! The kernel path's block: one on each of at most kHOST_TIER_MAX_SMS multiprocessors. It moves data as fast as a
 //! 1024-thread block, and a small block leaves room beside it: a persistent compute kernel of 1024-thread blocks
@@ -47,7 +47,7 @@ struct HostTierKernelParams
     //! The group's entries in the cache's device table: its layers' data entries, then (with scale pools) their
     //! scale entries.
     LayerTableEntry const* table;
-    int64_t const* entryOffsets; //!< device: bytes from a host page's start to each entry's K page (HostPageLayout)
+    int64_t const* entryOffsets; //!< device: bytes from a host page's start to each entry's K page (PageAnatomy)
     int32_t numEntries;          //!< entries of `table` a host page holds: every one of the group's
     int32_t numPages;            //!< the group's page-id range
     int32_t chunksPerHalf; //!< work items per entry half: the largest page in kHOST_TIER_KERNEL_CHUNK_BYTES pieces

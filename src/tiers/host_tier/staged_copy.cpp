@@ -20,9 +20,8 @@ namespace
 //! Descriptors one cudaMemcpyBatchAsync call takes at most; longer lists take several calls.
 constexpr size_t kMAX_BATCH_DESCRIPTORS = 8192;
 //! A transfer of fewer than kPARTED_FROM host pages moves straight between the pages and the host pages, one descriptor
-//! a page half of a layer, when it takes at most this many: on the H200, 1024 such descriptors of 0.5-32 KiB in one
-//! call moved at the link's speed, as fast as one contiguous copy, where 8192 moved at a fifth of it
-//! (docs/benchmarks.md).
+//! per page half of a layer, when it takes at most this many: up to this many descriptors of a few KiB in one call
+//! move as fast as one contiguous copy, and many more move far slower (docs/benchmarks.md).
 constexpr int64_t kDIRECT_MAX_DESCRIPTORS = 1024;
 //! Blocks a multiprocessor for the gather and scatter kernel (device memory only): 1024 threads, whose warps keep 128
 //! KiB in flight, which the gather measured to move at about the memory's speed (docs/benchmarks.md).
@@ -83,8 +82,8 @@ int32_t stagingHostPages(int64_t hostPageBytes, int64_t stagingBytes, int64_t nu
 //! page some twenty times as fast as the copy engine moves it over PCIe (docs/benchmarks.md), so the kernel's work on
 //! a part eight times as large still ends before the copy of the one before it.
 constexpr int32_t kPART_GROWTH = 8;
-//! Batches of fewer host pages move in one part: at 2 to 8 pages an extra copy's start cost as much as the kernel's
-//! work it hid, or more (the H200, docs/benchmarks.md).
+//! Batches of fewer host pages move in one part: for a few pages an extra copy's start costs as much as the kernel's
+//! work it hides, or more (docs/benchmarks.md).
 constexpr int32_t kPARTED_FROM = 16;
 
 //! The bounds of a batch of `n` host pages' parts, in the order they are moved: 0 = b[0] < ... < b[P] = n, parts of 1,
@@ -144,14 +143,13 @@ StagedCopy::StagedCopy(
 bool StagedCopy::movesDirect(int32_t count, int64_t pageHalves, cudaStream_t stream)
 {
     // From kPARTED_FROM host pages a staged transfer moves in parts, which hide its kernel's work; below, a staged
-    // transfer's gather or scatter and its hand-over to or from the copy engine add to the copy (10% of 8 NVFP4 host
-    // pages), which a direct one does not have.
+    // transfer's gather or scatter and its hand-over to or from the copy engine add to the copy, which a direct one
+    // does not have.
     return takesBatches(stream) && count < kPARTED_FROM && int64_t{count} * pageHalves <= kDIRECT_MAX_DESCRIPTORS;
 }
 
-void StagedCopy::enqueueDirect(bool toHost, std::vector<LayerTableEntry> const& table,
-    std::vector<int64_t> const& entryOffsets, int32_t numPages, PinnedChunks const& chunks,
-    HostTierEntry const* entries, int32_t count, cudaStream_t stream)
+void StagedCopy::enqueueDirect(bool toHost, std::vector<LayerTableEntry> const& table, PageAnatomy const& anatomy,
+    int32_t numPages, PinnedChunks const& chunks, HostTierEntry const* entries, int32_t count, cudaStream_t stream)
 {
     thread_local std::vector<void*> dsts;
     thread_local std::vector<void const*> srcs;
@@ -164,12 +162,12 @@ void StagedCopy::enqueueDirect(bool toHost, std::vector<LayerTableEntry> const& 
         char* const hostPage = chunks.hostAddress(entries[i].hostPage);
         for (size_t e = 0; e < table.size(); ++e)
         {
-            int64_t const pageBytes = table[e].pageBytesAndV >> 1;
-            for (int64_t half = 0; half <= (table[e].pageBytesAndV & 1); ++half)
+            int64_t const pageBytes = table[e].pageBytes();
+            for (int32_t half = 0; half <= int32_t{table[e].hasV()}; ++half)
             {
                 // A page half's place in the cache, as the kernels find it (LayerTableEntry), and in the host page.
-                char* const device = table[e].kBase + (half * numPages + entries[i].page) * pageBytes;
-                char* const host = hostPage + entryOffsets[e] + half * pageBytes;
+                char* const device = table[e].halfAddress(half, numPages, entries[i].page);
+                char* const host = hostPage + anatomy.entries[e].offset + half * pageBytes;
                 dsts.push_back(toHost ? host : device);
                 srcs.push_back(toHost ? device : host);
                 sizes.push_back(static_cast<size_t>(pageBytes));

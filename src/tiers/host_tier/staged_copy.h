@@ -7,6 +7,7 @@
 // (enqueue).
 
 #include "core/cuda_owners.h"
+#include "core/page_anatomy.h"
 #include "memory/cache/layer_table.h"
 #include "tiers/host_tier/host_tier_kernels.h"
 
@@ -45,18 +46,18 @@ public:
     //! `stream`'s later work. Throws CudaError.
     void enqueue(bool toHost, HostTierKernelParams const& cacheParams, PinnedChunks const& chunks,
         HostTierEntry const* entries, int32_t count, cudaStream_t stream);
-    //! Whether a transfer of `count` host pages of `pageHalves` page halves each (HostPageLayout) on `stream` moves
-    //! straight (enqueueDirect): not on a stream that takes no batch calls (the legacy default stream), not from 16
-    //! host pages (enqueue's parts move those as fast), not with more than 1024 descriptors (more in one call move
+    //! Whether a transfer of `count` host pages of `pageHalves` page halves each (PageAnatomy::halves) on `stream`
+    //! moves straight (enqueueDirect): not on a stream that takes no batch calls (the legacy default stream), not from
+    //! 16 host pages (enqueue's parts move those as fast), not with more than 1024 descriptors (more in one call move
     //! slower).
     static bool movesDirect(int32_t count, int64_t pageHalves, cudaStream_t stream);
     //! Enqueues the transfer of `entries[0, count)` (validated, movesDirect) on `stream` straight between the pages
     //! and the host pages, without staging: one descriptor a page half of a table entry, in one cudaMemcpyBatchAsync
-    //! call. `table` is a host copy of the group's table entries (ManagerInternals::hostLayerTable), `entryOffsets`
-    //! where each entry's K page sits in a host page, `numPages` the group's pages. Throws CudaError.
-    static void enqueueDirect(bool toHost, std::vector<LayerTableEntry> const& table,
-        std::vector<int64_t> const& entryOffsets, int32_t numPages, PinnedChunks const& chunks,
-        HostTierEntry const* entries, int32_t count, cudaStream_t stream);
+    //! call. `table` is a host copy of the group's table entries (ManagerInternals::hostLayerTable), `anatomy`
+    //! the group's page entries in the same order (where each entry's K page sits in a host page), `numPages` the
+    //! group's pages. Throws CudaError.
+    static void enqueueDirect(bool toHost, std::vector<LayerTableEntry> const& table, PageAnatomy const& anatomy,
+        int32_t numPages, PinnedChunks const& chunks, HostTierEntry const* entries, int32_t count, cudaStream_t stream);
 
 private:
     int64_t mHostPageBytes = 0;

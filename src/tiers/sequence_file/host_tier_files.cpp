@@ -1,7 +1,8 @@
 // Sequence files over a host tier's host pages: the pages hold data and page scales; the host-held scales (per-tensor
 // FP8, NVFP4 global scales) come from the cache and are recorded in, or compared with, the file's header.
 
-#include "memory/cache/scale_support.h"
+#include "core/scale_support.h"
+#include "memory/cache/cache_geometry.h"
 #include "memory/page_ops/page_list_validation.h"
 #include "tiers/host_tier/host_page_pool.h"
 
@@ -19,26 +20,13 @@ namespace
 {
 
 //! Returns the host-held scales of `cache`'s layers of `tier`'s group in the group's order (a latent layer's v as 0),
-//! none for a quantization without them. Throws InvalidArgumentError naming `what` and both geometries when `cache`'s
-//! group has another geometry than the tier's.
+//! none for a quantization without them. Throws InvalidArgumentError naming `what` and the first difference when
+//! `cache`'s group has another geometry than the tier's (checkGroupGeometry).
 std::vector<LayerScales> groupLayerScales(char const* what, HostTier const& tier, KVCacheManager const& cache)
 {
     int32_t const group = tier.group();
-    if (group >= cache.numGroups())
-    {
-        throw InvalidArgumentError(
-            fmt::format("{}: the cache has {} groups; the tier holds group {}", what, cache.numGroups(), group));
-    }
-    PageGeometry const geometry = pageGeometry(cache.layout(), group);
-    PageGeometry const& expected = tier.geometry();
-    if (geometry != expected)
-    {
-        throw InvalidArgumentError(fmt::format("{}: the cache's group {} has another geometry: quantization {}, {} "
-                                               "layers, {} bytes a page; the tier's has quantization {}, {} layers, {} "
-                                               "bytes",
-            what, group, kvQuantizationName(geometry.quantization), geometry.layers.size(), geometry.bytesPerPage,
-            kvQuantizationName(expected.quantization), expected.layers.size(), expected.bytesPerPage));
-    }
+    detail::checkGroupGeometry(what, cache, group, tier.geometry(), "the tier");
+    PageGeometry const& geometry = tier.geometry();
     std::vector<LayerScales> scales;
     if (!detail::keepsHostScales(geometry.quantization))
     {

@@ -2,7 +2,8 @@
 
 #include "tiers/sequence_file/sequence_file_format.h"
 
-#include "memory/cache/scale_support.h"
+#include "core/page_anatomy.h"
+#include "core/scale_support.h"
 
 #include "kvcache/core/errors.h"
 
@@ -14,7 +15,6 @@
 
 #include <array>
 #include <cstring>
-#include <initializer_list>
 #include <limits>
 
 namespace kvcache::rt::detail
@@ -45,20 +45,6 @@ T get(std::vector<char> const& in, int64_t offset)
     T value;
     std::memcpy(&value, in.data() + offset, sizeof(T));
     return value;
-}
-
-//! Returns the product of `factors` (each >= 0), or -1 when it leaves int64.
-int64_t checkedProduct(std::initializer_list<int64_t> factors)
-{
-    int64_t product = 1;
-    for (int64_t const factor : factors)
-    {
-        if (__builtin_mul_overflow(product, factor, &product))
-        {
-            return -1;
-        }
-    }
-    return product;
 }
 
 //! Returns "" when every field of `geometry` is within the rules computeLayout applies to the layers of a page
@@ -107,45 +93,6 @@ std::string geometryProblem(PageGeometry const& geometry)
     return quantizationProblem(geometry);
 }
 
-//! Returns the page bytes `geometry`'s layers imply, data and scales, or -1 with the field whose size leaves int64 in
-//! `*problem`. `geometry` has passed geometryProblem.
-int64_t impliedPageBytes(PageGeometry const& geometry, std::string* problem)
-{
-    int64_t const elementBytes = dataTypeSize(geometry.dataType);
-    int64_t total = 0;
-    for (size_t i = 0; i < geometry.layers.size(); ++i)
-    {
-        PageLayerGeometry const& layer = geometry.layers[i];
-        int64_t const halves = layer.kind == KVLayerKind::kLATENT ? 1 : 2;
-        // One head of one token and half: its stored values (two a byte for NVFP4) and its page scales. headDim is an
-        // int32 and elementBytes at most 4, so this is far inside int64.
-        int64_t const storedDim = geometry.quantization == KVQuantization::kNVFP4 ? layer.headDim / 2 : layer.headDim;
-        int64_t const headBytes =
-            storedDim * elementBytes + scaleBytesPerHead(geometry.quantization, int64_t{layer.headDim});
-        int64_t const bytes = checkedProduct({halves, geometry.tokensPerPage, layer.numKVHeads, headBytes});
-        if (bytes < 0 || __builtin_add_overflow(total, bytes, &total))
-        {
-            *problem = fmt::format("layers[{}] ({} halves x tokensPerPage {} x numKVHeads {} x {} bytes a head "
-                                   "(headDim {}, quantization {}), added to the {} bytes of the layers before it) "
-                                   "overflows 64-bit page sizes (limit {})",
-                i, halves, geometry.tokensPerPage, layer.numKVHeads, headBytes, layer.headDim,
-                kvQuantizationName(geometry.quantization), total, std::numeric_limits<int64_t>::max());
-            return -1;
-        }
-    }
-    return total;
-}
-
-template <typename T>
-void expectField(char const* what, std::string const& path, std::string const& field, T file, T expected)
-{
-    if (file != expected)
-    {
-        throw InvalidArgumentError(fmt::format(
-            "{}: '{}' has another geometry: its {} is {}; the destination's is {}", what, path, field, file, expected));
-    }
-}
-
 } // namespace
 
 int64_t sequenceHeaderBytes(int64_t numLayers)
@@ -165,11 +112,19 @@ uint64_t storedChecksum(std::vector<char> const& bytes, int64_t offset)
 
 void checkFileGeometry(std::string const& prefix, PageGeometry const& geometry)
 {
-    std::string problem = geometryProblem(geometry);
-    int64_t const implied = problem.empty() ? impliedPageBytes(geometry, &problem) : -1;
-    if (implied < 0)
+    std::string const problem = geometryProblem(geometry);
+    if (!problem.empty())
     {
         throw InvalidArgumentError(fmt::format("{}geometry.{}", prefix, problem));
+    }
+    int64_t implied = 0;
+    try
+    {
+        implied = pageAnatomy(geometry).bytesPerPage;
+    }
+    catch (InvalidArgumentError const& error)
+    {
+        throw InvalidArgumentError(fmt::format("{}geometry.{}", prefix, error.what()));
     }
     if (implied != geometry.bytesPerPage)
     {
@@ -357,22 +312,11 @@ SequenceFileInfo decodeSequenceHeader(
 
 void expectGeometry(char const* what, std::string const& path, PageGeometry const& file, PageGeometry const& expected)
 {
-    expectField(
-        what, path, "quantization", kvQuantizationName(file.quantization), kvQuantizationName(expected.quantization));
-    expectField(what, path, "dataType", dataTypeName(file.dataType), dataTypeName(expected.dataType));
-    expectField(what, path, "tokensPerPage", file.tokensPerPage, expected.tokensPerPage);
-    expectField(what, path, "slidingWindow", file.slidingWindow, expected.slidingWindow);
-    expectField(what, path, "layer count", file.layers.size(), expected.layers.size());
-    for (size_t i = 0; i < file.layers.size(); ++i)
+    std::string const difference = pageGeometryDifference(file, expected, "the file", "the destination");
+    if (!difference.empty())
     {
-        expectField(what, path, fmt::format("layers[{}].kind", i), static_cast<int32_t>(file.layers[i].kind),
-            static_cast<int32_t>(expected.layers[i].kind));
-        expectField(what, path, fmt::format("layers[{}].numKVHeads", i), file.layers[i].numKVHeads,
-            expected.layers[i].numKVHeads);
-        expectField(
-            what, path, fmt::format("layers[{}].headDim", i), file.layers[i].headDim, expected.layers[i].headDim);
+        throw InvalidArgumentError(fmt::format("{}: '{}' has another geometry: {}", what, path, difference));
     }
-    expectField(what, path, "bytesPerPage", file.bytesPerPage, expected.bytesPerPage);
 }
 
 } // namespace kvcache::rt::detail

@@ -3,7 +3,7 @@
 
 #include "tiers/sequence_file/sequence_file_scales.h"
 
-#include "memory/cache/scale_support.h"
+#include "core/scale_support.h"
 
 #include "kvcache/core/errors.h"
 
@@ -28,18 +28,6 @@ uint32_t bitsOf(float value)
 }
 
 } // namespace
-
-int64_t scaleBytesPerHead(KVQuantization quantization, int64_t headDim)
-{
-    switch (quantization)
-    {
-    case KVQuantization::kFP8_PER_TOKEN_HEAD: return 4;
-    case KVQuantization::kNVFP4: return headDim / kNVFP4_BLOCK_VALUES;
-    case KVQuantization::kNONE:
-    case KVQuantization::kFP8_PER_TENSOR: break;
-    }
-    return 0;
-}
 
 std::string quantizationProblem(PageGeometry const& geometry)
 {

@@ -13,11 +13,6 @@
 namespace kvcache::rt::detail
 {
 
-//! Returns the page scale bytes of one token and head of one half (docs/layout.md, "Quantized pages"), for a headDim
-//! the quantization accepts: a float32 for kFP8_PER_TOKEN_HEAD, an FP8 E4M3 a block of 16 values for kNVFP4, none
-//! for the others.
-int64_t scaleBytesPerHead(KVQuantization quantization, int64_t headDim);
-
 //! Returns "" when `geometry`'s quantization is in the enumeration and its dataType and layers can hold it (the rules
 //! of computeLayout), else the first broken rule naming the field, its value and the limit.
 std::string quantizationProblem(PageGeometry const& geometry);

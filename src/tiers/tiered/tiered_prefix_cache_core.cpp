@@ -44,13 +44,13 @@ void checkSameLayout(KVCacheLayout const& cache, KVCacheLayout const& manager)
         checkField(numPages.c_str(), manager.groups[g].numPages, cache.groups[g].numPages);
         std::string const window = fmt::format("group {} slidingWindow", g);
         checkField(window.c_str(), manager.groups[g].slidingWindow, cache.groups[g].slidingWindow);
-        if (pageGeometry(manager, static_cast<int32_t>(g)) != pageGeometry(cache, static_cast<int32_t>(g)))
+        std::string const difference = pageGeometryDifference(pageGeometry(manager, static_cast<int32_t>(g)),
+            pageGeometry(cache, static_cast<int32_t>(g)), "the manager", "the cache");
+        if (!difference.empty())
         {
-            throw InvalidArgumentError(fmt::format("{}: the page manager's layout is not the cache's: group {}'s page "
-                                                   "geometry (data type, quantization, layers) differs ({} and {} "
-                                                   "bytes a page, quantization {} and {})",
-                kWHAT, g, manager.groups[g].bytesPerPage, cache.groups[g].bytesPerPage,
-                kvQuantizationName(manager.quantization), kvQuantizationName(cache.quantization)));
+            throw InvalidArgumentError(
+                fmt::format("{}: the page manager's layout is not the cache's: group {}'s page geometry differs: {}",
+                    kWHAT, g, difference));
         }
     }
 }

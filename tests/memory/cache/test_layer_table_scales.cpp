@@ -3,7 +3,7 @@
 // scales"), checked against the tests' layout model; and which quantizations keep scale pools.
 
 #include "memory/cache/layer_table.h"
-#include "memory/cache/scale_support.h"
+#include "core/scale_support.h"
 
 #include "kvcache/core/errors.h"
 #include "kvcache/core/kv_cache_config.h"

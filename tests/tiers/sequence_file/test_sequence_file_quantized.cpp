@@ -179,8 +179,9 @@ TEST_F(SequenceFileQuantizedTest, AnotherQuantizationIsRefusedNamingTheFilesAndT
         writeFile(fileGeometry, scalesOf(fileGeometry));
         rt::PageGeometry const expected = geometryOf(c.expected);
         EXPECT_TRUE(readIsRefused(expected, scalesOf(expected),
-            {"readSequenceFile", "its quantization is " + std::string(rt::kvQuantizationName(c.file.quantization)),
-                "the destination's is " + std::string(rt::kvQuantizationName(c.expected.quantization))}));
+            {"readSequenceFile", "another geometry",
+                "quantization is " + std::string(rt::kvQuantizationName(c.file.quantization)) + " in the file and "
+                    + std::string(rt::kvQuantizationName(c.expected.quantization)) + " in the destination"}));
     }
 }
 

@@ -252,8 +252,9 @@ TEST_F(SequenceFileScalesTest, AFileOfAnotherQuantizationIsRefusedAndChangesNoth
         }
         EXPECT_TRUE(
             throwsNaming<InvalidArgumentError>([&] { loadSequence(mPath, tier, other.cache(), hostPages.data(), 3); },
-                {"quantization is " + std::string(kvQuantizationName(c.saved.quantization)),
-                    "the destination's is " + std::string(kvQuantizationName(c.loaded.quantization))}));
+                {"another geometry",
+                    "quantization is " + std::string(kvQuantizationName(c.saved.quantization)) + " in the file and "
+                        + std::string(kvQuantizationName(c.loaded.quantization)) + " in the destination"}));
         for (int32_t const hostPage : hostPages)
         {
             EXPECT_EQ(hostPageContents(tier, hostPage), poisonPage(tier)) << "a refused load wrote a host page";
@@ -296,7 +297,7 @@ TEST_F(SequenceFileScalesTest, HostHeldScalesNeedTheCacheAndItsGeometry)
                     loadSequence(mPath, tier, plain.cache(), hostPages.data(), 2);
                 }
             },
-            {what, "another geometry", "quantization none", "quantization fp8_per_tensor"}));
+            {what, "another geometry", "quantization is none in the cache and fp8_per_tensor in the tier"}));
         EXPECT_FALSE(fs::exists(mPath));
     }
 

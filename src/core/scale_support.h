@@ -6,6 +6,8 @@
 
 #include "kvcache/core/kv_cache_config.h"
 
+#include <cstdint>
+
 namespace kvcache::rt::detail
 {
 
@@ -13,6 +15,24 @@ namespace kvcache::rt::detail
 constexpr bool keepsScalePools(KVQuantization quantization) noexcept
 {
     return quantization == KVQuantization::kFP8_PER_TOKEN_HEAD || quantization == KVQuantization::kNVFP4;
+}
+
+//! Bytes of one FP8 per-token-head scale (float32, as FlashInfer's kv_cache_sf reads it).
+inline constexpr int64_t kTOKEN_HEAD_SCALE_BYTES = 4;
+//! Bytes of one NVFP4 block scale (FP8 E4M3).
+inline constexpr int64_t kNVFP4_SCALE_BYTES = 1;
+
+//! Returns the page scale bytes of one token and head of one half in `quantization` for heads of `headDim` values.
+constexpr int64_t scaleBytesPerTokenHead(KVQuantization quantization, int64_t headDim) noexcept
+{
+    switch (quantization)
+    {
+    case KVQuantization::kFP8_PER_TOKEN_HEAD: return kTOKEN_HEAD_SCALE_BYTES;
+    case KVQuantization::kNVFP4: return headDim / kNVFP4_BLOCK_VALUES * kNVFP4_SCALE_BYTES;
+    case KVQuantization::kNONE:
+    case KVQuantization::kFP8_PER_TENSOR: break; // per-tensor scales are per layer, on the host, not in pages
+    }
+    return 0;
 }
 
 //! Returns true when `quantization` keeps a K and a V scale a layer on the host (docs/layout.md, "Quantization

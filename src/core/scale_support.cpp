@@ -1,4 +1,4 @@
-#include "memory/cache/scale_support.h"
+#include "core/scale_support.h"
 
 #include <cmath>
 
