@@ -60,50 +60,65 @@ std::vector<PageOpTarget> targetsOfGroup(int32_t group)
     return targets;
 }
 
-using ScaledPageOpsTest = test::GpuTest;
-
-TEST_F(ScaledPageOpsTest, HostListCopiesMoveDataAndScalesOfEveryTargetedHalf)
+//! Runs `check` on a fresh cache of each scaled format, made with `seed`; stops at the first fatal failure, as an
+//! ASSERT in a loop of the test's own would.
+template <typename Check>
+void forEachScaledCache(uint64_t seed, Check&& check)
 {
     for (ScaledFormat const format : kSCALED_FORMATS)
     {
         SCOPED_TRACE(nameOf(format));
-        CacheUnderTest cut(scaledConfig(format), 31);
-        ASSERT_TRUE(cut.reference().hasScales()) << "the model must hold scales, or nothing below checks them";
-        for (int32_t group = 0; group < 3; ++group)
+        CacheUnderTest cut(scaledConfig(format), seed);
+        check(cut);
+        if (::testing::Test::HasFatalFailure())
         {
-            for (PageOpTarget const& target : targetsOfGroup(group))
-            {
-                SCOPED_TRACE(test::describe(target));
-                std::vector<PageCopy> const pairs = cut.randomPairs(5, group);
-                copyPages(cut.cache(), pairs, cut.stream(), target);
-                cut.reference().copy(pairs, target);
-                ASSERT_TRUE(cut.matchesReference());
-            }
+            return;
         }
     }
 }
 
-TEST_F(ScaledPageOpsTest, HostListResetsFillDataAndScalePagesFromTheirOwnFirstByte)
+using ScaledPageOpsTest = test::GpuTest;
+
+TEST_F(ScaledPageOpsTest, HostListCopiesMoveDataAndScalesOfEveryTargetedHalf)
 {
-    for (ScaledFormat const format : kSCALED_FORMATS)
-    {
-        SCOPED_TRACE(nameOf(format));
-        CacheUnderTest cut(scaledConfig(format), 47);
-        for (int32_t group = 0; group < 3; ++group)
+    forEachScaledCache(31,
+        [&](CacheUnderTest& cut)
         {
-            for (PageOpTarget const& target : targetsOfGroup(group))
+            ASSERT_TRUE(cut.reference().hasScales()) << "the model must hold scales, or nothing below checks them";
+            for (int32_t group = 0; group < 3; ++group)
             {
-                SCOPED_TRACE(test::describe(target));
-                for (uint32_t const pattern : {kPATTERN, 0U})
+                for (PageOpTarget const& target : targetsOfGroup(group))
                 {
-                    std::vector<int32_t> const pages = cut.randomPages(4, group);
-                    resetPages(cut.cache(), pages, cut.stream(), pattern, target);
-                    cut.reference().reset(pages, pattern, target);
-                    ASSERT_TRUE(cut.matchesReference()) << "pattern " << pattern;
+                    SCOPED_TRACE(test::describe(target));
+                    std::vector<PageCopy> const pairs = cut.randomPairs(5, group);
+                    copyPages(cut.cache(), pairs, cut.stream(), target);
+                    cut.reference().copy(pairs, target);
+                    ASSERT_TRUE(cut.matchesReference());
                 }
             }
-        }
-    }
+        });
+}
+
+TEST_F(ScaledPageOpsTest, HostListResetsFillDataAndScalePagesFromTheirOwnFirstByte)
+{
+    forEachScaledCache(47,
+        [&](CacheUnderTest& cut)
+        {
+            for (int32_t group = 0; group < 3; ++group)
+            {
+                for (PageOpTarget const& target : targetsOfGroup(group))
+                {
+                    SCOPED_TRACE(test::describe(target));
+                    for (uint32_t const pattern : {kPATTERN, 0U})
+                    {
+                        std::vector<int32_t> const pages = cut.randomPages(4, group);
+                        resetPages(cut.cache(), pages, cut.stream(), pattern, target);
+                        cut.reference().reset(pages, pattern, target);
+                        ASSERT_TRUE(cut.matchesReference()) << "pattern " << pattern;
+                    }
+                }
+            }
+        });
 }
 
 TEST_F(ScaledPageOpsTest, LongHostListsCarryScalesInEveryLaunch)
@@ -129,40 +144,39 @@ TEST_F(ScaledPageOpsTest, LongHostListsCarryScalesInEveryLaunch)
 
 TEST_F(ScaledPageOpsTest, DeviceListsCarryScalesAndCountEachBadIdOnce)
 {
-    for (ScaledFormat const format : kSCALED_FORMATS)
-    {
-        SCOPED_TRACE(nameOf(format));
-        CacheUnderTest cut(scaledConfig(format), 59);
-        for (int32_t group = 0; group < 3; ++group)
+    forEachScaledCache(59,
+        [&](CacheUnderTest& cut)
         {
-            SCOPED_TRACE("group " + std::to_string(group));
-            int32_t const numPages = cut.numPages(group);
-            std::vector<PageCopy> pairs = cut.randomPairs(8, group);
-            pairs[1].src = numPages;               // bad: counted once, not once a pass or a layer half
-            pairs[4].dst = -7;                     // bad
-            pairs[6].src = kUNUSED_PAGE_ENTRY;     // skipped, not counted
-            constexpr int32_t kEARLIER_ERRORS = 3; // the counter accumulates
-            DeviceArray<PageCopy> deviceList(pairs, cut.stream());
-            DeviceArray<int32_t> count(std::vector<int32_t>{7}, cut.stream()); // the last pair is past the count
-            DeviceArray<int32_t> errors(std::vector<int32_t>{kEARLIER_ERRORS}, cut.stream());
-            PageOpTarget const target{0, -1, KVHalf::kBOTH, group};
-            copyPagesDevice(cut.cache(), deviceList.get(), 8, count.get(), cut.stream(), target, errors.get());
-            cut.reference().copy(test::firstEntries(pairs, 7), target);
-            ASSERT_TRUE(cut.matchesReference());
-            EXPECT_EQ(errors.download(cut.stream())[0], kEARLIER_ERRORS + 2);
+            for (int32_t group = 0; group < 3; ++group)
+            {
+                SCOPED_TRACE("group " + std::to_string(group));
+                int32_t const numPages = cut.numPages(group);
+                std::vector<PageCopy> pairs = cut.randomPairs(8, group);
+                pairs[1].src = numPages;               // bad: counted once, not once a pass or a layer half
+                pairs[4].dst = -7;                     // bad
+                pairs[6].src = kUNUSED_PAGE_ENTRY;     // skipped, not counted
+                constexpr int32_t kEARLIER_ERRORS = 3; // the counter accumulates
+                DeviceArray<PageCopy> deviceList(pairs, cut.stream());
+                DeviceArray<int32_t> count(std::vector<int32_t>{7}, cut.stream()); // the last pair is past the count
+                DeviceArray<int32_t> errors(std::vector<int32_t>{kEARLIER_ERRORS}, cut.stream());
+                PageOpTarget const target{0, -1, KVHalf::kBOTH, group};
+                copyPagesDevice(cut.cache(), deviceList.get(), 8, count.get(), cut.stream(), target, errors.get());
+                cut.reference().copy(test::firstEntries(pairs, 7), target);
+                ASSERT_TRUE(cut.matchesReference());
+                EXPECT_EQ(errors.download(cut.stream())[0], kEARLIER_ERRORS + 2);
 
-            std::vector<int32_t> pages = cut.randomPages(6, group);
-            pages[2] = numPages + 1;
-            pages[3] = kUNUSED_PAGE_ENTRY;
-            DeviceArray<int32_t> devicePages(pages, cut.stream());
-            DeviceArray<int32_t> resetErrors(std::vector<int32_t>{0}, cut.stream());
-            resetPagesDevice(
-                cut.cache(), devicePages.get(), 6, nullptr, cut.stream(), kPATTERN, target, resetErrors.get());
-            cut.reference().reset(pages, kPATTERN, target);
-            ASSERT_TRUE(cut.matchesReference());
-            EXPECT_EQ(resetErrors.download(cut.stream())[0], 1);
-        }
-    }
+                std::vector<int32_t> pages = cut.randomPages(6, group);
+                pages[2] = numPages + 1;
+                pages[3] = kUNUSED_PAGE_ENTRY;
+                DeviceArray<int32_t> devicePages(pages, cut.stream());
+                DeviceArray<int32_t> resetErrors(std::vector<int32_t>{0}, cut.stream());
+                resetPagesDevice(
+                    cut.cache(), devicePages.get(), 6, nullptr, cut.stream(), kPATTERN, target, resetErrors.get());
+                cut.reference().reset(pages, kPATTERN, target);
+                ASSERT_TRUE(cut.matchesReference());
+                EXPECT_EQ(resetErrors.download(cut.stream())[0], 1);
+            }
+        });
 }
 
 TEST_F(ScaledPageOpsTest, ScaleViewsLayerRefsAndBytesFollowTheModel)

@@ -177,6 +177,26 @@ public:
         }
     }
 
+    //! The reference bytes of the first `numPages` pages of `sequence` in group 0: what must come back after eviction.
+    std::vector<std::vector<uint8_t>> referencePagesOf(rt::SequenceId sequence, int32_t numPages)
+    {
+        rt::SequencePages const pages = manager.pages(sequence, 0);
+        std::vector<std::vector<uint8_t>> bytes;
+        for (int32_t p = 0; p < numPages; ++p)
+        {
+            bytes.push_back(referencePage(cut, 0, pages.pages[p]));
+        }
+        return bytes;
+    }
+    //! Overwrites every device page with `poison` and resets the counters: whatever an admission brings back next
+    //! must come from the host or the disk, not from the device.
+    void poisonDeviceAndResetStats(uint32_t poison)
+    {
+        fillDevice(cut, poison);
+        KVCACHE_TEST_CUDA(cudaStreamSynchronize(cut.stream()));
+        tiered.resetStats();
+    }
+
     CacheUnderTest cut;
     rt::PageManager manager;
     rt::TieredPrefixCache tiered;
@@ -188,16 +208,21 @@ std::vector<rt::KVLayerConfig> mixedLayers()
     return {{2, 64}, {1, 96, 0, rt::KVLayerKind::kLATENT}, {3, 40}};
 }
 
+//! mixedLayers() in bf16: 2 sequences of 128 tokens in pages of kTOKENS_PER_PAGE, steps of 32 tokens.
+rt::KVCacheConfig mixedConfig()
+{
+    return kvcache::test::ConfigBuilder(mixedLayers())
+        .maxBatchSize(2)
+        .maxSequenceLength(128)
+        .tokensPerPage(kTOKENS_PER_PAGE)
+        .maxTokensPerStep(32)
+        .dataType(rt::DataType::kBF16);
+}
+
 TEST_F(TieredPrefixCacheGpuTest, APromptsPagesEvictedByLaterStepsComeBackFromTheHostBitwise)
 {
     // 16 pages of 16 tokens; steps of 32 tokens, shorter than the five pages that come back.
-    TieredCase setup(kvcache::test::ConfigBuilder(mixedLayers())
-                         .maxBatchSize(2)
-                         .maxSequenceLength(128)
-                         .tokensPerPage(kTOKENS_PER_PAGE)
-                         .maxTokensPerStep(32)
-                         .dataType(rt::DataType::kBF16),
-        {16});
+    TieredCase setup(mixedConfig(), {16});
     cudaStream_t const stream = setup.cut.stream();
     std::vector<int32_t> const prompt = tokenRun(1, 5 * kTOKENS_PER_PAGE + 5);
     auto const count = static_cast<int32_t>(prompt.size());
@@ -207,12 +232,7 @@ TEST_F(TieredPrefixCacheGpuTest, APromptsPagesEvictedByLaterStepsComeBackFromThe
     rt::TieredAdmission const first = setup.tiered.admit(donor, prompt.data(), count, stream);
     EXPECT_EQ(first.computeTokens, count);
     setup.prefill(donor, prompt, 0, [] {});
-    rt::SequencePages const donorPages = setup.manager.pages(donor, 0);
-    std::vector<std::vector<uint8_t>> expected;
-    for (int32_t p = 0; p < 5; ++p)
-    {
-        expected.push_back(referencePage(setup.cut, 0, donorPages.pages[p]));
-    }
+    std::vector<std::vector<uint8_t>> const expected = setup.referencePagesOf(donor, 5);
     // K and V differ, so a transfer that swapped or duplicated halves shows.
     int64_t const layer0Page = setup.cut.reference().pageBytes(0);
     ASSERT_NE(std::vector<uint8_t>(expected[0].begin(), expected[0].begin() + layer0Page),
@@ -237,10 +257,8 @@ TEST_F(TieredPrefixCacheGpuTest, APromptsPagesEvictedByLaterStepsComeBackFromThe
     {
         setup.manager.free(filler);
     }
-    fillDevice(setup.cut, kPOISON);
-    KVCACHE_TEST_CUDA(cudaStreamSynchronize(stream));
-    setup.tiered.resetStats();
 
+    ASSERT_NO_FATAL_FAILURE(setup.poisonDeviceAndResetStats(kPOISON));
     rt::SequenceId const request = setup.manager.create();
     rt::TieredAdmission const admission = setup.tiered.admit(request, prompt.data(), count, stream);
     EXPECT_EQ(admission.deviceTokens, 0);
@@ -384,25 +402,14 @@ TEST_F(TieredPrefixCacheGpuTest, PagesTheHostGivesUpComeBackFromTheDiskBitwise)
         return files;
     };
     {
-        TieredCase setup(kvcache::test::ConfigBuilder(mixedLayers())
-                             .maxBatchSize(2)
-                             .maxSequenceLength(128)
-                             .tokensPerPage(kTOKENS_PER_PAGE)
-                             .maxTokensPerStep(32)
-                             .dataType(rt::DataType::kBF16),
-            options);
+        TieredCase setup(mixedConfig(), options);
         cudaStream_t const stream = setup.cut.stream();
         std::vector<int32_t> const prompt = tokenRun(1, 5 * kTOKENS_PER_PAGE + 5);
         auto const count = static_cast<int32_t>(prompt.size());
         rt::SequenceId const donor = setup.manager.create();
         setup.tiered.admit(donor, prompt.data(), count, stream);
         setup.prefill(donor, prompt, 0, [] {});
-        rt::SequencePages const donorPages = setup.manager.pages(donor, 0);
-        std::vector<std::vector<uint8_t>> expected;
-        for (int32_t p = 0; p < 5; ++p)
-        {
-            expected.push_back(referencePage(setup.cut, 0, donorPages.pages[p]));
-        }
+        std::vector<std::vector<uint8_t>> const expected = setup.referencePagesOf(donor, 5);
         setup.manager.free(donor);
         // One eviction a call, so that each finds the host tier full: the donor's five pages fill it, then three pages
         // of another prompt (their bytes written by its steps) take the host pages of the donor's oldest three, which
@@ -425,9 +432,7 @@ TEST_F(TieredPrefixCacheGpuTest, PagesTheHostGivesUpComeBackFromTheDiskBitwise)
         EXPECT_EQ(setup.tiered.numDiskPagesHeld(0), 3);
         EXPECT_EQ(diskFiles(), 3);
 
-        fillDevice(setup.cut, kPOISON);
-        KVCACHE_TEST_CUDA(cudaStreamSynchronize(stream));
-        setup.tiered.resetStats();
+        ASSERT_NO_FATAL_FAILURE(setup.poisonDeviceAndResetStats(kPOISON));
         rt::SequenceId const request = setup.manager.create();
         rt::TieredAdmission const admission = setup.tiered.admit(request, prompt.data(), count, stream);
         EXPECT_EQ(admission.deviceTokens, 0);

@@ -42,26 +42,25 @@ KVCACHE_QUANT_MATH float multiply(float a, float b)
 #endif
 }
 
+//! `from`'s bits as a `To` of the same size. A copy of the bytes, which the host and device compilers alike turn into a
+//! register move (what __float_as_uint and __uint_as_float compile to on the device).
+template <typename To, typename From>
+KVCACHE_QUANT_MATH To sameBits(From from)
+{
+    static_assert(sizeof(To) == sizeof(From), "sameBits reads one type's bytes as another of the same size");
+    To to{};
+    memcpy(&to, &from, sizeof to);
+    return to;
+}
+
 KVCACHE_QUANT_MATH uint32_t floatBits(float x)
 {
-#if defined(__CUDA_ARCH__)
-    return __float_as_uint(x);
-#else
-    uint32_t bits = 0;
-    std::memcpy(&bits, &x, sizeof bits);
-    return bits;
-#endif
+    return sameBits<uint32_t>(x);
 }
 
 KVCACHE_QUANT_MATH float bitsFloat(uint32_t bits)
 {
-#if defined(__CUDA_ARCH__)
-    return __uint_as_float(bits);
-#else
-    float x = 0;
-    std::memcpy(&x, &bits, sizeof x);
-    return x;
-#endif
+    return sameBits<float>(bits);
 }
 
 //! a / b rounded to nearest even, from `reciprocal` = 1 / b rounded to nearest even: the product q = a * reciprocal is
