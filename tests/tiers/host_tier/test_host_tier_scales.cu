@@ -236,13 +236,14 @@ TEST_F(HostTierScalesTest, ACacheOfAnotherQuantizationIsRefusedBeforeAnythingMov
     {
         EXPECT_TRUE(
             throwsNaming<InvalidArgumentError>([&] { tier.offload(plain.cache(), entries, plain.stream(), method); },
-                {"HostTier::offload", "quantization none", "quantization fp8_per_tensor"}));
+                {"HostTier::offload", "quantization is none in the cache and fp8_per_tensor in the tier"}));
         EXPECT_TRUE(
             throwsNaming<InvalidArgumentError>([&] { tier.onboard(plain.cache(), entries, plain.stream(), method); },
-                {"HostTier::onboard", "quantization none", "quantization fp8_per_tensor"}));
+                {"HostTier::onboard", "quantization is none in the cache and fp8_per_tensor in the tier"}));
     }
     EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
-        [&] { tier.offloadDevice(plain.cache(), nullptr, 0, nullptr, plain.stream()); }, {"quantization none"}));
+        [&] { tier.offloadDevice(plain.cache(), nullptr, 0, nullptr, plain.stream()); },
+        {"quantization is none in the cache and fp8_per_tensor in the tier"}));
     EXPECT_EQ(
         hostPageContents(tier, 0), std::vector<uint8_t>(static_cast<size_t>(tier.hostPageBytes()), kHOST_PAGE_POISON));
     EXPECT_TRUE(plain.matchesReference());
