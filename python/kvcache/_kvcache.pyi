@@ -2,10 +2,10 @@
 kvcache: per-layer KV cache memory, zero-copy DLPack views and page operations (C++ core).
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 import enum
 import os
-from typing import Annotated, Any, Callable, Protocol, Union, overload
+from typing import Annotated, Any, Protocol, Union, overload
 
 import numpy
 from numpy.typing import NDArray
@@ -41,7 +41,6 @@ PathLike = Union[str, os.PathLike[str]]
 
 HostPageBuffers = Union[Sequence[Union[NDArray[Any], bytes, bytearray, memoryview]], NDArray[Any]]
 """Host buffers of one page each (C-contiguous, bytes_per_page bytes): a sequence of them or the rows of a 2-D array."""
-
 
 class InvalidArgumentError(ValueError):
     """
@@ -112,7 +111,9 @@ class KVQuantization(enum.Enum):
     """
 
     FP8_PER_TOKEN_HEAD = 2
-    """FP8 E4M3 values and a float32 scale a (page, token, head), K and V: D + 4 bytes."""
+    """
+    FP8 E4M3 values and a float32 scale a (page, token, head), K and V: D + 4 bytes.
+    """
 
     NVFP4 = 3
     """
@@ -130,8 +131,6 @@ MAX_NUM_PAGES: int = 1073741823
 UNUSED_PAGE_ENTRY: int = -1
 
 MAX_INLINE_PAGE_OPS: int = 256
-
-__version__: str
 
 class KVLayerConfig:
     """Shape of one attention layer's cache."""
@@ -176,7 +175,9 @@ class LayerScales:
     """
 
     def __init__(self, k: float = 1.0, v: float = 1.0) -> None:
-        """Both scales default to 1; a float beyond float32's range raises InvalidArgumentError."""
+        """
+        Both scales default to 1; a float beyond float32's range raises InvalidArgumentError.
+        """
 
     @property
     def k(self) -> float:
@@ -632,29 +633,17 @@ class KVCacheManager:
     def group_of(self, layer: int) -> int:
         """The page group of a layer."""
 
-    def num_layers(self) -> int: ...
-
     def num_pages(self) -> int:
         """Pages per half of group 0."""
 
     def min_pages(self) -> int:
         """Group 0's minimum pages."""
 
-    def max_cap_padded(self) -> int: ...
-
-    def tokens_per_page(self) -> int: ...
-
-    def num_groups(self) -> int: ...
-
-    def is_uniform(self) -> bool: ...
-
     def get_config(self) -> Config:
         """A copy of the config."""
 
     def layout(self) -> KVCacheLayout:
         """A copy of the layout."""
-
-    def allocated_bytes(self) -> int: ...
 
     def stream(self) -> int:
         """The cache's stream handle."""
@@ -663,9 +652,6 @@ class KVCacheManager:
 
     def synchronize(self) -> None:
         """Waits on the host for the work enqueued on the cache's stream."""
-
-    def latent_pool_view(self, layer: int) -> View:
-        """View [num_pages, tokens_per_page, head_dim] of latent layer `layer`'s pool, as MLA kernels take it: each token's kv_lora_rank values, then its rope part. Raises for a KV layer."""
 
     def copy_pages(self, pairs: PagePairs, stream: StreamLike | None = None, *, target: PageOpTarget | None = None, group: int | None = None, count: DeviceArray | None = None, error_count: DeviceArray | None = None) -> None:
         """
@@ -680,6 +666,23 @@ class KVCacheManager:
         """
         Fills each listed page with the 4-byte little-endian pattern (0 clears) in every targeted layer and half;
         pages as for copy_pages (host list or device int32 array).
+        """
+
+    def num_layers(self) -> int: ...
+
+    def max_cap_padded(self) -> int: ...
+
+    def tokens_per_page(self) -> int: ...
+
+    def num_groups(self) -> int: ...
+
+    def is_uniform(self) -> bool: ...
+
+    def allocated_bytes(self) -> int: ...
+
+    def latent_pool_view(self, layer: int) -> View:
+        """
+        View [num_pages, tokens_per_page, head_dim] of latent layer `layer`'s pool, as MLA kernels take it: each token's kv_lora_rank values, then its rope part. Raises for a KV layer.
         """
 
 class PageAllocator:
@@ -784,10 +787,14 @@ class PageTableBuffers:
     def upload_bytes(self) -> int: ...
 
     def first_token(self) -> View:
-        """Device view of each row's first token position [max_batch_size] (int32): the pages a window released times tokens_per_page, 0 for full attention."""
+        """
+        Device view of each row's first token position [max_batch_size] (int32): the pages a window released times tokens_per_page, 0 for full attention.
+        """
 
     def resident_tokens(self) -> View:
-        """Device view of the tokens each row holds from its first token on [max_batch_size] (int32): kernels' seq_lens / kv_len."""
+        """
+        Device view of the tokens each row holds from its first token on [max_batch_size] (int32): kernels' seq_lens / kv_len.
+        """
 
     def host_first_token(self) -> list[int]:
         """A copy of the staged first tokens of the last build."""
@@ -927,25 +934,26 @@ class PageManager:
 
     def num_sequences(self) -> int: ...
 
-def gpu_unavailable_reason() -> str:
-    """Returns why no GPU can be used here, or an empty string when one can."""
-
 def write_tokens(cache: KVCacheManager, layer: int, k: DeviceArray, v: DeviceArray | None, token_addresses: DeviceArray, stream: StreamLike | None = None, *, count: DeviceArray | None = None, error_count: DeviceArray | None = None, group: int = -1) -> None:
-    """Writes k and v ([n, num_kv_heads, head_dim] CUDA tensors of float32, float16 or bfloat16, any strides with the last dimension contiguous; v None for a latent layer) into layer `layer`'s pages at `token_addresses` (CUDA int64 [n]: page * tokens_per_page + offset; negative skips the token), converting to the cache's type (a quantized cache: quantized by docs/layout.md's rules, head_dim a multiple of 16, scales written where scale_pool_view shows them), in one launch on `stream` (default: the cache's). `count` (CUDA int32 [1]) limits the tokens on the device; `error_count` (CUDA int32 [1]) counts addresses past the layer's pages; `group` checks the addresses' page group. Graph-capturable."""
+    """
+    Writes k and v ([n, num_kv_heads, head_dim] CUDA tensors of float32, float16 or bfloat16, any strides with the last dimension contiguous; v None for a latent layer) into layer `layer`'s pages at `token_addresses` (CUDA int64 [n]: page * tokens_per_page + offset; negative skips the token), converting to the cache's type (a quantized cache: quantized by docs/layout.md's rules, head_dim a multiple of 16, scales written where scale_pool_view shows them), in one launch on `stream` (default: the cache's). `count` (CUDA int32 [1]) limits the tokens on the device; `error_count` (CUDA int32 [1]) counts addresses past the layer's pages; `group` checks the addresses' page group. Graph-capturable.
+    """
 
 def write_tokens_paged(cache: KVCacheManager, layer: int, k: DeviceArray, v: DeviceArray | None, indptr: DeviceArray, indices: DeviceArray, first_token: DeviceArray | None, positions: DeviceArray, stream: StreamLike | None = None, *, count: DeviceArray | None = None, error_count: DeviceArray | None = None, group: int = -1) -> None:
-    """As write_tokens, each token placed by its (sequence, position) row of `positions` (CUDA int32 [n, 2]) in the CSR table indptr / indices / first_token of the layer's group (as PageTableBuffers builds them; first_token None means 0). Positions outside a row's pages are counted in error_count."""
+    """
+    As write_tokens, each token placed by its (sequence, position) row of `positions` (CUDA int32 [n, 2]) in the CSR table indptr / indices / first_token of the layer's group (as PageTableBuffers builds them; first_token None means 0). Positions outside a row's pages are counted in error_count.
+    """
 
 def read_tokens(cache: KVCacheManager, layer: int, k: DeviceArray, v: DeviceArray | None, token_addresses: DeviceArray, stream: StreamLike | None = None, *, count: DeviceArray | None = None, error_count: DeviceArray | None = None) -> None:
-    """Gathers the tokens at `token_addresses` of layer `layer` into k and v (contiguous CUDA tensors [n, num_kv_heads, head_dim] of float32, float16 or bfloat16; v None for a latent layer), converting from the cache's type (dequantizing a quantized cache's values), in one launch on `stream`. Rows of skipped or bad addresses are left as they were."""
+    """
+    Gathers the tokens at `token_addresses` of layer `layer` into k and v (contiguous CUDA tensors [n, num_kv_heads, head_dim] of float32, float16 or bfloat16; v None for a latent layer), converting from the cache's type (dequantizing a quantized cache's values), in one launch on `stream`. Rows of skipped or bad addresses are left as they were.
+    """
 
 HOST_TIER_KERNEL_MAX_BYTES: int = 4194304
 
 HOST_TIER_MAX_SMS: int = 8
 
 HOST_TIER_MAX_CHUNKS: int = 256
-
-SEQUENCE_FILE_VERSION: int = 1
 
 class HostTierMethod(enum.Enum):
     """How a host tier transfer moves its bytes."""
@@ -1016,27 +1024,6 @@ def page_geometry(layout: KVCacheLayout, group: int) -> PageGeometry:
     """
     Returns the page geometry of page group `group` of `layout` (compute_layout(config) or cache.layout()); raises OutOfRangeError for a group outside the layout's.
     """
-
-class SequenceFileInfo:
-    """What a sequence file's header says."""
-
-    @property
-    def version(self) -> int: ...
-
-    @property
-    def geometry(self) -> PageGeometry: ...
-
-    @property
-    def page_count(self) -> int: ...
-
-    @property
-    def token_count(self) -> int: ...
-
-    @property
-    def layer_scales(self) -> list[LayerScales]:
-        """
-        The host-held scales the pages were written under, a LayerScales a layer of the geometry, for FP8_PER_TENSOR and NVFP4 (a latent layer's v is 0, not compared, and taken back by set_layer_scales); empty for the other quantizations. Set them with KVCacheManager.set_layer_scales before load_sequence into a cache whose scales differ.
-        """
 
 class HostTier:
     """
@@ -1115,8 +1102,18 @@ class HostTier:
 
     def onboard(self, entries: HostTierEntries, stream: StreamLike | None = None, *, method: HostTierMethod = HostTierMethod.AUTO, count: DeviceArray | None = None, error_count: DeviceArray | None = None) -> HostTierMethod:
         """
-        Copies each entry's host page to its device page, every layer of the group, K and V; entries, stream, method,
-        count and error_count as for offload.
+        Copies each entry's host page to its device page, every layer of the group, K and V.
+        entries: (page, host_page) pairs, page a page id of the tier's group in its cache, host_page one of the tier's.
+        A host list (sequence of pairs, [n, 2] int array) is checked before anything is enqueued and moves by `method`
+        (AUTO: the kernel up to HOST_TIER_KERNEL_MAX_BYTES, the copy engine above); returns the method used. A device
+        int32 array ([n, 2] or [2n], __dlpack__ or __cuda_array_interface__) moves with the kernel, which reads it
+        when it runs, so a CUDA graph that captured the call replays with its current contents: entries holding
+        UNUSED_PAGE_ENTRY are skipped, bad ones are skipped and counted in error_count; count / error_count are optional
+        one-element device int32 arrays (device lists only); returns HostTierMethod.KERNEL. Stream-ordered on `stream`
+        (default: the cache's), without a host synchronisation. Host lists raise, before enqueuing anything:
+        OutOfRangeError for a page outside [0, the group's num_pages) or a host page outside
+        [0, num_pinned_host_pages()), InvalidArgumentError for a page or a host page listed twice or a capturing stream
+        (capture the device-list form).
         """
 
     def is_host_page_busy(self, host_page: int) -> bool:
@@ -1134,6 +1131,29 @@ class HostTier:
         The cudaEvent_t handle (an int) recorded after the latest host-list transfer, 0 before the first; valid until the next transfer call.
         """
 
+SEQUENCE_FILE_VERSION: int = 2
+
+class SequenceFileInfo:
+    """What a sequence file's header says."""
+
+    @property
+    def version(self) -> int: ...
+
+    @property
+    def geometry(self) -> PageGeometry: ...
+
+    @property
+    def page_count(self) -> int: ...
+
+    @property
+    def token_count(self) -> int: ...
+
+    @property
+    def layer_scales(self) -> list[LayerScales]:
+        """
+        The host-held scales the pages were written under, a LayerScales a layer of the geometry, for FP8_PER_TENSOR and NVFP4 (a latent layer's v is 0, not compared, and taken back by set_layer_scales); empty for the other quantizations. Set them with KVCacheManager.set_layer_scales before load_sequence into a cache whose scales differ.
+        """
+
 def save_sequence(path: PathLike, tier: HostTier, host_pages: HostIds, token_count: int) -> None:
     """
     Writes host pages `host_pages` of `tier` (in that order) and `token_count` to a sequence file at `path` (str or os.PathLike), after waiting for the tier's transfers touching them: versioned, checksummed, written atomically (a temporary file renamed over `path`), with the cache's quantization and host-held layer scales. Raises InvalidArgumentError for a token count outside [0, len(host_pages) * tokens_per_page] (full attention), OutOfRangeError for a bad host page, RuntimeError when the file cannot be written (nothing is left behind).
@@ -1141,7 +1161,7 @@ def save_sequence(path: PathLike, tier: HostTier, host_pages: HostIds, token_cou
 
 def load_sequence(path: PathLike, tier: HostTier, host_pages: HostIds) -> int:
     """
-    Reads the sequence file at `path` into host pages `host_pages` of `tier` and returns its token count. The whole file is verified before any host page is written: another geometry (quantization included), host-held layer scales other than the cache's, a count other than the file's page count, an old format version, a truncated or corrupt file, a host page listed twice raise InvalidArgumentError, a bad host page OutOfRangeError, and every host page keeps its bytes. RuntimeError when the file cannot be read. InvalidArgumentError for a tier lent by a TieredPrefixCache (its host pages are the tiered cache's).
+    Reads the sequence file at `path` into host pages `host_pages` of `tier` and returns its token count. The whole file is verified before any host page is written: another geometry (quantization included), host-held layer scales other than the cache's, a count other than the file's page count, an old format version, a truncated or corrupt file, a host page listed twice raise InvalidArgumentError, a bad host page OutOfRangeError, and every host page keeps its bytes. RuntimeError when the file cannot be read; InvalidArgumentError for a tier lent by a TieredPrefixCache (its host pages are the tiered cache's).
     """
 
 def read_sequence_file_info(path: PathLike) -> SequenceFileInfo:
@@ -1169,15 +1189,21 @@ class TieredAdmission:
 
     @property
     def device_tokens(self) -> int:
-        """Tokens adopted from pages cached on the device (PageManager.adopt_prefix)."""
+        """
+        Tokens adopted from pages cached on the device (PageManager.adopt_prefix).
+        """
 
     @property
     def host_tokens(self) -> int:
-        """Tokens after those, onboarded from the host tiers into fresh pages registered under the same hashes."""
+        """
+        Tokens after those, onboarded from the host tiers into fresh pages registered under the same hashes.
+        """
 
     @property
     def compute_tokens(self) -> int:
-        """len(tokens) - device_tokens - host_tokens: at least 1 for a prompt of at least one token."""
+        """
+        len(tokens) - device_tokens - host_tokens: at least 1 for a prompt of at least one token.
+        """
 
     def __repr__(self) -> str: ...
 
@@ -1205,7 +1231,9 @@ class TieredPrefixCacheStats:
 
     @property
     def missed_tokens(self) -> int:
-        """Prompt tokens found nowhere (left to compute); the three add up to query_tokens."""
+        """
+        Prompt tokens found nowhere (left to compute); the three add up to query_tokens.
+        """
 
     @property
     def offloaded_pages(self) -> int:
@@ -1213,7 +1241,9 @@ class TieredPrefixCacheStats:
 
     @property
     def already_on_host_pages(self) -> int:
-        """Evicted device pages whose hash a host page held already (nothing copied), all groups."""
+        """
+        Evicted device pages whose hash a host page held already (nothing copied), all groups.
+        """
 
     @property
     def dropped_pages(self) -> int:
@@ -1221,7 +1251,9 @@ class TieredPrefixCacheStats:
 
     @property
     def evicted_host_pages(self) -> int:
-        """Host pages given up, least recently used first, to make room for an offload, all groups."""
+        """
+        Host pages given up, least recently used first, to make room for an offload, all groups.
+        """
 
     @property
     def onboarded_pages(self) -> int:
@@ -1231,15 +1263,21 @@ class TieredPrefixCacheStats:
 
     @property
     def spilled_pages(self) -> int:
-        """Disk tier: host pages written to disk pages when a host tier gave them up, all groups."""
+        """
+        Disk tier: host pages written to disk pages when a host tier gave them up, all groups.
+        """
 
     @property
     def already_on_disk_pages(self) -> int:
-        """Disk tier: host pages given up whose hash a disk page held already (nothing written)."""
+        """
+        Disk tier: host pages given up whose hash a disk page held already (nothing written).
+        """
 
     @property
     def evicted_disk_pages(self) -> int:
-        """Disk tier: disk pages given up, least recently used first, to make room."""
+        """
+        Disk tier: disk pages given up, least recently used first, to make room.
+        """
 
     @property
     def restored_pages(self) -> int:
@@ -1293,7 +1331,9 @@ class TieredPrefixCache:
         """
 
     def num_host_pages_held(self, group: int) -> int:
-        """The host pages of `group` holding a page now. Raises OutOfRangeError for a bad group."""
+        """
+        The host pages of `group` holding a page now. Raises OutOfRangeError for a bad group.
+        """
 
     def find_host_page(self, group: int, hash: tuple[int, int]) -> int:
         """
@@ -1301,7 +1341,9 @@ class TieredPrefixCache:
         """
 
     def num_disk_pages_held(self, group: int) -> int:
-        """The disk pages of `group` holding a page now (0 without a disk tier). Raises OutOfRangeError for a bad group."""
+        """
+        The disk pages of `group` holding a page now (0 without a disk tier). Raises OutOfRangeError for a bad group.
+        """
 
     def find_disk_page(self, group: int, hash: tuple[int, int]) -> int:
         """
@@ -1312,3 +1354,10 @@ class TieredPrefixCache:
         """
         Raises RuntimeError naming the first broken rule of the bookkeeping (each group's hash -> host page map and its least recently used order; no host page left pinned between calls); linear time.
         """
+
+__version__: str
+
+def gpu_unavailable_reason() -> str:
+    """Returns why no GPU can be used here, or an empty string when one can."""
+
+__all__: list = ['InvalidArgumentError', 'InvalidConfigError', 'OutOfRangeError', 'OutOfMemoryError', 'CudaError', 'DataType', 'data_type_size', 'data_type_name', 'KVLayerKind', 'KVQuantization', 'NVFP4_BLOCK_VALUES', 'TOKENS_PER_PAGE', 'MAX_TOKENS_PER_PAGE', 'MAX_NUM_PAGES', 'UNUSED_PAGE_ENTRY', 'MAX_INLINE_PAGE_OPS', 'KVLayerConfig', 'LayerScales', 'Config', 'KVLayerLayout', 'KVPageGroupLayout', 'KVCacheLayout', 'BudgetSplit', 'compute_layout', 'max_pages_for_budget', 'split_budget', 'View', 'KVHalf', 'PageOpTarget', 'LayerRef', 'KVCacheManager', 'PageAllocator', 'PageTableBuffers', 'PageHashAlgorithm', 'PageGroupCounts', 'PageManagerStats', 'PageManager', 'write_tokens', 'write_tokens_paged', 'read_tokens', 'HOST_TIER_KERNEL_MAX_BYTES', 'HOST_TIER_MAX_SMS', 'HOST_TIER_MAX_CHUNKS', 'HostTierMethod', 'PageLayerGeometry', 'PageGeometry', 'page_geometry', 'HostTier', 'SEQUENCE_FILE_VERSION', 'SequenceFileInfo', 'save_sequence', 'load_sequence', 'read_sequence_file_info', 'write_sequence_file', 'read_sequence_file', 'TieredAdmission', 'TieredPrefixCacheStats', 'TieredPrefixCache', '__version__', 'gpu_unavailable_reason']

@@ -1,5 +1,6 @@
 #include "bindings.h"
 #include "cuda_arguments.h"
+#include "typed_arguments.h"
 
 #include <kvcache/core/errors.h>
 #include <kvcache/paging/page_allocator.h>
@@ -25,6 +26,27 @@ struct AllocatorHandle
 };
 
 using Int32Out = nb::ndarray<int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
+
+//! allocate_into's `out`, taken as any object so that what is not an Int32Out is refused with a message (outArray)
+//! rather than converted; named in signatures as the Int32Out it must be.
+class Int32OutArgument : public nb::object
+{
+public:
+    static constexpr auto Name = nb::detail::make_caster<Int32Out>::Name;
+    Int32OutArgument(nb::handle h, nb::detail::borrow_t)
+        : nb::object(h, nb::detail::borrow_t{})
+    {
+    }
+    Int32OutArgument(nb::handle h, nb::detail::steal_t)
+        : nb::object(h, nb::detail::steal_t{})
+    {
+    }
+    Int32OutArgument() = default;
+    static bool check_(nb::handle) noexcept
+    {
+        return true;
+    }
+};
 
 //! Returns the name of a DLPack element type, e.g. "int64".
 std::string dtypeName(nb::dlpack::dtype type)
@@ -108,7 +130,7 @@ void bindAllocator(nb::module_& m)
             "Returns `count` free pages, all or nothing (OutOfMemoryError naming the pages needed and free).")
         .def(
             "allocate_into",
-            [](AllocatorHandle& a, nb::handle out)
+            [](AllocatorHandle& a, Int32OutArgument const& out)
             {
                 Int32Out const array = outArray(out);
                 a.allocator.allocate(toInt32(static_cast<int64_t>(array.shape(0)), "len(out)"), array.data());
@@ -122,7 +144,7 @@ void bindAllocator(nb::module_& m)
             nb::arg("page"), "Adds a holder to a used page.")
         .def(
             "release",
-            [](AllocatorHandle& a, nb::handle pages)
+            [](AllocatorHandle& a, PageIdsArgument const& pages)
             {
                 if (PyLong_Check(pages.ptr()))
                 {

@@ -1,5 +1,6 @@
 #include "bindings.h"
 #include "cuda_arguments.h"
+#include "typed_arguments.h"
 
 #include <kvcache/core/errors.h>
 #include <kvcache/core/kv_cache_config.h>
@@ -183,12 +184,14 @@ void bindConfig(nb::module_& m)
         "Tokens attended back over; 0 means full attention.");
     layer.def_rw("kind", &rt::KVLayerConfig::kind, "KV or LATENT.")
         .def("__repr__", &layerRepr)
-        .def("__eq__",
+        .def(
+            "__eq__",
             [](rt::KVLayerConfig const& a, rt::KVLayerConfig const& b)
             {
                 return a.numKVHeads == b.numKVHeads && a.headDim == b.headDim && a.slidingWindow == b.slidingWindow
                     && a.kind == b.kind;
-            });
+            },
+            nb::sig(kEQ_SIGNATURE));
 
     nb::class_<rt::LayerScales> layerScales(m, "LayerScales",
         "A layer's host-held scales (KVCacheManager.layer_scales): the FP8_PER_TENSOR decode scales k_scale / v_scale "
@@ -206,17 +209,19 @@ void bindConfig(nb::module_& m)
     layerScales
         .def("__repr__",
             [](rt::LayerScales const& self) { return fmt::format("LayerScales(k={:#}, v={:#})", self.k, self.v); })
-        .def("__eq__", [](rt::LayerScales const& a, rt::LayerScales const& b) { return a.k == b.k && a.v == b.v; });
+        .def(
+            "__eq__", [](rt::LayerScales const& a, rt::LayerScales const& b) { return a.k == b.k && a.v == b.v; },
+            nb::sig(kEQ_SIGNATURE));
 
     nb::class_<rt::KVCacheConfig> config(m, "Config",
         "What a KVCacheManager allocates: one buffer per attention layer, each [2, num_pages, tokens_per_page, H_i, "
         "D_i]. Every field is checked by compute_layout(), which raises InvalidConfigError.");
     config.def(
         "__init__",
-        [](rt::KVCacheConfig* self, nb::handle layerConfigs, nb::handle numAttentionLayers, int64_t maxBatchSize,
-            int64_t maxSequenceLength, rt::DataType kvCacheType, int64_t numPages, int64_t tokensPerPage,
-            int64_t maxTokensPerStep, std::vector<int64_t> const& numPagesPerGroup, uintptr_t memPool,
-            rt::KVQuantization quantization)
+        [](rt::KVCacheConfig* self, LayerConfigsArgument const& layerConfigs, IntArgument const& numAttentionLayers,
+            int64_t maxBatchSize, int64_t maxSequenceLength, rt::DataType kvCacheType, int64_t numPages,
+            int64_t tokensPerPage, int64_t maxTokensPerStep, std::vector<int64_t> const& numPagesPerGroup,
+            uintptr_t memPool, rt::KVQuantization quantization)
         {
             rt::KVCacheConfig value;
             value.layerConfigs = layerConfigsOf(layerConfigs);
@@ -260,7 +265,8 @@ void bindConfig(nb::module_& m)
             "layer_scales).")
         .def_prop_rw(
             "layer_configs", [](rt::KVCacheConfig const& self) { return self.layerConfigs; },
-            [](rt::KVCacheConfig& self, nb::handle layers) { self.layerConfigs = layerConfigsOf(layers); },
+            [](rt::KVCacheConfig& self, LayerConfigsArgument const& layers)
+            { self.layerConfigs = layerConfigsOf(layers); },
             "Per-layer shapes (a copy: assign a new list to change them).")
         .def_prop_rw(
             "num_pages_per_group",

@@ -368,6 +368,8 @@ void bindViews(nb::module_& m)
         "numpy.from_dlpack for host memory). It keeps the memory's owner alive, and so does every tensor made from it.")
         .def("__dlpack__", &DLPackView::exportCapsule, nb::kw_only(), nb::arg("stream") = nb::none(),
             nb::arg("max_version") = nb::none(), nb::arg("dl_device") = nb::none(), nb::arg("copy") = nb::none(),
+            nb::sig("def __dlpack__(self, *, stream: int | None = None, max_version: tuple[int, int] | None = None, "
+                    "dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> typing.Any"),
             "Exports a DLPack capsule; `stream` is the consumer's stream, ordered after the cache's work by an event.")
         .def("__dlpack_device__", &DLPackView::device, "Returns (DLPack device type, device id).")
         .def_prop_ro("data_ptr", &DLPackView::dataPtr, "Address of element (0, ..., 0).")

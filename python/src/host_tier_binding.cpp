@@ -5,6 +5,7 @@
 #include "cuda_arguments.h"
 #include "dlpack_view.h"
 #include "host_tier_handle.h"
+#include "typed_arguments.h"
 
 #include <kvcache/core/errors.h>
 #include <kvcache/tiers/host_tier.h>
@@ -47,6 +48,13 @@ void TierHandle::refuseIfLent(char const* what) const
                                                    "write, hand out or release them",
             what));
     }
+}
+
+std::string hostTierOptionParameters()
+{
+    rt::HostTierOptions const defaults;
+    return fmt::format("chunk_bytes: int = {}, prefer_gpu_numa_node: bool = {}, staging_bytes: int = {}",
+        defaults.chunkBytes, defaults.preferGpuNumaNode ? "True" : "False", defaults.stagingBytes);
 }
 
 TierHandle& tierArgument(nb::handle tier)
@@ -120,6 +128,13 @@ char const* const kTRANSFER_DOC =
     "[0, num_pinned_host_pages()), InvalidArgumentError for a page or a host page listed twice or a capturing stream\n"
     "(capture the device-list form).";
 
+// offload and onboard have their signatures written out: `entries` takes None only for the sake of its TypeError
+// message, and its type (a stub alias) does not include None.
+char const* const kTRANSFER_PARAMETERS =
+    "(self, entries: HostTierEntries, stream: StreamLike | None = None, *, method: HostTierMethod = "
+    "kvcache._kvcache.HostTierMethod.AUTO, count: DeviceArray | None = None, error_count: DeviceArray | None = None) "
+    "-> HostTierMethod";
+
 } // namespace
 
 void bindHostTier(nb::module_& m)
@@ -143,7 +158,7 @@ void bindHostTier(nb::module_& m)
         .def_ro("head_dim", &rt::PageLayerGeometry::headDim)
         .def(
             "__eq__", [](rt::PageLayerGeometry const& a, rt::PageLayerGeometry const& b) { return a == b; },
-            nb::is_operator())
+            nb::is_operator(), nb::sig(kEQ_SIGNATURE))
         .def("__repr__",
             [](rt::PageLayerGeometry const& layer)
             {
@@ -163,7 +178,8 @@ void bindHostTier(nb::module_& m)
         .def_ro("layers", &rt::PageGeometry::layers, "The group's layers, in order (a copy).")
         .def_ro("bytes_per_page", &rt::PageGeometry::bytesPerPage, "Bytes of one page: the group's bytes_per_page.")
         .def(
-            "__eq__", [](rt::PageGeometry const& a, rt::PageGeometry const& b) { return a == b; }, nb::is_operator())
+            "__eq__", [](rt::PageGeometry const& a, rt::PageGeometry const& b) { return a == b; }, nb::is_operator(),
+            nb::sig(kEQ_SIGNATURE))
         .def("__repr__",
             [](rt::PageGeometry const& geometry)
             {
@@ -215,6 +231,10 @@ void bindHostTier(nb::module_& m)
             nb::arg("chunk_bytes") = rt::HostTierOptions{}.chunkBytes,
             nb::arg("prefer_gpu_numa_node") = rt::HostTierOptions{}.preferGpuNumaNode,
             nb::arg("staging_bytes") = rt::HostTierOptions{}.stagingBytes,
+            nb::sig(fmt::format("def __init__(self, cache: KVCacheManager, group: int, num_host_pages: int, *, {}) "
+                                "-> None",
+                hostTierOptionParameters())
+                        .c_str()),
             "Sizes the tier for `num_host_pages` host pages of page group `group` of `cache` (a KVCacheManager, kept "
             "alive by the tier), pins the first chunk of `chunk_bytes` and starts a thread pinning the rest (on the "
             "GPU's NUMA node with prefer_gpu_numa_node); `staging_bytes` of device memory stage copy-engine "
@@ -287,7 +307,7 @@ void bindHostTier(nb::module_& m)
                 t.tier().releaseHostPages(
                     t.hostPages.data(), toInt32(static_cast<int64_t>(t.hostPages.size()), "len(host_pages)"));
             },
-            nb::arg("host_pages").none(),
+            nb::arg("host_pages").none(), nb::sig("def release_host_pages(self, host_pages: HostIds) -> None"),
             "Returns host pages (a sequence of ints or a 1-D int array) to the free list, all or nothing: "
             "OutOfRangeError outside [0, num_pinned_host_pages()), InvalidArgumentError for one not handed out or "
             "listed twice.")
@@ -300,14 +320,16 @@ void bindHostTier(nb::module_& m)
                 nb::handle errorCount) { return transfer(t, true, entries, stream, method, count, errorCount); },
             nb::arg("entries").none(), nb::arg("stream") = nb::none(), nb::kw_only(),
             nb::arg("method") = rt::HostTierMethod::kAUTO, nb::arg("count") = nb::none(),
-            nb::arg("error_count") = nb::none(), offloadDoc.c_str())
+            nb::arg("error_count") = nb::none(), nb::sig((std::string("def offload") + kTRANSFER_PARAMETERS).c_str()),
+            offloadDoc.c_str())
         .def(
             "onboard",
             [](TierHandle& t, nb::handle entries, nb::handle stream, rt::HostTierMethod method, nb::handle count,
                 nb::handle errorCount) { return transfer(t, false, entries, stream, method, count, errorCount); },
             nb::arg("entries").none(), nb::arg("stream") = nb::none(), nb::kw_only(),
             nb::arg("method") = rt::HostTierMethod::kAUTO, nb::arg("count") = nb::none(),
-            nb::arg("error_count") = nb::none(), onboardDoc.c_str())
+            nb::arg("error_count") = nb::none(), nb::sig((std::string("def onboard") + kTRANSFER_PARAMETERS).c_str()),
+            onboardDoc.c_str())
         .def(
             "is_host_page_busy",
             [](TierHandle& t, int64_t hostPage) { return t.tier().isHostPageBusy(toInt32(hostPage, "host_page")); },
@@ -321,7 +343,7 @@ void bindHostTier(nb::module_& m)
                 hostInt32s(hostPages, t.hostPages, "host_pages", "host pages");
                 t.tier().synchronizeHostPages(t.hostPages.data(), static_cast<int64_t>(t.hostPages.size()));
             },
-            nb::arg("host_pages").none(),
+            nb::arg("host_pages").none(), nb::sig("def synchronize_host_pages(self, host_pages: HostIds) -> None"),
             "Waits on the host for the tier's transfers touching the listed host pages; raises OutOfRangeError "
             "outside [0, num_pinned_host_pages()), CudaError when a transfer failed.")
         .def(

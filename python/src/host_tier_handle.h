@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace kvcache::python
@@ -67,5 +68,9 @@ private:
 
 //! Returns the HostTier object `tier` is; throws TypeError naming it otherwise.
 TierHandle& tierArgument(nb::handle tier);
+
+//! Returns the keyword parameters HostTier takes for its options, with their defaults, as a signature declares them
+//! (TieredPrefixCache takes them too).
+std::string hostTierOptionParameters();
 
 } // namespace kvcache::python

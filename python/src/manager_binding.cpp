@@ -2,6 +2,7 @@
 #include "cuda_arguments.h"
 #include "dlpack_view.h"
 #include "handle_stream.h"
+#include "typed_arguments.h"
 
 #include <kvcache/core/errors.h>
 #include <kvcache/memory/kv_cache_manager.h>
@@ -152,8 +153,9 @@ PageOpCall pageOpCall(CacheHandle& cache, nb::handle stream, nb::handle target, 
     return PageOpCall{streamArgument(stream, cache.stream()), targetOf(target, group), cache.manager().device()};
 }
 
-void copyPages(CacheHandle& cache, nb::handle pairs, nb::handle stream, nb::handle target, nb::handle group,
-    nb::handle count, nb::handle errorCount)
+void copyPages(CacheHandle& cache, PagePairsArgument const& pairs, StreamArgument const& stream,
+    PageOpTargetArgument const& target, IntArgument const& group, DeviceArrayArgument const& count,
+    DeviceArrayArgument const& errorCount)
 {
     PageOpCall const call = pageOpCall(cache, stream, target, group);
     if (std::optional<DeviceInt32Array> const list = deviceInt32Array(pairs, call.stream, call.device, "pairs"))
@@ -174,8 +176,9 @@ void copyPages(CacheHandle& cache, nb::handle pairs, nb::handle stream, nb::hand
     rt::copyPages(cache.manager(), cache.pairs, call.stream, call.target);
 }
 
-void resetPages(CacheHandle& cache, nb::handle pages, nb::handle stream, int64_t pattern, nb::handle target,
-    nb::handle group, nb::handle count, nb::handle errorCount)
+void resetPages(CacheHandle& cache, PageIdsArgument const& pages, StreamArgument const& stream, int64_t pattern,
+    PageOpTargetArgument const& target, IntArgument const& group, DeviceArrayArgument const& count,
+    DeviceArrayArgument const& errorCount)
 {
     if (pattern < 0 || pattern > static_cast<int64_t>(UINT32_MAX))
     {
@@ -258,7 +261,7 @@ void bindManager(nb::module_& m)
         "views of it. Views and the tensors made from them keep the manager alive.");
     cls.def(
            "__init__",
-           [](CacheHandle* self, rt::KVCacheConfig const& config, nb::handle stream)
+           [](CacheHandle* self, rt::KVCacheConfig const& config, StreamArgument const& stream)
            {
                rt::computeLayout(config);
                new (self) CacheHandle(config, stream);
@@ -275,7 +278,7 @@ void bindManager(nb::module_& m)
             "slot_view",
             [](Self self, int64_t layer) { return viewOf(self, self.p->manager().slotView(self.p->layer(layer))); },
             nb::arg("layer"),
-            "Slot view [2, max_batch_size, capacity, H, D]; raises InvalidConfigError when the layer's group has "
+            "Slot view [2, max_batch_size, slot_tokens, H, D]; raises InvalidConfigError when the layer's group has "
             "retained pages.")
         .def(
             "k_pool", [](Self self, int64_t layer) { return poolHalfView(self, layer, rt::KVHalf::kK); },
@@ -292,7 +295,7 @@ void bindManager(nb::module_& m)
                 std::pair<rt::Tensor, rt::Tensor> const halves = self.p->manager().separateView(self.p->layer(layer));
                 return std::make_pair(viewOf(self, halves.first), viewOf(self, halves.second));
             },
-            nb::arg("layer"), "K and V views, each [max_batch_size, capacity, H, D] (V empty for a latent layer).")
+            nb::arg("layer"), "K and V views, each [max_batch_size, slot_tokens, H, D] (V empty for a latent layer).")
         .def(
             "scale_pool_view",
             [](Self self, int64_t layer)

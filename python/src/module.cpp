@@ -9,6 +9,8 @@
 
 #include <string>
 
+namespace nb = nanobind;
+
 NB_MODULE(_kvcache, m)
 {
     m.doc() = "kvcache: per-layer KV cache memory, zero-copy DLPack views and page operations (C++ core).";
@@ -41,4 +43,17 @@ NB_MODULE(_kvcache, m)
             return count == 0 ? "no CUDA device is visible" : "";
         },
         "Returns why no GPU can be used here, or an empty string when one can.");
+
+    // What `from kvcache._kvcache import *` takes, and so what the kvcache package exports: every public name defined
+    // above, and the version. Taken from the module itself, so that each name is written once, where it is bound.
+    nb::list exported;
+    for (nb::handle name : nb::borrow<nb::dict>(m.attr("__dict__")).keys())
+    {
+        std::string const key = nb::cast<std::string>(name);
+        if (key.front() != '_' || key == "__version__")
+        {
+            exported.append(name);
+        }
+    }
+    m.attr("__all__") = exported;
 }

@@ -1,6 +1,7 @@
 #include "bindings.h"
 #include "cuda_arguments.h"
 #include "page_manager_handle.h"
+#include "typed_arguments.h"
 
 #include <kvcache/core/errors.h>
 #include <kvcache/paging/page_manager.h>
@@ -14,6 +15,7 @@
 
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kvcache::python
@@ -254,8 +256,8 @@ void bindPageManager(nb::module_& m)
         "with copy_pages before the step's kernels, and build PageTableBuffers from pages(sequence, group).")
         .def(
             "__init__",
-            [](PageManagerHandle* self, nb::handle source, int64_t maxSequences, bool prefixCaching,
-                rt::PageHashAlgorithm algorithm, nb::handle seed) {
+            [](PageManagerHandle* self, LayoutSourceArgument const& source, int64_t maxSequences, bool prefixCaching,
+                rt::PageHashAlgorithm algorithm, BytesArgument const& seed) {
                 new (self) PageManagerHandle(layoutOf(source), optionsOf(maxSequences, prefixCaching, algorithm, seed));
             },
             nb::arg("source"), nb::kw_only(), nb::arg("max_sequences") = 0, nb::arg("enable_prefix_caching") = true,
@@ -264,7 +266,7 @@ void bindPageManager(nb::module_& m)
             "max_sequences 0 means the layout's max_batch_size; hash_seed: 32 bytes, or None for a random one.")
         .def(
             "create",
-            [](PageManagerHandle& h, nb::handle salt)
+            [](PageManagerHandle& h, BytesArgument const& salt)
             {
                 rt::SequenceOptions options;
                 std::string bytes;
@@ -279,7 +281,8 @@ void bindPageManager(nb::module_& m)
             nb::arg("salt") = nb::none(), "Returns a new empty sequence; `salt` (bytes) separates prefix reuse.")
         .def(
             "adopt_prefix",
-            [](PageManagerHandle& h, int64_t sequence, nb::handle tokens, nb::handle extraKeys)
+            [](PageManagerHandle& h, int64_t sequence, PageIdsArgument const& tokens,
+                ExtraKeysArgument const& extraKeys)
             {
                 rt::SequenceAppend const prompt = appendOf(h, 0, sequence, tokens, extraKeys);
                 return h.manager.adoptPrefix(
@@ -289,7 +292,8 @@ void bindPageManager(nb::module_& m)
             "Gives an empty sequence the longest cached prefix of `tokens`; returns its length in tokens.")
         .def(
             "hash_next_pages",
-            [](PageManagerHandle& h, int64_t sequence, nb::handle tokens, nb::handle extraKeys)
+            [](PageManagerHandle& h, int64_t sequence, PageIdsArgument const& tokens,
+                ExtraKeysArgument const& extraKeys)
             {
                 rt::SequenceAppend const next = appendOf(h, 0, sequence, tokens, extraKeys);
                 std::vector<rt::PageHash> hashes(static_cast<size_t>(std::max(next.count, 0)));
@@ -300,7 +304,7 @@ void bindPageManager(nb::module_& m)
                 {
                     out.append(nb::make_tuple(hashes[static_cast<size_t>(p)].lo, hashes[static_cast<size_t>(p)].hi));
                 }
-                return out;
+                return nb::typed<nb::list, std::pair<uint64_t, uint64_t>>(std::move(out));
             },
             nb::arg("sequence"), nb::arg("tokens"), nb::arg("extra_keys") = nb::none(),
             "Returns, as (lo, hi) tuples, the hashes the full pages of `tokens` would be registered under if appended "
@@ -308,7 +312,8 @@ void bindPageManager(nb::module_& m)
             "so a prefix evicted to another tier can be found and onboarded.")
         .def(
             "append",
-            [](PageManagerHandle& h, int64_t sequence, nb::handle tokens, nb::handle extraKeys)
+            [](PageManagerHandle& h, int64_t sequence, PageIdsArgument const& tokens,
+                ExtraKeysArgument const& extraKeys)
             {
                 refuseWhileServed(h, "append", "append with TieredPrefixCache.step([(sequence, tokens)])");
                 rt::SequenceAppend const append = appendOf(h, 0, sequence, tokens, extraKeys);
@@ -319,7 +324,7 @@ void bindPageManager(nb::module_& m)
             "InvalidArgumentError while a TieredPrefixCache serves the manager (append through its step()).")
         .def(
             "step",
-            [](PageManagerHandle& h, nb::handle appends)
+            [](PageManagerHandle& h, AppendsArgument const& appends)
             {
                 refuseWhileServed(h, "step", "step with TieredPrefixCache.step");
                 appendsOf(h, appends);
@@ -333,7 +338,7 @@ void bindPageManager(nb::module_& m)
             "pages a step evicts before the step's kernels overwrite them).")
         .def(
             "pages_needed",
-            [](PageManagerHandle& h, nb::handle appends)
+            [](PageManagerHandle& h, AppendsArgument const& appends)
             {
                 appendsOf(h, appends);
                 std::vector<int64_t> needed(static_cast<size_t>(h.manager.numGroups()));
@@ -345,7 +350,7 @@ void bindPageManager(nb::module_& m)
             "changes nothing. Raises what step() raises for invalid input.")
         .def(
             "can_step",
-            [](PageManagerHandle& h, nb::handle appends)
+            [](PageManagerHandle& h, AppendsArgument const& appends)
             {
                 appendsOf(h, appends);
                 return h.manager.canStep(h.appends.data(), static_cast<int32_t>(h.appends.size()));
@@ -389,7 +394,7 @@ void bindPageManager(nb::module_& m)
             "manager, its next call offloads them (or call its evict_cached).")
         .def(
             "set_eviction_callback",
-            [](PageManagerHandle& h, nb::handle callback) { setEvictionCallback(h, callback); },
+            [](PageManagerHandle& h, EvictionCallbackArgument const& callback) { setEvictionCallback(h, callback); },
             nb::arg("callback").none(),
             "callback(group, page, (lo, hi)) for each evicted page, after the eviction completed; None removes it. "
             "What it raises propagates from the call that evicted (the first exception when it raises for several "

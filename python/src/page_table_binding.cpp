@@ -2,6 +2,7 @@
 #include "cuda_arguments.h"
 #include "dlpack_view.h"
 #include "handle_stream.h"
+#include "typed_arguments.h"
 
 #include <kvcache/core/errors.h>
 #include <kvcache/paging/page_table.h>
@@ -43,7 +44,7 @@ public:
         return mStream.order();
     }
 
-    void build(nb::handle sequences, nb::handle stream)
+    void build(TableSequencesArgument const& sequences, StreamArgument const& stream)
     {
         cudaStream_t const buildStream = streamArgument(stream, mStream.stream());
         size_t count = 0;
@@ -106,7 +107,7 @@ void bindPageTable(nb::module_& m)
         .def(
             "__init__",
             [](PageTableHandle* self, int64_t maxBatchSize, int64_t maxPagesPerSequence, int64_t tokensPerPage,
-                nb::handle stream)
+                StreamArgument const& stream)
             {
                 new (self) PageTableHandle(toInt32(maxBatchSize, "max_batch_size"),
                     toInt32(maxPagesPerSequence, "max_pages_per_sequence"), toInt32(tokensPerPage, "tokens_per_page"),

@@ -107,6 +107,9 @@ void bindSequenceFiles(nb::module_& m)
 {
     m.attr("SEQUENCE_FILE_VERSION") = rt::kSEQUENCE_FILE_VERSION;
 
+    // The functions' signatures are written out (nb::sig): their arguments take None only for the sake of its
+    // TypeError message, and the types they accept are the stub's aliases.
+
     nb::class_<rt::SequenceFileInfo>(m, "SequenceFileInfo", "What a sequence file's header says.")
         .def_ro("version", &rt::SequenceFileInfo::version)
         .def_ro("geometry", &rt::SequenceFileInfo::geometry)
@@ -128,6 +131,7 @@ void bindSequenceFiles(nb::module_& m)
             rt::saveSequence(file, handle.tier(), handle.manager(), handle.hostPages.data(), count, tokenCount);
         },
         nb::arg("path").none(), nb::arg("tier").none(), nb::arg("host_pages").none(), nb::arg("token_count"),
+        nb::sig("def save_sequence(path: PathLike, tier: HostTier, host_pages: HostIds, token_count: int) -> None"),
         "Writes host pages `host_pages` of `tier` (in that order) and `token_count` to a sequence file at `path` (str "
         "or os.PathLike), after waiting for the tier's transfers touching them: versioned, checksummed, written "
         "atomically (a temporary file renamed over `path`), with the cache's quantization and host-held layer scales. "
@@ -145,6 +149,7 @@ void bindSequenceFiles(nb::module_& m)
             return rt::loadSequence(file, handle.tier(), handle.manager(), handle.hostPages.data(), count);
         },
         nb::arg("path").none(), nb::arg("tier").none(), nb::arg("host_pages").none(),
+        nb::sig("def load_sequence(path: PathLike, tier: HostTier, host_pages: HostIds) -> int"),
         "Reads the sequence file at `path` into host pages `host_pages` of `tier` and returns its token count. The "
         "whole file is verified before any host page is written: another geometry (quantization included), host-held "
         "layer scales other than the cache's, a count other than the file's page count, an old format version, a "
@@ -153,16 +158,19 @@ void bindSequenceFiles(nb::module_& m)
         "InvalidArgumentError for a tier lent by a TieredPrefixCache (its host pages are the tiered cache's).");
     m.def(
         "read_sequence_file_info", [](nb::handle path) { return rt::readSequenceFileInfo(pathArgument(path, "path")); },
-        nb::arg("path").none(),
+        nb::arg("path").none(), nb::sig("def read_sequence_file_info(path: PathLike) -> SequenceFileInfo"),
         "Reads and checks the header of the sequence file at `path` (its page count sizes the host pages to load "
         "it into). Raises RuntimeError when it cannot be read, InvalidArgumentError naming the field for a file that "
         "is not a sequence file, of another version, corrupt or truncated.");
     m.def("write_sequence_file", &writeSequenceFile, nb::arg("path").none(), nb::arg("geometry"),
         nb::arg("token_count"), nb::arg("pages").none(),
+        nb::sig("def write_sequence_file(path: PathLike, geometry: PageGeometry, token_count: int, pages: "
+                "HostPageBuffers) -> None"),
         "Writes `pages` (a sequence of C-contiguous host arrays or bytes-like objects of geometry.bytes_per_page "
         "bytes each, e.g. the rows of a uint8 [n, bytes_per_page] array) and `token_count` to a sequence file at "
         "`path`, atomically, as save_sequence does for host pages of a tier.");
     m.def("read_sequence_file", &readSequenceFile, nb::arg("path").none(), nb::arg("expected"), nb::arg("pages").none(),
+        nb::sig("def read_sequence_file(path: PathLike, expected: PageGeometry, pages: HostPageBuffers) -> int"),
         "Reads the sequence file at `path` into `pages` (writable C-contiguous host arrays of "
         "expected.bytes_per_page bytes each, as many as the file's pages) and returns its token count; the whole "
         "file is verified first, so a bad file (or another geometry than `expected`) raises InvalidArgumentError "

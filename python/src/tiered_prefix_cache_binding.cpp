@@ -5,6 +5,7 @@
 #include "cuda_arguments.h"
 #include "host_tier_handle.h"
 #include "page_manager_handle.h"
+#include "typed_arguments.h"
 #include "write_binding.h"
 
 #include <kvcache/core/errors.h>
@@ -232,6 +233,13 @@ void bindTieredPrefixCache(nb::module_& m)
             nb::arg("prefer_gpu_numa_node") = rt::HostTierOptions{}.preferGpuNumaNode,
             nb::arg("staging_bytes") = rt::HostTierOptions{}.stagingBytes, nb::arg("disk_directory") = nb::none(),
             nb::arg("num_disk_pages") = nb::none(),
+            // Written out: cache, pages and num_host_pages take None only for the sake of its TypeError message.
+            nb::sig(fmt::format("def __init__(self, cache: KVCacheManager, pages: PageManager, num_host_pages: "
+                                "collections.abc.Sequence[int] | NDArray[typing.Any], *, {}, disk_directory: str | "
+                                "os.PathLike[str] | None = None, num_disk_pages: collections.abc.Sequence[int] | "
+                                "NDArray[typing.Any] | None = None) -> None",
+                hostTierOptionParameters())
+                        .c_str()),
             "Wires `pages` (a PageManager sized from cache.layout()) to one HostTier per page group of `cache` (a "
             "KVCacheManager): num_host_pages[g] host pages for group g, one entry per group, windowed groups included "
             "(a run brought back needs a windowed group's window). chunk_bytes, prefer_gpu_numa_node and "
@@ -258,6 +266,8 @@ void bindTieredPrefixCache(nb::module_& m)
             },
             nb::arg("sequence"), nb::arg("tokens").none(), nb::arg("stream") = nb::none(),
             nb::arg("extra_keys") = nb::none(),
+            nb::sig("def admit(self, sequence: int, tokens: HostIds, stream: StreamLike | None = None, extra_keys: "
+                    "collections.abc.Sequence[tuple[int, int, int]] | None = None) -> TieredAdmission"),
             "Admits the prompt `tokens` (a sequence of ints or a 1-D int array) into the empty sequence `sequence`: "
             "adopts the device's cached prefix, then the run of following whole pages the device, the host tiers and "
             "the disk tier hold between them (disk pages read back on the host first), onboarding what it takes, "
@@ -269,7 +279,7 @@ void bindTieredPrefixCache(nb::module_& m)
             "CudaError from a transfer.")
         .def(
             "step",
-            [](TieredHandle& t, nb::handle appends, nb::handle stream)
+            [](TieredHandle& t, HostAppendsArgument const& appends, StreamArgument const& stream)
             {
                 appendsOf(t.pages(), appends);
                 cudaStream_t const onStream = streamArgument(stream, t.cacheStream());
@@ -286,7 +296,7 @@ void bindTieredPrefixCache(nb::module_& m)
             "transfer or copy.")
         .def(
             "evict_cached",
-            [](TieredHandle& t, int64_t group, int64_t count, nb::handle stream)
+            [](TieredHandle& t, int64_t group, int64_t count, StreamArgument const& stream)
             {
                 int32_t const g = toInt32(group, "group");
                 int32_t const n = toInt32(count, "count");
@@ -321,7 +331,7 @@ void bindTieredPrefixCache(nb::module_& m)
             nb::arg("group"), "The host pages of `group` holding a page now. Raises OutOfRangeError for a bad group.")
         .def(
             "find_host_page",
-            [](TieredHandle& t, int64_t group, nb::handle hash)
+            [](TieredHandle& t, int64_t group, PageHashArgument const& hash)
             {
                 int32_t const g = toInt32(group, "group");
                 return t.tiered().findHostPage(g, hashArgument(hash));
@@ -338,7 +348,7 @@ void bindTieredPrefixCache(nb::module_& m)
             "group.")
         .def(
             "find_disk_page",
-            [](TieredHandle& t, int64_t group, nb::handle hash)
+            [](TieredHandle& t, int64_t group, PageHashArgument const& hash)
             {
                 int32_t const g = toInt32(group, "group");
                 return t.tiered().findDiskPage(g, hashArgument(hash));

@@ -4,6 +4,7 @@
 #include "write_binding.h"
 
 #include "cuda_arguments.h"
+#include "typed_arguments.h"
 
 #include <kvcache/core/errors.h>
 #include <kvcache/memory/kv_write.h>
@@ -115,8 +116,9 @@ struct Call
     rt::TokenOpOptions options;
 };
 
-void writeTokens(nb::handle cache, int64_t layer, nb::handle k, nb::handle v, nb::handle tokenAddresses,
-    nb::handle stream, nb::handle count, nb::handle errorCount, int64_t group)
+void writeTokens(CacheArgument const& cache, int64_t layer, DeviceArrayArgument const& k, DeviceArrayArgument const& v,
+    DeviceArrayArgument const& tokenAddresses, StreamArgument const& stream, DeviceArrayArgument const& count,
+    DeviceArrayArgument const& errorCount, int64_t group)
 {
     Call const call(cache, k, v, stream, count, errorCount, group);
     int64_t const* addresses =
@@ -125,9 +127,10 @@ void writeTokens(nb::handle cache, int64_t layer, nb::handle k, nb::handle v, nb
         call.options);
 }
 
-void writeTokensPaged(nb::handle cache, int64_t layer, nb::handle k, nb::handle v, nb::handle indptr,
-    nb::handle indices, nb::handle firstToken, nb::handle positions, nb::handle stream, nb::handle count,
-    nb::handle errorCount, int64_t group)
+void writeTokensPaged(CacheArgument const& cache, int64_t layer, DeviceArrayArgument const& k,
+    DeviceArrayArgument const& v, DeviceArrayArgument const& indptr, DeviceArrayArgument const& indices,
+    DeviceArrayArgument const& firstToken, DeviceArrayArgument const& positions, StreamArgument const& stream,
+    DeviceArrayArgument const& count, DeviceArrayArgument const& errorCount, int64_t group)
 {
     Call const call(cache, k, v, stream, count, errorCount, group);
     rt::DevicePageTable table;
@@ -147,8 +150,9 @@ void writeTokensPaged(nb::handle cache, int64_t layer, nb::handle k, nb::handle 
         call.opStream, call.options);
 }
 
-void readTokens(nb::handle cache, int64_t layer, nb::handle k, nb::handle v, nb::handle tokenAddresses,
-    nb::handle stream, nb::handle count, nb::handle errorCount)
+void readTokens(CacheArgument const& cache, int64_t layer, DeviceArrayArgument const& k, DeviceArrayArgument const& v,
+    DeviceArrayArgument const& tokenAddresses, StreamArgument const& stream, DeviceArrayArgument const& count,
+    DeviceArrayArgument const& errorCount)
 {
     Call const call(cache, k, v, stream, count, errorCount, -1);
     int64_t const* addresses =
