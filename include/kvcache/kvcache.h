@@ -7,6 +7,7 @@
 #include "kvcache/core/data_type.h"
 #include "kvcache/core/device_allocation.h"
 #include "kvcache/core/errors.h"
+#include "kvcache/core/host_device.h"
 #include "kvcache/core/kv_cache_config.h"
 #include "kvcache/core/kv_cache_layout.h"
 #include "kvcache/core/page_geometry.h"

@@ -5,17 +5,12 @@
 // from this one description, so none of them writes the order out again. Host only, except LayerTableEntry, which
 // device code reads.
 
+#include "kvcache/core/host_device.h"
 #include "kvcache/core/kv_cache_layout.h"
 #include "kvcache/core/page_geometry.h"
 
 #include <cstdint>
 #include <vector>
-
-#if defined(__CUDACC__)
-#define KVCACHE_HOST_DEVICE __host__ __device__
-#else
-#define KVCACHE_HOST_DEVICE
-#endif
 
 namespace kvcache::rt::detail
 {

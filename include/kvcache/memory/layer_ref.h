@@ -1,15 +1,9 @@
 #pragma once
 
+#include "kvcache/core/host_device.h"
+
 #include <cstdint>
 #include <type_traits>
-
-//! Marks the LayerRef accessors callable from host and device code when compiled by nvcc; plain functions elsewhere,
-//! so this header needs no CUDA header and works from .cpp files.
-#if defined(__CUDACC__)
-#define KVCACHE_HOST_DEVICE __host__ __device__
-#else
-#define KVCACHE_HOST_DEVICE
-#endif
 
 namespace kvcache::rt
 {
