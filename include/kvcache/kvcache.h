@@ -1,7 +1,8 @@
 #pragma once
 
 //! Umbrella header: every public header of the core library (kvcache::kvcache). The optional transfer component
-//! (kvcache::transfer) has its own: kvcache/dist/page_transfer.h.
+//! (kvcache::transfer) has its own: kvcache/dist/page_transfer.h. Every public name is in kvcache::rt ("runtime"), the
+//! namespace of the seed API that KVCacheManager and rt::Tensor come from; kvcache::rt::detail holds internals.
 
 // core: errors, data types, config, layout, page geometry, the device allocation owner, tensor views
 #include "kvcache/core/data_type.h"
