@@ -49,24 +49,32 @@ TieredAdmission TieredPrefixCacheCore::admit(TierMover& mover, SequenceId sequen
     return TieredAdmission{deviceTokens, hostTokens, computeTokens};
 }
 
-int32_t TieredPrefixCacheCore::source(int32_t group, int32_t index)
+TieredPrefixCacheCore::RunPlace TieredPrefixCacheCore::source(int32_t group, int32_t index)
 {
     Group& state = mGroups[static_cast<size_t>(group)];
-    int32_t& found = state.runHostPages[static_cast<size_t>(index)];
-    if (found == kUNKNOWN)
+    RunPlace& found = state.runPlaces[static_cast<size_t>(index)];
+    if (found.tier == RunPlace::Tier::kUNKNOWN)
     {
         // The host first: a page it holds is there either way (adoptRun holds the device's copy when there is one and
         // onboards only into the pages it takes); the device for the pages the host lacks; the disk last.
         PageHash const hash = mHashes[static_cast<size_t>(index)];
-        found = state.map.find(hash);
-        if (found == HostPageMap::kNONE && PageManagerInternal::hasPage(*mPages, group, hash))
+        int32_t const hostPage = state.map.find(hash);
+        int32_t diskPage = HostPageMap::kNONE;
+        if (hostPage != HostPageMap::kNONE)
         {
-            found = kON_DEVICE;
+            found = {RunPlace::Tier::kHOST, hostPage};
         }
-        else if (found == HostPageMap::kNONE && !mDisks.empty())
+        else if (PageManagerInternal::hasPage(*mPages, group, hash))
         {
-            int32_t const diskPage = mDisks[static_cast<size_t>(group)].find(hash);
-            found = diskPage == HostPageMap::kNONE ? HostPageMap::kNONE : onDisk(diskPage);
+            found = {RunPlace::Tier::kDEVICE, -1};
+        }
+        else if (!mDisks.empty() && (diskPage = mDisks[static_cast<size_t>(group)].find(hash)) != HostPageMap::kNONE)
+        {
+            found = {RunPlace::Tier::kDISK, diskPage};
+        }
+        else
+        {
+            found = {RunPlace::Tier::kNOWHERE, -1};
         }
     }
     return found;
@@ -79,7 +87,7 @@ bool TieredPrefixCacheCore::runIsThere(NextPageHashes const& known, int32_t page
         int32_t const window = PageManagerInternal::firstNeededPage(*mPages, g, known.firstPage + pages);
         for (int32_t p = std::max(0, window - known.firstPage); p < pages; ++p)
         {
-            if (source(g, p) == HostPageMap::kNONE)
+            if (source(g, p).tier == RunPlace::Tier::kNOWHERE)
             {
                 return false;
             }
@@ -98,16 +106,16 @@ bool TieredPrefixCacheCore::secureRun(TierMover& mover, NextPageHashes const& kn
         int32_t const window = PageManagerInternal::firstNeededPage(*mPages, g, known.firstPage + pages);
         for (int32_t p = std::max(0, window - known.firstPage); p < pages; ++p)
         {
-            int32_t const found = source(g, p);
+            RunPlace const found = source(g, p);
             uint8_t& pinned = group.runPinned[static_cast<size_t>(p)];
-            if (found >= 0 && pinned == 0)
+            if (found.tier == RunPlace::Tier::kHOST && pinned == 0)
             {
-                group.map.pin(found);
+                group.map.pin(found.page);
                 pinned = 1;
             }
-            else if (isOnDisk(found) && pinned == 0)
+            else if (found.tier == RunPlace::Tier::kDISK && pinned == 0)
             {
-                mDisks[static_cast<size_t>(g)].pin(diskPageOf(found));
+                mDisks[static_cast<size_t>(g)].pin(found.page);
                 pinned = 2;
             }
         }
@@ -125,11 +133,11 @@ bool TieredPrefixCacheCore::secureRun(TierMover& mover, NextPageHashes const& kn
             {
                 continue;
             }
-            int32_t& found = group.runHostPages[static_cast<size_t>(p)];
-            int32_t const diskPage = diskPageOf(found);
+            RunPlace& found = group.runPlaces[static_cast<size_t>(p)];
+            int32_t const diskPage = found.page;
             mDisks[static_cast<size_t>(g)].unpin(diskPage);
             pinned = 0;
-            found = HostPageMap::kNONE;
+            found = {RunPlace::Tier::kNOWHERE, -1};
             all = all && restore(mover, g, p, diskPage);
         }
     }
@@ -164,7 +172,7 @@ bool TieredPrefixCacheCore::restore(TierMover& mover, int32_t g, int32_t index, 
     mDisks[static_cast<size_t>(g)].touch(diskPage);
     group.map.pin(insertion.hostPage);
     group.runPinned[static_cast<size_t>(index)] = 1;
-    group.runHostPages[static_cast<size_t>(index)] = insertion.hostPage;
+    group.runPlaces[static_cast<size_t>(index)] = {RunPlace::Tier::kHOST, insertion.hostPage};
     ++mStats.restoredPages;
     return true;
 }
@@ -184,7 +192,7 @@ int32_t TieredPrefixCacheCore::onboardRun(TierMover& mover, SequenceId sequence,
         *mPages, sequence, tokens + length, runTokens, mHashes.data(), after.keys, after.count);
     for (Group& group : mGroups)
     {
-        std::fill(group.runHostPages.begin(), group.runHostPages.begin() + known.count, kUNKNOWN);
+        std::fill(group.runPlaces.begin(), group.runPlaces.begin() + known.count, RunPlace{});
         std::fill(group.runPinned.begin(), group.runPinned.begin() + known.count, uint8_t{0});
     }
     // A run of k pages is there when every page the sequence then needs is on the device, the host or the disk in
@@ -196,7 +204,7 @@ int32_t TieredPrefixCacheCore::onboardRun(TierMover& mover, SequenceId sequence,
     {
         for (int32_t p = 0; p < pages && !mGroups[static_cast<size_t>(g)].windowed; ++p)
         {
-            if (source(g, p) == HostPageMap::kNONE)
+            if (source(g, p).tier == RunPlace::Tier::kNOWHERE)
             {
                 pages = p;
             }
@@ -234,7 +242,7 @@ void TieredPrefixCacheCore::onboardFresh(TierMover& mover, NextPageHashes const&
         for (FreshPage const& fresh : mFresh[static_cast<size_t>(g)])
         {
             size_t const index = static_cast<size_t>(fresh.index - known.firstPage);
-            if (group.runHostPages[index] < 0 || group.runPinned[index] != 1)
+            if (group.runPlaces[index].tier != RunPlace::Tier::kHOST || group.runPinned[index] != 1)
             {
                 throw std::logic_error(fmt::format(
                     "{}: group {} took a fresh page for page {} of the run, which no pinned host page holds", kWHAT, g,
@@ -251,7 +259,7 @@ void TieredPrefixCacheCore::onboardFresh(TierMover& mover, NextPageHashes const&
         for (FreshPage const& fresh : mFresh[static_cast<size_t>(g)])
         {
             group.entries.push_back(
-                HostTierEntry{fresh.page, group.runHostPages[static_cast<size_t>(fresh.index - known.firstPage)]});
+                HostTierEntry{fresh.page, group.runPlaces[static_cast<size_t>(fresh.index - known.firstPage)].page});
         }
         if (!group.entries.empty())
         {
@@ -271,15 +279,15 @@ void TieredPrefixCacheCore::unpinRun(NextPageHashes const& known) noexcept
         for (int32_t p = known.count - 1; p >= 0; --p)
         {
             uint8_t& pinned = group.runPinned[static_cast<size_t>(p)];
-            int32_t const place = group.runHostPages[static_cast<size_t>(p)];
+            int32_t const page = group.runPlaces[static_cast<size_t>(p)].page;
             if (pinned == 1)
             {
-                group.map.unpin(place);
+                group.map.unpin(page);
             }
             else if (pinned == 2)
             {
                 // Left by a restore that threw: its disk page stays on the disk.
-                mDisks[static_cast<size_t>(g)].unpin(diskPageOf(place));
+                mDisks[static_cast<size_t>(g)].unpin(page);
             }
             pinned = 0;
         }

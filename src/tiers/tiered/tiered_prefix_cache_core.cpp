@@ -118,8 +118,7 @@ TieredPrefixCacheCore::TieredPrefixCacheCore(
         // A group's evictions between two offloads are distinct pages (recordEviction replaces a page's older
         // record), and an offload or an onboard lists at most every page once: numPages bounds every list.
         Group group{HostPageMap(numHostPages[g]), layout.groups[g].slidingWindow != 0, {},
-            std::vector<int32_t>(numPages, -1), {}, {},
-            std::vector<int32_t>(static_cast<size_t>(pagesPerSequence), kUNKNOWN),
+            std::vector<int32_t>(numPages, -1), {}, {}, std::vector<RunPlace>(static_cast<size_t>(pagesPerSequence)),
             std::vector<uint8_t>(static_cast<size_t>(pagesPerSequence), 0)};
         group.pending.reserve(numPages);
         group.entries.reserve(numPages);

@@ -117,6 +117,21 @@ private:
         int32_t page = 0;
         PageHash hash = {};
     };
+    //! Where a page of an admission's run is: the tier that holds it, and its page there.
+    struct RunPlace
+    {
+        enum class Tier : uint8_t
+        {
+            kUNKNOWN, //!< not looked up yet
+            kNOWHERE, //!< in no tier
+            kDEVICE,  //!< on the device and not the host
+            kHOST,    //!< on the host (and maybe the device too)
+            kDISK,    //!< on the disk only
+        };
+        Tier tier = Tier::kUNKNOWN;
+        int32_t page = -1; //!< the host page (kHOST) or disk page (kDISK)
+    };
+
     //! One page group: its host pages and the scratch of its transfers (sized at construction).
     struct Group
     {
@@ -128,28 +143,11 @@ private:
         std::vector<HostTierEntry> entries;
         //! Host pages an offload pinned while its list was put together.
         std::vector<int32_t> pinned;
-        //! Where each page of an admission's run is: kUNKNOWN (not looked up yet), a host page, kON_DEVICE (on the
-        //! device and not the host), onDisk(disk page) (on the disk only), or HostPageMap::kNONE (nowhere).
-        std::vector<int32_t> runHostPages;
+        //! Where each page of an admission's run is (RunPlace), looked up once.
+        std::vector<RunPlace> runPlaces;
         //! Per page of the run: 1 while its host page is pinned, 2 while its disk page is, else 0.
         std::vector<uint8_t> runPinned;
     };
-    static constexpr int32_t kUNKNOWN = -3;
-    static constexpr int32_t kON_DEVICE = -2;
-    //! Disk page d as a run page's place: kFIRST_ON_DISK - d.
-    static constexpr int32_t kFIRST_ON_DISK = -4;
-    static constexpr int32_t onDisk(int32_t diskPage) noexcept
-    {
-        return kFIRST_ON_DISK - diskPage;
-    }
-    static constexpr bool isOnDisk(int32_t place) noexcept
-    {
-        return place <= kFIRST_ON_DISK;
-    }
-    static constexpr int32_t diskPageOf(int32_t place) noexcept
-    {
-        return kFIRST_ON_DISK - place;
-    }
     //! A slice of extra keys.
     struct KeySlice
     {
@@ -172,8 +170,8 @@ private:
     //! (PageManagerInternal::adoptRun) and onboards its fresh pages; returns its tokens.
     int32_t onboardRun(TierMover& mover, SequenceId sequence, int32_t const* tokens, int32_t count, int32_t length,
         PageExtraKey const* keys, int32_t numKeys);
-    //! Returns where page `index` of the run in mHashes is in `group` (Group::runHostPages), looking it up once.
-    int32_t source(int32_t group, int32_t index);
+    //! Returns where page `index` of the run in mHashes is in `group` (Group::runPlaces), looking it up once.
+    RunPlace source(int32_t group, int32_t index);
     //! Returns whether every page a run of `pages` pages needs (all in full attention, the window before its end in a
     //! windowed group) is somewhere.
     bool runIsThere(NextPageHashes const& known, int32_t pages);
