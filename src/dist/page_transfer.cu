@@ -325,7 +325,7 @@ void transferPages(Side side, KVCacheManager const& cache, int32_t group, int32_
     int64_t stagingBytes = 0;
     int32_t const numPages = cache.group(group).numPages;
     detail::PageAnatomy const anatomy = detail::pageAnatomy(cache.layout(), group);
-    std::vector<detail::LayerTableEntry> const table = detail::ManagerInternals::hostLayerTable(cache, group);
+    std::vector<detail::LayerTableEntry> const table = detail::KVCacheManagerInternal::hostLayerTable(cache, group);
     for (size_t e = 0; e < table.size(); ++e)
     {
         for (int32_t half = 0; half <= int32_t{table[e].hasV()}; ++half)

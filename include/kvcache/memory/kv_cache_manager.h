@@ -16,7 +16,8 @@ namespace kvcache::rt
 {
 namespace detail
 {
-struct ManagerInternals;
+//! The library's own access to a KVCacheManager beyond its public calls (src/memory/cache/layer_table.h).
+class KVCacheManagerInternal;
 } // namespace detail
 
 //! Owns one device buffer per attention layer and hands out zero-copy views of it: the slot view
@@ -173,7 +174,7 @@ public:
     }
 
 private:
-    friend struct detail::ManagerInternals;
+    friend class detail::KVCacheManagerInternal;
 
     void checkIndex(int32_t layerIdx, char const* what) const noexcept;
     //! Throws OutOfRangeError for a bad index, InvalidArgumentError when the cache keeps no scale pools

@@ -16,9 +16,9 @@ namespace kvcache::rt
 //! warm in the caches), and a new allocator hands out 0, 1, 2, ... in order. Every rejected call throws before it
 //! changes anything.
 //!
-//! A page can also be parked: no holder, yet off the free list, so that allocate() never hands it out (a page cache
-//! keeps pages whose content may be reused this way, in its own order). hold() gives a parked page a holder again,
-//! freeParked() puts it on top of the free list; both O(1). Copyable (a copy is an independent allocator of the same
+//! A page can also be kept: no holder, yet off the free list, so that allocate() never hands it out (a page cache
+//! keeps pages whose content may be reused this way, in its own order). hold() gives a kept page a holder again,
+//! freeKept() puts it on top of the free list; both O(1). Copyable (a copy is an independent allocator of the same
 //! state); a move leaves the source with no pages. Not thread-safe: one owner at a time.
 class PageAllocator
 {
@@ -51,27 +51,27 @@ public:
     {
         return mNumFree;
     }
-    //! Returns the number of pages in use (reference count > 0): numPages() - numFree() - numParked(); never throws.
+    //! Returns the number of pages in use (reference count > 0): numPages() - numFree() - numKept(); never throws.
     int32_t numUsed() const noexcept
     {
-        return numPages() - mNumFree - mNumParked;
+        return numPages() - mNumFree - mNumKept;
     }
-    //! Returns the number of parked pages (no holder, off the free list); never throws.
-    int32_t numParked() const noexcept
+    //! Returns the number of kept pages (no holder, off the free list); never throws.
+    int32_t numKept() const noexcept
     {
-        return mNumParked;
+        return mNumKept;
     }
-    //! Returns whether `page` is parked; throws OutOfRangeError for an id outside [0, numPages).
-    bool isParked(int32_t page) const
+    //! Returns whether `page` is kept; throws OutOfRangeError for an id outside [0, numPages).
+    bool isKept(int32_t page) const
     {
         if (!inRange(page))
         {
-            failIndex("PageAllocator::isParked", page);
+            failIndex("PageAllocator::isKept", page);
         }
-        return mRefCounts[static_cast<size_t>(page)] == kPARKED;
+        return mRefCounts[static_cast<size_t>(page)] == kKEPT;
     }
 
-    //! Adds a holder to `page`, in use or parked (a parked page is in use again), and returns its new reference count.
+    //! Adds a holder to `page`, in use or kept (a kept page is in use again), and returns its new reference count.
     //! Throws OutOfRangeError for an id outside [0, numPages) and InvalidArgumentError for a free page or a count at
     //! kMAX_REF_COUNT, changing nothing.
     int32_t hold(int32_t page)
@@ -82,25 +82,25 @@ public:
             failRetain(page);
         }
         int32_t& count = mRefCounts[static_cast<size_t>(page)];
-        if (count == kPARKED)
+        if (count == kKEPT)
         {
             count = 0;
-            --mNumParked;
+            --mNumKept;
         }
         return ++count;
     }
 
-    //! Removes a holder from `page` and returns its new reference count; at 0 the page is parked when `park` is true,
+    //! Removes a holder from `page` and returns its new reference count; at 0 the page is kept when `keep` is true,
     //! else on top of the free list. Throws OutOfRangeError for an id outside [0, numPages) and InvalidArgumentError
-    //! for a free or parked page, changing nothing.
-    int32_t letGo(int32_t page, bool park)
+    //! for a free or kept page, changing nothing.
+    int32_t release(int32_t page, bool keep)
     {
-        return letGoIf(page, [park](int32_t) noexcept { return park; });
+        return releaseIf(page, [keep](int32_t) noexcept { return keep; });
     }
-    //! letGo(page, park(page)), with `park` (a callable taking the page id, returning bool) called only when the last
+    //! release(page, keep(page)), with `keep` (a callable taking the page id, returning bool) called only when the last
     //! holder lets go, so that a caller's per-page state is read only then.
-    template <typename Park>
-    int32_t letGoIf(int32_t page, Park&& park)
+    template <typename Keep>
+    int32_t releaseIf(int32_t page, Keep&& keep)
     {
         if (!inRange(page) || mRefCounts[static_cast<size_t>(page)] <= 0)
         {
@@ -111,10 +111,10 @@ public:
         {
             return count;
         }
-        if (park(page))
+        if (keep(page))
         {
-            count = kPARKED;
-            ++mNumParked;
+            count = kKEPT;
+            ++mNumKept;
         }
         else
         {
@@ -124,16 +124,16 @@ public:
         return 0;
     }
 
-    //! Puts the parked `page` on top of the free list (the next allocate() returns it). Throws OutOfRangeError for an
-    //! id outside [0, numPages) and InvalidArgumentError for a page that is not parked, changing nothing.
-    void freeParked(int32_t page)
+    //! Puts the kept `page` on top of the free list (the next allocate() returns it). Throws OutOfRangeError for an
+    //! id outside [0, numPages) and InvalidArgumentError for a page that is not kept, changing nothing.
+    void freeKept(int32_t page)
     {
-        if (!inRange(page) || mRefCounts[static_cast<size_t>(page)] != kPARKED)
+        if (!inRange(page) || mRefCounts[static_cast<size_t>(page)] != kKEPT)
         {
-            failUnpark(page);
+            failFreeKept(page);
         }
         mRefCounts[static_cast<size_t>(page)] = 0;
-        --mNumParked;
+        --mNumKept;
         mFreeStack[static_cast<size_t>(mNumFree)] = page;
         ++mNumFree;
     }
@@ -174,7 +174,7 @@ public:
     }
 
     //! Adds one to the reference count of `page` (one more sharer). Throws OutOfRangeError for an id outside
-    //! [0, numPages) and InvalidArgumentError for a free or parked page or a count already at INT32_MAX, changing
+    //! [0, numPages) and InvalidArgumentError for a free or kept page or a count already at INT32_MAX, changing
     //! nothing.
     void retain(int32_t page)
     {
@@ -188,7 +188,7 @@ public:
 
     //! Subtracts one from the reference count of `page`; at 0 the page is free again, on top of the free list.
     //! Throws OutOfRangeError for an id outside [0, numPages) and InvalidArgumentError for a free page (a double
-    //! free) or a parked page, changing nothing.
+    //! free) or a kept page, changing nothing.
     void release(int32_t page)
     {
         if (!inRange(page) || mRefCounts[static_cast<size_t>(page)] <= 0)
@@ -235,7 +235,7 @@ public:
         mNumFree = numFree;
     }
 
-    //! Returns the reference count of `page`, 0 for a free or parked page; throws OutOfRangeError for an id outside
+    //! Returns the reference count of `page`, 0 for a free or kept page; throws OutOfRangeError for an id outside
     //! [0, numPages).
     int32_t refCount(int32_t page) const
     {
@@ -248,8 +248,8 @@ public:
     }
 
     //! Returns normally when the state is consistent; throws std::logic_error describing the first broken invariant:
-    //! free pages have count 0 and appear once in the free list; used pages have count > 0; parked pages are off the
-    //! free list and counted in numParked; numFree + numUsed + numParked == numPages. Linear time; allocates a scratch
+    //! free pages have count 0 and appear once in the free list; used pages have count > 0; kept pages are off the
+    //! free list and counted in numKept; numFree + numUsed + numKept == numPages. Linear time; allocates a scratch
     //! bitmap of numPages bits (std::bad_alloc when memory runs out).
     void checkInvariants() const;
 
@@ -270,20 +270,20 @@ private:
     [[noreturn]] void failRelease(int32_t page) const;
     //! Undoes the release of `pages[0, failed)`, then throws the error of `pages[failed]` (or of `pages` and `count`).
     [[noreturn]] void failReleaseList(int32_t const* pages, int32_t count, int32_t failed);
-    //! Throws OutOfRangeError or InvalidArgumentError for freeing `page` from the parked pages.
-    [[noreturn]] void failUnpark(int32_t page) const;
+    //! Throws OutOfRangeError or InvalidArgumentError for freeing `page` from the kept pages.
+    [[noreturn]] void failFreeKept(int32_t page) const;
     //! Throws OutOfRangeError naming `what`, `page` and the id range.
     [[noreturn]] void failIndex(char const* what, int32_t page) const;
 
-    //! The stored count of a parked page.
-    static constexpr int32_t kPARKED = -1;
+    //! The stored count of a kept page.
+    static constexpr int32_t kKEPT = -1;
 
-    //! Reference count per page id; 0 means free, kPARKED parked.
+    //! Reference count per page id; 0 means free, kKEPT kept.
     std::vector<int32_t> mRefCounts;
     //! The free list: ids [0, mNumFree) are free, the top (most recently freed) last; sized numPages at construction.
     std::vector<int32_t> mFreeStack;
     int32_t mNumFree = 0;
-    int32_t mNumParked = 0;
+    int32_t mNumKept = 0;
 };
 
 } // namespace kvcache::rt

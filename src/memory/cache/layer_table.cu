@@ -61,7 +61,7 @@ std::vector<LayerTableEntry> layerTableEntries(
     return entries;
 }
 
-std::vector<LayerTableEntry> ManagerInternals::hostLayerTable(KVCacheManager const& cache, int32_t group)
+std::vector<LayerTableEntry> KVCacheManagerInternal::hostLayerTable(KVCacheManager const& cache, int32_t group)
 {
     std::vector<LayerTableEntry> entries = entriesOf(cache.mBuffers, cache.mScaleBuffers, cache.mLayout);
     int64_t first = 0;

@@ -38,9 +38,10 @@ DeviceAllocation makeLayerTable(std::vector<DeviceAllocation> const& buffers,
     std::vector<DeviceAllocation> const& scaleBuffers, KVCacheLayout const& layout, cudaStream_t stream,
     cudaMemPool_t pool);
 
-//! What page operations read of a manager beyond its public interface.
-struct ManagerInternals
+//! The library's own access to a KVCacheManager beyond its public calls: what page operations read of it.
+class KVCacheManagerInternal
 {
+public:
     //! Returns the device table's data entries of page group `group`, in the order of its layers (nullptr with no
     //! layers).
     static LayerTableEntry const* layerTable(KVCacheManager const& cache, int32_t group) noexcept

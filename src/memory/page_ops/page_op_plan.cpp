@@ -92,9 +92,9 @@ PageOpPlan planPageOp(
             fmt::format("{}: the current device is {} but the cache lives on device {}", what, device, cache.device()));
     }
     int32_t const numPages = groupCount == 0 ? cache.numPages() : cache.group(groupIndex).numPages;
-    return PageOpPlan{ManagerInternals::layerTable(cache, groupIndex), target.firstLayer, halfBits,
+    return PageOpPlan{KVCacheManagerInternal::layerTable(cache, groupIndex), target.firstLayer, halfBits,
         target.half == KVHalf::kV ? 1 : 0, numPages, pattern, errorCount, maxPageBytes, bytesPerEntry,
-        static_cast<uint32_t>(gridZ), samePageBytes, ManagerInternals::scaleTable(cache, groupIndex),
+        static_cast<uint32_t>(gridZ), samePageBytes, KVCacheManagerInternal::scaleTable(cache, groupIndex),
         maxScalePageBytes};
 }
 

@@ -346,7 +346,7 @@ int32_t PageManager::evictCached(int32_t group, int32_t count)
     int32_t evicted = 0;
     while (evicted < count && pool.numCached() > 0)
     {
-        pool.pages.freeParked(s.evictOne(group));
+        pool.pages.freeKept(s.evictOne(group));
         ++evicted;
     }
     s.prefix.notifyEvictions();

@@ -1,5 +1,5 @@
 // PageManager::checkInvariants(): the parts agree with each other (reference counts with the sequences' entries, the
-// cached list and the anchored pages with the parked pages and the registered hashes); the cuts' own checks are in
+// cached list and the anchored pages with the kept pages and the registered hashes); the cuts' own checks are in
 // page_manager_cuts.cpp.
 #include "paging/page_manager/page_manager_state.h"
 
@@ -122,28 +122,28 @@ void PageManager::State::checkGroupInvariants(int32_t g) const
     {
         size_t const i = static_cast<size_t>(p);
         int32_t const refs = pool.pages.refCount(p);
-        bool const parked = pool.pages.isParked(p);
-        bool const isFree = refs == 0 && !parked;
+        bool const kept = pool.pages.isKept(p);
+        bool const isFree = refs == 0 && !kept;
         bool const isRegistered = prefix.isRegistered(g, p);
         bool const anchored = pool.anchored(p);
         if (refs != holders[i])
         {
             fail(fmt::format("group {} page {} has reference count {} and {} holders", g, p, refs, holders[i]));
         }
-        // A cached (parked) page is on the list, or kept off it by an anchor (a cut's window needs it); used and
+        // A cached (kept) page is on the list, or kept off it by an anchor (a cut's window needs it); used and
         // free pages are on neither.
-        int32_t const states = (refs > 0 ? 1 : 0) + (isFree ? 1 : 0) + onCached[i] + (parked && anchored ? 1 : 0);
+        int32_t const states = (refs > 0 ? 1 : 0) + (isFree ? 1 : 0) + onCached[i] + (kept && anchored ? 1 : 0);
         if (states != 1)
         {
-            fail(fmt::format("group {} page {} is in {} states (used {}, free {}, listed {}, anchored {}, parked {})",
-                g, p, states, refs, isFree, onCached[i], anchored, parked));
+            fail(fmt::format("group {} page {} is in {} states (used {}, free {}, listed {}, anchored {}, kept {})",
+                g, p, states, refs, isFree, onCached[i], anchored, kept));
         }
-        if ((isFree && isRegistered) || (parked && !isRegistered) || (anchored && !isRegistered))
+        if ((isFree && isRegistered) || (kept && !isRegistered) || (anchored && !isRegistered))
         {
             fail(fmt::format("group {} page {}: registered {} but {}{}", g, p, isRegistered,
-                isFree ? "free" : (parked ? "cached" : "used"), anchored ? " and anchored" : ""));
+                isFree ? "free" : (kept ? "cached" : "used"), anchored ? " and anchored" : ""));
         }
-        anchoredCached += parked && anchored ? 1 : 0;
+        anchoredCached += kept && anchored ? 1 : 0;
         if (isRegistered)
         {
             ++registeredCount;

@@ -81,12 +81,12 @@ struct PageManager::State
     void releasePage(int32_t group, int32_t page)
     {
         // Whether the page is registered matters only to its last holder.
-        pools[static_cast<size_t>(group)].letGo(page, [&](int32_t last) { return prefix.isRegistered(group, last); });
+        pools[static_cast<size_t>(group)].release(page, [&](int32_t last) { return prefix.isRegistered(group, last); });
     }
 
     // Cuts of a hybrid cache (page_manager_cuts.cpp) --------------------------------------------------------------
 
-    //! Drops the content of the cached page of `group` that goes first and returns it, parked and unregistered: the
+    //! Drops the content of the cached page of `group` that goes first and returns it, kept and unregistered: the
     //! oldest on the list, after dropping cuts (least recently made first) while the list is empty, which happens only
     //! in a windowed group whose cached pages are all anchored; a full-attention page's cut goes with it. The group
     //! must have a cached page.

@@ -32,7 +32,7 @@ PageAllocator::PageAllocator(PageAllocator&& other) noexcept
     : mRefCounts(std::move(other.mRefCounts))
     , mFreeStack(std::move(other.mFreeStack))
     , mNumFree(std::exchange(other.mNumFree, 0))
-    , mNumParked(std::exchange(other.mNumParked, 0))
+    , mNumKept(std::exchange(other.mNumKept, 0))
 {
 }
 
@@ -43,7 +43,7 @@ PageAllocator& PageAllocator::operator=(PageAllocator&& other) noexcept
         mRefCounts = std::move(other.mRefCounts);
         mFreeStack = std::move(other.mFreeStack);
         mNumFree = std::exchange(other.mNumFree, 0);
-        mNumParked = std::exchange(other.mNumParked, 0);
+        mNumKept = std::exchange(other.mNumKept, 0);
         // A moved-from vector is only "valid": make the source's no pages explicit.
         other.mRefCounts.clear();
         other.mFreeStack.clear();
@@ -84,10 +84,10 @@ void PageAllocator::failRetain(int32_t page) const
         throw InvalidArgumentError(fmt::format(
             "{}: page {} is free (reference count 0); only a page in use (count >= 1) can be retained", what, page));
     }
-    if (count == kPARKED)
+    if (count == kKEPT)
     {
         throw InvalidArgumentError(fmt::format(
-            "{}: page {} is parked; only a page in use (count >= 1) can be retained (hold() takes a parked page)", what,
+            "{}: page {} is kept; only a page in use (count >= 1) can be retained (hold() takes a kept page)", what,
             page));
     }
     throw InvalidArgumentError(
@@ -101,24 +101,24 @@ void PageAllocator::failRelease(int32_t page) const
     {
         failIndex(what, page);
     }
-    if (mRefCounts[static_cast<size_t>(page)] == kPARKED)
+    if (mRefCounts[static_cast<size_t>(page)] == kKEPT)
     {
         throw InvalidArgumentError(fmt::format(
-            "{}: page {} is parked (no holder); only a page in use (count >= 1) can be released", what, page));
+            "{}: page {} is kept (no holder); only a page in use (count >= 1) can be released", what, page));
     }
     throw InvalidArgumentError(fmt::format(
         "{}: page {} is free (reference count 0): a double free; only a page in use (count >= 1) can be released", what,
         page));
 }
 
-void PageAllocator::failUnpark(int32_t page) const
+void PageAllocator::failFreeKept(int32_t page) const
 {
-    char const* const what = "PageAllocator::freeParked";
+    char const* const what = "PageAllocator::freeKept";
     if (!inRange(page))
     {
         failIndex(what, page);
     }
-    throw InvalidArgumentError(fmt::format("{}: page {} is not parked (reference count {}); only a parked page can be "
+    throw InvalidArgumentError(fmt::format("{}: page {} is not kept (reference count {}); only a kept page can be "
                                            "freed this way",
         what, page, mRefCounts[static_cast<size_t>(page)]));
 }
@@ -152,10 +152,10 @@ void PageAllocator::failReleaseList(int32_t const* pages, int32_t count, int32_t
             what, failed, page, numPages()));
     }
     int32_t const refCount = mRefCounts[static_cast<size_t>(page)];
-    if (refCount == kPARKED)
+    if (refCount == kKEPT)
     {
         throw InvalidArgumentError(
-            fmt::format("{}: pages[{}] is page {}, parked (no holder); nothing released", what, failed, page));
+            fmt::format("{}: pages[{}] is page {}, kept (no holder); nothing released", what, failed, page));
     }
     if (refCount == 0)
     {
@@ -208,13 +208,13 @@ void PageAllocator::checkInvariants() const
         }
     }
     int64_t used = 0;
-    int64_t parked = 0;
+    int64_t kept = 0;
     for (int32_t page = 0; page < pageCount; ++page)
     {
         int32_t const count = mRefCounts[static_cast<size_t>(page)];
-        if (count == kPARKED)
+        if (count == kKEPT)
         {
-            ++parked;
+            ++kept;
             continue;
         }
         if (count < 0)
@@ -228,14 +228,14 @@ void PageAllocator::checkInvariants() const
         }
         used += count > 0 ? 1 : 0;
     }
-    if (parked != mNumParked)
+    if (kept != mNumKept)
     {
-        throw std::logic_error(fmt::format("{}: {} pages are parked, counted {}", what, parked, mNumParked));
+        throw std::logic_error(fmt::format("{}: {} pages are kept, counted {}", what, kept, mNumKept));
     }
-    if (mNumFree + used + parked != pageCount)
+    if (mNumFree + used + kept != pageCount)
     {
         throw std::logic_error(fmt::format(
-            "{}: numFree {} + {} pages in use + {} parked != numPages {}", what, mNumFree, used, parked, pageCount));
+            "{}: numFree {} + {} pages in use + {} kept != numPages {}", what, mNumFree, used, kept, pageCount));
     }
 }
 

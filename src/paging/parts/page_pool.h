@@ -10,12 +10,12 @@
 namespace kvcache::rt
 {
 
-//! The pages of one page group: a PageAllocator (free pages and holders; a cached page is parked there) and the list
+//! The pages of one page group: a PageAllocator (free pages and holders; a cached page is kept there) and the list
 //! of cached pages beside it, oldest first. Every page is free, used or cached. Whether a page is cached on release is
 //! the caller's choice (the prefix cache knows which pages are registered); evicting, too.
 //!
 //! In a windowed group of a hybrid cache a page may also be anchored: it lies in the window of one or more cuts
-//! (prefix_cuts.h). An anchored cached page is parked but kept off the list, so that evicting from the list takes the
+//! (prefix_cuts.h). An anchored cached page is kept by the allocator but off the list, so that evicting from the list takes the
 //! pages no cut needs first; it joins the list when its last anchor goes (unanchor()).
 struct PagePool
 {
@@ -25,7 +25,7 @@ struct PagePool
     int32_t numShared = 0;
     //! Per page, the cuts whose window holds it; empty outside the windowed groups of a hybrid cache.
     std::vector<int32_t> anchors;
-    //! Cached pages with an anchor (parked, off the list).
+    //! Cached pages with an anchor (kept, off the list).
     int32_t numAnchoredCached = 0;
     //! Per-page scratch for step()'s exact page count; all zero between calls.
     mutable std::vector<int32_t> scratch;
@@ -64,7 +64,7 @@ struct PagePool
     //! Adds an anchor to the registered, used or cached `page` (a cached page leaves the list).
     void anchor(int32_t page)
     {
-        if (anchors[static_cast<size_t>(page)]++ == 0 && pages.isParked(page))
+        if (anchors[static_cast<size_t>(page)]++ == 0 && pages.isKept(page))
         {
             cached.unlink(page);
             ++numAnchoredCached;
@@ -74,7 +74,7 @@ struct PagePool
     //! puts it on the list where it belongs.
     bool unanchor(int32_t page)
     {
-        if (--anchors[static_cast<size_t>(page)] == 0 && pages.isParked(page))
+        if (--anchors[static_cast<size_t>(page)] == 0 && pages.isKept(page))
         {
             --numAnchoredCached;
             return true;
@@ -90,7 +90,7 @@ struct PagePool
     //! Adds a holder to a used or cached page (a cached page leaves the list).
     void hold(int32_t page)
     {
-        // Free pages are refused, so a count of 1 now means the page was cached (parked).
+        // Free pages are refused, so a count of 1 now means the page was cached (kept).
         int32_t const count = pages.hold(page);
         if (count == 1)
         {
@@ -112,10 +112,10 @@ struct PagePool
     //! Removes a holder from `page`; at none the page becomes cached (newest on the list, or anchored) when keep(page)
     //! is true, else free.
     template <typename Keep>
-    void letGo(int32_t page, Keep&& keep)
+    void release(int32_t page, Keep&& keep)
     {
         bool kept = false;
-        int32_t const count = pages.letGoIf(page, [&](int32_t last) { return kept = keep(last); });
+        int32_t const count = pages.releaseIf(page, [&](int32_t last) { return kept = keep(last); });
         if (count == 1)
         {
             --numShared;

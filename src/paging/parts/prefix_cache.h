@@ -71,7 +71,7 @@ public:
     }
 
     //! Drops the content of the oldest cached page of `pool` (group `group`): off the cached list, its hash
-    //! unregistered, its callback call queued for notifyEvictions(). Returns the page, parked in pool.pages; the pool
+    //! unregistered, its callback call queued for notifyEvictions(). Returns the page, kept in pool.pages; the pool
     //! must have a cached page.
     int32_t evictOldest(int32_t group, PagePool& pool) noexcept
     {

@@ -165,7 +165,7 @@ detail::HostTierKernelParams HostTier::Impl::kernelParams(
     KVCacheManager const& cache, int64_t numPinnedNow, int32_t* deviceErrorCount) const
 {
     detail::HostTierKernelParams params{};
-    params.table = detail::ManagerInternals::layerTable(cache, group);
+    params.table = detail::KVCacheManagerInternal::layerTable(cache, group);
     params.entryOffsets = static_cast<int64_t const*>(entryOffsets.data());
     params.numEntries = static_cast<int32_t>(anatomy.entries.size());
     params.numPages = numPages;
@@ -232,7 +232,7 @@ HostTierMethod HostTier::Impl::transfer(Direction direction, KVCacheManager cons
     else if (detail::StagedCopy::movesDirect(count, anatomy.halves, stream))
     {
         // The pools' addresses from the cache of this call (the tier checked its geometry only).
-        detail::StagedCopy::enqueueDirect(toHost, detail::ManagerInternals::hostLayerTable(cache, group), anatomy,
+        detail::StagedCopy::enqueueDirect(toHost, detail::KVCacheManagerInternal::hostLayerTable(cache, group), anatomy,
             numPages, chunks, entries, count, stream);
     }
     else

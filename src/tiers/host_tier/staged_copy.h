@@ -53,7 +53,7 @@ public:
     static bool movesDirect(int32_t count, int64_t pageHalves, cudaStream_t stream);
     //! Enqueues the transfer of `entries[0, count)` (validated, movesDirect) on `stream` straight between the pages
     //! and the host pages, without staging: one descriptor a page half of a table entry, in one cudaMemcpyBatchAsync
-    //! call. `table` is a host copy of the group's table entries (ManagerInternals::hostLayerTable), `anatomy`
+    //! call. `table` is a host copy of the group's table entries (KVCacheManagerInternal::hostLayerTable), `anatomy`
     //! the group's page entries in the same order (where each entry's K page sits in a host page), `numPages` the
     //! group's pages. Throws CudaError.
     static void enqueueDirect(bool toHost, std::vector<LayerTableEntry> const& table, PageAnatomy const& anatomy,

@@ -1,5 +1,5 @@
 // Host tests of the parts a PageManager is made of, each on its own against a simple model: the page allocator's
-// parked pages (hold, letGo, freeParked), the list of cached pages (src/paging/parts/cached_page_list.h), the pool that
+// kept pages (hold, release, freeKept), the list of cached pages (src/paging/parts/cached_page_list.h), the pool that
 // combines them (page_pool.h) and the two group policies (group_policy.h), whose window rule is checked against a
 // token-by-token count.
 
@@ -23,7 +23,7 @@ namespace kvcache::rt
 namespace
 {
 
-//! What the allocator's caller sees of each page: -1 parked, 0 free, else its holders; and the free stack.
+//! What the allocator's caller sees of each page: -1 kept, 0 free, else its holders; and the free stack.
 struct AllocatorModel
 {
     std::vector<int32_t> state;
@@ -41,56 +41,56 @@ struct AllocatorModel
 
 void expectSame(PageAllocator const& allocator, AllocatorModel const& model)
 {
-    int32_t parked = 0;
+    int32_t kept = 0;
     for (size_t p = 0; p < model.state.size(); ++p)
     {
         int32_t const page = static_cast<int32_t>(p);
-        EXPECT_EQ(allocator.isParked(page), model.state[p] == -1) << "page " << p;
+        EXPECT_EQ(allocator.isKept(page), model.state[p] == -1) << "page " << p;
         EXPECT_EQ(allocator.refCount(page), std::max(model.state[p], 0)) << "page " << p;
-        parked += model.state[p] == -1 ? 1 : 0;
+        kept += model.state[p] == -1 ? 1 : 0;
     }
-    EXPECT_EQ(allocator.numParked(), parked);
+    EXPECT_EQ(allocator.numKept(), kept);
     EXPECT_EQ(allocator.numFree(), static_cast<int32_t>(model.freeStack.size()));
-    EXPECT_EQ(allocator.numUsed(), allocator.numPages() - allocator.numFree() - parked);
+    EXPECT_EQ(allocator.numUsed(), allocator.numPages() - allocator.numFree() - kept);
     EXPECT_NO_THROW(allocator.checkInvariants());
 }
 
-TEST(PageAllocatorParking, ParkedPagesAreNeverAllocatedAndComeBackOnTopOfTheFreeList)
+TEST(PageAllocatorKeeping, KeptPagesAreNeverAllocatedAndComeBackOnTopOfTheFreeList)
 {
     PageAllocator allocator(4);
     int32_t pages[3] = {-7, -7, -7};
     allocator.allocate(3, pages); // 0, 1, 2
-    EXPECT_EQ(allocator.letGo(1, true), 0);
-    EXPECT_TRUE(allocator.isParked(1));
-    EXPECT_EQ(allocator.numParked(), 1);
+    EXPECT_EQ(allocator.release(1, true), 0);
+    EXPECT_TRUE(allocator.isKept(1));
+    EXPECT_EQ(allocator.numKept(), 1);
     EXPECT_EQ(allocator.numUsed(), 2);
     EXPECT_EQ(allocator.numFree(), 1);
-    EXPECT_EQ(allocator.allocate(), 3); // not the parked page
+    EXPECT_EQ(allocator.allocate(), 3); // not the kept page
     EXPECT_THROW(allocator.allocate(), OutOfMemoryError);
-    EXPECT_EQ(allocator.hold(1), 1); // parked -> in use again
-    EXPECT_FALSE(allocator.isParked(1));
-    EXPECT_EQ(allocator.letGo(1, true), 0);
-    allocator.freeParked(1);
+    EXPECT_EQ(allocator.hold(1), 1); // kept -> in use again
+    EXPECT_FALSE(allocator.isKept(1));
+    EXPECT_EQ(allocator.release(1, true), 0);
+    allocator.freeKept(1);
     EXPECT_EQ(allocator.allocate(), 1);
-    EXPECT_EQ(allocator.letGo(0, false), 0); // not parked: free
+    EXPECT_EQ(allocator.release(0, false), 0); // not kept: free
     EXPECT_EQ(allocator.allocate(), 0);
-    // letGoIf asks only for the last holder, with the page's id.
+    // releaseIf asks only for the last holder, with the page's id.
     allocator.retain(0);
     std::vector<int32_t> asked;
-    auto const park = [&](int32_t page)
+    auto const keep = [&](int32_t page)
     {
         asked.push_back(page);
         return true;
     };
-    EXPECT_EQ(allocator.letGoIf(0, park), 1);
+    EXPECT_EQ(allocator.releaseIf(0, keep), 1);
     EXPECT_TRUE(asked.empty());
-    EXPECT_EQ(allocator.letGoIf(0, park), 0);
+    EXPECT_EQ(allocator.releaseIf(0, keep), 0);
     EXPECT_EQ(asked, std::vector<int32_t>{0});
-    EXPECT_TRUE(allocator.isParked(0));
+    EXPECT_TRUE(allocator.isKept(0));
     allocator.checkInvariants();
 }
 
-TEST(PageAllocatorParking, RejectionsChangeNothing)
+TEST(PageAllocatorKeeping, RejectionsChangeNothing)
 {
     PageAllocator allocator(3);
     AllocatorModel model(3);
@@ -100,23 +100,23 @@ TEST(PageAllocatorParking, RejectionsChangeNothing)
     (void)allocator.allocate();
     model.freeStack.pop_back();
     model.state[1] = 1;
-    (void)allocator.letGo(1, true);
+    (void)allocator.release(1, true);
     model.state[1] = -1;
     EXPECT_THROW((void)allocator.hold(2), InvalidArgumentError);         // free
     EXPECT_THROW((void)allocator.hold(3), OutOfRangeError);              // out of range
-    EXPECT_THROW((void)allocator.letGo(1, false), InvalidArgumentError); // parked
-    EXPECT_THROW((void)allocator.letGo(2, true), InvalidArgumentError);  // free
-    EXPECT_THROW(allocator.freeParked(0), InvalidArgumentError);         // in use
-    EXPECT_THROW(allocator.freeParked(2), InvalidArgumentError);         // free
-    EXPECT_THROW(allocator.freeParked(-1), OutOfRangeError);
-    EXPECT_THROW(allocator.retain(1), InvalidArgumentError);  // parked pages take hold()
-    EXPECT_THROW(allocator.release(1), InvalidArgumentError); // parked
+    EXPECT_THROW((void)allocator.release(1, false), InvalidArgumentError); // kept
+    EXPECT_THROW((void)allocator.release(2, true), InvalidArgumentError);  // free
+    EXPECT_THROW(allocator.freeKept(0), InvalidArgumentError);         // in use
+    EXPECT_THROW(allocator.freeKept(2), InvalidArgumentError);         // free
+    EXPECT_THROW(allocator.freeKept(-1), OutOfRangeError);
+    EXPECT_THROW(allocator.retain(1), InvalidArgumentError);  // kept pages take hold()
+    EXPECT_THROW(allocator.release(1), InvalidArgumentError); // kept
     int32_t const list[2] = {0, 1};
-    EXPECT_THROW(allocator.release(list, 2), InvalidArgumentError); // page 1 parked: page 0 stays held
+    EXPECT_THROW(allocator.release(list, 2), InvalidArgumentError); // page 1 kept: page 0 stays held
     expectSame(allocator, model);
 }
 
-TEST(PageAllocatorParking, RandomOperationsMatchTheModel)
+TEST(PageAllocatorKeeping, RandomOperationsMatchTheModel)
 {
     constexpr int32_t kPAGES = 12;
     PageAllocator allocator(kPAGES);
@@ -150,15 +150,15 @@ TEST(PageAllocatorParking, RandomOperationsMatchTheModel)
             break;
         case 2:
         {
-            bool const park = random() % 2 == 0;
+            bool const keep = random() % 2 == 0;
             if (!inRange || state <= 0)
             {
-                EXPECT_ANY_THROW((void)allocator.letGo(page, park));
+                EXPECT_ANY_THROW((void)allocator.release(page, keep));
                 break;
             }
-            EXPECT_EQ(allocator.letGo(page, park), state - 1);
-            model.state[static_cast<size_t>(page)] = state - 1 == 0 && park ? -1 : state - 1;
-            if (state == 1 && !park)
+            EXPECT_EQ(allocator.release(page, keep), state - 1);
+            model.state[static_cast<size_t>(page)] = state - 1 == 0 && keep ? -1 : state - 1;
+            if (state == 1 && !keep)
             {
                 model.freeStack.push_back(page);
             }
@@ -167,10 +167,10 @@ TEST(PageAllocatorParking, RandomOperationsMatchTheModel)
         default:
             if (!inRange || state != -1)
             {
-                EXPECT_ANY_THROW(allocator.freeParked(page));
+                EXPECT_ANY_THROW(allocator.freeKept(page));
                 break;
             }
-            allocator.freeParked(page);
+            allocator.freeKept(page);
             model.state[static_cast<size_t>(page)] = 0;
             model.freeStack.push_back(page);
             break;
@@ -250,19 +250,19 @@ TEST(PagePool, HoldersSharingAndCachingFollowTheCounts)
     EXPECT_EQ(pool.numShared, 1);
     pool.hold(a);
     EXPECT_EQ(pool.numShared, 1); // counted once however many holders
-    pool.letGo(a, [](int32_t) { return true; });
-    pool.letGo(a, [](int32_t) { return true; });
+    pool.release(a, [](int32_t) { return true; });
+    pool.release(a, [](int32_t) { return true; });
     EXPECT_EQ(pool.numShared, 0);
-    pool.letGo(a, [](int32_t) { return true; }); // no holder left, kept: cached
-    pool.letGo(b, [](int32_t) { return true; });
+    pool.release(a, [](int32_t) { return true; }); // no holder left, kept: cached
+    pool.release(b, [](int32_t) { return true; });
     EXPECT_EQ(orderOf(pool.cached), (std::vector<int32_t>{a, b}));
     EXPECT_EQ(pool.available(), 4); // 2 free, 2 cached
     pool.hold(a);                   // adopted from the cache: off the list, in use
     EXPECT_EQ(orderOf(pool.cached), (std::vector<int32_t>{b}));
     EXPECT_EQ(pool.holders(a), 1);
-    pool.letGo(a, [](int32_t) { return false; }); // not kept: free, on top
+    pool.release(a, [](int32_t) { return false; }); // not kept: free, on top
     EXPECT_EQ(pool.pages.allocate(), a);
-    EXPECT_EQ(pool.pages.numParked(), 1);
+    EXPECT_EQ(pool.pages.numKept(), 1);
     pool.pages.checkInvariants();
 }
 
