@@ -15,8 +15,8 @@ namespace kvcache::rt
 //! the caller's choice (the prefix cache knows which pages are registered); evicting, too.
 //!
 //! In a windowed group of a hybrid cache a page may also be anchored: it lies in the window of one or more cuts
-//! (prefix_cuts.h). An anchored cached page is kept by the allocator but off the list, so that evicting from the list takes the
-//! pages no cut needs first; it joins the list when its last anchor goes (unanchor()).
+//! (prefix_cuts.h). An anchored cached page is kept by the allocator but is off the list, so that evicting from the
+//! list takes the pages no cut needs first; it joins the list when its last anchor goes (unanchor()).
 struct PagePool
 {
     PageAllocator pages;
