@@ -29,4 +29,5 @@
 #include "kvcache/tiers/tiered_prefix_cache.h"
 // dist: tensor-parallel shards
 #include "kvcache/dist/tensor_parallel.h"
+#include "kvcache/dist/transfer_descriptors.h"
 #include "kvcache/version.h"
