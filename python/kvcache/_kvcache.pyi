@@ -592,6 +592,11 @@ class KVCacheManager:
         K and V views, each [max_batch_size, slot_tokens, H, D] (V empty for a latent layer).
         """
 
+    def transfer_description(self, model_config: Config | None = None, tp: int = 1, rank: int = 0) -> bytes:
+        """
+        This cache's transfer description as bytes, to send to the other side of a page transfer: its device, pools, geometry and host-held scales, and for rank `rank` of `tp` (model_config: the whole model's Config) the heads it holds (docs/transfer_descriptors.md).
+        """
+
     def scale_pool_view(self, layer: int) -> View:
         """
         Scale pool view of a layer, zero-copy, K scales then V scales (view[0], view[1]), as FlashInfer's kv_cache_sf:
@@ -1355,9 +1360,29 @@ class TieredPrefixCache:
         Raises RuntimeError naming the first broken rule of the bookkeeping (each group's hash -> host page map and its least recently used order; no host page left pinned between calls); linear time.
         """
 
+def layout_transfer_description(layout: KVCacheLayout, pool_bases: Sequence[int], device: int = 0, host_scales: Sequence[LayerScales] = []) -> bytes:
+    """
+    The transfer description of memory laid out as `layout`'s cache whose pools start at `pool_bases` (per group, per part of its page: each layer's data, then each layer's page scales; the order of transfer_registration's rows), on `device`, with `host_scales` (one per layer, or none): what KVCacheManager.transfer_description gives for a cache, for pools the caller allocated itself (e.g. host memory). Raises InvalidArgumentError for counts that do not match the layout.
+    """
+
+def transfer_registration(description: bytes) -> Annotated[NDArray[numpy.int64], dict(shape=(None, 3))]:
+    """
+    The memory a transfer library registers to move the pages of the cache `description` describes (KVCacheManager.transfer_description): one (address, bytes, device) row per pool, an [n, 3] int64 NumPy array.
+    """
+
+def transfer_mismatch(local: bytes, remote: bytes, group: int) -> str:
+    """
+    "" when pages of `group` can move between the caches the two descriptions describe, else the first reason they cannot, naming the field and both values.
+    """
+
+def transfer_descriptors(local: bytes, local_pages: PageIds, remotes: Sequence[bytes], remote_pages: PageIds, group: int, num_tokens: int) -> list[tuple[NDArray[Any], NDArray[Any], NDArray[Any]]]:
+    """
+    Per remote description in `remotes`, the ranges that move tokens [0, num_tokens) of one sequence in page group `group` between the remote pages `remote_pages` and the local pages `local_pages` (each in its own cache's page size, as PageManager.pages gives them; -1 for pages a window released): a tuple (local, remote, layer_ends) of two [n, 3] int64 arrays of (address, bytes, device) rows, row i of one moving to row i of the other, and per layer of the group the end of its rows. Page sizes may differ by a whole factor and heads by tensor-parallel slices (docs/transfer_descriptors.md). Raises InvalidArgumentError naming the first mismatch or bad argument, OutOfRangeError for a page id outside the pool.
+    """
+
 __version__: str
 
 def gpu_unavailable_reason() -> str:
     """Returns why no GPU can be used here, or an empty string when one can."""
 
-__all__: list = ['InvalidArgumentError', 'InvalidConfigError', 'OutOfRangeError', 'OutOfMemoryError', 'CudaError', 'DataType', 'data_type_size', 'data_type_name', 'KVLayerKind', 'KVQuantization', 'NVFP4_BLOCK_VALUES', 'TOKENS_PER_PAGE', 'MAX_TOKENS_PER_PAGE', 'MAX_NUM_PAGES', 'UNUSED_PAGE_ENTRY', 'MAX_INLINE_PAGE_OPS', 'KVLayerConfig', 'LayerScales', 'Config', 'KVLayerLayout', 'KVPageGroupLayout', 'KVCacheLayout', 'BudgetSplit', 'compute_layout', 'max_pages_for_budget', 'split_budget', 'View', 'KVHalf', 'PageOpTarget', 'LayerRef', 'KVCacheManager', 'PageAllocator', 'PageTableBuffers', 'PageHashAlgorithm', 'PageGroupCounts', 'PageManagerStats', 'PageManager', 'write_tokens', 'write_tokens_paged', 'read_tokens', 'HOST_TIER_KERNEL_MAX_BYTES', 'HOST_TIER_MAX_SMS', 'HOST_TIER_MAX_CHUNKS', 'HostTierMethod', 'PageLayerGeometry', 'PageGeometry', 'page_geometry', 'HostTier', 'SEQUENCE_FILE_VERSION', 'SequenceFileInfo', 'save_sequence', 'load_sequence', 'read_sequence_file_info', 'write_sequence_file', 'read_sequence_file', 'TieredAdmission', 'TieredPrefixCacheStats', 'TieredPrefixCache', '__version__', 'gpu_unavailable_reason']
+__all__: list = ['InvalidArgumentError', 'InvalidConfigError', 'OutOfRangeError', 'OutOfMemoryError', 'CudaError', 'DataType', 'data_type_size', 'data_type_name', 'KVLayerKind', 'KVQuantization', 'NVFP4_BLOCK_VALUES', 'TOKENS_PER_PAGE', 'MAX_TOKENS_PER_PAGE', 'MAX_NUM_PAGES', 'UNUSED_PAGE_ENTRY', 'MAX_INLINE_PAGE_OPS', 'KVLayerConfig', 'LayerScales', 'Config', 'KVLayerLayout', 'KVPageGroupLayout', 'KVCacheLayout', 'BudgetSplit', 'compute_layout', 'max_pages_for_budget', 'split_budget', 'View', 'KVHalf', 'PageOpTarget', 'LayerRef', 'KVCacheManager', 'PageAllocator', 'PageTableBuffers', 'PageHashAlgorithm', 'PageGroupCounts', 'PageManagerStats', 'PageManager', 'write_tokens', 'write_tokens_paged', 'read_tokens', 'HOST_TIER_KERNEL_MAX_BYTES', 'HOST_TIER_MAX_SMS', 'HOST_TIER_MAX_CHUNKS', 'HostTierMethod', 'PageLayerGeometry', 'PageGeometry', 'page_geometry', 'HostTier', 'SEQUENCE_FILE_VERSION', 'SequenceFileInfo', 'save_sequence', 'load_sequence', 'read_sequence_file_info', 'write_sequence_file', 'read_sequence_file', 'TieredAdmission', 'TieredPrefixCacheStats', 'TieredPrefixCache', 'layout_transfer_description', 'transfer_registration', 'transfer_mismatch', 'transfer_descriptors', '__version__', 'gpu_unavailable_reason']

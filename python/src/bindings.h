@@ -39,5 +39,7 @@ void bindHostTier(nb::module_& m);
 void bindSequenceFiles(nb::module_& m);
 //! Registers TieredPrefixCache, TieredAdmission and TieredPrefixCacheStats (after bindHostTier and bindPageManager).
 void bindTieredPrefixCache(nb::module_& m);
+//! Registers the transfer descriptor functions (transfer_registration, transfer_mismatch, transfer_descriptors).
+void bindTransfer(nb::module_& m);
 
 } // namespace kvcache::python

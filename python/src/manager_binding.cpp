@@ -5,16 +5,20 @@
 #include "typed_arguments.h"
 
 #include <kvcache/core/errors.h>
+#include <kvcache/dist/tensor_parallel.h>
+#include <kvcache/dist/transfer_descriptors.h>
 #include <kvcache/memory/kv_cache_manager.h>
 #include <kvcache/memory/page_ops.h>
 
 #include <fmt/format.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/vector.h>
 
 #include <chrono>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <vector>
 
 namespace kvcache::python
@@ -296,6 +300,30 @@ void bindManager(nb::module_& m)
                 return std::make_pair(viewOf(self, halves.first), viewOf(self, halves.second));
             },
             nb::arg("layer"), "K and V views, each [max_batch_size, slot_tokens, H, D] (V empty for a latent layer).")
+        .def(
+            "transfer_description",
+            [](CacheHandle& c, std::optional<rt::KVCacheConfig> const& modelConfig, int32_t tp, int32_t rank)
+            {
+                std::optional<rt::TensorParallelShard> shard;
+                if (modelConfig.has_value())
+                {
+                    shard = rt::tensorParallelShard(*modelConfig, tp, rank);
+                }
+                else if (tp != 1 || rank != 0)
+                {
+                    throw rt::InvalidArgumentError(fmt::format(
+                        "KVCacheManager.transfer_description: tp is {} and rank {}; with tensor parallelism give "
+                        "model_config, the whole model's config, so that the heads this rank holds are known",
+                        tp, rank));
+                }
+                std::vector<uint8_t> const bytes = rt::encodeTransferDescription(
+                    rt::describeForTransfer(c.manager(), shard.has_value() ? &*shard : nullptr));
+                return nb::bytes(reinterpret_cast<char const*>(bytes.data()), bytes.size());
+            },
+            nb::arg("model_config") = nb::none(), nb::arg("tp") = 1, nb::arg("rank") = 0,
+            "This cache's transfer description as bytes, to send to the other side of a page transfer: its device, "
+            "pools, geometry and host-held scales, and for rank `rank` of `tp` (model_config: the whole model's "
+            "Config) the heads it holds (docs/transfer_descriptors.md).")
         .def(
             "scale_pool_view",
             [](Self self, int64_t layer)

@@ -26,6 +26,7 @@ NB_MODULE(_kvcache, m)
     kvcache::python::bindHostTier(m);
     kvcache::python::bindSequenceFiles(m);
     kvcache::python::bindTieredPrefixCache(m);
+    kvcache::python::bindTransfer(m);
 
     m.attr("__version__") = KVCACHE_VERSION_STRING;
     m.def(

@@ -1,0 +1,131 @@
+#include "bindings.h"
+#include "cuda_arguments.h"
+#include "typed_arguments.h"
+
+#include <kvcache/core/errors.h>
+#include <kvcache/dist/transfer_descriptors.h>
+
+#include <fmt/format.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvcache::python
+{
+namespace
+{
+
+using RangeArray = nb::ndarray<nb::numpy, int64_t, nb::shape<-1, 3>>;
+using EndArray = nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>;
+
+//! Decodes the description bytes `value` (argument `field`).
+rt::TransferDescription description(nb::handle value, char const* field)
+{
+    std::string const bytes = bytesArgument(value, field, "bytes (a transfer description)");
+    return rt::decodeTransferDescription(reinterpret_cast<uint8_t const*>(bytes.data()), bytes.size());
+}
+
+//! Returns `ranges` as an [n, 3] int64 NumPy array of (address, bytes, device) rows, the form NIXL's descriptor
+//! lists take.
+RangeArray rangeArray(std::vector<rt::MemoryRange> const& ranges)
+{
+    auto* data = new int64_t[ranges.size() * 3];
+    for (size_t i = 0; i < ranges.size(); ++i)
+    {
+        data[3 * i] = static_cast<int64_t>(ranges[i].address);
+        data[3 * i + 1] = static_cast<int64_t>(ranges[i].bytes);
+        data[3 * i + 2] = ranges[i].device;
+    }
+    nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<int64_t*>(p); });
+    return RangeArray(data, {ranges.size(), size_t{3}}, owner);
+}
+
+EndArray endArray(std::vector<int64_t> const& ends)
+{
+    auto* data = new int64_t[ends.size()];
+    std::copy(ends.begin(), ends.end(), data);
+    nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<int64_t*>(p); });
+    return EndArray(data, {ends.size()}, owner);
+}
+
+} // namespace
+
+void bindTransfer(nb::module_& m)
+{
+    m.def(
+        "layout_transfer_description",
+        [](rt::KVCacheLayout const& layout, std::vector<uint64_t> const& poolBases, int32_t device,
+            std::vector<rt::LayerScales> const& hostScales)
+        {
+            std::vector<uint8_t> const bytes =
+                rt::encodeTransferDescription(rt::describeForTransfer(layout, poolBases, device, hostScales));
+            return nb::bytes(reinterpret_cast<char const*>(bytes.data()), bytes.size());
+        },
+        nb::arg("layout"), nb::arg("pool_bases"), nb::arg("device") = 0,
+        nb::arg("host_scales") = std::vector<rt::LayerScales>{},
+        "The transfer description of memory laid out as `layout`'s cache whose pools start at `pool_bases` (per "
+        "group, per part of its page: each layer's data, then each layer's page scales; the order of "
+        "transfer_registration's rows), on `device`, with `host_scales` (one per layer, or none): what "
+        "KVCacheManager.transfer_description gives for a cache, for pools the caller allocated itself (e.g. host "
+        "memory). Raises InvalidArgumentError for counts that do not match the layout.");
+    m.def(
+        "transfer_registration",
+        [](BytesArgument const& bytes)
+        { return rangeArray(rt::registrationRanges(description(bytes, "description"))); },
+        nb::arg("description"),
+        "The memory a transfer library registers to move the pages of the cache `description` describes "
+        "(KVCacheManager.transfer_description): one (address, bytes, device) row per pool, an [n, 3] int64 NumPy "
+        "array.");
+    m.def(
+        "transfer_mismatch",
+        [](BytesArgument const& local, BytesArgument const& remote, int32_t group)
+        { return rt::transferMismatch(description(local, "local"), description(remote, "remote"), group); },
+        nb::arg("local"), nb::arg("remote"), nb::arg("group"),
+        "\"\" when pages of `group` can move between the caches the two descriptions describe, else the first "
+        "reason they cannot, naming the field and both values.");
+    m.def(
+        "transfer_descriptors",
+        [](BytesArgument const& local, PageIdsArgument const& localPages, nb::list remotes,
+            PageIdsArgument const& remotePages, int32_t group, int32_t numTokens)
+        {
+            rt::TransferDescription const mine = description(local, "local");
+            std::vector<rt::TransferDescription> theirs;
+            for (size_t i = 0; i < nb::len(remotes); ++i)
+            {
+                std::string const field = fmt::format("remotes[{}]", i);
+                theirs.push_back(description(remotes[i], field.c_str()));
+            }
+            std::vector<int32_t> localIds;
+            std::vector<int32_t> remoteIds;
+            hostPageIds(localPages, localIds);
+            hostPageIds(remotePages, remoteIds);
+            std::vector<rt::TransferDescriptors> const ranges =
+                rt::transferDescriptors(mine, localIds.data(), static_cast<int32_t>(localIds.size()), theirs,
+                    remoteIds.data(), static_cast<int32_t>(remoteIds.size()), group, numTokens);
+            nb::list result;
+            for (rt::TransferDescriptors const& r : ranges)
+            {
+                result.append(nb::make_tuple(rangeArray(r.local), rangeArray(r.remote), endArray(r.layerEnds)));
+            }
+            return result;
+        },
+        nb::arg("local"), nb::arg("local_pages"), nb::arg("remotes"), nb::arg("remote_pages"), nb::arg("group"),
+        nb::arg("num_tokens"),
+        nb::sig(
+            "def transfer_descriptors(local: bytes, local_pages: PageIds, remotes: collections.abc.Sequence[bytes], "
+            "remote_pages: PageIds, group: int, num_tokens: int) -> list[tuple[NDArray[Any], NDArray[Any], "
+            "NDArray[Any]]]"),
+        "Per remote description in `remotes`, the ranges that move tokens [0, num_tokens) of one sequence in page "
+        "group `group` between the remote pages `remote_pages` and the local pages `local_pages` (each in its own "
+        "cache's page size, as PageManager.pages gives them; -1 for pages a window released): a tuple (local, "
+        "remote, layer_ends) of two [n, 3] int64 arrays of (address, bytes, device) rows, row i of one moving to "
+        "row i of the other, and per layer of the group the end of its rows. Page sizes may differ by a whole "
+        "factor and heads by tensor-parallel slices (docs/transfer_descriptors.md). Raises InvalidArgumentError "
+        "naming the first mismatch or bad argument, OutOfRangeError for a page id outside the pool.");
+}
+
+} // namespace kvcache::python
