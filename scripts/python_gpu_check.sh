@@ -3,7 +3,10 @@
 # scikit-build-core, pytest; no network needed), builds the kvcache package from this tree with it (pip, no build
 # isolation) into build/python-gpu/site, then runs the pytest suite with KVCACHE_REQUIRE_GPU=1 (a GPU test that cannot
 # run fails), the example and the overhead benchmark. Logs go to $OUT when it is set, else to build/python-gpu/logs.
-# KVCACHE_PYTHON overrides the interpreter. Prints a summary table last; exits non-zero on any failure.
+# KVCACHE_PYTHON overrides the interpreter. KVCACHE_PYTHON_STEPS picks the steps after the build (default: pytest
+# example bench nixl). The nixl step runs examples/python/nixl_disaggregated.py (two processes, pages pulled through
+# NIXL: float16, FP8 per token-head and NVFP4, the decode process once under memcheck, and the benchmark) when nixl
+# imports, and is skipped with the reason otherwise. Prints a summary table last; exits non-zero on any failure.
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
@@ -26,8 +29,10 @@ record()
 {
     steps+=("$1")
     results+=("$2")
-    [[ $2 == pass ]] || failed=1
+    [[ $2 == pass || $2 == skipped* ]] || failed=1
 }
+wanted=" ${KVCACHE_PYTHON_STEPS:-pytest example bench nixl} "
+wants() { [[ ${wanted} == *" $1 "* ]]; }
 summary()
 {
     echo
@@ -71,6 +76,7 @@ else
 fi
 export PYTHONPATH="${PWD}/${site_dir}${PYTHONPATH:+:${PYTHONPATH}}"
 
+if wants pytest; then
 echo "+ pytest python/tests > ${log_dir}/pytest.log"
 if "${python}" -m pytest python/tests -v -rs -p no:cacheprovider --junitxml="${log_dir}/pytest.xml" \
     >"${log_dir}/pytest.log" 2>&1; then
@@ -80,7 +86,9 @@ else
     grep -E '^(FAILED|ERROR)|Error' "${log_dir}/pytest.log" | head -n 30
 fi
 tail -n 1 "${log_dir}/pytest.log"
+fi
 
+if wants example; then
 echo "+ examples/python/paged_attention.py > ${log_dir}/example.log"
 if "${python}" examples/python/paged_attention.py >"${log_dir}/example.log" 2>&1; then
     record "example paged_attention" pass
@@ -88,7 +96,9 @@ else
     record "example paged_attention" fail
 fi
 cat "${log_dir}/example.log"
+fi
 
+if wants bench; then
 echo "+ python/bench/bench_overhead.py > ${log_dir}/bench_overhead.log"
 if "${python}" python/bench/bench_overhead.py >"${log_dir}/bench_overhead.log" 2>&1 \
     && "${python}" python/bench/bench_overhead.py --json >"${log_dir}/bench_overhead.json" 2>>"${log_dir}/bench_overhead.log"; then
@@ -97,5 +107,39 @@ else
     record "bench_overhead" fail
 fi
 cat "${log_dir}/bench_overhead.log"
+fi
+
+if wants nixl; then
+    if reason=$("${python}" -c "import nixl._api" 2>&1); then
+        for quantization in none fp8_per_token_head nvfp4; do
+            echo "+ examples/python/nixl_disaggregated.py --quantization ${quantization} > ${log_dir}/nixl_${quantization}.log"
+            if timeout 300 "${python}" examples/python/nixl_disaggregated.py --quantization "${quantization}" \
+                >"${log_dir}/nixl_${quantization}.log" 2>&1; then
+                record "nixl ${quantization}" pass
+            else
+                record "nixl ${quantization}" fail
+            fi
+            grep -E '^(decode|prefill)' "${log_dir}/nixl_${quantization}.log"
+        done
+        echo "+ the decode process under compute-sanitizer memcheck > ${log_dir}/nixl_memcheck.log"
+        if timeout 600 "${python}" examples/python/nixl_disaggregated.py --quantization nvfp4 \
+            --decode-prefix "compute-sanitizer --tool memcheck --error-exitcode 1" >"${log_dir}/nixl_memcheck.log" 2>&1; then
+            record "nixl decode memcheck" pass
+        else
+            record "nixl decode memcheck" fail
+        fi
+        grep -E '^(decode|prefill)|ERROR SUMMARY' "${log_dir}/nixl_memcheck.log"
+        echo "+ examples/python/nixl_disaggregated.py --bench > ${log_dir}/nixl_bench.log"
+        if timeout 300 "${python}" examples/python/nixl_disaggregated.py --bench >"${log_dir}/nixl_bench.log" 2>&1; then
+            record "nixl bench" pass
+        else
+            record "nixl bench" fail
+        fi
+        grep -E '^(decode|prefill|bench)' "${log_dir}/nixl_bench.log"
+    else
+        echo "nixl: skipped, it does not import: ${reason##*$'\n'}"
+        record "nixl" "skipped (nixl does not import)"
+    fi
+fi
 
 summary
