@@ -533,6 +533,39 @@ std::vector<TransferDescriptors> transferDescriptors(TransferDescription const& 
     int32_t const run = std::min(localTokensPerPage, remoteTokensPerPage);
     int64_t const runs = (int64_t{numTokens} + run - 1) / run;
     std::vector<TransferDescriptors> result(remotes.size());
+    // Where each run of tokens lies on both sides (page, first token in it), the same for every part and half; runs
+    // of a page a window released on either side are left out.
+    struct Run
+    {
+        int32_t localPage;
+        int32_t localToken;
+        int32_t remotePage;
+        int32_t remoteToken;
+    };
+    std::vector<Run> places;
+    places.reserve(static_cast<size_t>(runs));
+    for (int64_t c = 0; c < runs; ++c)
+    {
+        int64_t const token = c * run;
+        Run const place{localPages[token / localTokensPerPage], static_cast<int32_t>(token % localTokensPerPage),
+            remotePages[token / remoteTokensPerPage], static_cast<int32_t>(token % remoteTokensPerPage)};
+        if (place.localPage != kUNUSED_PAGE_ENTRY && place.remotePage != kUNUSED_PAGE_ENTRY)
+        {
+            places.push_back(place);
+        }
+    }
+    // Room for one range per run, part half and remote: the most there are when heads are whole and nothing merges.
+    int64_t halves = 0;
+    for (detail::PageEntry const& entry : anatomy.entries)
+    {
+        halves += entry.halves;
+    }
+    for (TransferDescriptors& ranges : result)
+    {
+        ranges.local.reserve(places.size() * static_cast<size_t>(halves));
+        ranges.remote.reserve(places.size() * static_cast<size_t>(halves));
+        ranges.layerEnds.reserve(numLayers);
+    }
     for (size_t l = 0; l < numLayers; ++l)
     {
         for (size_t r = 0; r < remotes.size(); ++r)
@@ -577,20 +610,14 @@ std::vector<TransferDescriptors> transferDescriptors(TransferDescription const& 
                         mine.poolBases[e] + static_cast<uint64_t>(int64_t{half} * mine.numPages * localHalf);
                     uint64_t const remotePool =
                         theirs.poolBases[e] + static_cast<uint64_t>(int64_t{half} * theirs.numPages * remoteHalf);
-                    for (int64_t c = 0; c < runs; ++c)
+                    for (Run const& place : places)
                     {
-                        int64_t const token = c * run;
-                        int32_t const localPage = localPages[token / localTokensPerPage];
-                        int32_t const remotePage = remotePages[token / remoteTokensPerPage];
-                        if (localPage == kUNUSED_PAGE_ENTRY || remotePage == kUNUSED_PAGE_ENTRY)
-                        {
-                            continue;
-                        }
-                        int64_t const localToken = token % localTokensPerPage;
-                        int64_t const remoteToken = token % remoteTokensPerPage;
-                        uint64_t const localStart = localPool + static_cast<uint64_t>(int64_t{localPage} * localHalf);
+                        int64_t const localToken = place.localToken;
+                        int64_t const remoteToken = place.remoteToken;
+                        uint64_t const localStart =
+                            localPool + static_cast<uint64_t>(int64_t{place.localPage} * localHalf);
                         uint64_t const remoteStart =
-                            remotePool + static_cast<uint64_t>(int64_t{remotePage} * remoteHalf);
+                            remotePool + static_cast<uint64_t>(int64_t{place.remotePage} * remoteHalf);
                         if (wholeHeads)
                         {
                             auto const bytes = static_cast<uint64_t>(run * localHeads * unit);
