@@ -147,8 +147,8 @@ def bench(args, pages, peer, record, cache, manager):
     local = [manager.create() for _ in record["pages"]]
     append_prompt(manager, local, record["tokens"])
 
-    def pull_all():
-        pulls = [pages.pull([peer], manager.pages(s, g)[0], remote[g], g, record["tokens"])
+    def pull_all(per_layer):
+        pulls = [pages.pull([peer], manager.pages(s, g)[0], remote[g], g, record["tokens"], per_layer=per_layer)
                  for s, remote in zip(local, record["pages"]) for g in range(groups)]
         for pull in pulls:
             pull.wait()
@@ -184,13 +184,15 @@ def bench(args, pages, peer, record, cache, manager):
 
     results = []
     for _ in range(2):  # two rounds, alternating, so drift shows
-        pages_s = timed(pull_all)
-        contiguous_s = timed(pull_contiguous)
-        results.append((pages_s, contiguous_s))
+        for per_layer in (False, True):
+            pages_s = timed(lambda: pull_all(per_layer))
+            contiguous_s = timed(pull_contiguous)
+            results.append((per_layer, pages_s, contiguous_s))
     pages.agent.deregister_memory(registered)
-    for pages_s, contiguous_s in results:
-        print(f"bench: {moved / 1e6:.1f} MB of pages in {pages_s * 1e3:.3f} ms ({moved / pages_s / 1e9:.1f} GB/s), "
-              f"one contiguous buffer in {contiguous_s * 1e3:.3f} ms ({size / contiguous_s / 1e9:.1f} GB/s): "
+    for per_layer, pages_s, contiguous_s in results:
+        print(f"bench: {moved / 1e6:.1f} MB of pages ({'a transfer per layer' if per_layer else 'a transfer per pull'}) "
+              f"in {pages_s * 1e3:.3f} ms ({moved / pages_s / 1e9:.1f} GB/s), one contiguous buffer in "
+              f"{contiguous_s * 1e3:.3f} ms ({size / contiguous_s / 1e9:.1f} GB/s): "
               f"{(moved / pages_s) / (size / contiguous_s):.3f} of contiguous")
     start = time.perf_counter()
     count = 0

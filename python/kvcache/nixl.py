@@ -57,29 +57,29 @@ class NixlPages:
         """"" when pages of `group` can move between this cache and `peer`'s, else why not."""
         return _kvcache.transfer_mismatch(self.description, self._peers[peer], group)
 
-    def pull(self, peers, local_pages, remote_pages, group, num_tokens, notification=b""):
+    def pull(self, peers, local_pages, remote_pages, group, num_tokens, notification=b"", per_layer=True):
         """Starts reading tokens [0, num_tokens) of one sequence of page group `group` from `peers` (agent names, in
         the order transfer_descriptors takes remotes: each local head comes from the first that holds it) into
-        `local_pages`, one NIXL transfer per peer and layer. `remote_pages` are the peers' page ids (the ranks of one
-        tensor-parallel group hold the same ones). Returns a PagePull; `notification` goes to every peer once all
-        its layers landed."""
+        `local_pages`. `remote_pages` are the peers' page ids (the ranks of one tensor-parallel group hold the same
+        ones). With `per_layer`, one NIXL transfer per peer and layer, so that each layer can be waited on as it lands;
+        without, one per peer (fewer transfers to start; a layer is done when all are). Returns a PagePull;
+        `notification` goes to every peer once all its layers landed."""
         ranges = _kvcache.transfer_descriptors(self.description, local_pages, [self._peers[p] for p in peers],
                                                remote_pages, group, num_tokens)
-        transfers = []  # per layer: the (peer, handle) pairs of its transfers
+        num_layers = max((len(layer_ends) for _, _, layer_ends in ranges), default=0)
+        transfers = [[] for _ in range(num_layers)]  # per layer: the (peer, handle) pairs it waits on
         for peer, (local, remote, layer_ends) in zip(peers, ranges):
+            ends = [int(end) for end in layer_ends] if per_layer else [len(local)]
             start = 0
-            for layer, end in enumerate(layer_ends):
-                end = int(end)
-                if len(transfers) <= layer:
-                    transfers.append([])
+            for index, end in enumerate(ends):
                 if end > start:
                     handle = self.agent.initialize_xfer("READ", self.agent.get_xfer_descs(local[start:end], self.mem_type),
                                                         self.agent.get_xfer_descs(remote[start:end], self.mem_type),
                                                         peer)
-                    state = self.agent.transfer(handle)
-                    if state == "ERR":
-                        raise RuntimeError(f"NIXL could not start the transfer of layer {layer} from {peer}")
-                    transfers[layer].append((peer, handle))
+                    if self.agent.transfer(handle) == "ERR":
+                        raise RuntimeError(f"NIXL could not start a transfer from {peer}")
+                    for layer in ([index] if per_layer else range(num_layers)):
+                        transfers[layer].append((peer, handle))
                 start = end
         return PagePull(self.agent, list(peers), transfers, notification)
 
@@ -132,9 +132,9 @@ class PagePull:
         for layer in range(self.num_layers):
             self.wait_layer(layer, timeout_s)
         if not self._notified:
-            for layer in self._transfers:
-                for _, handle in layer:
-                    self._agent.release_xfer_handle(handle)
+            handles = {id(handle): handle for layer in self._transfers for _, handle in layer}
+            for handle in handles.values():
+                self._agent.release_xfer_handle(handle)
             if self._notification:
                 for peer in self._peers:
                     self._agent.send_notif(peer, self._notification)

@@ -71,8 +71,8 @@ def test_descriptors_from_python_match_the_layout():
         kvcache.transfer_registration(b"not a description")
 
 
-@pytest.mark.parametrize("local_page, remote_page", [(16, 16), (64, 16), (16, 64)])
-def test_nixl_pulls_pages_between_two_agents(local_page, remote_page):
+@pytest.mark.parametrize("local_page, remote_page, per_layer", [(16, 16, True), (64, 16, True), (16, 64, False)])
+def test_nixl_pulls_pages_between_two_agents(local_page, remote_page, per_layer):
     nixl_agent, nixl_agent_config = _nixl()
     from kvcache.nixl import NixlPages
 
@@ -85,7 +85,8 @@ def test_nixl_pulls_pages_between_two_agents(local_page, remote_page):
     num_tokens = 150
     local_pages = list(range(num_tokens // local_page + 1))[::-1]
     remote_pages = [(5 * i + 1) % remote.layout.groups[0].num_pages for i in range(num_tokens // remote_page + 1)]
-    pull = decode.pull([peer], local_pages, remote_pages, 0, num_tokens, notification=b"request-1")
+    pull = decode.pull([peer], local_pages, remote_pages, 0, num_tokens, notification=b"request-1",
+                       per_layer=per_layer)
     assert pull.num_layers == 2
     pull.wait_layer(1)
     pull.wait()
