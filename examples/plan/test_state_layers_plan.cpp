@@ -77,6 +77,20 @@ TEST(StatePlan, QwenNextGatedDeltaNet)
     EXPECT_EQ(half.layout.stateBytesPerSlot, 39518208);
 }
 
+TEST(StatePlan, QwenNextDefaultsOfItsConfigClass)
+{
+    // Qwen3NextConfig's defaults: full_attention_interval 4, kernel 4, 16 key heads and 32 value heads of 128.
+    ModelDescription const model = parseHuggingFaceConfig(R"({"model_type": "qwen3_next", "num_hidden_layers": 8,
+        "num_key_value_heads": 2, "head_dim": 256})",
+        "inline.json");
+    EXPECT_EQ(model.attentionLayers, (std::vector<int32_t>{3, 7}));
+    EXPECT_EQ(stateModelLayers(model), (std::vector<int32_t>{0, 1, 2, 4, 5, 6}));
+    ASSERT_EQ(model.stateLayers[0].tensors.size(), 2U);
+    EXPECT_EQ(model.stateLayers[0].tensors[0].shape, (std::vector<int64_t>{8192, 3}));
+    EXPECT_EQ(model.stateLayers[0].tensors[1].shape, (std::vector<int64_t>{32, 128, 128}));
+    EXPECT_TRUE(firstNoteMentions(model, "full_attention_interval 4"));
+}
+
 TEST(StatePlan, QwenThreeFiveUnderTextConfig)
 {
     Plan const plan = onePlan("qwen3.5-35b-a3b.json");

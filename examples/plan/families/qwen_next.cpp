@@ -63,9 +63,9 @@ ModelFamily qwenNextFamily()
 {
     return {"Qwen3-Next", {"linear_attention"}, &intervalAttentionLayers, nullptr, nullptr,
         FieldDefaults{{"qwen3_next"}, "Qwen3NextConfig", {},
-            {{"linear_conv_kernel_dim", Json(4)}, {"linear_key_head_dim", Json(128)},
-                {"linear_value_head_dim", Json(128)}, {"linear_num_key_heads", Json(16)},
-                {"linear_num_value_heads", Json(32)}}},
+            {{"full_attention_interval", Json(4)}, {"linear_conv_kernel_dim", Json(4)},
+                {"linear_key_head_dim", Json(128)}, {"linear_value_head_dim", Json(128)},
+                {"linear_num_key_heads", Json(16)}, {"linear_num_value_heads", Json(32)}}},
         nullptr, &gatedDeltaNetLayers};
 }
 
