@@ -173,12 +173,63 @@ std::string quoted(Json const& value)
     return text;
 }
 
+//! Returns `text` with the bare Infinity, -Infinity and NaN that Python's json module writes (Nemotron-H's
+//! time_step_limit [0.0, Infinity]) replaced by null outside strings. Padding with spaces keeps the byte positions of
+//! parse errors, except after a NaN (3 characters for null's 4).
+std::string withoutNonFiniteNumbers(std::string_view text)
+{
+    std::string out;
+    out.reserve(text.size());
+    bool inString = false;
+    for (size_t i = 0; i < text.size(); ++i)
+    {
+        char const c = text[i];
+        if (inString)
+        {
+            out += c;
+            if (c == '\\' && i + 1 < text.size())
+            {
+                out += text[++i];
+            }
+            else if (c == '"')
+            {
+                inString = false;
+            }
+            continue;
+        }
+        if (c == '"')
+        {
+            inString = true;
+            out += c;
+            continue;
+        }
+        bool replaced = false;
+        for (std::string_view const token : {"-Infinity", "Infinity", "NaN"})
+        {
+            if (text.substr(i, token.size()) == token)
+            {
+                out += "null";
+                out.append(token.size() > 4 ? token.size() - 4 : 0, ' ');
+                i += token.size() - 1;
+                replaced = true;
+                break;
+            }
+        }
+        if (!replaced)
+        {
+            out += c;
+        }
+    }
+    return out;
+}
+
 } // namespace
 
 Json parseConfigJson(std::string_view text, std::string const& source)
 {
     ConfigBuilder builder(source);
-    Json::sax_parse(text.data(), text.data() + text.size(), &builder);
+    std::string const standard = withoutNonFiniteNumbers(text);
+    Json::sax_parse(standard.data(), standard.data() + standard.size(), &builder);
     return std::move(builder.root());
 }
 

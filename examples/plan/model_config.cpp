@@ -93,6 +93,37 @@ bool isUncachedLayerType(std::string_view value)
     return false;
 }
 
+//! Returns whether a family of the config's model_type reads `field` (see ModelFamily::patternFields).
+bool familyReadsPatternField(ModelTypes const& types, std::string_view field)
+{
+    for (ModelFamily const& family : families::modelFamilies())
+    {
+        if (types.isAny(family.fields.modelTypes)
+            && std::find(family.patternFields.begin(), family.patternFields.end(), field) != family.patternFields.end())
+        {
+            return true;
+        }
+    }
+    return false;
+}
+
+//! Returns the layers with a state per sequence: the first family's state rule that answers, else none.
+std::vector<StateLayerDescription> readStateLayers(families::StateContext const& context)
+{
+    for (ModelFamily const& family : families::modelFamilies())
+    {
+        if (family.states == nullptr)
+        {
+            continue;
+        }
+        if (std::optional<std::vector<StateLayerDescription>> layers = family.states(context))
+        {
+            return *std::move(layers);
+        }
+    }
+    return {};
+}
+
 //! Reads layer_types: one kind per layer; throws for a kind the planner does not know.
 std::vector<std::optional<AttentionKind>> readLayerTypes(
     ConfigReader const& reader, Json const& types, int32_t numLayers)
@@ -174,7 +205,7 @@ LayerAttention readDeclaredAttention(ConfigReader const& reader, ModelTypes cons
 
     for (std::string_view const field : kUNREAD_LAYER_PATTERN_FIELDS)
     {
-        if (Json const* value = reader.find(field))
+        if (Json const* value = reader.find(field); value != nullptr && !familyReadsPatternField(types, field))
         {
             throw ModelConfigError(fmt::format("{}: field {} ({}) says which layers attend in a form kvcache-plan "
                                                "does not read; add layer_types, one kind per layer",
@@ -380,6 +411,8 @@ ModelDescription parseHuggingFaceConfig(std::string_view text, std::string const
             fmt::format("{}: none of the {} layers is an attention layer, so there is no KV cache to plan", source,
                 model.numModelLayers));
     }
+    model.stateLayers =
+        readStateLayers(families::StateContext{reader, types, model.numModelLayers, attention.kinds, model.notes});
     if (anyChunked)
     {
         model.notes.push_back(fmt::format("chunked attention is planned as a sliding window of {} tokens: a token sees "

@@ -49,6 +49,24 @@ enum class AttentionKind : int32_t
 //! Returns "full", "sliding" or "chunked".
 char const* attentionKindName(AttentionKind kind);
 
+//! One state tensor of a recurrent or convolution layer, as the model's config sizes it for one sequence.
+struct StateTensorDescription
+{
+    std::string name = {};           //!< "conv", "ssm" or "recurrent"
+    std::vector<int64_t> shape = {}; //!< one sequence's extents, in the order docs/layout.md gives for the kernels
+    //! True for a recurrent or SSM state (planned in --state-dtype, float32 by default); false for a convolution
+    //! window (planned in the model's dtype).
+    bool recurrent = false;
+};
+
+//! A model layer that keeps a state per sequence (Mamba, Mamba2, gated delta net, short convolution, KDA).
+struct StateLayerDescription
+{
+    int32_t modelLayer = {}; //!< its decoder layer index
+    std::string kind = {};   //!< "mamba", "mamba2", "gated_delta_net", "short_conv" or "kda"
+    std::vector<StateTensorDescription> tensors = {};
+};
+
 //! The attention layers of a model, as the KV cache sees them.
 struct ModelDescription
 {
@@ -60,6 +78,9 @@ struct ModelDescription
                                                     //!< window of its chunk size)
     std::vector<std::string> notes = {};            //!< how the config was read: the rules applied, one line each
     std::string dataTypeName = {};                  //!< the config's torch_dtype or dtype; empty when absent
+    //! Layers with a state per sequence, ascending by model layer; empty for a model without them. A layer may attend
+    //! and keep a state too (Falcon-H1 runs attention and Mamba2 side by side).
+    std::vector<StateLayerDescription> stateLayers = {};
 };
 
 //! Returns the built-in default: a Llama-3.1-8B-like model, 32 layers of 8 KV heads x 128, float16.
@@ -84,6 +105,11 @@ ModelDescription modelFromLayers(std::string name, std::vector<rt::KVLayerConfig
 //! with a note: the last num_kv_shared_layers (Gemma-3n) and cross_attention_layers (Llama-3.2-Vision). A family's
 //! config class lends its other field names and defaults (families/*.cpp: Falcon's n_layer and multi_query, GPT-2's
 //! n_embd, Gemma-3's head_dim 256), and a note lists every default used.
+//!
+//! Layers with a state per sequence come from the family of the config's model_type (families/*.cpp, StateRule):
+//! gated delta net (qwen3_next, qwen3_5, qwen3_5_moe), Mamba2 (nemotron_h, bamba, granitemoehybrid, falcon_h1), Mamba
+//! (jamba), short convolution (lfm2) and KDA (kimi_linear), with vLLM's per-sequence shapes; a note gives the sizes.
+//! Python's non-standard Infinity, -Infinity and NaN are read as null.
 //!
 //! Throws ModelConfigError for malformed JSON, a number out of a double's range, a missing or bad field, more than
 //! kMAX_MODEL_LAYERS layers, or a config it cannot read correctly (a layer kind it does not know, one of the two MLA

@@ -66,6 +66,39 @@ rt::DataType resolveDataType(ModelDescription const& model, PlanOptions const& o
         model.name, model.dataTypeName));
 }
 
+rt::DataType resolveConvDataType(ModelDescription const& model, PlanOptions const& options)
+{
+    for (rt::DataType const type : {rt::DataType::kBF16, rt::DataType::kHALF, rt::DataType::kFLOAT})
+    {
+        if (model.dataTypeName == rt::dataTypeName(type))
+        {
+            return type;
+        }
+    }
+    if (options.dataType == rt::DataType::kBF16 || options.dataType == rt::DataType::kHALF
+        || options.dataType == rt::DataType::kFLOAT)
+    {
+        return *options.dataType;
+    }
+    return rt::DataType::kHALF;
+}
+
+std::vector<rt::StateLayerConfig> stateLayerConfigs(ModelDescription const& model, PlanOptions const& options)
+{
+    rt::DataType const convType = resolveConvDataType(model, options);
+    std::vector<rt::StateLayerConfig> layers;
+    for (StateLayerDescription const& described : model.stateLayers)
+    {
+        rt::StateLayerConfig layer;
+        for (StateTensorDescription const& tensor : described.tensors)
+        {
+            layer.tensors.push_back({tensor.name, tensor.shape, tensor.recurrent ? options.stateDataType : convType});
+        }
+        layers.push_back(std::move(layer));
+    }
+    return layers;
+}
+
 Plan makePlan(ModelDescription model, PlanOptions const& options)
 {
     if (options.maxTokensPerStep > options.maxSequenceLength)
@@ -84,6 +117,13 @@ Plan makePlan(ModelDescription model, PlanOptions const& options)
     plan.config.tokensPerPage = options.tokensPerPage;
     plan.config.maxTokensPerStep = options.maxTokensPerStep;
     plan.config.numPages = 0;
+    plan.config.stateLayerConfigs = stateLayerConfigs(model, options);
+    if (options.tp && !model.stateLayers.empty())
+    {
+        throw UsageError(fmt::format("--tp {} splits attention heads, but this model also has {} state layers, whose "
+                                     "split kvcache-plan does not plan yet; plan it without --tp",
+            *options.tp, model.stateLayers.size()));
+    }
     if (options.tp)
     {
         // Every rank holds the same number of heads a layer, so GPU 0's shard sizes every GPU.

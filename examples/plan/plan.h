@@ -53,9 +53,17 @@ ModelDescription resolveModel(PlanOptions const& options);
 //! Throws ModelConfigError when the model names another dtype and --dtype is not given.
 rt::DataType resolveDataType(ModelDescription const& model, PlanOptions const& options);
 
+//! Returns the dtype of state layers' conv windows: the model's torch_dtype when it is bfloat16, float16 or float32,
+//! else --dtype when it is one of those, else float16.
+rt::DataType resolveConvDataType(ModelDescription const& model, PlanOptions const& options);
+
+//! Returns the state layers of `model` as kvcache is given them: recurrent and SSM tensors in --state-dtype, conv
+//! windows in resolveConvDataType.
+std::vector<rt::StateLayerConfig> stateLayerConfigs(ModelDescription const& model, PlanOptions const& options);
+
 //! Builds the plan from the library's layout maths, of GPU 0's shard when --tp is given; throws
 //! rt::InvalidConfigError for a config kvcache rejects, rt::InvalidArgumentError for heads --tp cannot split, and
-//! UsageError for --pages with several page groups or --step-tokens above --seq-len.
+//! UsageError for --pages with several page groups, --step-tokens above --seq-len or --tp with state layers.
 Plan makePlan(ModelDescription model, PlanOptions const& options);
 
 //! Returns the plan as text for a terminal: title, how the config was read, page groups, layer table (identical layers

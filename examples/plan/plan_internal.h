@@ -77,6 +77,18 @@ inline int64_t totalScaleBytes(rt::KVCacheLayout const& layout)
     return bytes;
 }
 
+//! Returns the attention bytes of one token over every attention layer, data and scales: each group's bytesPerPage
+//! over tokensPerPage (a page id holds tokensPerPage tokens of each of the group's layers).
+inline int64_t attentionBytesPerToken(rt::KVCacheLayout const& layout)
+{
+    int64_t bytes = 0;
+    for (rt::KVPageGroupLayout const& group : layout.groups)
+    {
+        bytes += group.bytesPerPage / layout.tokensPerPage;
+    }
+    return bytes;
+}
+
 //! Returns the bytes one (token, head) of one half of `layer` takes, data and scales: the per-format figure
 //! (float16 2D, fp8 D, fp8 per token-head D + 4, NVFP4 D/2 + D/16), from the layout's page sizes.
 inline int64_t bytesPerTokenHeadHalf(rt::KVCacheLayout const& layout, rt::KVLayerLayout const& layer)

@@ -12,6 +12,7 @@ std::string formatPlanJson(Plan const& plan)
 {
     using Json = nlohmann::ordered_json;
     rt::KVCacheLayout const& layout = plan.layout;
+    bool const hasState = !layout.stateLayers.empty();
     Json json;
     json["tokensPerPage"] = layout.tokensPerPage;
     json["maxBatchSize"] = plan.config.maxBatchSize;
@@ -49,7 +50,39 @@ std::string formatPlanJson(Plan const& plan)
         entry["bytes"] = layer.layerBytes;
         entry["scaleBytes"] = layer.scaleBytes;
         entry["bytesPerTokenHeadHalf"] = detail::bytesPerTokenHeadHalf(layout, layer);
+        if (hasState)
+        {
+            entry["stateBytes"] = 0; // an attention layer keeps no state
+        }
         json["layers"].push_back(std::move(entry));
+    }
+    if (hasState)
+    {
+        json["attentionBytesPerToken"] = detail::attentionBytesPerToken(layout);
+        json["stateBytesPerSequence"] = layout.stateBytesPerSlot;
+        json["stateSlots"] = layout.numStateSlots;
+        json["stateBytes"] = layout.stateBytes;
+        json["stateLayers"] = Json::array();
+        for (size_t i = 0; i < layout.stateLayers.size(); ++i)
+        {
+            rt::StateLayerLayout const& layer = layout.stateLayers[i];
+            Json entry;
+            entry["index"] = i;
+            entry["modelLayer"] = plan.model.stateLayers[i].modelLayer;
+            entry["kind"] = plan.model.stateLayers[i].kind;
+            entry["tensors"] = Json::array();
+            for (rt::StateTensorLayout const& tensor : layer.tensors)
+            {
+                Json described;
+                described["name"] = tensor.name;
+                described["shape"] = tensor.shape;
+                described["dtype"] = rt::dataTypeName(tensor.dataType);
+                described["bytesPerSequence"] = tensor.slotBytes;
+                entry["tensors"].push_back(std::move(described));
+            }
+            entry["stateBytes"] = layer.slotBytes;
+            json["stateLayers"].push_back(std::move(entry));
+        }
     }
     if (plan.shard)
     {
@@ -85,7 +118,7 @@ std::string formatPlanJson(Plan const& plan)
             int64_t const pages = plan.budgetPages;
             budget["sequences"] = layout.pagesPerSlot == 0 ? 0 : pages / layout.pagesPerSlot;
             budget["numPagesPerGroup"] = std::vector<int64_t>{pages};
-            budget["cacheBytes"] = pages * layout.bytesPerPage;
+            budget["cacheBytes"] = pages * layout.bytesPerPage + layout.stateBytes;
         }
         json["budget"] = std::move(budget);
     }

@@ -319,6 +319,16 @@ PlanOptions parseArguments(std::vector<std::string> const& args)
         {
             options.dataType = parseDataType(flag, value());
         }
+        else if (flag == "--state-dtype")
+        {
+            std::string_view const text = value();
+            rt::DataType const type = parseDataType(flag, text);
+            if (type != rt::DataType::kFLOAT && type != rt::DataType::kBF16 && type != rt::DataType::kHALF)
+            {
+                throw UsageError(fmt::format("--state-dtype expects float32, bfloat16 or float16, got \"{}\"", text));
+            }
+            options.stateDataType = type;
+        }
         else if (flag == "--kv-dtype")
         {
             options.kvFormat = parseKVFormat(flag, value());
@@ -399,6 +409,9 @@ cache:
                        E4M3 with a K and a V scale a layer (on the host, no page bytes); fp8-token-head
                        adds a float32 scale a token and head (D + 4 bytes a token, head and half);
                        nvfp4 stores E2M1 pairs in uint8 and an E4M3 scale a 16 values (D/2 + D/16)
+  --state-dtype NAME   float32|bfloat16|float16: the recurrent and SSM states of state layers (Mamba,
+                       gated delta net, KDA; default float32); their conv windows take the model's dtype
+                       (the config's torch_dtype or dtype, else float16)
   --page-size N        tokens per page, a power of two up to {} (default {})
   --pages N            pages per layer half; 0 means the minimum, batch x pages per sequence (default 0);
                        only for a model with one page group (no sliding windows, or all the same window)
@@ -423,7 +436,11 @@ output:
                        scaleBytes, bytesPerTokenHeadHalf}}], and budget {{bytes, sequences,
                        numPagesPerGroup, cacheBytes}} when --budget is given; with --tp, the plan of GPU 0's
                        shard plus tp {{size, rank, totalBytesAllRanks, layers [{{index, firstHead, numKVHeads,
-                       replicas}}]}}: the heads GPU 0 holds, each also held by replicas - 1 other GPUs
+                       replicas}}]}}: the heads GPU 0 holds, each also held by replicas - 1 other GPUs.
+                       A model with state layers adds stateBytes to each layer (0: attention layers keep
+                       no state), stateBytesPerSequence, stateSlots, stateBytes (all slots), and
+                       stateLayers [{{index, modelLayer, kind, tensors [{{name, shape, dtype,
+                       bytesPerSequence}}], stateBytes}}]; budget.cacheBytes then includes the state
   -h, --help           print this help
 
 Flags take their value as "--flag value" or "--flag=value".
@@ -458,8 +475,27 @@ config.json: only these fields are read, from "text_config" when present, else f
   cross_attention_layers  layers that attend to image tokens, not planned as token caches
                           (Llama-3.2-Vision, whose configs must give it)
   torch_dtype or dtype    bfloat16, float16 or float32: the cache dtype unless --dtype is given
-  hybrid_override_pattern, layers_block_type, block_types or attn_type_list without layer_types is an
-  error: the planner does not read them.
+  full_attention_interval N: layers N-1, 2N-1, ... attend (Qwen3-Next, Qwen3.5)
+  attn_layer_indices      0-indexed attention layers (Bamba)
+  full_attn_idxs          0-indexed attention layers (LFM2)
+  linear_attn_config      full_attn_layers and kda_layers, 1-indexed (Kimi Linear)
+  hybrid_override_pattern one block a layer, * attends, M is Mamba2 (model_type nemotron_h)
+  hybrid_override_pattern (another model_type), layers_block_type, block_types or attn_type_list
+  without layer_types is an error: the planner does not read them.
+  state per sequence, by model_type (vLLM's shapes; recurrent and SSM states in --state-dtype):
+  qwen3_next, qwen3_5,    gated delta net: conv [2*Hk*Dk + Hv*Dv, K-1], recurrent [Hv, Dk, Dv] from
+    qwen3_5_moe           linear_num_key_heads, linear_key_head_dim, linear_num_value_heads,
+                          linear_value_head_dim, linear_conv_kernel_dim
+  nemotron_h              Mamba2 in M layers: conv [H*P + 2*G*N, K-1], SSM [H, P, N] from
+                          mamba_num_heads, mamba_head_dim, n_groups, ssm_state_size, conv_kernel
+  bamba, granitemoehybrid Mamba2 in layers without attention, falcon_h1 in every layer: mamba_n_heads,
+    falcon_h1             mamba_d_head, mamba_n_groups, mamba_d_state, mamba_d_conv, and
+                          mamba_expand * hidden_size (or mamba_d_ssm) = mamba_n_heads * mamba_d_head
+  jamba                   Mamba: conv [E*hidden_size, K-1], SSM [E*hidden_size, N] from mamba_expand,
+                          mamba_d_conv, mamba_d_state
+  lfm2                    short convolution: conv [hidden_size, conv_L_cache - 1]
+  kimi_linear             KDA: q, k, v convs [H*D, K-1] each, recurrent [H, D, D] from
+                          linear_attn_config num_heads, head_dim, short_conv_kernel_size
   by model_type, with the field names and defaults of transformers' config class:
   gpt2                    n_layer, n_head and n_embd for num_hidden_layers, num_attention_heads and
                           hidden_size; one KV head per attention head

@@ -42,6 +42,7 @@ struct PlanOptions
     int32_t maxSequenceLength = kDEFAULT_SEQUENCE_LENGTH; //!< --seq-len
     std::optional<rt::DataType> dataType = {};            //!< --dtype; unset means the config's dtype, else float16
     std::optional<KVFormat> kvFormat = {};                //!< --kv-dtype (never together with --dtype)
+    rt::DataType stateDataType = rt::DataType::kFLOAT;    //!< --state-dtype: recurrent and SSM states
     int32_t tokensPerPage = rt::kTOKENS_PER_PAGE;         //!< --page-size
     int32_t numPages = 0;                                 //!< --pages; 0 means the minimum
     int32_t maxTokensPerStep = 0;                         //!< --step-tokens; 0 means a whole sequence in one step

@@ -2,6 +2,7 @@
 #include "plan_internal.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <array>
@@ -194,6 +195,56 @@ std::string formatLayerTable(Plan const& plan, bool perLayer)
     return table.render("  ");
 }
 
+//! Returns "conv [8192, 3] bfloat16, recurrent [32, 128, 128] float32": a state layer's tensors.
+std::string stateTensorsText(rt::StateLayerLayout const& layer)
+{
+    std::string text;
+    for (rt::StateTensorLayout const& tensor : layer.tensors)
+    {
+        text += fmt::format("{}{} [{}] {}", text.empty() ? "" : ", ", tensor.name, fmt::join(tensor.shape, ", "),
+            rt::dataTypeName(tensor.dataType));
+    }
+    return text;
+}
+
+//! The "state" lines: each set of state layers of one kind and shape, their bytes per sequence and the slots.
+std::string formatState(Plan const& plan)
+{
+    rt::KVCacheLayout const& layout = plan.layout;
+    std::vector<StateLayerDescription> const& described = plan.model.stateLayers;
+    std::string text;
+    std::vector<bool> done(described.size(), false);
+    for (size_t i = 0; i < described.size(); ++i)
+    {
+        if (done[i])
+        {
+            continue;
+        }
+        std::string const tensors = stateTensorsText(layout.stateLayers[i]);
+        std::vector<int32_t> modelLayers;
+        for (size_t j = i; j < described.size(); ++j)
+        {
+            if (!done[j] && described[j].kind == described[i].kind
+                && stateTensorsText(layout.stateLayers[j]) == tensors)
+            {
+                done[j] = true;
+                modelLayers.push_back(described[j].modelLayer);
+            }
+        }
+        int64_t const slotBytes = layout.stateLayers[i].slotBytes;
+        text += wrapText(fmt::format("{} {} layers (model layers {}): {}; {} bytes a sequence each", modelLayers.size(),
+                             described[i].kind, formatIndices(modelLayers), tensors, formatBytes(slotBytes)),
+            text.empty() ? "  state     " : "            ", "              ", 118);
+    }
+    text += wrapText(
+        fmt::format("{} bytes ({}) of state per sequence; {} slot{}, one a sequence of the batch: {} "
+                    "bytes ({})",
+            formatBytes(layout.stateBytesPerSlot), formatSize(layout.stateBytesPerSlot), layout.numStateSlots,
+            layout.numStateSlots == 1 ? "" : "s", formatBytes(layout.stateBytes), formatSize(layout.stateBytes)),
+        "            ", "              ", 118);
+    return text;
+}
+
 std::string formatBudget(Plan const& plan)
 {
     rt::KVCacheLayout const& layout = plan.layout;
@@ -235,10 +286,16 @@ std::string formatBudget(Plan const& plan)
                 "; below the minimum {} pages for batch {}\n", formatBytes(layout.minPages), plan.config.maxBatchSize);
         }
     }
-    if (layout.cacheBytes > budget)
+    if (layout.stateBytes > 0)
+    {
+        text += fmt::format("            after the state slots' {} bytes ({}), which the budget pays first\n",
+            formatBytes(layout.stateBytes), formatSize(layout.stateBytes));
+    }
+    int64_t const planned = layout.cacheBytes + layout.stateBytes;
+    if (planned > budget)
     {
         text += fmt::format("            the planned cache is {} bytes ({}) over the budget\n",
-            formatBytes(layout.cacheBytes - budget), formatSize(layout.cacheBytes - budget));
+            formatBytes(planned - budget), formatSize(planned - budget));
     }
     return text;
 }
@@ -391,6 +448,10 @@ std::string formatPlan(Plan const& plan, bool perLayer)
     {
         text += fmt::format("  attention {}\n", attentionSummary(plan));
     }
+    if (!layout.stateLayers.empty())
+    {
+        text += formatState(plan);
+    }
     for (size_t i = 0; i < model.notes.size(); ++i)
     {
         text += wrapText(model.notes[i], i == 0 ? "  read      " : "            ", "              ", 118);
@@ -448,6 +509,17 @@ std::string formatPlan(Plan const& plan, bool perLayer)
     {
         text += fmt::format("  scales    {} bytes ({}) of the total: {} of the cache\n", formatBytes(scaleBytes),
             formatSize(scaleBytes), formatPercent(scaleBytes, layout.cacheBytes));
+    }
+    if (layout.stateBytes != 0)
+    {
+        int64_t const withState = layout.cacheBytes + layout.stateBytes;
+        text += fmt::format("  + state   {} bytes ({}) in {} state layers: {} bytes ({}) in all\n",
+            formatBytes(layout.stateBytes), formatSize(layout.stateBytes), layout.stateLayers.size(),
+            formatBytes(withState), formatSize(withState));
+        int64_t const perToken = detail::attentionBytesPerToken(layout);
+        text += fmt::format("  per token {} bytes ({}) of attention cache; {} bytes ({}) of state per sequence\n",
+            formatBytes(perToken), formatSize(perToken), formatBytes(layout.stateBytesPerSlot),
+            formatSize(layout.stateBytesPerSlot));
     }
     text += formatSaving(plan);
     if (layout.groups.size() > 1)

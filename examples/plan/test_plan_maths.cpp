@@ -72,8 +72,10 @@ TEST(MakePlan, QwenNextFixtureCountsOnlyAttentionLayers)
     EXPECT_EQ(plan.layout.cacheBytes, 1610612736); // 12 * 134,217,728 = 1.5 GiB
     // 12 layers * 2 * 128 * 2 * 256 * 2 bytes = 3,145,728 per page id.
     EXPECT_EQ(plan.layout.bytesPerPage, 3145728);
-    // 10,737,418,240 / 3,145,728 = 3413.33: 3413 pages.
-    EXPECT_EQ(plan.budgetPages, 3413);
+    // The 36 gated delta net layers keep 8 slots of 77,266,944 bytes (see test_state_layers_plan.cpp) =
+    // 618,135,552 bytes, paid first: (10,737,418,240 - 618,135,552) / 3,145,728 = 3216.9: 3216 pages.
+    EXPECT_EQ(plan.layout.stateBytes, 618135552);
+    EXPECT_EQ(plan.budgetPages, 3216);
 }
 
 TEST(MakePlan, JambaFixtureWithRetainedPagesAndSmallPages)
@@ -87,8 +89,11 @@ TEST(MakePlan, JambaFixtureWithRetainedPagesAndSmallPages)
     // 2 * 1000 pages * 64 tokens * 8 heads * 128 dims * 1 byte = 131,072,000 per layer.
     EXPECT_EQ(layerBytes(plan), std::vector<int64_t>(4, 131072000));
     EXPECT_EQ(plan.layout.cacheBytes, 524288000); // 4 * 131,072,000 = 500 MiB
-    // 4 layers * 2 * 64 * 8 * 128 * 1 byte = 524,288 per page id; 524,288,000 / 524,288 = 1000 pages.
-    EXPECT_EQ(plan.budgetPages, 1000);
+    // 4 layers * 2 * 64 * 8 * 128 * 1 byte = 524,288 per page id. The 28 Mamba layers (d_inner 2 * 4096 = 8192) keep
+    // conv [8192, 3] bfloat16 (49,152 bytes) and SSM [8192, 16] float32 (524,288 bytes) a sequence: 8 slots x 28 x
+    // 573,440 = 128,450,560 bytes, paid first: (524,288,000 - 128,450,560) / 524,288 = 755 pages.
+    EXPECT_EQ(plan.layout.stateBytes, 128450560);
+    EXPECT_EQ(plan.budgetPages, 755);
 }
 
 TEST(MakePlan, LayerHeadsList)

@@ -197,15 +197,81 @@ class LayerScales:
 
     def __eq__(self, arg: object, /) -> bool: ...
 
+MAX_STATE_DIMS: int = 7
+
+STATE_TENSOR_ALIGNMENT: int = 256
+
+class StateTensorConfig:
+    """One named tensor of a state layer: one sequence's shape and its dtype."""
+
+    def __init__(self, name: str, shape: Sequence[int], data_type: DataType = DataType.FLOAT32) -> None:
+        """
+        Builds a state tensor: a name unique in its layer, 1 to MAX_STATE_DIMS extents and a dtype.
+        """
+
+    @property
+    def name(self) -> str:
+        """Unique within its layer."""
+
+    @name.setter
+    def name(self, arg: str, /) -> None: ...
+
+    @property
+    def shape(self) -> list[int]:
+        """One sequence's extents (a copy: assign a new list)."""
+
+    @shape.setter
+    def shape(self, arg: Sequence[int], /) -> None: ...
+
+    @property
+    def data_type(self) -> DataType:
+        """Element type."""
+
+    @data_type.setter
+    def data_type(self, arg: DataType, /) -> None: ...
+
+class StateLayerConfig:
+    """
+    A layer with a fixed-size state per sequence (Mamba, gated delta net, ...).
+    """
+
+    def __init__(self, tensors: Sequence[StateTensorConfig]) -> None:
+        """Builds a state layer of at least one tensor."""
+
+    @property
+    def tensors(self) -> list[StateTensorConfig]:
+        """Its tensors (a copy: assign a new list)."""
+
+    @tensors.setter
+    def tensors(self, arg: Sequence[StateTensorConfig], /) -> None: ...
+
 class Config:
     """
     What a KVCacheManager allocates: one buffer per attention layer, each [2, num_pages, tokens_per_page, H_i, D_i]. Every field is checked by compute_layout(), which raises InvalidConfigError.
     """
 
-    def __init__(self, *, layer_configs: Sequence[KVLayerConfig | tuple[Any, ...]] = [], num_attention_layers: int | None = None, max_batch_size: int = 0, max_sequence_length: int = 0, kv_cache_type: DataType = DataType.FLOAT16, num_pages: int = 0, tokens_per_page: int = 128, max_tokens_per_step: int = 0, num_pages_per_group: Sequence[int] = [], mem_pool: int = 0, quantization: KVQuantization = KVQuantization.NONE) -> None:
+    def __init__(self, *, layer_configs: Sequence[KVLayerConfig | tuple[Any, ...]] = [], num_attention_layers: int | None = None, max_batch_size: int = 0, max_sequence_length: int = 0, kv_cache_type: DataType = DataType.FLOAT16, num_pages: int = 0, tokens_per_page: int = 128, max_tokens_per_step: int = 0, num_pages_per_group: Sequence[int] = [], mem_pool: int = 0, quantization: KVQuantization = KVQuantization.NONE, state_layer_configs: Sequence[StateLayerConfig] = [], num_checkpoint_slots: int = 0) -> None:
         """
-        Builds a config; layer_configs takes KVLayerConfig objects or (num_kv_heads, head_dim[, sliding_window[, kind]]) tuples, and num_attention_layers defaults to their number.
+        Builds a config; layer_configs takes KVLayerConfig objects or (num_kv_heads, head_dim[, sliding_window[, kind]]) tuples, and num_attention_layers defaults to their number; state_layer_configs lists the state layers of a hybrid model.
         """
+
+    @property
+    def num_checkpoint_slots(self) -> int:
+        """
+        State slots beyond max_batch_size, kept for checkpoints; 0 without state layers.
+        """
+
+    @num_checkpoint_slots.setter
+    def num_checkpoint_slots(self, arg: int, /) -> None: ...
+
+    @property
+    def state_layer_configs(self) -> list[StateLayerConfig]:
+        """
+        State layers (a copy: assign a new list to change them); each keeps num_state_slots slots of its tensors.
+        """
+
+    @state_layer_configs.setter
+    def state_layer_configs(self, arg: Sequence[StateLayerConfig], /) -> None: ...
 
     @property
     def num_attention_layers(self) -> int:
@@ -369,6 +435,44 @@ class KVPageGroupLayout:
     @property
     def cache_bytes(self) -> int: ...
 
+class StateTensorLayout:
+    """
+    One state tensor: [num_state_slots, ...shape] at offset_bytes of its layer.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def shape(self) -> list[int]: ...
+
+    @property
+    def data_type(self) -> DataType: ...
+
+    @property
+    def slot_elems(self) -> int: ...
+
+    @property
+    def slot_bytes(self) -> int: ...
+
+    @property
+    def offset_bytes(self) -> int: ...
+
+    @property
+    def bytes(self) -> int: ...
+
+class StateLayerLayout:
+    """One state layer's allocation: its tensors one after another."""
+
+    @property
+    def tensors(self) -> list[StateTensorLayout]: ...
+
+    @property
+    def slot_bytes(self) -> int: ...
+
+    @property
+    def layer_bytes(self) -> int: ...
+
 class KVCacheLayout:
     """The layout maths of a validated config."""
 
@@ -414,6 +518,21 @@ class KVCacheLayout:
     @property
     def quantization(self) -> KVQuantization: ...
 
+    @property
+    def num_state_slots(self) -> int: ...
+
+    @property
+    def num_checkpoint_slots(self) -> int: ...
+
+    @property
+    def state_layers(self) -> list[StateLayerLayout]: ...
+
+    @property
+    def state_bytes_per_slot(self) -> int: ...
+
+    @property
+    def state_bytes(self) -> int: ...
+
 class BudgetSplit:
     """A budget split across page groups (split_budget)."""
 
@@ -425,6 +544,9 @@ class BudgetSplit:
 
     @property
     def bytes(self) -> int: ...
+
+    @property
+    def state_bytes(self) -> int: ...
 
 def compute_layout(config: Config) -> KVCacheLayout:
     """
@@ -1385,4 +1507,4 @@ __version__: str
 def gpu_unavailable_reason() -> str:
     """Returns why no GPU can be used here, or an empty string when one can."""
 
-__all__: list = ['InvalidArgumentError', 'InvalidConfigError', 'OutOfRangeError', 'OutOfMemoryError', 'CudaError', 'DataType', 'data_type_size', 'data_type_name', 'KVLayerKind', 'KVQuantization', 'NVFP4_BLOCK_VALUES', 'TOKENS_PER_PAGE', 'MAX_TOKENS_PER_PAGE', 'MAX_NUM_PAGES', 'UNUSED_PAGE_ENTRY', 'MAX_INLINE_PAGE_OPS', 'KVLayerConfig', 'LayerScales', 'Config', 'KVLayerLayout', 'KVPageGroupLayout', 'KVCacheLayout', 'BudgetSplit', 'compute_layout', 'max_pages_for_budget', 'split_budget', 'View', 'KVHalf', 'PageOpTarget', 'LayerRef', 'KVCacheManager', 'PageAllocator', 'PageTableBuffers', 'PageHashAlgorithm', 'PageGroupCounts', 'PageManagerStats', 'PageManager', 'write_tokens', 'write_tokens_paged', 'read_tokens', 'HOST_TIER_KERNEL_MAX_BYTES', 'HOST_TIER_MAX_SMS', 'HOST_TIER_MAX_CHUNKS', 'HostTierMethod', 'PageLayerGeometry', 'PageGeometry', 'page_geometry', 'HostTier', 'SEQUENCE_FILE_VERSION', 'SequenceFileInfo', 'save_sequence', 'load_sequence', 'read_sequence_file_info', 'write_sequence_file', 'read_sequence_file', 'TieredAdmission', 'TieredPrefixCacheStats', 'TieredPrefixCache', 'layout_transfer_description', 'transfer_registration', 'transfer_mismatch', 'transfer_descriptors', '__version__', 'gpu_unavailable_reason']
+__all__: list = ['InvalidArgumentError', 'InvalidConfigError', 'OutOfRangeError', 'OutOfMemoryError', 'CudaError', 'DataType', 'data_type_size', 'data_type_name', 'KVLayerKind', 'KVQuantization', 'NVFP4_BLOCK_VALUES', 'TOKENS_PER_PAGE', 'MAX_TOKENS_PER_PAGE', 'MAX_NUM_PAGES', 'UNUSED_PAGE_ENTRY', 'MAX_INLINE_PAGE_OPS', 'KVLayerConfig', 'LayerScales', 'MAX_STATE_DIMS', 'STATE_TENSOR_ALIGNMENT', 'StateTensorConfig', 'StateLayerConfig', 'Config', 'KVLayerLayout', 'KVPageGroupLayout', 'StateTensorLayout', 'StateLayerLayout', 'KVCacheLayout', 'BudgetSplit', 'compute_layout', 'max_pages_for_budget', 'split_budget', 'View', 'KVHalf', 'PageOpTarget', 'LayerRef', 'KVCacheManager', 'PageAllocator', 'PageTableBuffers', 'PageHashAlgorithm', 'PageGroupCounts', 'PageManagerStats', 'PageManager', 'write_tokens', 'write_tokens_paged', 'read_tokens', 'HOST_TIER_KERNEL_MAX_BYTES', 'HOST_TIER_MAX_SMS', 'HOST_TIER_MAX_CHUNKS', 'HostTierMethod', 'PageLayerGeometry', 'PageGeometry', 'page_geometry', 'HostTier', 'SEQUENCE_FILE_VERSION', 'SequenceFileInfo', 'save_sequence', 'load_sequence', 'read_sequence_file_info', 'write_sequence_file', 'read_sequence_file', 'TieredAdmission', 'TieredPrefixCacheStats', 'TieredPrefixCache', 'layout_transfer_description', 'transfer_registration', 'transfer_mismatch', 'transfer_descriptors', '__version__', 'gpu_unavailable_reason']

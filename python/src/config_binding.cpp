@@ -213,6 +213,31 @@ void bindConfig(nb::module_& m)
             "__eq__", [](rt::LayerScales const& a, rt::LayerScales const& b) { return a.k == b.k && a.v == b.v; },
             nb::sig(kEQ_SIGNATURE));
 
+    m.attr("MAX_STATE_DIMS") = rt::kMAX_STATE_DIMS;
+    m.attr("STATE_TENSOR_ALIGNMENT") = rt::kSTATE_TENSOR_ALIGNMENT;
+    nb::class_<rt::StateTensorConfig> stateTensor(
+        m, "StateTensorConfig", "One named tensor of a state layer: one sequence's shape and its dtype.");
+    stateTensor
+        .def(
+            "__init__",
+            [](rt::StateTensorConfig* self, std::string name, std::vector<int64_t> shape, rt::DataType dataType) {
+                new (self) rt::StateTensorConfig{std::move(name), std::move(shape), dataType};
+            },
+            nb::arg("name"), nb::arg("shape"), nb::arg("data_type") = rt::DataType::kFLOAT,
+            "Builds a state tensor: a name unique in its layer, 1 to MAX_STATE_DIMS extents and a dtype.")
+        .def_rw("name", &rt::StateTensorConfig::name, "Unique within its layer.")
+        .def_rw("shape", &rt::StateTensorConfig::shape, "One sequence's extents (a copy: assign a new list).")
+        .def_rw("data_type", &rt::StateTensorConfig::dataType, "Element type.");
+    nb::class_<rt::StateLayerConfig> stateLayer(
+        m, "StateLayerConfig", "A layer with a fixed-size state per sequence (Mamba, gated delta net, ...).");
+    stateLayer
+        .def(
+            "__init__",
+            [](rt::StateLayerConfig* self, std::vector<rt::StateTensorConfig> tensors)
+            { new (self) rt::StateLayerConfig{std::move(tensors)}; },
+            nb::arg("tensors"), "Builds a state layer of at least one tensor.")
+        .def_rw("tensors", &rt::StateLayerConfig::tensors, "Its tensors (a copy: assign a new list).");
+
     nb::class_<rt::KVCacheConfig> config(m, "Config",
         "What a KVCacheManager allocates: one buffer per attention layer, each [2, num_pages, tokens_per_page, H_i, "
         "D_i]. Every field is checked by compute_layout(), which raises InvalidConfigError.");
@@ -221,7 +246,8 @@ void bindConfig(nb::module_& m)
         [](rt::KVCacheConfig* self, LayerConfigsArgument const& layerConfigs, IntArgument const& numAttentionLayers,
             int64_t maxBatchSize, int64_t maxSequenceLength, rt::DataType kvCacheType, int64_t numPages,
             int64_t tokensPerPage, int64_t maxTokensPerStep, std::vector<int64_t> const& numPagesPerGroup,
-            uintptr_t memPool, rt::KVQuantization quantization)
+            uintptr_t memPool, rt::KVQuantization quantization,
+            std::vector<rt::StateLayerConfig> const& stateLayerConfigs, int64_t numCheckpointSlots)
         {
             rt::KVCacheConfig value;
             value.layerConfigs = layerConfigsOf(layerConfigs);
@@ -238,6 +264,8 @@ void bindConfig(nb::module_& m)
             value.numPagesPerGroup = pagesPerGroupOf(numPagesPerGroup);
             value.memPool = reinterpret_cast<cudaMemPool_t>(memPool);
             value.quantization = quantization;
+            value.stateLayerConfigs = stateLayerConfigs;
+            value.numCheckpointSlots = toInt32(numCheckpointSlots, "Config.num_checkpoint_slots");
             new (self) rt::KVCacheConfig(std::move(value));
         },
         nb::kw_only(), nb::arg("layer_configs") = nb::list(), nb::arg("num_attention_layers") = nb::none(),
@@ -246,8 +274,14 @@ void bindConfig(nb::module_& m)
         nb::arg("tokens_per_page") = rt::kTOKENS_PER_PAGE, nb::arg("max_tokens_per_step") = 0,
         nb::arg("num_pages_per_group") = std::vector<int64_t>{}, nb::arg("mem_pool") = 0,
         nb::arg("quantization") = rt::KVQuantization::kNONE,
+        nb::arg("state_layer_configs") = std::vector<rt::StateLayerConfig>{}, nb::arg("num_checkpoint_slots") = 0,
         "Builds a config; layer_configs takes KVLayerConfig objects or (num_kv_heads, head_dim[, sliding_window[, "
-        "kind]]) tuples, and num_attention_layers defaults to their number.");
+        "kind]]) tuples, and num_attention_layers defaults to their number; state_layer_configs lists the state "
+        "layers of a hybrid model.");
+    intField(config, "num_checkpoint_slots", &rt::KVCacheConfig::numCheckpointSlots, "Config",
+        "State slots beyond max_batch_size, kept for checkpoints; 0 without state layers.");
+    config.def_rw("state_layer_configs", &rt::KVCacheConfig::stateLayerConfigs,
+        "State layers (a copy: assign a new list to change them); each keeps num_state_slots slots of its tensors.");
     intField(config, "num_attention_layers", &rt::KVCacheConfig::numAttentionLayers, "Config",
         "Number of attention layers; must equal len(layer_configs).");
     intField(config, "max_batch_size", &rt::KVCacheConfig::maxBatchSize, "Config", "Sequences of the slot view.");
@@ -313,6 +347,17 @@ void bindConfig(nb::module_& m)
         &rt::KVPageGroupLayout::layers, "bytes_per_page", &rt::KVPageGroupLayout::bytesPerPage, "cache_bytes",
         &rt::KVPageGroupLayout::cacheBytes);
 
+    nb::class_<rt::StateTensorLayout> stateTensorLayout(
+        m, "StateTensorLayout", "One state tensor: [num_state_slots, ...shape] at offset_bytes of its layer.");
+    readOnlyFields(stateTensorLayout, "name", &rt::StateTensorLayout::name, "shape", &rt::StateTensorLayout::shape,
+        "data_type", &rt::StateTensorLayout::dataType, "slot_elems", &rt::StateTensorLayout::slotElems, "slot_bytes",
+        &rt::StateTensorLayout::slotBytes, "offset_bytes", &rt::StateTensorLayout::offsetBytes, "bytes",
+        &rt::StateTensorLayout::bytes);
+    nb::class_<rt::StateLayerLayout> stateLayerLayout(
+        m, "StateLayerLayout", "One state layer's allocation: its tensors one after another.");
+    readOnlyFields(stateLayerLayout, "tensors", &rt::StateLayerLayout::tensors, "slot_bytes",
+        &rt::StateLayerLayout::slotBytes, "layer_bytes", &rt::StateLayerLayout::layerBytes);
+
     nb::class_<rt::KVCacheLayout> cacheLayout(m, "KVCacheLayout", "The layout maths of a validated config.");
     readOnlyFields(cacheLayout, "max_batch_size", &rt::KVCacheLayout::maxBatchSize, "data_type",
         &rt::KVCacheLayout::dataType, "tokens_per_page", &rt::KVCacheLayout::tokensPerPage, "max_tokens_per_step",
@@ -320,11 +365,15 @@ void bindConfig(nb::module_& m)
         &rt::KVCacheLayout::pagesPerSlot, "min_pages", &rt::KVCacheLayout::minPages, "num_pages",
         &rt::KVCacheLayout::numPages, "element_bytes", &rt::KVCacheLayout::elementBytes, "layers",
         &rt::KVCacheLayout::layers, "groups", &rt::KVCacheLayout::groups, "cache_bytes", &rt::KVCacheLayout::cacheBytes,
-        "bytes_per_page", &rt::KVCacheLayout::bytesPerPage, "quantization", &rt::KVCacheLayout::quantization);
+        "bytes_per_page", &rt::KVCacheLayout::bytesPerPage, "quantization", &rt::KVCacheLayout::quantization,
+        "num_state_slots", &rt::KVCacheLayout::numStateSlots, "num_checkpoint_slots",
+        &rt::KVCacheLayout::numCheckpointSlots, "state_layers", &rt::KVCacheLayout::stateLayers, "state_bytes_per_slot",
+        &rt::KVCacheLayout::stateBytesPerSlot, "state_bytes", &rt::KVCacheLayout::stateBytes);
 
     nb::class_<rt::BudgetSplit> budgetSplit(m, "BudgetSplit", "A budget split across page groups (split_budget).");
     readOnlyFields(budgetSplit, "sequences", &rt::BudgetSplit::sequences, "num_pages_per_group",
-        &rt::BudgetSplit::numPagesPerGroup, "bytes", &rt::BudgetSplit::bytes);
+        &rt::BudgetSplit::numPagesPerGroup, "bytes", &rt::BudgetSplit::bytes, "state_bytes",
+        &rt::BudgetSplit::stateBytes);
 
     m.def("compute_layout", &rt::computeLayout, nb::arg("config"),
         "Validates `config` and returns its layout; raises InvalidConfigError naming the field, value and limit. No "

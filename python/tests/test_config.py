@@ -232,3 +232,46 @@ def test_layout_counts_scale_bytes(quantization, storage, name, stored_dim, entr
 def test_scaled_format_needs_its_storage_type():
     with pytest.raises(kvcache.InvalidConfigError, match="KVCacheConfig.quantization"):
         kvcache.compute_layout(issue_example(kvcache.KVQuantization.NVFP4, kvcache.DataType.FLOAT16))
+
+
+def gated_delta_net_layer():
+    # Qwen3-Next-80B's gated delta net: conv [2 x 16 x 128 + 32 x 128, 3] bfloat16, recurrent [32, 128, 128] float32.
+    return kvcache.StateLayerConfig(
+        [
+            kvcache.StateTensorConfig("conv", [8192, 3], kvcache.DataType.BFLOAT16),
+            kvcache.StateTensorConfig("recurrent", [32, 128, 128]),
+        ]
+    )
+
+
+def test_state_layers_are_counted_per_tensor_layer_and_slot():
+    config = make_config(state_layer_configs=[gated_delta_net_layer()] * 2, num_checkpoint_slots=1)
+    assert config.num_checkpoint_slots == 1
+    assert [tensor.name for tensor in config.state_layer_configs[0].tensors] == ["conv", "recurrent"]
+    assert config.state_layer_configs[0].tensors[1].data_type == kvcache.DataType.FLOAT32
+    layout = kvcache.compute_layout(config)
+    # 3 sequences + 1 checkpoint = 4 slots. conv: 8192 x 3 x 2 = 49,152 bytes a slot, 196,608 at 0 (a multiple of 256);
+    # recurrent: 32 x 128 x 128 x 4 = 2,097,152 a slot, 8,388,608 at 196,608.
+    assert layout.num_state_slots == 4
+    assert layout.num_checkpoint_slots == 1
+    conv, recurrent = layout.state_layers[0].tensors
+    assert (conv.name, conv.shape, conv.data_type) == ("conv", [8192, 3], kvcache.DataType.BFLOAT16)
+    assert (conv.slot_elems, conv.slot_bytes, conv.offset_bytes, conv.bytes) == (24576, 49152, 0, 196608)
+    assert (recurrent.slot_bytes, recurrent.offset_bytes, recurrent.bytes) == (2097152, 196608, 8388608)
+    assert layout.state_layers[0].slot_bytes == 2146304
+    assert layout.state_layers[0].layer_bytes == 8585216
+    assert layout.state_bytes_per_slot == 2 * 2146304
+    assert layout.state_bytes == 2 * 8585216
+    # The budget pays the state first: 0 sequences of pages below it, and its bytes in the split.
+    split = kvcache.split_budget(config, layout.state_bytes - 1)
+    assert (split.sequences, split.bytes, split.state_bytes) == (0, layout.state_bytes, layout.state_bytes)
+
+
+def test_bad_state_layers_raise_invalid_config_error_naming_the_field():
+    zero = kvcache.StateLayerConfig([kvcache.StateTensorConfig("conv", [8, 0])])
+    with pytest.raises(kvcache.InvalidConfigError, match=r"stateLayerConfigs\[0\]\.tensors\[0\]\.shape\[1\].*is 0"):
+        kvcache.compute_layout(make_config(state_layer_configs=[zero]))
+    with pytest.raises(kvcache.InvalidConfigError, match=r"stateLayerConfigs\[0\]\.tensors is empty"):
+        kvcache.compute_layout(make_config(state_layer_configs=[kvcache.StateLayerConfig([])]))
+    with pytest.raises(kvcache.InvalidConfigError, match=r"numCheckpointSlots is 2.*without state layers"):
+        kvcache.compute_layout(make_config(num_checkpoint_slots=2))

@@ -42,6 +42,8 @@ public:
     KVCACHE_TEST_CONFIG_SETTER(maxTokensPerStep, maxTokensPerStep, int32_t)
     KVCACHE_TEST_CONFIG_SETTER(numPagesPerGroup, numPagesPerGroup, std::vector<int32_t>)
     KVCACHE_TEST_CONFIG_SETTER(quantization, quantization, rt::KVQuantization)
+    KVCACHE_TEST_CONFIG_SETTER(stateLayers, stateLayerConfigs, std::vector<rt::StateLayerConfig>)
+    KVCACHE_TEST_CONFIG_SETTER(numCheckpointSlots, numCheckpointSlots, int32_t)
 #undef KVCACHE_TEST_CONFIG_SETTER
 
     //! Returns the config.

@@ -52,6 +52,20 @@ using ShapeRule = std::optional<std::vector<rt::KVLayerConfig>> (*)(
 //! when the family's fields say so. Throws ModelConfigError naming the field.
 using KeptLayersRule = void (*)(AttentionContext& context);
 
+//! What a state rule reads: the config, and how each model layer attends (nothing for a layer without a KV cache).
+struct StateContext
+{
+    ConfigReader const& reader;
+    ModelTypes const& types;
+    int32_t numLayers;
+    std::vector<std::optional<AttentionKind>> const& kinds;
+    std::vector<std::string>& notes; //!< how the config was read, one line a rule
+};
+
+//! Returns the layers that keep a state per sequence, ascending, when the config's model_type is the family's; nothing
+//! for another model_type. Throws ModelConfigError naming a missing or inconsistent field.
+using StateRule = std::optional<std::vector<StateLayerDescription>> (*)(StateContext const& context);
+
 //! A model family as the config reader sees it; every part is optional.
 struct ModelFamily
 {
@@ -62,6 +76,10 @@ struct ModelFamily
     ShapeRule shapes = nullptr;                         //!< the cache shape, when not K and V heads
     FieldDefaults fields = {};                          //!< other field names and defaults of its config class
     KeptLayersRule keptLayers = nullptr;                //!< attention layers without a token cache of their own
+    StateRule states = nullptr;                         //!< the layers with a state per sequence
+    //! Fields saying which layers attend that its rules read for its model types (fields.modelTypes), although the
+    //! reader refuses them for other models.
+    std::vector<std::string_view> patternFields{};
 };
 
 //! Returns the families in the order their rules are tried (registry.cpp).
@@ -90,6 +108,18 @@ std::string windowText(AttentionContext const& context);
 //! Returns hidden_size / num_attention_heads; throws ModelConfigError naming the missing field, or both fields when the
 //! division is not whole.
 int32_t headDimFromHiddenSize(ConfigReader const& reader);
+
+//! Returns the field as an int32 of at least `minimum`; throws ModelConfigError naming it when it is missing (`meaning`
+//! says what it is for) or out of range.
+int32_t requiredInteger(ConfigReader const& reader, std::string_view field, int32_t minimum, std::string_view meaning);
+
+//! Returns a Mamba2 layer's state (vLLM's MambaStateShapeCalculator.mamba2_state_shape; transformers' Mamba2 mixers):
+//! conv {numHeads * headDim + 2 * numGroups * stateSize, convKernel - 1}, SSM {numHeads, headDim, stateSize}.
+StateLayerDescription mamba2State(
+    int32_t modelLayer, int64_t numHeads, int64_t headDim, int64_t numGroups, int64_t stateSize, int64_t convKernel);
+
+//! Returns the model layers without a KV cache in `context.kinds`, ascending.
+std::vector<int32_t> layersWithoutAttention(StateContext const& context);
 
 //! Returns "2nd", "4th", "21st", ...
 std::string ordinal(int32_t n);

@@ -67,6 +67,38 @@ int32_t headDimFromHiddenSize(ConfigReader const& reader)
     return *hiddenSize / *numHeads;
 }
 
+int32_t requiredInteger(ConfigReader const& reader, std::string_view field, int32_t minimum, std::string_view meaning)
+{
+    std::optional<int32_t> const value = reader.optionalInteger(field, minimum);
+    if (!value)
+    {
+        throw reader.missing(field, meaning);
+    }
+    return *value;
+}
+
+StateLayerDescription mamba2State(
+    int32_t modelLayer, int64_t numHeads, int64_t headDim, int64_t numGroups, int64_t stateSize, int64_t convKernel)
+{
+    // Each factor is a positive int32, so every product stays far below 2^63.
+    int64_t const convDim = numHeads * headDim + 2 * numGroups * stateSize;
+    return {modelLayer, "mamba2",
+        {{"conv", {convDim, convKernel - 1}, false}, {"ssm", {numHeads, headDim, stateSize}, true}}};
+}
+
+std::vector<int32_t> layersWithoutAttention(StateContext const& context)
+{
+    std::vector<int32_t> layers;
+    for (int32_t i = 0; i < context.numLayers; ++i)
+    {
+        if (!context.kinds[static_cast<size_t>(i)])
+        {
+            layers.push_back(i);
+        }
+    }
+    return layers;
+}
+
 std::string ordinal(int32_t n)
 {
     int32_t const lastTwo = n % 100;

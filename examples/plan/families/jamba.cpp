@@ -34,13 +34,43 @@ std::optional<std::vector<bool>> periodicAttentionLayers(ConfigReader const& rea
     return attention;
 }
 
+//! Jamba's Mamba (v1) layers: every layer without attention. As transformers' JambaMambaMixer and vLLM's
+//! mamba1_state_shape size them, with d_inner = mamba_expand * hidden_size: conv {d_inner, mamba_d_conv - 1} and SSM
+//! {d_inner, mamba_d_state}.
+std::optional<std::vector<StateLayerDescription>> mambaLayers(StateContext const& context)
+{
+    if (!context.types.is("jamba"))
+    {
+        return std::nullopt;
+    }
+    ConfigReader const& reader = context.reader;
+    int64_t const hiddenSize = requiredInteger(reader, "hidden_size", 1, "d_inner = mamba_expand * hidden_size");
+    int64_t const expand = requiredInteger(reader, "mamba_expand", 1, "d_inner = mamba_expand * hidden_size");
+    int64_t const stateSize = requiredInteger(reader, "mamba_d_state", 1, "the SSM state size");
+    int64_t const kernel = requiredInteger(reader, "mamba_d_conv", 2, "the conv kernel");
+    int64_t const inner = expand * hiddenSize;
+    std::vector<StateLayerDescription> layers;
+    for (int32_t const layer : layersWithoutAttention(context))
+    {
+        layers.push_back({layer, "mamba", {{"conv", {inner, kernel - 1}, false}, {"ssm", {inner, stateSize}, true}}});
+    }
+    context.notes.push_back(
+        fmt::format("Mamba: d_inner = {} {} x {} {} = {}; conv [{}, {} - 1], SSM [{}, {}]", reader.name("mamba_expand"),
+            expand, reader.name("hidden_size"), hiddenSize, inner, inner, kernel, inner, stateSize));
+    return layers;
+}
+
 } // namespace
 
 //! Jamba: one attention layer every attn_layer_period layers (at attn_layer_offset), Mamba blocks (mamba, mamba2 in
-//! layer_types: a recurrent state) in between.
+//! layer_types: a recurrent state) in between. Mamba fields a config leaves out take transformers' JambaConfig
+//! defaults.
 ModelFamily jambaFamily()
 {
-    return {"Jamba", {"mamba", "mamba2"}, &periodicAttentionLayers};
+    return {"Jamba", {"mamba", "mamba2"}, &periodicAttentionLayers, nullptr, nullptr,
+        FieldDefaults{{"jamba"}, "JambaConfig", {},
+            {{"mamba_d_state", Json(16)}, {"mamba_d_conv", Json(4)}, {"mamba_expand", Json(2)}}},
+        nullptr, &mambaLayers};
 }
 
 } // namespace kvcache::plan::families

@@ -9,6 +9,9 @@ namespace kvcache::plan::families
     FAMILY(qwenNext)                                                                                                   \
     FAMILY(jamba)                                                                                                      \
     FAMILY(lfm2)                                                                                                       \
+    FAMILY(mamba2)                                                                                                     \
+    FAMILY(nemotronH)                                                                                                  \
+    FAMILY(kimiLinear)                                                                                                 \
     FAMILY(recurrentGemma)                                                                                             \
     FAMILY(gemma)                                                                                                      \
     FAMILY(gemma3n)                                                                                                    \

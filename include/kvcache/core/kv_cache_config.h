@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -69,6 +70,31 @@ struct KVLayerConfig
     KVLayerKind kind = KVLayerKind::kKV;
 };
 
+//! The most dimensions of one state tensor's per-sequence shape: a slot-major view [numSlots, ...shape] must fit in
+//! rt::Coords (8 dimensions).
+inline constexpr int32_t kMAX_STATE_DIMS = 7;
+
+//! One named tensor of a state layer: what one sequence keeps of it, row-major, in `dataType`.
+struct StateTensorConfig
+{
+    //! Non-empty and unique within its layer, e.g. "conv" or "ssm".
+    std::string name = {};
+    //! Extents of one sequence's tensor, each > 0, 1 to kMAX_STATE_DIMS of them. Declare them in the order the
+    //! kernel reads them (docs/layout.md, "State layers"): e.g. a gated delta net's recurrent state {Hv, Dk, Dv} for
+    //! FLA's [N, H, K, V] or a Mamba2 SSM state {nheads, headdim, dstate}.
+    std::vector<int64_t> shape = {};
+    //! Element type: any value of DataType.
+    DataType dataType = DataType::kFLOAT;
+};
+
+//! A layer that keeps a fixed-size state per sequence instead of per-token pages (Mamba, Mamba2, gated delta net,
+//! short convolution, KDA). One generic kind: the layer names its tensors; the cache does not know the architecture.
+struct StateLayerConfig
+{
+    //! At least one tensor; each gets [numSlots, ...shape] of the layer's allocation (see kv_cache_layout.h).
+    std::vector<StateTensorConfig> tensors = {};
+};
+
 //! What a KVCacheManager allocates: one buffer per attention layer, each [2, numPages, tokensPerPage, H_i, D_i].
 struct KVCacheConfig
 {
@@ -95,6 +121,12 @@ struct KVCacheConfig
     //! scale bytes; KVCacheManager keeps the scales (scale pools, host-held layer scales), host tiers and sequence
     //! files carry them, and the paths that do not yet (transfer, the write op) refuse such a cache by name.
     KVQuantization quantization = KVQuantization::kNONE;
+    //! State layers (recurrent and convolution layers of hybrid models), in model order; their indices are their own,
+    //! apart from the attention layers'. They belong to no page group: each keeps numStateSlots slots of its tensors.
+    std::vector<StateLayerConfig> stateLayerConfigs = {};
+    //! State slots beyond the maxBatchSize that running sequences hold, kept for checkpoints of a sequence's state.
+    //! Must be 0 without state layers.
+    int32_t numCheckpointSlots = 0;
 };
 
 //! A layer's host-held scales (docs/layout.md, "Quantization rules"): the per-tensor FP8 decode scales

@@ -3,6 +3,7 @@
 #include "kvcache/core/kv_cache_config.h"
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace kvcache::rt
@@ -46,6 +47,32 @@ struct KVPageGroupLayout
     int64_t cacheBytes = {};          //!< its layers' allocations together, data and scales
 };
 
+//! Where each state tensor starts in its layer's allocation: a multiple of this many bytes, as cudaMallocAsync aligns
+//! an allocation of its own, so every tensor's view is as aligned as a separate buffer would be.
+inline constexpr int64_t kSTATE_TENSOR_ALIGNMENT = 256;
+
+//! One state tensor of a state layer: [numStateSlots, ...shape], contiguous and row-major, slot-major (docs/layout.md,
+//! "State layers"). Slot n's state starts slotBytes * n bytes after the tensor's start.
+struct StateTensorLayout
+{
+    std::string name = {};
+    std::vector<int64_t> shape = {}; //!< one slot's extents, as the config gives them
+    DataType dataType = DataType::kFLOAT;
+    int64_t slotElems = {};   //!< product of shape
+    int64_t slotBytes = {};   //!< slotElems * element size: one sequence's tensor
+    int64_t offsetBytes = {}; //!< start in the layer's allocation: the end of the tensor before, rounded up to
+                              //!< kSTATE_TENSOR_ALIGNMENT (0 for the first)
+    int64_t bytes = {};       //!< numStateSlots * slotBytes
+};
+
+//! One state layer's allocation: its tensors one after another, in config order. It belongs to no page group.
+struct StateLayerLayout
+{
+    std::vector<StateTensorLayout> tensors = {};
+    int64_t slotBytes = {};  //!< sum of the tensors' slotBytes: one sequence's state of the layer, without padding
+    int64_t layerBytes = {}; //!< the allocation: the last tensor's offsetBytes + bytes (alignment padding included)
+};
+
 //! The layout maths of a validated config: what every view, kernel and accounting figure derives from.
 //!
 //! A layer with sliding window W keeps pagesPerSequence = min(ceil(S / P), ceil((W - 1 + C) / P) + 1) pages a
@@ -73,6 +100,14 @@ struct KVCacheLayout
                                //!< of one page id across all layers), data and scales
     //! S above: the config's maxSequenceLength (what a PageManager built from this layout bounds sequences by).
     int32_t maxSequenceLength = {};
+    //! State slots of every state layer: maxBatchSize (one per running sequence) + numCheckpointSlots; 0 without
+    //! state layers. A slot index means the same sequence (or checkpoint) in every state layer.
+    int32_t numStateSlots = {};
+    int32_t numCheckpointSlots = {}; //!< the config's
+    std::vector<StateLayerLayout> stateLayers = {};
+    int64_t stateBytesPerSlot = {}; //!< sum of the state layers' slotBytes: one sequence's state over all of them
+    //! Sum of the state layers' layerBytes. cacheBytes counts pages only; the cache allocates cacheBytes + stateBytes.
+    int64_t stateBytes = {};
 };
 
 //! Validates `config` and returns its layout; throws InvalidConfigError naming the field, value and limit of the
@@ -80,8 +115,9 @@ struct KVCacheLayout
 KVCacheLayout computeLayout(KVCacheConfig const& config);
 
 //! Returns the largest numPages whose cache fits in `budgetBytes` (capped by the int32 page-id limit), which may be
-//! below the minimum; throws InvalidConfigError if `config` (numPages aside) is invalid or has several page groups
-//! (use splitBudget), and InvalidArgumentError for a negative budget.
+//! below the minimum; the state slots come off the budget first (0 pages when they alone exceed it); throws
+//! InvalidConfigError if `config` (numPages aside) is invalid or has several page groups (use splitBudget), and
+//! InvalidArgumentError for a negative budget.
 int64_t maxPagesForBudget(KVCacheConfig const& config, int64_t budgetBytes);
 
 //! A budget split across page groups (splitBudget).
@@ -91,12 +127,16 @@ struct BudgetSplit
     int64_t sequences = {};
     //! Pages per half for each group: sequences * pagesPerSequence (may be below a group's minimum).
     std::vector<int64_t> numPagesPerGroup = {};
-    //! Bytes the cache takes with those pages.
+    //! Bytes the cache takes with those pages, its state slots included.
     int64_t bytes = {};
+    //! Bytes of the state slots (KVCacheLayout::stateBytes), a fixed part of `bytes` whatever the pages: numStateSlots
+    //! does not grow with the page count. 0 without state layers.
+    int64_t stateBytes = {};
 };
 
 //! Splits `budgetBytes` across the page groups of `config` so that every group holds the same number of concurrent
-//! full-length sequences, the most that fit (capped by the int32 page-id limit); closed form, no GPU. Throws
+//! full-length sequences, the most that fit (capped by the int32 page-id limit); closed form, no GPU. The state slots
+//! come off the budget first; when they alone exceed it, sequences is 0 and bytes is stateBytes. Throws
 //! InvalidConfigError if `config` (page counts aside) is invalid and InvalidArgumentError for a negative budget.
 BudgetSplit splitBudget(KVCacheConfig const& config, int64_t budgetBytes);
 

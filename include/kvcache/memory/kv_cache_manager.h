@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -22,7 +23,8 @@ class KVCacheManagerInternal;
 
 //! Owns one device buffer per attention layer and hands out zero-copy views of it: the slot view
 //! [2, maxBatchSize, capPadded, H, D] and the pool view [2, numPages, tokensPerPage, H, D]. D in every data view is
-//! the stored elements of a head: headDim, or headDim / 2 bytes for kNVFP4 (two values a byte).
+//! the stored elements of a head: headDim, or headDim / 2 bytes for kNVFP4 (two values a byte). State layers
+//! (KVCacheConfig::stateLayerConfigs) get one allocation each and a view [numStateSlots, ...shape] per tensor.
 class KVCacheManager
 {
 public:
@@ -35,9 +37,11 @@ public:
     //! quantization with page scales (kFP8_PER_TOKEN_HEAD, kNVFP4) a second allocation a layer, its scale pool;
     //! `stream` must outlive the manager, which frees its memory on it. Every quantization is accepted; page
     //! operations, host tiers, sequence files and page transfer carry the scales (docs/layout.md, "Status").
-    //! Throws InvalidConfigError for a bad config (before allocating anything), OutOfMemoryError when a layer or its
-    //! scale pool cannot be allocated (after freeing everything already allocated) and CudaError for other CUDA
-    //! failures.
+    //! Each state layer gets one more allocation of its layerBytes, its tensors at their offsetBytes (docs/layout.md,
+    //! "State layers"); state memory is not cleared.
+    //! Throws InvalidConfigError for a bad config (before allocating anything), OutOfMemoryError when a layer, its
+    //! scale pool or a state layer cannot be allocated (after freeing everything already allocated) and CudaError for
+    //! other CUDA failures.
     KVCacheManager(Config const& config, cudaStream_t stream);
     //! Returns all memory with cudaFreeAsync on the constructor's stream and device; never throws.
     ~KVCacheManager() noexcept = default;
@@ -102,6 +106,27 @@ public:
         return getSeparateKVCache(layerIdx);
     }
 
+    //! Returns tensor `tensorIdx` of state layer `stateLayerIdx`, zero-copy: [numStateSlots, ...shape], contiguous and
+    //! row-major in the tensor's dtype, so slot n (a sequence's or a checkpoint's state) is index n of the first
+    //! dimension. Throws OutOfRangeError for a bad layer or tensor index.
+    Tensor stateView(int32_t stateLayerIdx, int32_t tensorIdx) const;
+    //! Returns the tensor named `name` of state layer `stateLayerIdx`, as stateView(stateLayerIdx, tensorIdx) does.
+    //! Throws OutOfRangeError for a bad layer index and InvalidArgumentError, naming the layer's tensors, for an
+    //! unknown name.
+    Tensor stateView(int32_t stateLayerIdx, std::string_view name) const;
+    //! Returns the start of state layer `stateLayerIdx`'s allocation (its first tensor); aborts on a bad index.
+    void* statePtr(int32_t stateLayerIdx) const noexcept;
+    //! Returns the number of state layers.
+    int32_t numStateLayers() const noexcept
+    {
+        return static_cast<int32_t>(mStateBuffers.size());
+    }
+    //! Returns the slots of every state layer: maxBatchSize + numCheckpointSlots, or 0 without state layers.
+    int32_t numStateSlots() const noexcept
+    {
+        return mLayout.numStateSlots;
+    }
+
     //! Returns the largest layer slotTokens: maxSequenceLength rounded up to whole pages when any layer has full
     //! attention, else the longest sliding-window ring.
     int32_t maxCapPadded() const noexcept
@@ -159,8 +184,9 @@ public:
     {
         return mLayout;
     }
-    //! Returns the device bytes the manager holds: layout().cacheBytes (data and scale pools) plus the table that the
-    //! page kernels read, 16 bytes an entry: one a layer, two a layer with scale pools.
+    //! Returns the device bytes the manager holds: layout().cacheBytes (data and scale pools), layout().stateBytes
+    //! (state layers) and the table that the page kernels read, 16 bytes an entry: one a layer, two a layer with scale
+    //! pools.
     int64_t allocatedBytes() const noexcept;
     //! Returns the stream the memory was allocated on and will be freed on.
     cudaStream_t stream() const noexcept
@@ -192,6 +218,8 @@ private:
     std::vector<LayerScales> mLayerScales{};
     std::vector<Tensor> mSlotViews{};
     std::vector<Tensor> mPoolViews{};
+    //! One a state layer: its tensors at their offsetBytes.
+    std::vector<DeviceAllocation> mStateBuffers{};
     //! Data entries then scale entries, group by group, read by the page kernels (see src/memory/cache/layer_table.h).
     DeviceAllocation mLayerTable{};
 };

@@ -7,7 +7,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <string>
 
 namespace kvcache::rt
 {
@@ -64,6 +66,24 @@ KVCacheManager::KVCacheManager(Config const& config, cudaStream_t stream)
             throw OutOfMemoryError(fmt::format("KVCacheManager: cannot allocate the {} {} of {}: it needs {} bytes "
                                                "({:.3f} GiB); the whole config needs {} bytes ({:.3f} GiB); {}",
                 part, i, layerCount, bytes, toGiB(bytes), mLayout.cacheBytes, toGiB(mLayout.cacheBytes), error.what()));
+        }
+    }
+    auto const stateLayerCount = static_cast<int32_t>(mLayout.stateLayers.size());
+    mStateBuffers.reserve(static_cast<size_t>(stateLayerCount));
+    for (int32_t i = 0; i < stateLayerCount; ++i)
+    {
+        int64_t const bytes = mLayout.stateLayers[static_cast<size_t>(i)].layerBytes;
+        try
+        {
+            mStateBuffers.emplace_back(bytes, stream, config.memPool);
+        }
+        catch (OutOfMemoryError const& error)
+        {
+            int64_t const total = mLayout.cacheBytes + mLayout.stateBytes;
+            throw OutOfMemoryError(
+                fmt::format("KVCacheManager: cannot allocate state layer {} of {}: it needs {} bytes "
+                            "({:.3f} GiB); the whole config needs {} bytes ({:.3f} GiB); {}",
+                    i, stateLayerCount, bytes, toGiB(bytes), total, toGiB(total), error.what()));
         }
     }
     mLayerTable = detail::makeLayerTable(mBuffers, mScaleBuffers, mLayout, stream, config.memPool);
@@ -214,9 +234,72 @@ bool KVCacheManager::isUniform() const noexcept
         { return layer.numKVHeads == layers.front().numKVHeads && layer.headDim == layers.front().headDim; });
 }
 
+Tensor KVCacheManager::stateView(int32_t stateLayerIdx, int32_t tensorIdx) const
+{
+    if (stateLayerIdx < 0 || stateLayerIdx >= numStateLayers())
+    {
+        throw OutOfRangeError(fmt::format("KVCacheManager::stateView: state layer index {} is out of range [0, {})",
+            stateLayerIdx, numStateLayers()));
+    }
+    StateLayerLayout const& layer = mLayout.stateLayers[static_cast<size_t>(stateLayerIdx)];
+    auto const numTensors = static_cast<int32_t>(layer.tensors.size());
+    if (tensorIdx < 0 || tensorIdx >= numTensors)
+    {
+        throw OutOfRangeError(
+            fmt::format("KVCacheManager::stateView: tensor index {} of state layer {} is out of range [0, {})",
+                tensorIdx, stateLayerIdx, numTensors));
+    }
+    StateTensorLayout const& tensor = layer.tensors[static_cast<size_t>(tensorIdx)];
+    // Coords takes its rank from an initializer list: start from a list of the right length, then set the extents.
+    std::array<Coords, kMAX_STATE_DIMS> const ranks = {Coords{0, 0}, Coords{0, 0, 0}, Coords{0, 0, 0, 0},
+        Coords{0, 0, 0, 0, 0}, Coords{0, 0, 0, 0, 0, 0}, Coords{0, 0, 0, 0, 0, 0, 0}, Coords{0, 0, 0, 0, 0, 0, 0, 0}};
+    Coords shape = ranks[tensor.shape.size() - 1];
+    shape[0] = mLayout.numStateSlots;
+    for (size_t d = 0; d < tensor.shape.size(); ++d)
+    {
+        shape[static_cast<int32_t>(d) + 1] = tensor.shape[d];
+    }
+    return Tensor(
+        static_cast<char*>(statePtr(stateLayerIdx)) + tensor.offsetBytes, shape, tensor.dataType, DeviceType::kGPU);
+}
+
+Tensor KVCacheManager::stateView(int32_t stateLayerIdx, std::string_view name) const
+{
+    if (stateLayerIdx < 0 || stateLayerIdx >= numStateLayers())
+    {
+        throw OutOfRangeError(fmt::format("KVCacheManager::stateView: state layer index {} is out of range [0, {})",
+            stateLayerIdx, numStateLayers()));
+    }
+    std::vector<StateTensorLayout> const& tensors = mLayout.stateLayers[static_cast<size_t>(stateLayerIdx)].tensors;
+    std::string names;
+    for (size_t t = 0; t < tensors.size(); ++t)
+    {
+        if (tensors[t].name == name)
+        {
+            return stateView(stateLayerIdx, static_cast<int32_t>(t));
+        }
+        names += fmt::format("{}\"{}\"", names.empty() ? "" : ", ", tensors[t].name);
+    }
+    throw InvalidArgumentError(fmt::format(
+        "KVCacheManager::stateView: state layer {} has no tensor \"{}\"; its tensors: {}", stateLayerIdx, name, names));
+}
+
+void* KVCacheManager::statePtr(int32_t stateLayerIdx) const noexcept
+{
+    if (stateLayerIdx < 0 || stateLayerIdx >= numStateLayers())
+    {
+        detail::failIndex("KVCacheManager::statePtr", "state layer", stateLayerIdx, numStateLayers());
+    }
+    return mStateBuffers[static_cast<size_t>(stateLayerIdx)].data();
+}
+
 int64_t KVCacheManager::allocatedBytes() const noexcept
 {
     int64_t bytes = mLayerTable.size();
+    for (DeviceAllocation const& buffer : mStateBuffers)
+    {
+        bytes += buffer.size();
+    }
     for (DeviceAllocation const& buffer : mBuffers)
     {
         bytes += buffer.size();
