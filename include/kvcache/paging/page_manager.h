@@ -3,6 +3,7 @@
 #include "kvcache/core/kv_cache_config.h"
 #include "kvcache/core/kv_cache_layout.h"
 #include "kvcache/memory/page_ops.h"
+#include "kvcache/paging/kv_events.h"
 #include "kvcache/paging/page_hash.h"
 #include "kvcache/paging/page_table.h"
 
@@ -33,6 +34,9 @@ struct PageManagerOptions
     PageHashAlgorithm hashAlgorithm = PageHashAlgorithm::kSHA256;
     //! The hash seed; absent, a random one per process. Give one to reuse pages across processes (e.g. saved files).
     std::optional<std::array<uint8_t, 32>> hashSeed = {};
+    //! Whether the manager records KV events for takeEvents() (a cache-aware router learns what it holds from them);
+    //! off, nothing is recorded and nothing is reserved.
+    bool recordEvents = false;
 };
 
 //! Mixes `key` (e.g. a multimodal item's hash) into the hash of the page that holds token `position`.
@@ -288,6 +292,23 @@ public:
     int32_t evictCached(int32_t group, int32_t count);
     //! Sets the function called for each evicted page (empty: none).
     void setEvictionCallback(EvictionCallback callback);
+
+    //! Hands over the KV events recorded since the last call (PageManagerOptions::recordEvents; none otherwise): `out`
+    //! is cleared and then holds them, in the order they happened, and the manager keeps `out`'s old buffers for the
+    //! next ones (KVEventBatch). Called after each step(), one batch a step. The events, all of medium GPU:
+    //! - AllBlocksCleared, once, first: a new manager holds nothing, whatever an earlier process on the same endpoint
+    //!   said.
+    //! - Stored, when pages are registered (step(), append(), and pages a tiered cache brings back): one event per
+    //!   group and run of consecutive pages of one sequence newly registered in that group, with their hashes, the
+    //!   hash of the page before the run (none for the sequence's first page), their token ids (tokensPerPage a
+    //!   page) and, per page, the sequence's salt (its first page only) and the page's extra keys.
+    //! - Removed, when a cached page is evicted (taken for reuse or by evictCached()); consecutive evictions of one
+    //!   group form one event.
+    //! A page registered under a hash another page of its group holds already is not stored again. The calls that
+    //! record events reserve the room they need before they change anything; the buffers grow to the largest batch
+    //! and are then reused (a salt longer than any its row had before is copied into a larger buffer at create() and
+    //! fork()). Throws nothing.
+    void takeEvents(KVEventBatch& out) noexcept;
 
     //! Returns the page counts of `group`. Throws OutOfRangeError for a bad group.
     PageGroupCounts counts(int32_t group) const;

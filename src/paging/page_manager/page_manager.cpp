@@ -84,6 +84,7 @@ PageManager::State::State(KVCacheLayout const& source, PageManagerOptions const&
     }
     setUpCuts(maxEntries);
     sequences = SequenceTable(maxSequences, maxEntries, numGroups(), tokensPerPage, cuts.enabled());
+    setUpEvents(maxEntries);
     stepNeeded.assign(layout.groups.size(), 0);
     stepReleased.assign(layout.groups.size(), 0);
     promptHashes.reserve(static_cast<size_t>(maxEntries));
@@ -187,6 +188,19 @@ SequenceId PageManager::create(SequenceOptions const& options)
     PageHash const root = s.prefix.hasher().root(options.salt, options.saltBytes);
     int32_t const row = s.sequences.take("create");
     SequenceState& sequence = s.sequences[row];
+    if (s.recordsEvents())
+    {
+        auto const* salt = static_cast<uint8_t const*>(options.salt);
+        try
+        {
+            sequence.salt.assign(salt, salt + options.saltBytes);
+        }
+        catch (...)
+        {
+            s.sequences.release(row);
+            throw;
+        }
+    }
     sequence.root = root;
     sequence.lastHash = root;
     return s.sequences.idOf(row);
@@ -259,6 +273,11 @@ SequenceId PageManager::fork(SequenceId parent)
     // The copies that can throw come before the row is taken, so a failed fork changes nothing.
     std::vector<int32_t> firstHeld = s.sequences[parentRow].firstHeld;
     auto pendingKeys = s.sequences[parentRow].pendingKeys;
+    std::vector<uint8_t> salt;
+    if (s.recordsEvents())
+    {
+        salt = s.sequences[parentRow].salt;
+    }
     int32_t const row = s.sequences.take("fork");
     SequenceState const& from = s.sequences[parentRow];
     SequenceState& to = s.sequences[row];
@@ -267,6 +286,10 @@ SequenceId PageManager::fork(SequenceId parent)
     to.lastHash = from.lastHash;
     to.firstHeld = std::move(firstHeld);
     to.pendingKeys = std::move(pendingKeys);
+    if (s.recordsEvents())
+    {
+        to.salt.swap(salt);
+    }
     to.promptCut = from.promptCut;
     to.matchCut = from.matchCut;
     std::memcpy(s.sequences.partial(row), s.sequences.partial(parentRow),
@@ -343,6 +366,10 @@ int32_t PageManager::evictCached(int32_t group, int32_t count)
         throw InvalidArgumentError(fmt::format("PageManager::evictCached: count is {}; it must be >= 0", count));
     }
     PagePool& pool = s.pools[static_cast<size_t>(group)];
+    if (s.recordsEvents())
+    {
+        s.events.reserveMore(1, static_cast<size_t>(std::min(count, pool.numCached())), 0, 0);
+    }
     int32_t evicted = 0;
     while (evicted < count && pool.numCached() > 0)
     {

@@ -22,12 +22,20 @@ NextPageHashes PageManagerInternal::hashNextPages(PageManager const& manager, Se
     known.parent = s.sequences[row].lastHash;
     known.firstPage = s.sequences[row].length >> s.pageShift;
     known.hashes = out;
+    known.tokens = tokens;
+    known.extraKeys = extraKeys;
+    known.numExtraKeys = numExtraKeys;
     return known;
 }
 
 bool PageManagerInternal::hasPage(PageManager const& manager, int32_t group, PageHash hash) noexcept
 {
     return manager.mState->prefix.find(group, hash) != PageHashTable::kNONE_PAGE;
+}
+
+int32_t PageManagerInternal::numRegistered(PageManager const& manager, int32_t group) noexcept
+{
+    return manager.mState->prefix.numRegistered(group);
 }
 
 int32_t PageManagerInternal::firstNeededPage(PageManager const& manager, int32_t group, int32_t pages) noexcept

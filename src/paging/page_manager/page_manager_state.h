@@ -47,6 +47,26 @@ struct PageManager::State
     std::vector<PageHash> promptHashes;
     std::vector<int32_t> promptPages;
 
+    //! KV events (options.recordEvents): what takeEvents() hands over.
+    KVEventBatch events;
+    //! The pages one step entry or one adoptRun filled, in token order (page indices [firstIndex, firstIndex +
+    //! count)), gathered so that each group's run of newly registered pages becomes one stored event.
+    struct FilledPages
+    {
+        int32_t firstIndex = 0;
+        int32_t count = 0;
+        //! The hash of the page before the first (meaningful when firstIndex > 0).
+        PageHash parent = {};
+        std::vector<PageHash> hashes;
+        //! tokensPerPage a page.
+        std::vector<int32_t> tokens;
+        std::vector<KVEventPageKeys> keys;
+        std::vector<uint8_t> keyBytes;
+        //! Per group g and page k, at [g * maxEntries + k]: 1 when the page was newly registered in g.
+        std::vector<uint8_t> fresh;
+    };
+    FilledPages filled;
+
     State(KVCacheLayout const& layout, PageManagerOptions const& options);
 
     int32_t numGroups() const noexcept
@@ -140,6 +160,34 @@ struct PageManager::State
         int32_t row, int32_t const* tokens, int32_t count, PageHash* out, PageExtraKey const* keys, int32_t numKeys);
     void checkInvariants() const;
     void checkGroupInvariants(int32_t group) const;
+
+    // KV events (page_manager_events.cpp) -----------------------------------------------------------------------
+
+    bool recordsEvents() const noexcept
+    {
+        return options.recordEvents;
+    }
+    //! Sizes the scratch of stored events and records AllBlocksCleared; called once from the constructor.
+    void setUpEvents(int32_t maxEntries);
+    //! Reserves the room the events of the (checked, counted) step may take; throws std::bad_alloc.
+    void reserveStepEvents(SequenceAppend const* appends, int32_t count);
+    //! Starts gathering the pages the sequence in `row` fills from page index `firstIndex`.
+    void beginFilled(int32_t row, int32_t firstIndex);
+    //! Adds the next filled page: its hash, its tokens (null: none) and the extra-key bytes its hash mixed in.
+    void addFilled(int32_t row, PageHash hash, int32_t const* tokens, uint8_t const* keyBytes, size_t numKeyBytes);
+    //! addFilled() with the bytes of the extra keys among `keys` (sorted by position) that fall in the page.
+    void addFilled(int32_t row, PageHash hash, int32_t const* tokens, PageExtraKey const* keys, int32_t numKeys);
+    //! Notes that the filled page `k` (0 for the first added) was newly registered in `group`.
+    void markFresh(int32_t group, int32_t k) noexcept
+    {
+        filled
+            .fresh[static_cast<size_t>(group) * static_cast<size_t>(sequences.maxEntries()) + static_cast<size_t>(k)] =
+            1;
+    }
+    //! Adds the next filled page's hash, tokens and salt (page 0 only), its key count still 0.
+    void openFilled(int32_t row, PageHash hash, int32_t const* tokens);
+    //! Records one stored event per group and run of fresh pages gathered, and forgets them.
+    void recordFilled();
 };
 
 } // namespace kvcache::rt
