@@ -177,6 +177,16 @@ public:
     //! for a negative count) and InvalidArgumentError for a capturing stream, before changing anything; CudaError.
     int32_t evictCached(int32_t group, int32_t count, cudaStream_t stream);
 
+    //! Hands over the KV events since the last call when the manager records them (PageManagerOptions::recordEvents;
+    //! none otherwise): `out` is cleared, then holds the manager's events (PageManager::takeEvents, medium GPU)
+    //! followed by the host tiers' (medium CPU) and the disk tier's (medium DISK), each in the order it happened. A
+    //! host or disk page that starts holding a hash is one stored event (that hash, no parent: the pages a tier keeps
+    //! are no chain; no token ids: the tier never sees them, and the same hash was stored on the GPU with its tokens);
+    //! one given up, or dropped after a failed write or read, is a removal. Call it after each step, one batch a step.
+    //! Throws std::bad_alloc when the host and disk events cannot be appended (`out` then holds the manager's, and
+    //! the others are handed over by the next call).
+    void takeEvents(KVEventBatch& out);
+
     //! Returns the counters.
     TieredPrefixCacheStats stats() const noexcept;
     //! Sets every counter to 0.

@@ -33,6 +33,11 @@ bool PageManagerInternal::hasPage(PageManager const& manager, int32_t group, Pag
     return manager.mState->prefix.find(group, hash) != PageHashTable::kNONE_PAGE;
 }
 
+bool PageManagerInternal::recordsEvents(PageManager const& manager) noexcept
+{
+    return manager.mState->recordsEvents();
+}
+
 int32_t PageManagerInternal::numRegistered(PageManager const& manager, int32_t group) noexcept
 {
     return manager.mState->prefix.numRegistered(group);

@@ -49,6 +49,8 @@ public:
 
     //! Returns whether `group` (checked by the caller) has a page registered under `hash`, held or cached.
     static bool hasPage(PageManager const& manager, int32_t group, PageHash hash) noexcept;
+    //! Returns whether the manager records KV events (PageManagerOptions::recordEvents).
+    static bool recordsEvents(PageManager const& manager) noexcept;
     //! Returns the number of hashes registered in `group` (checked by the caller), held or cached pages.
     static int32_t numRegistered(PageManager const& manager, int32_t group) noexcept;
     //! Returns the first page a sequence of `pages` whole pages needs in `group` (checked by the caller): 0 for full

@@ -104,6 +104,8 @@ public:
     //! Returns the disk page map of `group` (its pages are disk pages), or null without a disk tier. Throws
     //! OutOfRangeError naming `what` for a bad group.
     HostPageMap const* diskMap(int32_t group, char const* what = "TieredPrefixCache::diskMap") const;
+    //! TieredPrefixCache::takeEvents.
+    void takeEvents(KVEventBatch& out);
     //! Returns the evictions recorded and not offloaded yet, all groups.
     int64_t numPendingEvictions() const noexcept;
     //! Throws std::logic_error naming the first broken rule: a host page map's own invariants, a host page left
@@ -195,6 +197,8 @@ private:
     //! Per group, its disk pages; empty without a disk tier.
     std::vector<HostPageMap> mDisks;
     TieredPrefixCacheStats mStats;
+    //! The host and disk tiers' KV events since the last takeEvents() (when the manager records events).
+    KVEventBatch mEvents;
 };
 
 } // namespace kvcache::rt::detail
