@@ -19,6 +19,7 @@
 #include "kvcache/memory/layer_ref.h"
 #include "kvcache/memory/page_ops.h"
 // paging: page ids, page hashes, the page manager, page tables
+#include "kvcache/paging/kv_events.h"
 #include "kvcache/paging/page_allocator.h"
 #include "kvcache/paging/page_hash.h"
 #include "kvcache/paging/page_manager.h"
