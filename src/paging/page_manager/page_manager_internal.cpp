@@ -33,6 +33,19 @@ bool PageManagerInternal::hasPage(PageManager const& manager, int32_t group, Pag
     return manager.mState->prefix.find(group, hash) != PageHashTable::kNONE_PAGE;
 }
 
+void PageManagerInternal::registeredHashes(PageManager const& manager, int32_t group, std::vector<PageHash>& out)
+{
+    PageManager::State const& s = *manager.mState;
+    out.clear();
+    for (int32_t page = 0; page < s.pools[static_cast<size_t>(group)].pages.numPages(); ++page)
+    {
+        if (s.prefix.isRegistered(group, page))
+        {
+            out.push_back(s.prefix.hashOf(group, page));
+        }
+    }
+}
+
 bool PageManagerInternal::recordsEvents(PageManager const& manager) noexcept
 {
     return manager.mState->recordsEvents();

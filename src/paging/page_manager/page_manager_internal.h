@@ -51,6 +51,8 @@ public:
     static bool hasPage(PageManager const& manager, int32_t group, PageHash hash) noexcept;
     //! Returns whether the manager records KV events (PageManagerOptions::recordEvents).
     static bool recordsEvents(PageManager const& manager) noexcept;
+    //! Writes to `out` (cleared first) the hashes registered in `group` (checked by the caller), by page id.
+    static void registeredHashes(PageManager const& manager, int32_t group, std::vector<PageHash>& out);
     //! Returns the number of hashes registered in `group` (checked by the caller), held or cached pages.
     static int32_t numRegistered(PageManager const& manager, int32_t group) noexcept;
     //! Returns the first page a sequence of `pages` whole pages needs in `group` (checked by the caller): 0 for full
