@@ -26,6 +26,7 @@
 #include "kvcache/paging/page_table.h"
 // tiers: the pinned host tier and sequence files
 #include "kvcache/tiers/host_tier.h"
+#include "kvcache/tiers/prefix_counters.h"
 #include "kvcache/tiers/sequence_file.h"
 #include "kvcache/tiers/tiered_prefix_cache.h"
 // dist: tensor-parallel shards

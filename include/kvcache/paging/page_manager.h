@@ -127,6 +127,23 @@ struct PageManagerStats
     int64_t copyOnWritePages = 0;
 };
 
+//! Prefix hits of one tenant: the sequences created with one salt (SequenceOptions), since construction (or
+//! resetStats()). The tiers are disjoint: a token found on the device is not counted again on the host or disk.
+struct PrefixTenantStats
+{
+    //! The salt's bytes (empty: sequences without a salt).
+    std::vector<uint8_t> salt;
+    //! The bucket of every salt past PageManager::kMAX_TENANTS distinct ones (salt then empty).
+    bool other = false;
+    //! Tokens offered to adoptPrefix() (TieredPrefixCache::admit() included).
+    int64_t queryTokens = 0;
+    //! Of those, tokens adopted from the device, brought back from a host tier, and read back from a disk tier
+    //! (the last two through a TieredPrefixCache).
+    int64_t deviceHitTokens = 0;
+    int64_t hostHitTokens = 0;
+    int64_t diskHitTokens = 0;
+};
+
 namespace detail
 {
 //! The library's own access to a PageManager beyond its public calls (src/paging/page_manager/page_manager_internal.h).
@@ -314,7 +331,13 @@ public:
     PageGroupCounts counts(int32_t group) const;
     //! Returns the prefix and copy-on-write counters.
     PageManagerStats stats() const noexcept;
-    //! Sets every counter of stats() to 0.
+    //! Returns the prefix hits of each tenant (salt) seen, in the order their first sequence was created: each salt
+    //! is kept once, up to kMAX_TENANTS of them; sequences of later new salts count in one last entry marked
+    //! `other`. Allocates the snapshot.
+    std::vector<PrefixTenantStats> tenantStats() const;
+    //! Distinct salts counted apart by tenantStats().
+    static constexpr int32_t kMAX_TENANTS = 256;
+    //! Sets every counter of stats() and tenantStats() to 0 (the tenants seen stay listed).
     void resetStats() noexcept;
 
     //! Returns normally when the state is consistent; throws std::logic_error describing the first broken invariant:

@@ -80,6 +80,8 @@ struct TieredPrefixCacheStats
     int64_t evictedDiskPages = 0;
     int64_t restoredPages = 0;
     int64_t diskFailures = 0;
+    //! Of hostHitTokens, tokens whose page some group read back from the disk tier for the admission.
+    int64_t diskHitTokens = 0;
 };
 
 //! A two-tier prefix cache: a PageManager's cached device pages, and pinned host memory (one HostTier per page group)

@@ -46,6 +46,15 @@ void PageManagerInternal::registeredHashes(PageManager const& manager, int32_t g
     }
 }
 
+void PageManagerInternal::addTenantHits(
+    PageManager& manager, SequenceId sequence, int64_t hostTokens, int64_t diskTokens) noexcept
+{
+    PageManager::State& s = *manager.mState;
+    PrefixTenantStats& stats = s.tenantStats(s.sequences[SequenceTable::rowOfLive(sequence)].tenant);
+    stats.hostHitTokens += hostTokens;
+    stats.diskHitTokens += diskTokens;
+}
+
 bool PageManagerInternal::recordsEvents(PageManager const& manager) noexcept
 {
     return manager.mState->recordsEvents();

@@ -49,6 +49,10 @@ public:
 
     //! Returns whether `group` (checked by the caller) has a page registered under `hash`, held or cached.
     static bool hasPage(PageManager const& manager, int32_t group, PageHash hash) noexcept;
+    //! Adds tokens found on a host tier and on a disk tier for `sequence` (live, checked by the caller) to its
+    //! tenant's counters (PageManager::tenantStats).
+    static void addTenantHits(
+        PageManager& manager, SequenceId sequence, int64_t hostTokens, int64_t diskTokens) noexcept;
     //! Returns whether the manager records KV events (PageManagerOptions::recordEvents).
     static bool recordsEvents(PageManager const& manager) noexcept;
     //! Writes to `out` (cleared first) the hashes registered in `group` (checked by the caller), by page id.

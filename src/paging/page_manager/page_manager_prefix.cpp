@@ -33,6 +33,7 @@ int32_t PageManager::State::adoptPrefix(
     }
     checkExtraKeys("adoptPrefix", keys, numKeys, 0, count);
     prefixQueryTokens += count;
+    tenantStats(sequence.tenant).queryTokens += count;
     // The cuts a sequence waits for are those of the last prompt it was offered (an empty sequence may be offered
     // several).
     sequence.promptCut = 0;
@@ -131,6 +132,7 @@ int32_t PageManager::State::adoptPrefix(
     sequence.length = pages * tokensPerPage;
     sequence.lastHash = promptHashes[static_cast<size_t>(pages - 1)];
     prefixHitTokens += sequence.length;
+    tenantStats(sequence.tenant).deviceHitTokens += sequence.length;
     makeCut(row, pages);
     return sequence.length;
 }

@@ -47,6 +47,23 @@ struct PageManager::State
     std::vector<PageHash> promptHashes;
     std::vector<int32_t> promptPages;
 
+    //! Per tenant (distinct salt, by the root hash it gives), its prefix hits; up to kMAX_TENANTS, reserved at
+    //! construction, then the bucket of other salts.
+    struct Tenant
+    {
+        PageHash root = {};
+        PrefixTenantStats stats;
+    };
+    std::vector<Tenant> tenants;
+    PrefixTenantStats otherTenant;
+    //! Returns the counters of tenant `index` (-1: the bucket of other salts).
+    PrefixTenantStats& tenantStats(int32_t index) noexcept
+    {
+        return index < 0 ? otherTenant : tenants[static_cast<size_t>(index)].stats;
+    }
+    //! Returns the tenant of the salt whose root is `root`, adding it (a copy of its salt) while there is room.
+    int32_t tenantOf(PageHash root, void const* salt, size_t saltBytes);
+
     //! KV events (options.recordEvents): what takeEvents() hands over.
     KVEventBatch events;
     //! The pages one step entry or one adoptRun filled, in token order (page indices [firstIndex, firstIndex +

@@ -111,6 +111,7 @@ TieredPrefixCacheCore::TieredPrefixCacheCore(
     mTokensPerPage = layout.tokensPerPage;
     int64_t const pagesPerSequence = (int64_t{layout.maxSequenceLength} + mTokensPerPage - 1) / mTokensPerPage;
     mHashes.resize(static_cast<size_t>(pagesPerSequence));
+    mRunFromDisk.assign(static_cast<size_t>(pagesPerSequence), 0);
     mGroups.reserve(layout.groups.size());
     for (size_t g = 0; g < layout.groups.size(); ++g)
     {

@@ -170,8 +170,9 @@ private:
     void spill(TierMover& mover, int32_t g, int32_t hostPage, PageHash hash);
     //! Adopts the longest run of pages after `length` that the device, the host and the disk hold between them
     //! (PageManagerInternal::adoptRun) and onboards its fresh pages; returns its tokens.
+    //! Writes to diskTokens the run's tokens whose page some group read back from the disk.
     int32_t onboardRun(TierMover& mover, SequenceId sequence, int32_t const* tokens, int32_t count, int32_t length,
-        PageExtraKey const* keys, int32_t numKeys);
+        PageExtraKey const* keys, int32_t numKeys, int32_t& diskTokens);
     //! Returns where page `index` of the run in mHashes is in `group` (Group::runPlaces), looking it up once.
     RunPlace source(int32_t group, int32_t index);
     //! Returns whether every page a run of `pages` pages needs (all in full attention, the window before its end in a
@@ -192,6 +193,8 @@ private:
     int32_t mTokensPerPage = 0;
     std::vector<Group> mGroups;
     std::vector<PageHash> mHashes;
+    //! Per page of an admission's run: 1 when some group read it back from the disk.
+    std::vector<uint8_t> mRunFromDisk;
     //! The fresh pages of an admission's run, per group.
     std::vector<std::vector<FreshPage>> mFresh;
     //! Per group, its disk pages; empty without a disk tier.
