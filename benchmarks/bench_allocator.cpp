@@ -712,7 +712,8 @@ void registerAll()
             benchmark::RegisterBenchmark(("prefix_admit" + suffix).c_str(), prefixAdmit, tokensPerPage, hash.algorithm);
             benchmark::RegisterBenchmark(("prompt_cache" + suffix).c_str(), promptCache, tokensPerPage, hash.algorithm);
             // The baseline runs 3 (--repeats 3) to 7 seeds of its simulation; each iteration here is one seed.
-            benchmark::RegisterBenchmark(("batching_sim" + suffix).c_str(), batchingSim, tokensPerPage, hash.algorithm)
+            benchmark::RegisterBenchmark(
+                ("batching_sim" + suffix).c_str(), batchingSim, tokensPerPage, hash.algorithm, SimEvents::kOFF)
                 ->UseManualTime()
                 ->Iterations(3)
                 ->Unit(benchmark::kMillisecond);

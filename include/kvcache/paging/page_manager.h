@@ -164,7 +164,9 @@ using EvictionCallback = std::function<void(int32_t group, int32_t page, PageHas
 //! between forks with copy-on-write, prefix reuse through chained page hashes with least-recently-used eviction, and
 //! the page lists attention kernels read. It never touches device memory: step() returns the copies it asks for, one
 //! PageCopy list per group (StepCopies), to run with copyPages before the step's kernels write; it allocates nothing
-//! after construction except in checkInvariants(). pagesNeeded() and canStep() tell, changing nothing, what a step
+//! after construction except in checkInvariants() and tenantStats(), at create() for a salt it has not seen (a copy
+//! for its tenant's counters, kMAX_TENANTS at most), and with recordEvents when the events outgrow their buffers
+//! (takeEvents). pagesNeeded() and canStep() tell, changing nothing, what a step
 //! would take: running out of pages is a routine scheduling event, not an error to provoke.
 //!
 //! Sequences: a sequence holds, in each group, one entry per page of its tokens in token order. In a group with a
