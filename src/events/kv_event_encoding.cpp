@@ -2,6 +2,7 @@
 // gives both forms). msgpack-cxx's packer writes each value in its shortest form.
 #include "kvcache/events/kv_event_publisher.h"
 
+#include <cstdint>
 #include <cstring>
 #include <msgpack.hpp>
 
@@ -22,6 +23,19 @@ struct ByteWriter
 };
 
 using Packer = msgpack::packer<ByteWriter>;
+
+//! A float64 (0xcb, then the IEEE 754 bits big-endian), whatever its value: msgpack-cxx's pack_double writes a
+//! double that holds an integer as an integer, and vLLM's ts is always a float.
+void packFloat64(std::vector<uint8_t>& out, double value)
+{
+    uint64_t bits = 0;
+    std::memcpy(&bits, &value, sizeof(bits));
+    out.push_back(0xcb);
+    for (int i = 7; i >= 0; --i)
+    {
+        out.push_back(static_cast<uint8_t>(bits >> (8 * i)));
+    }
+}
 
 void packString(Packer& packer, char const* text)
 {
@@ -218,7 +232,7 @@ void encodeKVEventBatch(KVEventBatch const& batch, double timestamp, KVEventEnco
     {
         packer.pack_array(3);
     }
-    packer.pack_double(timestamp);
+    packFloat64(out, timestamp);
     if (map)
     {
         packString(packer, "events");

@@ -135,6 +135,19 @@ TEST(KVEventEncoding, BlockStoredWithoutParentTokensOrKeys)
     EXPECT_EQ(encode(batch, KVEventEncoding::kTAGGED_ARRAY, std::nullopt), array);
 }
 
+TEST(KVEventEncoding, TimestampsAreAlwaysFloat64)
+{
+    // 0.0 and 2.0 hold integers; vLLM's ts is a float all the same: 0xcb and the bits, big-endian.
+    KVEventBatch batch;
+    batch.addAllCleared();
+    Bytes zero;
+    encodeKVEventBatch(batch, 0.0, KVEventEncoding::kTAGGED_ARRAY, std::nullopt, zero);
+    EXPECT_EQ(Bytes(zero.begin(), zero.begin() + 10), (Bytes{0x93, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0}));
+    Bytes two;
+    encodeKVEventBatch(batch, 2.0, KVEventEncoding::kTAGGED_ARRAY, std::nullopt, two);
+    EXPECT_EQ(Bytes(two.begin(), two.begin() + 10), (Bytes{0x93, 0xcb, 0x40, 0, 0, 0, 0, 0, 0, 0}));
+}
+
 TEST(KVEventEncoding, EncodingNamesAndAppending)
 {
     EXPECT_STREQ(toString(KVEventEncoding::kTAGGED_MAP), "tagged-map");
