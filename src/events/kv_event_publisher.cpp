@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <mutex>
 #include <thread>
 #include <utility>
@@ -91,6 +92,13 @@ struct KVEventPublisher::Impl
         int64_t sequence = -1;
         std::vector<uint8_t> payload;
     };
+    //! One batch waiting for the sending thread.
+    struct Queued
+    {
+        int64_t sequence = -1;
+        double timestamp = 0;
+        KVEventBatch batch;
+    };
 
     KVEventPublisherOptions options;
     zmq::context_t context{1};
@@ -98,23 +106,38 @@ struct KVEventPublisher::Impl
     zmq::socket_t replay;
     std::string pubEndpoint;
     std::string replayEndpoint;
-    std::vector<uint8_t> payload;
-    int64_t nextSequence = 0;
-    int32_t subscriptions = 0;
 
-    //! The replay buffer, a ring of options.replayBatches batches (only with a replay endpoint), and the counters the
-    //! replay thread changes, under `mutex`.
-    mutable std::mutex mutex;
+    //! The queue publish() fills and the sending thread empties, a ring of options.queueBatches slots whose batches
+    //! keep their buffers, under queueMutex.
+    std::mutex queueMutex;
+    std::condition_variable queueChanged;
+    std::vector<Queued> queue;
+    size_t queueHead = 0;
+    size_t queueSize = 0;
+    int64_t nextSequence = 0;
+    //! Batches the sending thread has finished with (sent or dropped), all of them below nextSequence.
+    int64_t finished = 0;
+
+    //! The replay buffer, a ring of options.replayBatches payloads (only with a replay endpoint), under `mutex`.
+    std::mutex mutex;
     std::vector<Kept> kept;
     size_t nextKept = 0;
-    KVEventPublisherStats stats;
-    std::atomic<bool> running{false};
-    std::thread thread;
+
+    std::atomic<int64_t> batches{0};
+    std::atomic<int64_t> events{0};
+    std::atomic<int64_t> dropped{0};
+    std::atomic<int64_t> replays{0};
+    std::atomic<int64_t> badReplays{0};
+    std::atomic<int32_t> subscriptions{0};
+    std::atomic<bool> running{true};
+    std::thread sender;
+    std::thread replayer;
 
     explicit Impl(KVEventPublisherOptions const& opts)
         : options(opts)
     {
         checkRange("replayBatches", options.replayBatches, 1, int64_t{1} << 20);
+        checkRange("queueBatches", options.queueBatches, 1, int64_t{1} << 20);
         checkRange("sendHighWaterMark", options.sendHighWaterMark, 1, int64_t{1} << 24);
         if (options.encoding != KVEventEncoding::kTAGGED_MAP && options.encoding != KVEventEncoding::kTAGGED_ARRAY)
         {
@@ -124,8 +147,10 @@ struct KVEventPublisher::Impl
         }
         pub.set(zmq::sockopt::linger, 0);
         pub.set(zmq::sockopt::sndhwm, options.sendHighWaterMark);
-        // A full subscriber queue makes a non-blocking send fail instead of dropping silently, so drops are counted.
+        // A full subscriber queue makes a non-blocking send fail instead of dropping silently, so drops are counted;
+        // every subscribe and unsubscribe is passed on, so subscribers are counted.
         pub.set(zmq::sockopt::xpub_nodrop, 1);
+        pub.set(zmq::sockopt::xpub_verboser, 1);
         pubEndpoint = open(pub, "endpoint", options.endpoint, binds(options.endpoint));
         if (!options.replayEndpoint.empty())
         {
@@ -133,21 +158,46 @@ struct KVEventPublisher::Impl
             replay.set(zmq::sockopt::linger, 0);
             replayEndpoint = open(replay, "replayEndpoint", options.replayEndpoint, true);
             kept.resize(static_cast<size_t>(options.replayBatches));
-            running = true;
-            thread = std::thread([this] { serveReplays(); });
+        }
+        queue.resize(static_cast<size_t>(options.queueBatches));
+        sender = std::thread([this] { sendQueued(); });
+        if (replay)
+        {
+            try
+            {
+                replayer = std::thread([this] { serveReplays(); });
+            }
+            catch (...)
+            {
+                stop();
+                throw;
+            }
+        }
+    }
+
+    //! Lets the threads finish and joins them.
+    void stop() noexcept
+    {
+        {
+            std::lock_guard<std::mutex> lock(queueMutex);
+            running = false;
+        }
+        queueChanged.notify_all();
+        for (std::thread* thread : {&sender, &replayer})
+        {
+            if (thread->joinable())
+            {
+                thread->join();
+            }
         }
     }
 
     ~Impl()
     {
-        running = false;
-        if (thread.joinable())
-        {
-            thread.join();
-        }
+        stop();
     }
 
-    //! Counts the subscribe (first byte 1) and unsubscribe (0) messages waiting on the PUB socket.
+    //! Counts the subscribe (first byte 1) and unsubscribe (0) messages waiting on the PUB socket (sending thread).
     void drainSubscriptions()
     {
         zmq::message_t message;
@@ -166,31 +216,103 @@ struct KVEventPublisher::Impl
         {
             return -1;
         }
-        drainSubscriptions();
-        payload.clear();
-        encodeKVEventBatch(batch, timestamp, options.encoding, options.dataParallelRank, payload);
-        int64_t const sequence = nextSequence++;
-        std::array<uint8_t, 8> const sequenceBytes = bigEndian(sequence);
-        // The parts of one message go out together or not at all: only the first send can be refused.
-        bool const sent =
-            pub.send(zmq::buffer(options.topic), zmq::send_flags::sndmore | zmq::send_flags::dontwait).has_value();
-        if (sent)
+        int64_t sequence = 0;
         {
-            pub.send(zmq::buffer(sequenceBytes), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-            pub.send(zmq::buffer(payload), zmq::send_flags::dontwait);
-        }
-        std::lock_guard<std::mutex> lock(mutex);
-        ++stats.batches;
-        stats.events += static_cast<int64_t>(batch.events().size());
-        stats.droppedBatches += sent ? 0 : 1;
-        if (!kept.empty())
-        {
-            Kept& slot = kept[nextKept];
+            std::lock_guard<std::mutex> lock(queueMutex);
+            sequence = nextSequence++;
+            ++batches;
+            events += static_cast<int64_t>(batch.events().size());
+            if (queueSize == queue.size())
+            {
+                // The sending thread is a whole queue behind: this batch is lost, and its sequence number is a gap.
+                ++dropped;
+                ++finished;
+                return sequence;
+            }
+            Queued& slot = queue[(queueHead + queueSize) % queue.size()];
             slot.sequence = sequence;
-            slot.payload.assign(payload.begin(), payload.end());
-            nextKept = (nextKept + 1) % kept.size();
+            slot.timestamp = timestamp;
+            slot.batch = batch;
+            ++queueSize;
         }
+        queueChanged.notify_all();
         return sequence;
+    }
+
+    bool flush(int32_t timeoutMs)
+    {
+        std::unique_lock<std::mutex> lock(queueMutex);
+        return queueChanged.wait_for(
+            lock, std::chrono::milliseconds(timeoutMs), [this] { return finished == nextSequence; });
+    }
+
+    //! The sending thread: encodes and sends each queued batch in order, keeps it for replay, and counts the
+    //! subscriptions; it finishes what is queued before it stops.
+    void sendQueued()
+    {
+        KVEventBatch batch;
+        std::vector<uint8_t> payload;
+        while (true)
+        {
+            int64_t sequence = 0;
+            double timestamp = 0;
+            {
+                std::unique_lock<std::mutex> lock(queueMutex);
+                queueChanged.wait_for(
+                    lock, std::chrono::milliseconds(10), [this] { return queueSize > 0 || !running; });
+                if (queueSize == 0)
+                {
+                    if (!running)
+                    {
+                        return;
+                    }
+                    lock.unlock();
+                    drainSubscriptions();
+                    continue;
+                }
+                Queued& slot = queue[queueHead];
+                sequence = slot.sequence;
+                timestamp = slot.timestamp;
+                batch.swap(slot.batch);
+                queueHead = (queueHead + 1) % queue.size();
+                --queueSize;
+            }
+            try
+            {
+                drainSubscriptions();
+                payload.clear();
+                encodeKVEventBatch(batch, timestamp, options.encoding, options.dataParallelRank, payload);
+                std::array<uint8_t, 8> const sequenceBytes = bigEndian(sequence);
+                // The parts of one message go out together or not at all: only the first send can be refused.
+                bool const sent =
+                    pub.send(zmq::buffer(options.topic), zmq::send_flags::sndmore | zmq::send_flags::dontwait)
+                        .has_value();
+                if (sent)
+                {
+                    pub.send(zmq::buffer(sequenceBytes), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+                    pub.send(zmq::buffer(payload), zmq::send_flags::dontwait);
+                }
+                dropped += sent ? 0 : 1;
+                if (!kept.empty())
+                {
+                    std::lock_guard<std::mutex> lock(mutex);
+                    Kept& slot = kept[nextKept];
+                    slot.sequence = sequence;
+                    slot.payload.assign(payload.begin(), payload.end());
+                    nextKept = (nextKept + 1) % kept.size();
+                }
+            }
+            catch (std::exception const&)
+            {
+                // Memory or ZeroMQ failed for this batch: it is lost like a refused one, and the thread goes on.
+                ++dropped;
+            }
+            {
+                std::lock_guard<std::mutex> lock(queueMutex);
+                ++finished;
+            }
+            queueChanged.notify_all();
+        }
     }
 
     //! The replay thread: answers each request with the kept batches from its start on, oldest first, then the end
@@ -220,15 +342,14 @@ struct KVEventPublisher::Impl
                 } while (request.back().more());
                 if (request.size() != 3 || request[1].size() != 0 || request[2].size() != 8)
                 {
-                    std::lock_guard<std::mutex> lock(mutex);
-                    ++stats.badReplayRequests;
+                    ++badReplays;
                     continue;
                 }
                 int64_t const start = fromBigEndian(static_cast<uint8_t const*>(request[2].data()));
                 answer.clear();
                 {
                     std::lock_guard<std::mutex> lock(mutex);
-                    ++stats.replays;
+                    ++replays;
                     for (size_t i = 0; i < kept.size(); ++i)
                     {
                         Kept const& slot = kept[(nextKept + i) % kept.size()];
@@ -283,9 +404,13 @@ int64_t KVEventPublisher::publish(KVEventBatch const& batch, double timestamp)
     return mImpl->publish(batch, timestamp);
 }
 
-int32_t KVEventPublisher::numSubscribers()
+bool KVEventPublisher::flush(int32_t timeoutMs)
 {
-    mImpl->drainSubscriptions();
+    return mImpl->flush(timeoutMs);
+}
+
+int32_t KVEventPublisher::numSubscribers() const noexcept
+{
     return mImpl->subscriptions;
 }
 
@@ -294,14 +419,11 @@ bool KVEventPublisher::waitForSubscriber(int32_t timeoutMs)
     auto const deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeoutMs);
     while (numSubscribers() == 0)
     {
-        auto const left =
-            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-        if (left.count() <= 0)
+        if (std::chrono::steady_clock::now() >= deadline)
         {
             return false;
         }
-        zmq::pollitem_t item{mImpl->pub.handle(), 0, ZMQ_POLLIN, 0};
-        zmq::poll(&item, 1, left);
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     return true;
 }
@@ -316,10 +438,15 @@ std::string const& KVEventPublisher::replayEndpoint() const noexcept
     return mImpl->replayEndpoint;
 }
 
-KVEventPublisherStats KVEventPublisher::stats() const
+KVEventPublisherStats KVEventPublisher::stats() const noexcept
 {
-    std::lock_guard<std::mutex> lock(mImpl->mutex);
-    return mImpl->stats;
+    KVEventPublisherStats stats;
+    stats.batches = mImpl->batches;
+    stats.events = mImpl->events;
+    stats.droppedBatches = mImpl->dropped;
+    stats.replays = mImpl->replays;
+    stats.badReplayRequests = mImpl->badReplays;
+    return stats;
 }
 
 } // namespace kvcache::rt

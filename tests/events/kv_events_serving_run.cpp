@@ -186,6 +186,11 @@ int main(int argc, char** argv)
         manager.takeEvents(batch);
         last = std::max(last, publisher.publish(batch));
     }
+    if (!publisher.flush(20000))
+    {
+        std::fprintf(stderr, "the batches were not sent within 20 s\n");
+        return 4;
+    }
     KVEventPublisherStats const stats = publisher.stats();
     std::cout << "last " << last << "\n";
     std::cout << "dropped " << stats.droppedBatches << "\n";

@@ -1,6 +1,7 @@
 // Host tests of KVEventPublisher over loopback TCP (random free ports): bad options refused with named errors; a
 // subscriber receives each batch as three frames (topic, sequence number, payload); a subscriber that never reads
-// never blocks publish(), drops are counted, and the replay socket hands back every batch from a sequence number on.
+// never blocks publish(), drops are counted, and the replay socket hands back every batch from a sequence number on;
+// a full publisher queue drops what does not fit.
 
 #include "kvcache/core/errors.h"
 #include "kvcache/events/kv_event_publisher.h"
@@ -105,6 +106,10 @@ TEST(KVEventPublisher, RefusesBadOptionsNamingThem)
     EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
         [&] { KVEventPublisher p(options); }, {"options.sendHighWaterMark", "-3", "[1, 16777216]"}));
     options.sendHighWaterMark = 1;
+    options.queueBatches = 0;
+    EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
+        [&] { KVEventPublisher p(options); }, {"options.queueBatches", "is 0", "[1, 1048576]"}));
+    options.queueBatches = 1;
     options.encoding = static_cast<KVEventEncoding>(5);
     EXPECT_TRUE(throwsNaming<InvalidArgumentError>([&] { KVEventPublisher p(options); }, {"options.encoding", "5"}));
 }
@@ -140,6 +145,7 @@ TEST(KVEventPublisher, SubscriberReceivesEachBatchAsThreeFrames)
             EXPECT_EQ(sequenceOf(parts[1]), static_cast<int64_t>(i));
             EXPECT_EQ(bytesOf(parts[2]), payloadOf(batchOf(i, 2), 10.0 + static_cast<double>(i), options));
         }
+        ASSERT_TRUE(publisher.flush(5000));
         KVEventPublisherStats const stats = publisher.stats();
         EXPECT_EQ(stats.batches, 3);
         EXPECT_EQ(stats.events, 3);
@@ -174,6 +180,7 @@ TEST(KVEventPublisher, SlowSubscriberNeverBlocksDropsAreCountedAndReplayRecovers
         slowest = std::max(slowest, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
         ++published;
     }
+    ASSERT_TRUE(publisher.flush(10000));
     KVEventPublisherStats const stats = publisher.stats();
     EXPECT_GT(stats.droppedBatches, 0) << "published " << published;
     EXPECT_EQ(stats.batches, published);
@@ -232,6 +239,26 @@ TEST(KVEventPublisher, SlowSubscriberNeverBlocksDropsAreCountedAndReplayRecovers
     zmq::pollitem_t replies{dealer.handle(), 0, ZMQ_POLLIN, 0};
     EXPECT_EQ(zmq::poll(&replies, 1, std::chrono::milliseconds(300)), 0);
     EXPECT_EQ(publisher.stats().badReplayRequests, 1);
+}
+
+TEST(KVEventPublisher, AFullQueueDropsAndCountsTheBatch)
+{
+    // One queue slot and many batches at once: some find the slot taken (the sending thread is busy with the one
+    // before). Each still gets its sequence number, and every batch ends up sent or dropped.
+    KVEventPublisherOptions options;
+    options.endpoint = "tcp://127.0.0.1:*";
+    options.queueBatches = 1;
+    KVEventPublisher publisher(options);
+    KVEventBatch const batch = batchOf(1, 256);
+    for (int64_t i = 0; i < 2000; ++i)
+    {
+        ASSERT_EQ(publisher.publish(batch, 1.0), i);
+    }
+    ASSERT_TRUE(publisher.flush(10000));
+    KVEventPublisherStats const stats = publisher.stats();
+    EXPECT_EQ(stats.batches, 2000);
+    EXPECT_GT(stats.droppedBatches, 0);
+    EXPECT_LT(stats.droppedBatches, 2000);
 }
 
 } // namespace

@@ -58,6 +58,9 @@ struct KVEventPublisherOptions
     std::optional<int32_t> dataParallelRank = {};
     //! Batches kept for replay, the most recent; [1, 1 << 20].
     int32_t replayBatches = 10000;
+    //! Batches publish() may queue for the sending thread; [1, 1 << 20]. One published while the queue is full is
+    //! dropped (counted), its sequence number a gap no replay fills.
+    int32_t queueBatches = 4096;
     //! Messages queued per subscriber before a batch is dropped (ZeroMQ's send high-water mark); [1, 1 << 24].
     int32_t sendHighWaterMark = 100000;
 };
@@ -68,7 +71,8 @@ struct KVEventPublisherStats
     //! Batches given a sequence number (sent or dropped), and their events.
     int64_t batches = 0;
     int64_t events = 0;
-    //! Batches not sent because a subscriber's queue was full (they stay in the replay buffer).
+    //! Batches not sent: refused because a subscriber's queue was full (they stay in the replay buffer), or published
+    //! while the publisher's own queue was full (lost).
     int64_t droppedBatches = 0;
     //! Replay requests served, and requests refused as malformed.
     int64_t replays = 0;
@@ -81,10 +85,11 @@ struct KVEventPublisherStats
 //! an empty frame and the 8-byte big-endian start, and receives [empty, sequence, payload] for each batch still kept
 //! from there, then [empty, -1 as 8 bytes, empty].
 //!
-//! publish() never blocks: the PUB side sends without waiting and refuses (ZMQ_XPUB_NODROP) a batch that some
-//! subscriber's queue has no room for; the batch is then counted as dropped, for everyone, and stays available for
-//! replay. Replay requests are served by a thread of the publisher's own. Not thread-safe otherwise: one owner calls
-//! publish(). Neither copyable nor movable.
+//! publish() never blocks and costs the caller a copy of the batch: it queues the batch with its sequence number, and
+//! a thread of the publisher's own encodes and sends it. That thread sends without waiting and the PUB side refuses
+//! (ZMQ_XPUB_NODROP) a batch that some subscriber's queue has no room for; the batch is then counted as dropped, for
+//! everyone, and stays available for replay. Replay requests are served by another thread of the publisher's. One
+//! owner calls publish() and flush(); the other calls may come from any thread. Neither copyable nor movable.
 class KVEventPublisher
 {
 public:
@@ -92,18 +97,23 @@ public:
     //! for an option out of range, an empty or malformed endpoint, or one that cannot be bound or connected; nothing
     //! is left open then.
     explicit KVEventPublisher(KVEventPublisherOptions const& options = {});
-    //! Stops the replay thread and closes the sockets without waiting for unsent messages; never throws.
+    //! Sends what is queued (without waiting for any subscriber), stops the threads and closes the sockets; never
+    //! throws.
     ~KVEventPublisher();
     KVEventPublisher(KVEventPublisher const&) = delete;
     KVEventPublisher& operator=(KVEventPublisher const&) = delete;
 
-    //! Publishes `batch` (nothing when it is empty) at the current time; returns its sequence number, or -1 when empty.
+    //! Queues a copy of `batch` (nothing when it is empty) for sending, stamped with the current time; returns its
+    //! sequence number, or -1 when empty. Throws std::bad_alloc (nothing queued then).
     int64_t publish(KVEventBatch const& batch);
     //! publish() at `timestamp` (seconds since the epoch).
     int64_t publish(KVEventBatch const& batch, double timestamp);
+    //! Waits until every batch published so far is sent or dropped; returns false after `timeoutMs` milliseconds.
+    bool flush(int32_t timeoutMs);
 
-    //! Returns the number of subscriptions the PUB socket has seen (subscribe less unsubscribe messages).
-    int32_t numSubscribers();
+    //! Returns the number of subscriptions the PUB socket has seen (subscribe less unsubscribe messages), as the
+    //! sending thread last counted them (it looks at least every 10 ms).
+    int32_t numSubscribers() const noexcept;
     //! Returns once a subscriber has subscribed (true) or after `timeoutMs` milliseconds (false).
     bool waitForSubscriber(int32_t timeoutMs);
 
@@ -111,7 +121,7 @@ public:
     //! without one).
     std::string const& endpoint() const noexcept;
     std::string const& replayEndpoint() const noexcept;
-    KVEventPublisherStats stats() const;
+    KVEventPublisherStats stats() const noexcept;
 
 private:
     struct Impl;

@@ -198,6 +198,7 @@ SequenceId PageManager::create(SequenceOptions const& options)
         {
             auto const* salt = static_cast<uint8_t const*>(options.salt);
             sequence.salt.assign(salt, salt + options.saltBytes);
+            s.keysSeen = s.keysSeen || options.saltBytes > 0;
         }
     }
     catch (...)

@@ -38,8 +38,14 @@ void PageManager::State::reserveStepEvents(SequenceAppend const* appends, int32_
     {
         taken += static_cast<size_t>(stepNeeded[static_cast<size_t>(g)]);
     }
+    // Key bytes: a salt or extra keys ever given (keysSeen) make the step's entries worth a look; until then, a step
+    // whose appends carry no key stores pages without any.
+    for (int32_t i = 0; i < count && !keysSeen; ++i)
+    {
+        keysSeen = appends[i].numExtraKeys > 0;
+    }
     size_t keyBytes = 0;
-    for (int32_t i = 0; i < count; ++i)
+    for (int32_t i = 0; i < count && keysSeen; ++i)
     {
         SequenceAppend const& append = appends[i];
         SequenceState const& sequence = sequences[SequenceTable::rowOfLive(append.sequence)];

@@ -66,6 +66,9 @@ struct PageManager::State
 
     //! KV events (options.recordEvents): what takeEvents() hands over.
     KVEventBatch events;
+    //! Whether a sequence was created with a salt or an append carried extra keys since events were on: until then no
+    //! stored page has key bytes.
+    bool keysSeen = false;
     //! The pages one step entry or one adoptRun filled, in token order (page indices [firstIndex, firstIndex +
     //! count)), gathered so that each group's run of newly registered pages becomes one stored event.
     struct FilledPages

@@ -318,10 +318,8 @@ void PageManager::State::registerFilledPages(SequenceAppend const& append, int32
     int64_t position = sequence.length;
     int32_t consumed = 0;
     bool const record = recordsEvents();
-    if (record)
-    {
-        beginFilled(row, static_cast<int32_t>(position >> pageShift));
-    }
+    // Gathered from the first page the append fills: most decode appends fill none.
+    bool gathering = false;
     while (consumed < append.count)
     {
         int32_t const inPage = static_cast<int32_t>(position & pageMask);
@@ -357,6 +355,12 @@ void PageManager::State::registerFilledPages(SequenceAppend const& append, int32
         {
             hash = hashFilledPage(sequence, append, pageTokens, start);
         }
+        if (record && !gathering)
+        {
+            // Before lastHash moves on: it is the first filled page's parent.
+            beginFilled(row, pageIndex);
+            gathering = true;
+        }
         sequence.lastHash = hash;
         if (record)
         {
@@ -376,7 +380,7 @@ void PageManager::State::registerFilledPages(SequenceAppend const& append, int32
             filledPage(row, pageIndex, hash);
         }
     }
-    if (record)
+    if (gathering)
     {
         recordFilled();
     }
