@@ -117,6 +117,8 @@ struct KVEventPublisher::Impl
     int64_t nextSequence = 0;
     //! Batches the sending thread has finished with (sent or dropped), all of them below nextSequence.
     int64_t finished = 0;
+    //! Whether the sending thread waits on queueChanged (else it looks at the queue before it waits again).
+    bool senderWaiting = false;
 
     //! The replay buffer, a ring of options.replayBatches payloads (only with a replay endpoint), under `mutex`.
     std::mutex mutex;
@@ -234,6 +236,11 @@ struct KVEventPublisher::Impl
             slot.timestamp = timestamp;
             slot.batch = batch;
             ++queueSize;
+            if (!senderWaiting)
+            {
+                // The sending thread looks at the queue again before it waits: no wake-up needed.
+                return sequence;
+            }
         }
         queueChanged.notify_all();
         return sequence;
@@ -258,8 +265,10 @@ struct KVEventPublisher::Impl
             double timestamp = 0;
             {
                 std::unique_lock<std::mutex> lock(queueMutex);
+                senderWaiting = true;
                 queueChanged.wait_for(
                     lock, std::chrono::milliseconds(10), [this] { return queueSize > 0 || !running; });
+                senderWaiting = false;
                 if (queueSize == 0)
                 {
                     if (!running)
