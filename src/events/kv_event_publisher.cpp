@@ -221,10 +221,16 @@ struct KVEventPublisher::Impl
         int64_t sequence = 0;
         {
             std::lock_guard<std::mutex> lock(queueMutex);
+            bool const full = queueSize == queue.size();
+            if (!full)
+            {
+                // The copy first: when it throws, the slot is not in the queue and nothing was counted.
+                queue[(queueHead + queueSize) % queue.size()].batch = batch;
+            }
             sequence = nextSequence++;
             ++batches;
             events += static_cast<int64_t>(batch.events().size());
-            if (queueSize == queue.size())
+            if (full)
             {
                 // The sending thread is a whole queue behind: this batch is lost, and its sequence number is a gap.
                 ++dropped;
@@ -234,7 +240,6 @@ struct KVEventPublisher::Impl
             Queued& slot = queue[(queueHead + queueSize) % queue.size()];
             slot.sequence = sequence;
             slot.timestamp = timestamp;
-            slot.batch = batch;
             ++queueSize;
             if (!senderWaiting)
             {
