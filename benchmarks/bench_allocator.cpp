@@ -20,6 +20,10 @@
 #include "kvcache/paging/page_allocator.h"
 #include "kvcache/paging/page_manager.h"
 
+#ifdef KVCACHE_BENCH_EVENTS
+#include "kvcache/events/kv_event_publisher.h"
+#endif
+
 #include <benchmark/benchmark.h>
 #include <time.h>
 
@@ -29,6 +33,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -91,6 +96,15 @@ void reportNanoseconds(benchmark::State& state, Clock::time_point start, int64_t
     state.counters["ns_per_op"] = nanoseconds / iterations;
     state.counters["ns_per_page"] = nanoseconds / (iterations * static_cast<double>(pagesPerOp));
 }
+
+//! What the batching simulation does with KV events each step: nothing (not recorded), take the batch
+//! (PageManager::takeEvents), or take and publish it (kvcache::events, a PUB socket on loopback with no subscriber).
+enum class SimEvents
+{
+    kOFF,
+    kTAKEN,
+    kPUBLISHED,
+};
 
 //! The simulation's random numbers, drawn inside the timed steps: SplitMix64 (serving_workload.h), a few instructions
 //! a draw. std::mt19937_64 behind
@@ -329,12 +343,22 @@ void promptCache(benchmark::State& state, int32_t tokensPerPage, rt::PageHashAlg
 class Simulation
 {
 public:
-    Simulation(int32_t tokensPerPage, rt::PageHashAlgorithm algorithm, uint64_t seed)
+    Simulation(
+        int32_t tokensPerPage, rt::PageHashAlgorithm algorithm, uint64_t seed, SimEvents events = SimEvents::kOFF)
         : mManager(poolConfig(tokensPerPage, kSIM_POOL_TOKENS / tokensPerPage, kSIM_MAX_LENGTH),
-            managerOptions(algorithm, 2 * kSIM_SEQUENCES))
+            eventOptions(managerOptions(algorithm, 2 * kSIM_SEQUENCES), events))
         , mRng(seed)
         , mWaiting(kSIM_SEQUENCES)
+        , mEventsMode(events)
     {
+#ifdef KVCACHE_BENCH_EVENTS
+        if (events == SimEvents::kPUBLISHED)
+        {
+            rt::KVEventPublisherOptions options;
+            options.endpoint = "tcp://127.0.0.1:*";
+            mPublisher = std::make_unique<rt::KVEventPublisher>(options);
+        }
+#endif
         Rng prefixRng(12345);
         mPrefix = randomTokens(prefixRng, kSIM_PREFIX_TOKENS);
         mRunning.reserve(kSIM_SEQUENCES);
@@ -401,7 +425,25 @@ public:
         {
             arrive();
         }
+        if (mEventsMode != SimEvents::kOFF)
+        {
+            // One batch a step, as a runtime hands it to a publisher.
+            mManager.takeEvents(mEvents);
+            mNumEvents += static_cast<int64_t>(mEvents.events().size());
+#ifdef KVCACHE_BENCH_EVENTS
+            if (mPublisher)
+            {
+                mPublisher->publish(mEvents);
+            }
+#endif
+        }
         return nanosecondsSince(start);
+    }
+
+    //! KV events taken since construction.
+    int64_t numEvents() const noexcept
+    {
+        return mNumEvents;
     }
 
     //! Sequences the step about to run works on (running and waiting): the baseline's denominator.
@@ -473,6 +515,12 @@ private:
         }
     }
 
+    static rt::PageManagerOptions eventOptions(rt::PageManagerOptions options, SimEvents events)
+    {
+        options.recordEvents = events != SimEvents::kOFF;
+        return options;
+    }
+
     rt::PageManager mManager;
     SimRng mRng;
     std::vector<int32_t> mPrefix;
@@ -487,13 +535,20 @@ private:
     int64_t mAdmitted = 0;
     int64_t mBadHits = 0;
     bool mCheckHits = false;
+    SimEvents mEventsMode = SimEvents::kOFF;
+    rt::KVEventBatch mEvents;
+    int64_t mNumEvents = 0;
+#ifdef KVCACHE_BENCH_EVENTS
+    std::unique_ptr<rt::KVEventPublisher> mPublisher;
+#endif
 };
 
 //! batching_sim/HASH/P: one iteration is one run of the baseline's case e with its own seed: kSIM_WARM_STEPS untimed
 //! steps, then kSIM_TIMED_STEPS timed ones. ns_per_sequence_step divides the timed steps' time by the sequences each
 //! step worked on (running + waiting), summed over the steps; cpu_ns_per_sequence_step does the same with the thread's
 //! CPU time.
-void batchingSim(benchmark::State& state, int32_t tokensPerPage, rt::PageHashAlgorithm algorithm)
+void batchingSim(
+    benchmark::State& state, int32_t tokensPerPage, rt::PageHashAlgorithm algorithm, SimEvents events = SimEvents::kOFF)
 {
     guarded(state,
         [&]
@@ -505,16 +560,18 @@ void batchingSim(benchmark::State& state, int32_t tokensPerPage, rt::PageHashAlg
             int64_t promptTokens = 0;
             int64_t admitted = 0;
             int64_t evicted = 0;
+            int64_t numEvents = 0;
             uint64_t seed = 1;
             for (auto _ : state)
             {
-                Simulation simulation(tokensPerPage, algorithm, seed++);
+                Simulation simulation(tokensPerPage, algorithm, seed++, events);
                 for (int32_t i = 0; i < kSIM_WARM_STEPS; ++i)
                 {
                     simulation.step();
                 }
                 simulation.startMeasuring();
                 int64_t const evictedBefore = simulation.manager().stats().evictedPages;
+                int64_t const eventsBefore = simulation.numEvents();
                 double runNanoseconds = 0;
                 double const cpuStart = threadCpuNanoseconds();
                 for (int32_t i = 0; i < kSIM_TIMED_STEPS; ++i)
@@ -530,6 +587,7 @@ void batchingSim(benchmark::State& state, int32_t tokensPerPage, rt::PageHashAlg
                 promptTokens += simulation.promptTokens();
                 admitted += simulation.admitted();
                 evicted += simulation.manager().stats().evictedPages - evictedBefore;
+                numEvents += simulation.numEvents() - eventsBefore;
             }
             double const steps = static_cast<double>(state.iterations()) * kSIM_TIMED_STEPS;
             state.counters["ns_per_sequence_step"] = nanoseconds / static_cast<double>(sequenceSteps);
@@ -539,6 +597,11 @@ void batchingSim(benchmark::State& state, int32_t tokensPerPage, rt::PageHashAlg
                 static_cast<double>(hitTokens) / static_cast<double>(promptTokens > 0 ? promptTokens : 1);
             state.counters["admits_per_step"] = static_cast<double>(admitted) / steps;
             state.counters["evictions_per_step"] = static_cast<double>(evicted) / steps;
+            if (events != SimEvents::kOFF)
+            {
+                state.counters["events_per_s"] = static_cast<double>(numEvents) * 1e9 / nanoseconds;
+                state.counters["events_per_step"] = static_cast<double>(numEvents) / steps;
+            }
         });
 }
 
@@ -649,11 +712,27 @@ void registerAll()
             benchmark::RegisterBenchmark(("prefix_admit" + suffix).c_str(), prefixAdmit, tokensPerPage, hash.algorithm);
             benchmark::RegisterBenchmark(("prompt_cache" + suffix).c_str(), promptCache, tokensPerPage, hash.algorithm);
             // The baseline runs 3 (--repeats 3) to 7 seeds of its simulation; each iteration here is one seed.
-            benchmark::RegisterBenchmark(("batching_sim" + suffix).c_str(), batchingSim, tokensPerPage, hash.algorithm)
+            benchmark::RegisterBenchmark(
+                ("batching_sim" + suffix).c_str(), batchingSim, tokensPerPage, hash.algorithm, SimEvents::kOFF)
                 ->UseManualTime()
                 ->Iterations(3)
                 ->Unit(benchmark::kMillisecond);
         }
+        // The same simulation with KV events on (16 tokens a page, where a step stores the most pages a token):
+        // taken once a step, and also published.
+        std::string const suffix = std::string("/") + hash.name + "/16";
+        benchmark::RegisterBenchmark(
+            ("batching_sim_events_taken" + suffix).c_str(), batchingSim, 16, hash.algorithm, SimEvents::kTAKEN)
+            ->UseManualTime()
+            ->Iterations(3)
+            ->Unit(benchmark::kMillisecond);
+#ifdef KVCACHE_BENCH_EVENTS
+        benchmark::RegisterBenchmark(
+            ("batching_sim_events_published" + suffix).c_str(), batchingSim, 16, hash.algorithm, SimEvents::kPUBLISHED)
+            ->UseManualTime()
+            ->Iterations(3)
+            ->Unit(benchmark::kMillisecond);
+#endif
     }
     for (HybridModelShape const& shape : {kGPT_OSS_LIKE, kGEMMA3_LIKE})
     {

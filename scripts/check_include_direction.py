@@ -24,11 +24,12 @@ ORDER = [
     "tiers/sequence_file",
     "tiers/tiered",
     "dist",
+    "events",
 ]
 # The public headers' layers, from the bottom up, and the first folder of src/ that may use each.
-PUBLIC_LAYERS = ["core", "memory", "paging", "tiers", "dist"]
+PUBLIC_LAYERS = ["core", "memory", "paging", "tiers", "dist", "events"]
 PUBLIC_FLOOR = {"core": "core", "memory": "memory/cache", "paging": "paging/parts", "tiers": "tiers/host_tier",
-                "dist": "dist"}
+                "dist": "dist", "events": "events"}
 INCLUDE = re.compile(r'^\s*#\s*include\s+[<"]([^>"]+)[>"]', re.MULTILINE)
 
 

@@ -19,12 +19,14 @@
 #include "kvcache/memory/layer_ref.h"
 #include "kvcache/memory/page_ops.h"
 // paging: page ids, page hashes, the page manager, page tables
+#include "kvcache/paging/kv_events.h"
 #include "kvcache/paging/page_allocator.h"
 #include "kvcache/paging/page_hash.h"
 #include "kvcache/paging/page_manager.h"
 #include "kvcache/paging/page_table.h"
 // tiers: the pinned host tier and sequence files
 #include "kvcache/tiers/host_tier.h"
+#include "kvcache/tiers/prefix_counters.h"
 #include "kvcache/tiers/sequence_file.h"
 #include "kvcache/tiers/tiered_prefix_cache.h"
 // dist: tensor-parallel shards

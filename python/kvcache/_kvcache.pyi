@@ -976,9 +976,9 @@ class PageManager:
     The page lifecycle of one cache on the host: pages per sequence and group, forks with copy-on-write, prefix reuse through chained page hashes, LRU eviction. It never touches the GPU: run the copies step() returns with copy_pages before the step's kernels, and build PageTableBuffers from pages(sequence, group).
     """
 
-    def __init__(self, source: KVCacheManager | KVCacheLayout | Config, *, max_sequences: int = 0, enable_prefix_caching: bool = True, hash_algorithm: PageHashAlgorithm = PageHashAlgorithm.SHA256, hash_seed: bytes | None = None) -> None:
+    def __init__(self, source: KVCacheManager | KVCacheLayout | Config, *, max_sequences: int = 0, enable_prefix_caching: bool = True, hash_algorithm: PageHashAlgorithm = PageHashAlgorithm.SHA256, hash_seed: bytes | None = None, record_events: bool = False) -> None:
         """
-        Sized from `source`: a KVCacheManager (its layout()), a KVCacheLayout, or a Config (compute_layout); max_sequences 0 means the layout's max_batch_size; hash_seed: 32 bytes, or None for a random one.
+        Sized from `source`: a KVCacheManager (its layout()), a KVCacheLayout, or a Config (compute_layout); max_sequences 0 means the layout's max_batch_size; hash_seed: 32 bytes, or None for a random one; record_events: record KV events for take_events().
         """
 
     def create(self, salt: bytes | None = None) -> int:
@@ -1049,6 +1049,21 @@ class PageManager:
     def stats(self) -> PageManagerStats: ...
 
     def reset_stats(self) -> None: ...
+
+    def take_events(self) -> list:
+        """
+        The KV events recorded since the last call (record_events=True; none otherwise), in order, as dicts with vLLM's names: type ('BlockStored', 'BlockRemoved' or 'AllBlocksCleared'), medium, group_idx, block_hashes (16 bytes each), and for BlockStored parent_block_hash (bytes or None), token_ids, block_size and extra_keys (None, or per page None or a list of bytes: the salt on a sequence's first page, then each extra key's 20 bytes).
+        """
+
+    def counters(self) -> dict:
+        """
+        One snapshot of the counters as a dict: prefix_query_tokens, prefix_hit_tokens (by tier), evicted_pages (by tier), copy_on_write_pages, and tenants (a list of dicts: salt, other, query_tokens, device_hit_tokens, host_hit_tokens, disk_hit_tokens).
+        """
+
+    def prometheus_text(self, prefix: str = 'kvcache') -> str:
+        """
+        The counters in Prometheus' text exposition format, every metric named <prefix>_..._total.
+        """
 
     def check_invariants(self) -> None:
         """Raises RuntimeError describing the first broken invariant."""
@@ -1416,6 +1431,12 @@ class TieredPrefixCacheStats:
         Disk tier: disk pages that could not be written or read back (then not on the tier; nothing fails).
         """
 
+    @property
+    def disk_hit_tokens(self) -> int:
+        """
+        Disk tier: of host_hit_tokens, tokens whose page some group read back from the disk for the admission.
+        """
+
     def __repr__(self) -> str: ...
 
 class TieredPrefixCache:
@@ -1448,6 +1469,21 @@ class TieredPrefixCache:
 
     def reset_stats(self) -> None:
         """Sets every counter to 0."""
+
+    def take_events(self) -> list:
+        """
+        PageManager.take_events(), then the host (medium 'CPU') and disk ('DISK') tiers' events: each hash a host or disk page starts holding is a BlockStored without parent or token ids, each one given up a BlockRemoved. Events are recorded when the PageManager was made with record_events=True.
+        """
+
+    def counters(self) -> dict:
+        """
+        PageManager.counters() with the host and disk tiers: prefix_hit_tokens and evicted_pages by tier (device, host, disk; disjoint), offloaded_pages, onboarded_pages, spilled_pages, restored_pages, disk_failures, and each tenant's host and disk hits.
+        """
+
+    def prometheus_text(self, prefix: str = 'kvcache') -> str:
+        """
+        counters() in Prometheus' text exposition format, every metric named <prefix>_..._total.
+        """
 
     def num_groups(self) -> int:
         """The number of page groups (one host tier each)."""

@@ -49,6 +49,117 @@ void extraKeysOf(nb::handle keys, std::vector<rt::PageExtraKey>& out)
 
 } // namespace
 
+nb::list kvEventsList(rt::KVEventBatch const& batch)
+{
+    auto const hashBytes = [](rt::PageHash hash)
+    {
+        char bytes[16];
+        for (int i = 0; i < 8; ++i)
+        {
+            bytes[i] = static_cast<char>(hash.lo >> (8 * i));
+            bytes[8 + i] = static_cast<char>(hash.hi >> (8 * i));
+        }
+        return nb::bytes(bytes, sizeof(bytes));
+    };
+    nb::list events;
+    for (rt::KVEvent const& event : batch.events())
+    {
+        nb::dict item;
+        if (event.type == rt::KVEventType::kALL_CLEARED)
+        {
+            item["type"] = "AllBlocksCleared";
+            events.append(item);
+            continue;
+        }
+        item["type"] = event.type == rt::KVEventType::kSTORED ? "BlockStored" : "BlockRemoved";
+        item["medium"] = rt::toString(event.medium);
+        item["group_idx"] = event.group;
+        nb::list hashes;
+        for (int64_t i = event.firstHash; i < event.firstHash + event.numHashes; ++i)
+        {
+            hashes.append(hashBytes(batch.hashes()[static_cast<size_t>(i)]));
+        }
+        item["block_hashes"] = hashes;
+        if (event.type == rt::KVEventType::kSTORED)
+        {
+            item["parent_block_hash"] = event.hasParent ? nb::object(hashBytes(event.parent)) : nb::none();
+            auto const first = batch.tokens().begin() + event.firstToken;
+            item["token_ids"] = std::vector<int32_t>(first, first + event.numTokens);
+            item["block_size"] = event.tokensPerPage;
+            nb::object extraKeys = nb::none();
+            if (event.hasKeys)
+            {
+                nb::list pages;
+                for (int64_t i = event.firstHash; i < event.firstHash + event.numHashes; ++i)
+                {
+                    rt::KVEventPageKeys const& keys = batch.pageKeys()[static_cast<size_t>(i)];
+                    if (keys.saltBytes == 0 && keys.numKeys == 0)
+                    {
+                        pages.append(nb::none());
+                        continue;
+                    }
+                    auto const* bytes = reinterpret_cast<char const*>(batch.keyBytes().data() + keys.offset);
+                    nb::list page;
+                    if (keys.saltBytes > 0)
+                    {
+                        page.append(nb::bytes(bytes, static_cast<size_t>(keys.saltBytes)));
+                        bytes += keys.saltBytes;
+                    }
+                    for (int32_t k = 0; k < keys.numKeys; ++k, bytes += 20)
+                    {
+                        page.append(nb::bytes(bytes, 20));
+                    }
+                    pages.append(page);
+                }
+                extraKeys = pages;
+            }
+            item["extra_keys"] = extraKeys;
+        }
+        events.append(item);
+    }
+    return events;
+}
+
+nb::dict countersDict(rt::PrefixCacheCounters const& counters)
+{
+    rt::TieredPrefixCacheStats const& tiers = counters.tiers;
+    nb::dict result;
+    result["prefix_query_tokens"] = counters.device.prefixQueryTokens;
+    nb::dict hits;
+    hits["device"] = counters.device.prefixHitTokens;
+    nb::dict evicted;
+    evicted["device"] = counters.device.evictedPages;
+    if (counters.hasTiers)
+    {
+        hits["host"] = tiers.hostHitTokens - tiers.diskHitTokens;
+        hits["disk"] = tiers.diskHitTokens;
+        evicted["host"] = tiers.evictedHostPages;
+        evicted["disk"] = tiers.evictedDiskPages;
+        result["offloaded_pages"] = tiers.offloadedPages;
+        result["onboarded_pages"] = tiers.onboardedPages;
+        result["spilled_pages"] = tiers.spilledPages;
+        result["restored_pages"] = tiers.restoredPages;
+        result["disk_failures"] = tiers.diskFailures;
+    }
+    result["prefix_hit_tokens"] = hits;
+    result["evicted_pages"] = evicted;
+    result["copy_on_write_pages"] = counters.device.copyOnWritePages;
+    nb::list tenants;
+    for (rt::PrefixTenantStats const& tenant : counters.tenants)
+    {
+        nb::dict item;
+        item["salt"] = nb::bytes(reinterpret_cast<char const*>(tenant.salt.data()), tenant.salt.size());
+        item["other"] = tenant.other;
+        item["query_tokens"] = tenant.queryTokens;
+        item["device_hit_tokens"] = tenant.deviceHitTokens;
+        item["host_hit_tokens"] = tenant.hostHitTokens;
+        item["disk_hit_tokens"] = tenant.diskHitTokens;
+        tenants.append(item);
+    }
+    result["tenants"] = tenants;
+    return result;
+}
+
 rt::SequenceAppend appendOf(
     PageManagerHandle& handle, size_t slot, int64_t sequence, nb::handle tokens, nb::handle extraKeys)
 {
@@ -136,9 +247,10 @@ rt::KVCacheLayout layoutOf(nb::handle source)
 
 //! Returns the options the constructor's keywords give.
 rt::PageManagerOptions optionsOf(
-    int64_t maxSequences, bool prefixCaching, rt::PageHashAlgorithm algorithm, nb::handle seed)
+    int64_t maxSequences, bool prefixCaching, rt::PageHashAlgorithm algorithm, nb::handle seed, bool recordEvents)
 {
     rt::PageManagerOptions options;
+    options.recordEvents = recordEvents;
     options.maxSequences = toInt32(maxSequences, "max_sequences");
     options.enablePrefixCaching = prefixCaching;
     options.hashAlgorithm = algorithm;
@@ -257,13 +369,17 @@ void bindPageManager(nb::module_& m)
         .def(
             "__init__",
             [](PageManagerHandle* self, LayoutSourceArgument const& source, int64_t maxSequences, bool prefixCaching,
-                rt::PageHashAlgorithm algorithm, BytesArgument const& seed) {
-                new (self) PageManagerHandle(layoutOf(source), optionsOf(maxSequences, prefixCaching, algorithm, seed));
+                rt::PageHashAlgorithm algorithm, BytesArgument const& seed, bool recordEvents)
+            {
+                new (self) PageManagerHandle(
+                    layoutOf(source), optionsOf(maxSequences, prefixCaching, algorithm, seed, recordEvents));
             },
             nb::arg("source"), nb::kw_only(), nb::arg("max_sequences") = 0, nb::arg("enable_prefix_caching") = true,
             nb::arg("hash_algorithm") = rt::PageHashAlgorithm::kSHA256, nb::arg("hash_seed") = nb::none(),
+            nb::arg("record_events") = false,
             "Sized from `source`: a KVCacheManager (its layout()), a KVCacheLayout, or a Config (compute_layout); "
-            "max_sequences 0 means the layout's max_batch_size; hash_seed: 32 bytes, or None for a random one.")
+            "max_sequences 0 means the layout's max_batch_size; hash_seed: 32 bytes, or None for a random one; "
+            "record_events: record KV events for take_events().")
         .def(
             "create",
             [](PageManagerHandle& h, BytesArgument const& salt)
@@ -407,6 +523,29 @@ void bindPageManager(nb::module_& m)
             nb::arg("group"))
         .def("stats", [](PageManagerHandle const& h) { return h.manager.stats(); })
         .def("reset_stats", [](PageManagerHandle& h) { h.manager.resetStats(); })
+        .def(
+            "take_events",
+            [](PageManagerHandle& h)
+            {
+                h.manager.takeEvents(h.events);
+                return kvEventsList(h.events);
+            },
+            "The KV events recorded since the last call (record_events=True; none otherwise), in order, as dicts "
+            "with vLLM's names: type ('BlockStored', 'BlockRemoved' or 'AllBlocksCleared'), medium, group_idx, "
+            "block_hashes (16 bytes each), and for BlockStored parent_block_hash (bytes or None), token_ids, "
+            "block_size and extra_keys (None, or per page None or a list of bytes: the salt on a sequence's first "
+            "page, then each extra key's 20 bytes).")
+        .def(
+            "counters", [](PageManagerHandle const& h) { return countersDict(rt::snapshotCounters(h.manager)); },
+            "One snapshot of the counters as a dict: prefix_query_tokens, prefix_hit_tokens (by tier), "
+            "evicted_pages (by tier), copy_on_write_pages, and tenants (a list of dicts: salt, other, query_tokens, "
+            "device_hit_tokens, host_hit_tokens, disk_hit_tokens).")
+        .def(
+            "prometheus_text",
+            [](PageManagerHandle const& h, std::string const& prefix)
+            { return rt::toPrometheusText(rt::snapshotCounters(h.manager), prefix); },
+            nb::arg("prefix") = "kvcache",
+            "The counters in Prometheus' text exposition format, every metric named <prefix>_..._total.")
         .def(
             "check_invariants", [](PageManagerHandle const& h) { h.manager.checkInvariants(); },
             "Raises RuntimeError describing the first broken invariant.")

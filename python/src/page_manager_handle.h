@@ -3,7 +3,9 @@
 // The PageManager Python object (page_manager_binding.cpp) as the other binding files reach it: its manager, the
 // scratch lists its host arguments are read into, and whether a TieredPrefixCache serves it.
 
+#include <kvcache/paging/kv_events.h>
 #include <kvcache/paging/page_manager.h>
+#include <kvcache/tiers/prefix_counters.h>
 
 #include <nanobind/nanobind.h>
 
@@ -32,6 +34,8 @@ struct PageManagerHandle
     std::vector<std::vector<int32_t>> tokens;
     std::vector<std::vector<rt::PageExtraKey>> extraKeys;
     std::vector<rt::SequenceAppend> appends;
+    //! take_events()'s batch, reused.
+    rt::KVEventBatch events;
     //! True while a TieredPrefixCache serves the manager: it owns the eviction callback then, and every step and
     //! append must go through it, so the PageManager object refuses set_eviction_callback, step and append.
     bool servedByTiered = false;
@@ -48,6 +52,12 @@ rt::SequenceAppend appendOf(
 
 //! Reads a step's appends, a sequence of (sequence, tokens[, extra_keys]), into handle.appends.
 void appendsOf(PageManagerHandle& handle, nb::handle appends);
+
+//! Returns `batch` as a list of dicts, one an event, with vLLM's field names (kvcache/paging/kv_events.h).
+nb::list kvEventsList(rt::KVEventBatch const& batch);
+
+//! Returns `counters` as a dict (prometheus text aside).
+nb::dict countersDict(rt::PrefixCacheCounters const& counters);
 
 //! Returns a step's copies as one list of (src, dst) pairs per group.
 std::vector<std::vector<std::pair<int32_t, int32_t>>> copyLists(rt::StepCopies const& copies);

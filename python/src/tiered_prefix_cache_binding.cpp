@@ -180,6 +180,8 @@ void bindTieredPrefixCache(nb::module_& m)
             "Disk tier: disk pages read back into host pages by admissions.")
         .def_ro("disk_failures", &rt::TieredPrefixCacheStats::diskFailures,
             "Disk tier: disk pages that could not be written or read back (then not on the tier; nothing fails).")
+        .def_ro("disk_hit_tokens", &rt::TieredPrefixCacheStats::diskHitTokens,
+            "Disk tier: of host_hit_tokens, tokens whose page some group read back from the disk for the admission.")
         .def("__repr__",
             [](rt::TieredPrefixCacheStats const& s)
             {
@@ -187,10 +189,10 @@ void bindTieredPrefixCache(nb::module_& m)
                                    "host_hit_tokens={}, missed_tokens={}, offloaded_pages={}, "
                                    "already_on_host_pages={}, dropped_pages={}, evicted_host_pages={}, "
                                    "onboarded_pages={}, spilled_pages={}, already_on_disk_pages={}, "
-                                   "evicted_disk_pages={}, restored_pages={}, disk_failures={})",
+                                   "evicted_disk_pages={}, restored_pages={}, disk_failures={}, disk_hit_tokens={})",
                     s.admissions, s.queryTokens, s.deviceHitTokens, s.hostHitTokens, s.missedTokens, s.offloadedPages,
                     s.alreadyOnHostPages, s.droppedPages, s.evictedHostPages, s.onboardedPages, s.spilledPages,
-                    s.alreadyOnDiskPages, s.evictedDiskPages, s.restoredPages, s.diskFailures);
+                    s.alreadyOnDiskPages, s.evictedDiskPages, s.restoredPages, s.diskFailures, s.diskHitTokens);
             });
 
     nb::class_<TieredHandle>(m, "TieredPrefixCache", nb::is_weak_referenceable(),
@@ -310,6 +312,28 @@ void bindTieredPrefixCache(nb::module_& m)
             "stats", [](TieredHandle& t) { return t.tiered().stats(); }, "The counters (a TieredPrefixCacheStats).")
         .def(
             "reset_stats", [](TieredHandle& t) { t.tiered().resetStats(); }, "Sets every counter to 0.")
+        .def(
+            "take_events",
+            [](TieredHandle& t)
+            {
+                t.tiered().takeEvents(t.pages().events);
+                return kvEventsList(t.pages().events);
+            },
+            "PageManager.take_events(), then the host (medium 'CPU') and disk ('DISK') tiers' events: each hash a "
+            "host or disk page starts holding is a BlockStored without parent or token ids, each one given up a "
+            "BlockRemoved. Events are recorded when the PageManager was made with record_events=True.")
+        .def(
+            "counters",
+            [](TieredHandle& t) { return countersDict(rt::snapshotCounters(t.pages().manager, &t.tiered())); },
+            "PageManager.counters() with the host and disk tiers: prefix_hit_tokens and evicted_pages by tier "
+            "(device, host, disk; disjoint), offloaded_pages, onboarded_pages, spilled_pages, restored_pages, "
+            "disk_failures, and each tenant's host and disk hits.")
+        .def(
+            "prometheus_text",
+            [](TieredHandle& t, std::string const& prefix)
+            { return rt::toPrometheusText(rt::snapshotCounters(t.pages().manager, &t.tiered()), prefix); },
+            nb::arg("prefix") = "kvcache",
+            "counters() in Prometheus' text exposition format, every metric named <prefix>_..._total.")
         .def(
             "num_groups", [](TieredHandle& t) { return t.tiered().numGroups(); },
             "The number of page groups (one host tier each).")

@@ -24,7 +24,8 @@ MIXED = [(2, 64), (1, 96, 0, kvcache.KVLayerKind.LATENT), (3, 40)]
 WINDOWED = [(2, 32, 32), (2, 64)]
 STATS_FIELDS = ["admissions", "query_tokens", "device_hit_tokens", "host_hit_tokens", "missed_tokens",
                 "offloaded_pages", "already_on_host_pages", "dropped_pages", "evicted_host_pages", "onboarded_pages",
-                "spilled_pages", "already_on_disk_pages", "evicted_disk_pages", "restored_pages", "disk_failures"]
+                "spilled_pages", "already_on_disk_pages", "evicted_disk_pages", "restored_pages", "disk_failures",
+                "disk_hit_tokens"]
 
 
 def make_config(layers, dtype=kvcache.DataType.FLOAT16, num_pages=0):

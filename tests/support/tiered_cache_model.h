@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <exception>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -197,6 +198,8 @@ inline PageManagerOptions managerOptions(int32_t maxSequences)
     std::array<uint8_t, 32> seed{};
     seed[0] = 7;
     options.hashSeed = seed;
+    // Every simulation checks the KV events against the pages each tier holds (Simulation::checkEvents).
+    options.recordEvents = true;
     return options;
 }
 
@@ -410,10 +413,77 @@ public:
         }
         return {};
     }
+    //! Applies the KV events since the last call to `held` (per medium and group, the hashes a router believes held),
+    //! and checks that they are exactly what the device registered and the host and disk maps hold.
+    std::string checkEvents()
+    {
+        core.takeEvents(events);
+        for (KVEvent const& event : events.events())
+        {
+            if (event.type == KVEventType::kALL_CLEARED)
+            {
+                eventHeld.clear();
+                continue;
+            }
+            auto& set = eventHeld[{static_cast<int32_t>(event.medium), event.group}];
+            for (int64_t h = event.firstHash; h < event.firstHash + event.numHashes; ++h)
+            {
+                PageHash const hash = events.hashes()[static_cast<size_t>(h)];
+                std::string const medium = toString(event.medium);
+                ++eventTally[medium + (event.type == KVEventType::kSTORED ? " stored" : " removed")];
+                if (event.type == KVEventType::kSTORED ? !set.insert({hash.lo, hash.hi}).second
+                                                       : set.erase({hash.lo, hash.hi}) != 1)
+                {
+                    return "a " + medium + " event of group " + std::to_string(event.group)
+                        + (event.type == KVEventType::kSTORED ? " stores a hash held already"
+                                                              : " removes a hash not held");
+                }
+            }
+        }
+        for (int32_t g = 0; g < numGroups(); ++g)
+        {
+            auto const& device = eventHeld[{static_cast<int32_t>(KVEventMedium::kGPU), g}];
+            if (static_cast<int32_t>(device.size()) != PageManagerInternal::numRegistered(manager, g))
+            {
+                return "group " + std::to_string(g) + ": the GPU events hold " + std::to_string(device.size())
+                    + " hashes, the manager registered "
+                    + std::to_string(PageManagerInternal::numRegistered(manager, g));
+            }
+            for (auto const& [lo, hi] : device)
+            {
+                if (!PageManagerInternal::hasPage(manager, g, PageHash{lo, hi}))
+                {
+                    return "group " + std::to_string(g) + ": a GPU event's hash is not registered";
+                }
+            }
+            for (HostPageMap const* map : {&core.hostMap(g), core.diskMap(g)})
+            {
+                KVEventMedium const medium = map == &core.hostMap(g) ? KVEventMedium::kCPU : KVEventMedium::kDISK;
+                auto const& tier = eventHeld[{static_cast<int32_t>(medium), g}];
+                int32_t const size = map == nullptr ? 0 : map->size();
+                bool same = static_cast<int32_t>(tier.size()) == size;
+                for (auto const& [lo, hi] : tier)
+                {
+                    same = same && map != nullptr && map->find(PageHash{lo, hi}) != HostPageMap::kNONE;
+                }
+                if (!same)
+                {
+                    return "group " + std::to_string(g) + ": the " + toString(medium)
+                        + " events differ from the tier's pages";
+                }
+            }
+        }
+        return {};
+    }
+
     //! Everything checked at once.
     std::string check()
     {
         std::string failure = checkPages();
+        if (failure.empty())
+        {
+            failure = checkEvents();
+        }
         if (failure.empty())
         {
             failure = checkHostPages();
@@ -460,6 +530,10 @@ public:
     TieredPrefixCacheCore core;
     std::map<SequenceId, Script> scripts;
     std::map<std::pair<uint64_t, uint64_t>, PageData> dataOfHash;
+    KVEventBatch events;
+    //! Per (medium, group), the hashes the events say are held; per medium and kind, the hashes events listed.
+    std::map<std::pair<int32_t, int32_t>, std::set<std::pair<uint64_t, uint64_t>>> eventHeld;
+    std::map<std::string, int64_t> eventTally;
 };
 
 //! `count` tokens from `first` on.

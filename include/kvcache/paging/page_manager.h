@@ -3,6 +3,7 @@
 #include "kvcache/core/kv_cache_config.h"
 #include "kvcache/core/kv_cache_layout.h"
 #include "kvcache/memory/page_ops.h"
+#include "kvcache/paging/kv_events.h"
 #include "kvcache/paging/page_hash.h"
 #include "kvcache/paging/page_table.h"
 
@@ -33,6 +34,9 @@ struct PageManagerOptions
     PageHashAlgorithm hashAlgorithm = PageHashAlgorithm::kSHA256;
     //! The hash seed; absent, a random one per process. Give one to reuse pages across processes (e.g. saved files).
     std::optional<std::array<uint8_t, 32>> hashSeed = {};
+    //! Whether the manager records KV events for takeEvents() (a cache-aware router learns what it holds from them);
+    //! off, nothing is recorded and nothing is reserved.
+    bool recordEvents = false;
 };
 
 //! Mixes `key` (e.g. a multimodal item's hash) into the hash of the page that holds token `position`.
@@ -123,6 +127,23 @@ struct PageManagerStats
     int64_t copyOnWritePages = 0;
 };
 
+//! Prefix hits of one tenant: the sequences created with one salt (SequenceOptions), since construction (or
+//! resetStats()). The tiers are disjoint: a token found on the device is not counted again on the host or disk.
+struct PrefixTenantStats
+{
+    //! The salt's bytes (empty: sequences without a salt).
+    std::vector<uint8_t> salt;
+    //! The bucket of every salt past PageManager::kMAX_TENANTS distinct ones (salt then empty).
+    bool other = false;
+    //! Tokens offered to adoptPrefix() (TieredPrefixCache::admit() included).
+    int64_t queryTokens = 0;
+    //! Of those, tokens adopted from the device, brought back from a host tier, and read back from a disk tier
+    //! (the last two through a TieredPrefixCache).
+    int64_t deviceHitTokens = 0;
+    int64_t hostHitTokens = 0;
+    int64_t diskHitTokens = 0;
+};
+
 namespace detail
 {
 //! The library's own access to a PageManager beyond its public calls (src/paging/page_manager/page_manager_internal.h).
@@ -143,7 +164,9 @@ using EvictionCallback = std::function<void(int32_t group, int32_t page, PageHas
 //! between forks with copy-on-write, prefix reuse through chained page hashes with least-recently-used eviction, and
 //! the page lists attention kernels read. It never touches device memory: step() returns the copies it asks for, one
 //! PageCopy list per group (StepCopies), to run with copyPages before the step's kernels write; it allocates nothing
-//! after construction except in checkInvariants(). pagesNeeded() and canStep() tell, changing nothing, what a step
+//! after construction except in checkInvariants() and tenantStats(), at create() for a salt it has not seen (a copy
+//! for its tenant's counters, kMAX_TENANTS at most), and with recordEvents when the events outgrow their buffers
+//! (takeEvents). pagesNeeded() and canStep() tell, changing nothing, what a step
 //! would take: running out of pages is a routine scheduling event, not an error to provoke.
 //!
 //! Sequences: a sequence holds, in each group, one entry per page of its tokens in token order. In a group with a
@@ -289,11 +312,34 @@ public:
     //! Sets the function called for each evicted page (empty: none).
     void setEvictionCallback(EvictionCallback callback);
 
+    //! Hands over the KV events recorded since the last call (PageManagerOptions::recordEvents; none otherwise): `out`
+    //! is cleared and then holds them, in the order they happened, and the manager keeps `out`'s old buffers for the
+    //! next ones (KVEventBatch). Called after each step(), one batch a step. The events, all of medium GPU:
+    //! - AllBlocksCleared, once, first: a new manager holds nothing, whatever an earlier process on the same endpoint
+    //!   said.
+    //! - Stored, when pages are registered (step(), append(), and pages a tiered cache brings back): one event per
+    //!   group and run of consecutive pages of one sequence newly registered in that group, with their hashes, the
+    //!   hash of the page before the run (none for the sequence's first page), their token ids (tokensPerPage a
+    //!   page) and, per page, the sequence's salt (its first page only) and the page's extra keys.
+    //! - Removed, when a cached page is evicted (taken for reuse or by evictCached()); consecutive evictions of one
+    //!   group form one event.
+    //! A page registered under a hash another page of its group holds already is not stored again. The calls that
+    //! record events reserve the room they need before they change anything; the buffers grow to the largest batch
+    //! and are then reused (a salt longer than any its row had before is copied into a larger buffer at create() and
+    //! fork()). Throws nothing.
+    void takeEvents(KVEventBatch& out) noexcept;
+
     //! Returns the page counts of `group`. Throws OutOfRangeError for a bad group.
     PageGroupCounts counts(int32_t group) const;
     //! Returns the prefix and copy-on-write counters.
     PageManagerStats stats() const noexcept;
-    //! Sets every counter of stats() to 0.
+    //! Returns the prefix hits of each tenant (salt) seen, in the order their first sequence was created: each salt
+    //! is kept once, up to kMAX_TENANTS of them; sequences of later new salts count in one last entry marked
+    //! `other`. Allocates the snapshot.
+    std::vector<PrefixTenantStats> tenantStats() const;
+    //! Distinct salts counted apart by tenantStats().
+    static constexpr int32_t kMAX_TENANTS = 256;
+    //! Sets every counter of stats() and tenantStats() to 0 (the tenants seen stay listed).
     void resetStats() noexcept;
 
     //! Returns normally when the state is consistent; throws std::logic_error describing the first broken invariant:

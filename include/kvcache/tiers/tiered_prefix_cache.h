@@ -80,6 +80,8 @@ struct TieredPrefixCacheStats
     int64_t evictedDiskPages = 0;
     int64_t restoredPages = 0;
     int64_t diskFailures = 0;
+    //! Of hostHitTokens, tokens whose page some group read back from the disk tier for the admission.
+    int64_t diskHitTokens = 0;
 };
 
 //! A two-tier prefix cache: a PageManager's cached device pages, and pinned host memory (one HostTier per page group)
@@ -176,6 +178,16 @@ public:
     //! it evicted. Throws what PageManager::evictCached throws (OutOfRangeError for a bad group, InvalidArgumentError
     //! for a negative count) and InvalidArgumentError for a capturing stream, before changing anything; CudaError.
     int32_t evictCached(int32_t group, int32_t count, cudaStream_t stream);
+
+    //! Hands over the KV events since the last call when the manager records them (PageManagerOptions::recordEvents;
+    //! none otherwise): `out` is cleared, then holds the manager's events (PageManager::takeEvents, medium GPU)
+    //! followed by the host tiers' (medium CPU) and the disk tier's (medium DISK), each in the order it happened. A
+    //! host or disk page that starts holding a hash is one stored event (that hash, no parent: the pages a tier keeps
+    //! are no chain; no token ids: the tier never sees them, and the same hash was stored on the GPU with its tokens);
+    //! one given up, or dropped after a failed write or read, is a removal. Call it after each step, one batch a step.
+    //! Throws std::bad_alloc when the host and disk events cannot be appended (`out` then holds the manager's, and
+    //! the others are handed over by the next call).
+    void takeEvents(KVEventBatch& out);
 
     //! Returns the counters.
     TieredPrefixCacheStats stats() const noexcept;

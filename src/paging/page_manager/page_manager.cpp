@@ -84,9 +84,12 @@ PageManager::State::State(KVCacheLayout const& source, PageManagerOptions const&
     }
     setUpCuts(maxEntries);
     sequences = SequenceTable(maxSequences, maxEntries, numGroups(), tokensPerPage, cuts.enabled());
+    setUpEvents(maxEntries);
     stepNeeded.assign(layout.groups.size(), 0);
     stepReleased.assign(layout.groups.size(), 0);
     promptHashes.reserve(static_cast<size_t>(maxEntries));
+    tenants.reserve(static_cast<size_t>(kMAX_TENANTS));
+    otherTenant.other = true;
     promptPages.reserve(static_cast<size_t>(maxEntries) * layout.groups.size());
 }
 
@@ -187,6 +190,22 @@ SequenceId PageManager::create(SequenceOptions const& options)
     PageHash const root = s.prefix.hasher().root(options.salt, options.saltBytes);
     int32_t const row = s.sequences.take("create");
     SequenceState& sequence = s.sequences[row];
+    try
+    {
+        // A new tenant's salt is copied, and with KV events the sequence's: the row is given back if either fails.
+        sequence.tenant = s.tenantOf(root, options.salt, options.saltBytes);
+        if (s.recordsEvents())
+        {
+            auto const* salt = static_cast<uint8_t const*>(options.salt);
+            sequence.salt.assign(salt, salt + options.saltBytes);
+            s.keysSeen = s.keysSeen || options.saltBytes > 0;
+        }
+    }
+    catch (...)
+    {
+        s.sequences.release(row);
+        throw;
+    }
     sequence.root = root;
     sequence.lastHash = root;
     return s.sequences.idOf(row);
@@ -259,14 +278,24 @@ SequenceId PageManager::fork(SequenceId parent)
     // The copies that can throw come before the row is taken, so a failed fork changes nothing.
     std::vector<int32_t> firstHeld = s.sequences[parentRow].firstHeld;
     auto pendingKeys = s.sequences[parentRow].pendingKeys;
+    std::vector<uint8_t> salt;
+    if (s.recordsEvents())
+    {
+        salt = s.sequences[parentRow].salt;
+    }
     int32_t const row = s.sequences.take("fork");
     SequenceState const& from = s.sequences[parentRow];
     SequenceState& to = s.sequences[row];
     to.length = from.length;
     to.root = from.root;
+    to.tenant = from.tenant;
     to.lastHash = from.lastHash;
     to.firstHeld = std::move(firstHeld);
     to.pendingKeys = std::move(pendingKeys);
+    if (s.recordsEvents())
+    {
+        to.salt.swap(salt);
+    }
     to.promptCut = from.promptCut;
     to.matchCut = from.matchCut;
     std::memcpy(s.sequences.partial(row), s.sequences.partial(parentRow),
@@ -343,6 +372,10 @@ int32_t PageManager::evictCached(int32_t group, int32_t count)
         throw InvalidArgumentError(fmt::format("PageManager::evictCached: count is {}; it must be >= 0", count));
     }
     PagePool& pool = s.pools[static_cast<size_t>(group)];
+    if (s.recordsEvents())
+    {
+        s.events.reserveMore(1, static_cast<size_t>(std::min(count, pool.numCached())), 0, 0);
+    }
     int32_t evicted = 0;
     while (evicted < count && pool.numCached() > 0)
     {
@@ -378,8 +411,53 @@ PageManagerStats PageManager::stats() const noexcept
     return PageManagerStats{s.prefixQueryTokens, s.prefixHitTokens, s.prefix.evictedPages(), s.copyOnWritePages};
 }
 
+std::vector<PrefixTenantStats> PageManager::tenantStats() const
+{
+    State const& s = *mState;
+    std::vector<PrefixTenantStats> result;
+    result.reserve(s.tenants.size() + 1);
+    for (State::Tenant const& tenant : s.tenants)
+    {
+        result.push_back(tenant.stats);
+    }
+    if (s.tenants.size() == static_cast<size_t>(kMAX_TENANTS))
+    {
+        result.push_back(s.otherTenant);
+    }
+    return result;
+}
+
+int32_t PageManager::State::tenantOf(PageHash root, void const* salt, size_t saltBytes)
+{
+    for (size_t t = 0; t < tenants.size(); ++t)
+    {
+        if (tenants[t].root == root)
+        {
+            return static_cast<int32_t>(t);
+        }
+    }
+    if (tenants.size() == static_cast<size_t>(kMAX_TENANTS))
+    {
+        return -1;
+    }
+    Tenant tenant;
+    tenant.root = root;
+    auto const* bytes = static_cast<uint8_t const*>(salt);
+    tenant.stats.salt.assign(bytes, bytes + saltBytes);
+    tenants.push_back(std::move(tenant));
+    return static_cast<int32_t>(tenants.size() - 1);
+}
+
 void PageManager::resetStats() noexcept
 {
+    for (State::Tenant& tenant : mState->tenants)
+    {
+        std::vector<uint8_t> salt = std::move(tenant.stats.salt);
+        tenant.stats = PrefixTenantStats{};
+        tenant.stats.salt = std::move(salt);
+    }
+    mState->otherTenant = PrefixTenantStats{};
+    mState->otherTenant.other = true;
     mState->prefixQueryTokens = 0;
     mState->prefixHitTokens = 0;
     mState->copyOnWritePages = 0;

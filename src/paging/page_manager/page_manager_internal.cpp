@@ -22,12 +22,47 @@ NextPageHashes PageManagerInternal::hashNextPages(PageManager const& manager, Se
     known.parent = s.sequences[row].lastHash;
     known.firstPage = s.sequences[row].length >> s.pageShift;
     known.hashes = out;
+    known.tokens = tokens;
+    known.extraKeys = extraKeys;
+    known.numExtraKeys = numExtraKeys;
     return known;
 }
 
 bool PageManagerInternal::hasPage(PageManager const& manager, int32_t group, PageHash hash) noexcept
 {
     return manager.mState->prefix.find(group, hash) != PageHashTable::kNONE_PAGE;
+}
+
+void PageManagerInternal::registeredHashes(PageManager const& manager, int32_t group, std::vector<PageHash>& out)
+{
+    PageManager::State const& s = *manager.mState;
+    out.clear();
+    for (int32_t page = 0; page < s.pools[static_cast<size_t>(group)].pages.numPages(); ++page)
+    {
+        if (s.prefix.isRegistered(group, page))
+        {
+            out.push_back(s.prefix.hashOf(group, page));
+        }
+    }
+}
+
+void PageManagerInternal::addTenantHits(
+    PageManager& manager, SequenceId sequence, int64_t hostTokens, int64_t diskTokens) noexcept
+{
+    PageManager::State& s = *manager.mState;
+    PrefixTenantStats& stats = s.tenantStats(s.sequences[SequenceTable::rowOfLive(sequence)].tenant);
+    stats.hostHitTokens += hostTokens;
+    stats.diskHitTokens += diskTokens;
+}
+
+bool PageManagerInternal::recordsEvents(PageManager const& manager) noexcept
+{
+    return manager.mState->recordsEvents();
+}
+
+int32_t PageManagerInternal::numRegistered(PageManager const& manager, int32_t group) noexcept
+{
+    return manager.mState->prefix.numRegistered(group);
 }
 
 int32_t PageManagerInternal::firstNeededPage(PageManager const& manager, int32_t group, int32_t pages) noexcept

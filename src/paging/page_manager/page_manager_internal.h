@@ -23,6 +23,11 @@ struct NextPageHashes
     int32_t firstPage = 0;
     int32_t count = 0;
     PageHash const* hashes = nullptr;
+    //! The tokens and extra keys they were hashed from (count * tokensPerPage tokens; keys at absolute positions),
+    //! for the KV events of the pages a run registers; tokens may be null (events then carry no token ids).
+    int32_t const* tokens = nullptr;
+    PageExtraKey const* extraKeys = nullptr;
+    int32_t numExtraKeys = 0;
 };
 
 //! A page adoptRun() took fresh: the sequence's entry `index` in the group is `page`, registered under the run's hash
@@ -44,6 +49,16 @@ public:
 
     //! Returns whether `group` (checked by the caller) has a page registered under `hash`, held or cached.
     static bool hasPage(PageManager const& manager, int32_t group, PageHash hash) noexcept;
+    //! Adds tokens found on a host tier and on a disk tier for `sequence` (live, checked by the caller) to its
+    //! tenant's counters (PageManager::tenantStats).
+    static void addTenantHits(
+        PageManager& manager, SequenceId sequence, int64_t hostTokens, int64_t diskTokens) noexcept;
+    //! Returns whether the manager records KV events (PageManagerOptions::recordEvents).
+    static bool recordsEvents(PageManager const& manager) noexcept;
+    //! Writes to `out` (cleared first) the hashes registered in `group` (checked by the caller), by page id.
+    static void registeredHashes(PageManager const& manager, int32_t group, std::vector<PageHash>& out);
+    //! Returns the number of hashes registered in `group` (checked by the caller), held or cached pages.
+    static int32_t numRegistered(PageManager const& manager, int32_t group) noexcept;
     //! Returns the first page a sequence of `pages` whole pages needs in `group` (checked by the caller): 0 for full
     //! attention, the window's first page for a sliding window.
     static int32_t firstNeededPage(PageManager const& manager, int32_t group, int32_t pages) noexcept;

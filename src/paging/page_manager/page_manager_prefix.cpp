@@ -33,6 +33,7 @@ int32_t PageManager::State::adoptPrefix(
     }
     checkExtraKeys("adoptPrefix", keys, numKeys, 0, count);
     prefixQueryTokens += count;
+    tenantStats(sequence.tenant).queryTokens += count;
     // The cuts a sequence waits for are those of the last prompt it was offered (an empty sequence may be offered
     // several).
     sequence.promptCut = 0;
@@ -131,6 +132,7 @@ int32_t PageManager::State::adoptPrefix(
     sequence.length = pages * tokensPerPage;
     sequence.lastHash = promptHashes[static_cast<size_t>(pages - 1)];
     prefixHitTokens += sequence.length;
+    tenantStats(sequence.tenant).deviceHitTokens += sequence.length;
     makeCut(row, pages);
     return sequence.length;
 }
@@ -205,6 +207,23 @@ bool PageManager::State::adoptRun(
         }
     }
     fresh.resize(static_cast<size_t>(groups));
+    bool const record = recordsEvents();
+    if (record)
+    {
+        // Each group stores at most the run's pages and evicts as many; the keys of every page, salt first.
+        auto const runPages = static_cast<size_t>(pages) * static_cast<size_t>(groups);
+        size_t const keyBytes = sequence.salt.size() + 20 * static_cast<size_t>(std::max(0, known.numExtraKeys));
+        events.reserveMore(
+            2 * runPages + 1, 2 * runPages, runPages * static_cast<size_t>(tokensPerPage), keyBytes * groups);
+        filled.keyBytes.reserve(keyBytes);
+        beginFilled(row, first);
+        for (int32_t p = first; p < end; ++p)
+        {
+            addFilled(row, known.hashes[p - first],
+                known.tokens != nullptr ? known.tokens + int64_t{p - first} * tokensPerPage : nullptr, known.extraKeys,
+                known.numExtraKeys);
+        }
+    }
     for (int32_t g = 0; g < groups; ++g)
     {
         PagePool& pool = pools[static_cast<size_t>(g)];
@@ -237,7 +256,10 @@ bool PageManager::State::adoptRun(
             if (found[p] == PageHashTable::kNONE_PAGE)
             {
                 int32_t const page = takePage(g);
-                prefix.registerPage(g, page, known.hashes[p - first]);
+                if (prefix.registerPage(g, page, known.hashes[p - first]) && record)
+                {
+                    markFresh(g, p - first);
+                }
                 entries[p] = page;
                 taken.push_back(detail::FreshPage{p, page});
             }
@@ -257,6 +279,10 @@ bool PageManager::State::adoptRun(
             }
         }
         makeCut(row, end);
+    }
+    if (record)
+    {
+        recordFilled();
     }
     prefix.notifyEvictions();
     return true;

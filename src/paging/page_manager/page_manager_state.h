@@ -47,6 +47,46 @@ struct PageManager::State
     std::vector<PageHash> promptHashes;
     std::vector<int32_t> promptPages;
 
+    //! Per tenant (distinct salt, by the root hash it gives), its prefix hits; up to kMAX_TENANTS, reserved at
+    //! construction, then the bucket of other salts.
+    struct Tenant
+    {
+        PageHash root = {};
+        PrefixTenantStats stats;
+    };
+    std::vector<Tenant> tenants;
+    PrefixTenantStats otherTenant;
+    //! Returns the counters of tenant `index` (-1: the bucket of other salts).
+    PrefixTenantStats& tenantStats(int32_t index) noexcept
+    {
+        return index < 0 ? otherTenant : tenants[static_cast<size_t>(index)].stats;
+    }
+    //! Returns the tenant of the salt whose root is `root`, adding it (a copy of its salt) while there is room.
+    int32_t tenantOf(PageHash root, void const* salt, size_t saltBytes);
+
+    //! KV events (options.recordEvents): what takeEvents() hands over.
+    KVEventBatch events;
+    //! Whether a sequence was created with a salt or an append carried extra keys since events were on: until then no
+    //! stored page has key bytes.
+    bool keysSeen = false;
+    //! The pages one step entry or one adoptRun filled, in token order (page indices [firstIndex, firstIndex +
+    //! count)), gathered so that each group's run of newly registered pages becomes one stored event.
+    struct FilledPages
+    {
+        int32_t firstIndex = 0;
+        int32_t count = 0;
+        //! The hash of the page before the first (meaningful when firstIndex > 0).
+        PageHash parent = {};
+        std::vector<PageHash> hashes;
+        //! tokensPerPage a page.
+        std::vector<int32_t> tokens;
+        std::vector<KVEventPageKeys> keys;
+        std::vector<uint8_t> keyBytes;
+        //! Per group g and page k, at [g * maxEntries + k]: 1 when the page was newly registered in g.
+        std::vector<uint8_t> fresh;
+    };
+    FilledPages filled;
+
     State(KVCacheLayout const& layout, PageManagerOptions const& options);
 
     int32_t numGroups() const noexcept
@@ -140,6 +180,34 @@ struct PageManager::State
         int32_t row, int32_t const* tokens, int32_t count, PageHash* out, PageExtraKey const* keys, int32_t numKeys);
     void checkInvariants() const;
     void checkGroupInvariants(int32_t group) const;
+
+    // KV events (page_manager_events.cpp) -----------------------------------------------------------------------
+
+    bool recordsEvents() const noexcept
+    {
+        return options.recordEvents;
+    }
+    //! Sizes the scratch of stored events and records AllBlocksCleared; called once from the constructor.
+    void setUpEvents(int32_t maxEntries);
+    //! Reserves the room the events of the (checked, counted) step may take; throws std::bad_alloc.
+    void reserveStepEvents(SequenceAppend const* appends, int32_t count);
+    //! Starts gathering the pages the sequence in `row` fills from page index `firstIndex`.
+    void beginFilled(int32_t row, int32_t firstIndex);
+    //! Adds the next filled page: its hash, its tokens (null: none) and the extra-key bytes its hash mixed in.
+    void addFilled(int32_t row, PageHash hash, int32_t const* tokens, uint8_t const* keyBytes, size_t numKeyBytes);
+    //! addFilled() with the bytes of the extra keys among `keys` (sorted by position) that fall in the page.
+    void addFilled(int32_t row, PageHash hash, int32_t const* tokens, PageExtraKey const* keys, int32_t numKeys);
+    //! Notes that the filled page `k` (0 for the first added) was newly registered in `group`.
+    void markFresh(int32_t group, int32_t k) noexcept
+    {
+        filled
+            .fresh[static_cast<size_t>(group) * static_cast<size_t>(sequences.maxEntries()) + static_cast<size_t>(k)] =
+            1;
+    }
+    //! Adds the next filled page's hash, tokens and salt (page 0 only), its key count still 0.
+    void openFilled(int32_t row, PageHash hash, int32_t const* tokens);
+    //! Records one stored event per group and run of fresh pages gathered, and forgets them.
+    void recordFilled();
 };
 
 } // namespace kvcache::rt

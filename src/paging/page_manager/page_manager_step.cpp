@@ -200,6 +200,10 @@ StepCopies PageManager::State::step(SequenceAppend const* appends, int32_t count
                 stepReleased[static_cast<size_t>(g)]));
         }
     }
+    if (recordsEvents())
+    {
+        reserveStepEvents(appends, count);
+    }
     for (std::vector<PageCopy>& list : copies)
     {
         list.clear();
@@ -313,6 +317,9 @@ void PageManager::State::registerFilledPages(SequenceAppend const& append, int32
     int32_t* partial = sequences.partial(row);
     int64_t position = sequence.length;
     int32_t consumed = 0;
+    bool const record = recordsEvents();
+    // Gathered from the first page the append fills: most decode appends fill none.
+    bool gathering = false;
     while (consumed < append.count)
     {
         int32_t const inPage = static_cast<int32_t>(position & pageMask);
@@ -332,7 +339,8 @@ void PageManager::State::registerFilledPages(SequenceAppend const& append, int32
         int32_t const start = static_cast<int32_t>(position - tokensPerPage);
         int32_t const pageIndex = start >> pageShift;
         PageHash hash{};
-        if (whole && append.numExtraKeys == 0 && sequence.pendingKeys.empty())
+        bool const fromChain = whole && append.numExtraKeys == 0 && sequence.pendingKeys.empty();
+        if (fromChain)
         {
             if (nextChained == numChained)
             {
@@ -347,15 +355,34 @@ void PageManager::State::registerFilledPages(SequenceAppend const& append, int32
         {
             hash = hashFilledPage(sequence, append, pageTokens, start);
         }
+        if (record && !gathering)
+        {
+            // Before lastHash moves on: it is the first filled page's parent.
+            beginFilled(row, pageIndex);
+            gathering = true;
+        }
         sequence.lastHash = hash;
+        if (record)
+        {
+            // A chained page has no extra keys; any other was hashed last, with its keys' bytes.
+            std::vector<uint8_t> const& keyBytes = prefix.lastKeyBytes();
+            addFilled(row, hash, pageTokens, fromChain ? nullptr : keyBytes.data(), fromChain ? 0 : keyBytes.size());
+        }
         for (int32_t g = 0; g < numGroups(); ++g)
         {
-            prefix.registerPage(g, sequences.entries(g, row)[pageIndex], hash);
+            if (prefix.registerPage(g, sequences.entries(g, row)[pageIndex], hash) && record)
+            {
+                markFresh(g, filled.count - 1);
+            }
         }
         if (cuts.enabled())
         {
             filledPage(row, pageIndex, hash);
         }
+    }
+    if (gathering)
+    {
+        recordFilled();
     }
     // Keys of the new partial page wait for it to fill.
     for (int32_t k = 0; k < append.numExtraKeys; ++k)

@@ -59,23 +59,29 @@ void PrefixCache::notifyEvictions()
     }
 }
 
-PageHash PrefixCache::hashPage(
-    PageHash parent, int32_t const* tokens, int32_t start, PageExtraKey const* keys, int32_t numKeys)
+void PrefixCache::appendKeyBytes(
+    PageExtraKey const* keys, int32_t numKeys, int32_t start, int32_t tokensPerPage, std::vector<uint8_t>& out)
 {
-    mKeyBytes.clear();
     for (int32_t k = 0; k < numKeys; ++k)
     {
         PageExtraKey const& key = keys[k];
-        if (key.position >= start && key.position < start + mTokensPerPage)
+        if (key.position >= start && key.position < start + tokensPerPage)
         {
             int32_t const offset = key.position - start;
             uint8_t bytes[20];
             std::memcpy(bytes, &offset, 4);
             std::memcpy(bytes + 4, &key.key.lo, 8);
             std::memcpy(bytes + 12, &key.key.hi, 8);
-            mKeyBytes.insert(mKeyBytes.end(), bytes, bytes + 20);
+            out.insert(out.end(), bytes, bytes + 20);
         }
     }
+}
+
+PageHash PrefixCache::hashPage(
+    PageHash parent, int32_t const* tokens, int32_t start, PageExtraKey const* keys, int32_t numKeys)
+{
+    mKeyBytes.clear();
+    appendKeyBytes(keys, numKeys, start, mTokensPerPage, mKeyBytes);
     return mHasher.next(
         parent, tokens, mTokensPerPage, mKeyBytes.empty() ? nullptr : mKeyBytes.data(), mKeyBytes.size());
 }

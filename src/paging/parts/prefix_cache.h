@@ -3,6 +3,7 @@
 #include "paging/parts/page_hash_table.h"
 #include "paging/parts/page_pool.h"
 
+#include "kvcache/paging/kv_events.h"
 #include "kvcache/paging/page_manager.h"
 
 #include <cstdint>
@@ -59,15 +60,17 @@ public:
     }
 
     //! Registers a just-filled page under `hash` unless the hash is registered already (then the page stays
-    //! unregistered and becomes free, not cached, when its holders let go).
-    void registerPage(int32_t group, int32_t page, PageHash hash) noexcept
+    //! unregistered and becomes free, not cached, when its holders let go); returns whether it registered it.
+    bool registerPage(int32_t group, int32_t page, PageHash hash) noexcept
     {
         Group& state = mGroups[static_cast<size_t>(group)];
         if (state.table.insertIfAbsent(hash, page))
         {
             state.hash[static_cast<size_t>(page)] = hash;
             state.registered[static_cast<size_t>(page)] = 1;
+            return true;
         }
+        return false;
     }
 
     //! Drops the content of the oldest cached page of `pool` (group `group`): off the cached list, its hash
@@ -81,6 +84,11 @@ public:
         state.table.erase(hash);
         state.registered[static_cast<size_t>(page)] = 0;
         ++mEvictedPages;
+        if (mEvents != nullptr)
+        {
+            // Within capacity: the manager reserves room for a call's removals before it changes anything.
+            mEvents->addRemoved(group, KVEventMedium::kGPU, hash);
+        }
         if (mOnEvict)
         {
             // Within capacity: only registered pages are evicted, and a call evicts each page at most once.
@@ -92,6 +100,20 @@ public:
     //! Returns the hash of the page [start, start + tokensPerPage) given its tokens and the extra keys among `keys`
     //! (sorted by position) that fall in it.
     PageHash hashPage(PageHash parent, int32_t const* tokens, int32_t start, PageExtraKey const* keys, int32_t numKeys);
+    //! Returns the extra-key bytes the last hashPage() call mixed in (empty when none).
+    std::vector<uint8_t> const& lastKeyBytes() const noexcept
+    {
+        return mKeyBytes;
+    }
+    //! Appends to `out` the extra-key bytes of the page [start, start + tokensPerPage): 20 for each key of `keys`
+    //! (sorted by position) in it, as PageManager's class comment gives them.
+    static void appendKeyBytes(
+        PageExtraKey const* keys, int32_t numKeys, int32_t start, int32_t tokensPerPage, std::vector<uint8_t>& out);
+    //! Records each eviction's removal in `events` (null: none); the caller keeps room for them in its buffers.
+    void setEventBatch(KVEventBatch* events) noexcept
+    {
+        mEvents = events;
+    }
 
     //! Sets the function called for each evicted page.
     void setCallback(EvictionCallback callback)
@@ -131,6 +153,7 @@ private:
     bool mEnabled = false;
     int32_t mTokensPerPage = 0;
     EvictionCallback mOnEvict;
+    KVEventBatch* mEvents = nullptr;
     //! Sized to every page of every group: one call never evicts a page twice without it being taken in between,
     //! and a taken page is evicted again only by a later call.
     std::vector<Eviction> mPending;

@@ -19,6 +19,10 @@ struct SequenceState
     PageHash lastHash = {};
     //! Per group, the first entry still held (entries before it were released by a window).
     std::vector<int32_t> firstHeld;
+    //! The tenant of the sequence's salt (PageManager::State::tenants), or -1 for the bucket of other salts.
+    int32_t tenant = -1;
+    //! The salt the sequence was created with, kept only for KV events (PageManagerOptions::recordEvents).
+    std::vector<uint8_t> salt;
     //! Extra keys of the partial last page.
     std::vector<PageExtraKey> pendingKeys;
     //! Cuts of a hybrid cache (prefix_cuts.h) to make once the sequence holds this many whole pages (0: none): the

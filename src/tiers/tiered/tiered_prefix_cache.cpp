@@ -224,6 +224,11 @@ int32_t TieredPrefixCache::evictCached(int32_t group, int32_t count, cudaStream_
     return mImpl->core->evictCached(mover, group, count);
 }
 
+void TieredPrefixCache::takeEvents(KVEventBatch& out)
+{
+    mImpl->core->takeEvents(out);
+}
+
 TieredPrefixCacheStats TieredPrefixCache::stats() const noexcept
 {
     return mImpl->core->stats();

@@ -42,8 +42,12 @@ TieredAdmission TieredPrefixCacheCore::admit(TierMover& mover, SequenceId sequen
     mStats.deviceHitTokens += deviceTokens;
     // Evictions a direct evictCached left behind go to the host before this call can reuse their pages.
     offloadEvicted(mover);
-    int32_t const hostTokens = onboardRun(mover, sequence, tokens, count, deviceTokens, extraKeys, numExtraKeys);
+    int32_t diskTokens = 0;
+    int32_t const hostTokens =
+        onboardRun(mover, sequence, tokens, count, deviceTokens, extraKeys, numExtraKeys, diskTokens);
     mStats.hostHitTokens += hostTokens;
+    mStats.diskHitTokens += diskTokens;
+    PageManagerInternal::addTenantHits(*mPages, sequence, hostTokens - diskTokens, diskTokens);
     int32_t const computeTokens = count - deviceTokens - hostTokens;
     mStats.missedTokens += computeTokens;
     return TieredAdmission{deviceTokens, hostTokens, computeTokens};
@@ -173,13 +177,15 @@ bool TieredPrefixCacheCore::restore(TierMover& mover, int32_t g, int32_t index, 
     group.map.pin(insertion.hostPage);
     group.runPinned[static_cast<size_t>(index)] = 1;
     group.runPlaces[static_cast<size_t>(index)] = {RunPlace::Tier::kHOST, insertion.hostPage};
+    mRunFromDisk[static_cast<size_t>(index)] = 1;
     ++mStats.restoredPages;
     return true;
 }
 
 int32_t TieredPrefixCacheCore::onboardRun(TierMover& mover, SequenceId sequence, int32_t const* tokens, int32_t count,
-    int32_t length, PageExtraKey const* keys, int32_t numKeys)
+    int32_t length, PageExtraKey const* keys, int32_t numKeys, int32_t& diskTokens)
 {
+    diskTokens = 0;
     // Whole pages, leaving at least the last prompt token to compute (as adoptPrefix does).
     int64_t const maxPages = (int64_t{count} - 1 - length) / mTokensPerPage;
     if (maxPages <= 0)
@@ -190,6 +196,7 @@ int32_t TieredPrefixCacheCore::onboardRun(TierMover& mover, SequenceId sequence,
     KeySlice const after = keysIn(keys, numKeys, length, int64_t{length} + runTokens);
     NextPageHashes const known = PageManagerInternal::hashNextPages(
         *mPages, sequence, tokens + length, runTokens, mHashes.data(), after.keys, after.count);
+    std::fill(mRunFromDisk.begin(), mRunFromDisk.begin() + known.count, uint8_t{0});
     for (Group& group : mGroups)
     {
         std::fill(group.runPlaces.begin(), group.runPlaces.begin() + known.count, RunPlace{});
@@ -229,6 +236,8 @@ int32_t TieredPrefixCacheCore::onboardRun(TierMover& mover, SequenceId sequence,
         throw;
     }
     unpinRun(known);
+    diskTokens = static_cast<int32_t>(std::count(mRunFromDisk.begin(), mRunFromDisk.begin() + pages, uint8_t{1}))
+        * mTokensPerPage;
     return pages * mTokensPerPage;
 }
 

@@ -111,6 +111,7 @@ TieredPrefixCacheCore::TieredPrefixCacheCore(
     mTokensPerPage = layout.tokensPerPage;
     int64_t const pagesPerSequence = (int64_t{layout.maxSequenceLength} + mTokensPerPage - 1) / mTokensPerPage;
     mHashes.resize(static_cast<size_t>(pagesPerSequence));
+    mRunFromDisk.assign(static_cast<size_t>(pagesPerSequence), 0);
     mGroups.reserve(layout.groups.size());
     for (size_t g = 0; g < layout.groups.size(); ++g)
     {
@@ -132,6 +133,18 @@ TieredPrefixCacheCore::TieredPrefixCacheCore(
         // Disk pages are files: every one is usable from the start.
         mDisks.emplace_back(diskPages).setUsable(diskPages);
     }
+    if (PageManagerInternal::recordsEvents(pages))
+    {
+        mEvents.reserve(64, 64, 0);
+        for (size_t g = 0; g < mGroups.size(); ++g)
+        {
+            mGroups[g].map.setEventBatch(&mEvents, static_cast<int32_t>(g), KVEventMedium::kCPU, mTokensPerPage);
+        }
+        for (size_t g = 0; g < mDisks.size(); ++g)
+        {
+            mDisks[g].setEventBatch(&mEvents, static_cast<int32_t>(g), KVEventMedium::kDISK, mTokensPerPage);
+        }
+    }
     // Last, once nothing can throw any more: a failed construction leaves the manager's callback as it was.
     pages.setEvictionCallback(
         [this](int32_t group, int32_t page, PageHash hash) { recordEviction(group, page, hash); });
@@ -147,6 +160,13 @@ TieredPrefixCacheCore::~TieredPrefixCacheCore()
     {
         // Clearing a std::function does not throw in practice; a destructor must not let anything out regardless.
     }
+}
+
+void TieredPrefixCacheCore::takeEvents(KVEventBatch& out)
+{
+    mPages->takeEvents(out);
+    out.append(mEvents);
+    mEvents.clear();
 }
 
 HostPageMap const& TieredPrefixCacheCore::hostMap(int32_t group, char const* what) const

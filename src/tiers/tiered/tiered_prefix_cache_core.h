@@ -104,6 +104,8 @@ public:
     //! Returns the disk page map of `group` (its pages are disk pages), or null without a disk tier. Throws
     //! OutOfRangeError naming `what` for a bad group.
     HostPageMap const* diskMap(int32_t group, char const* what = "TieredPrefixCache::diskMap") const;
+    //! TieredPrefixCache::takeEvents.
+    void takeEvents(KVEventBatch& out);
     //! Returns the evictions recorded and not offloaded yet, all groups.
     int64_t numPendingEvictions() const noexcept;
     //! Throws std::logic_error naming the first broken rule: a host page map's own invariants, a host page left
@@ -168,8 +170,9 @@ private:
     void spill(TierMover& mover, int32_t g, int32_t hostPage, PageHash hash);
     //! Adopts the longest run of pages after `length` that the device, the host and the disk hold between them
     //! (PageManagerInternal::adoptRun) and onboards its fresh pages; returns its tokens.
+    //! Writes to diskTokens the run's tokens whose page some group read back from the disk.
     int32_t onboardRun(TierMover& mover, SequenceId sequence, int32_t const* tokens, int32_t count, int32_t length,
-        PageExtraKey const* keys, int32_t numKeys);
+        PageExtraKey const* keys, int32_t numKeys, int32_t& diskTokens);
     //! Returns where page `index` of the run in mHashes is in `group` (Group::runPlaces), looking it up once.
     RunPlace source(int32_t group, int32_t index);
     //! Returns whether every page a run of `pages` pages needs (all in full attention, the window before its end in a
@@ -190,11 +193,15 @@ private:
     int32_t mTokensPerPage = 0;
     std::vector<Group> mGroups;
     std::vector<PageHash> mHashes;
+    //! Per page of an admission's run: 1 when some group read it back from the disk.
+    std::vector<uint8_t> mRunFromDisk;
     //! The fresh pages of an admission's run, per group.
     std::vector<std::vector<FreshPage>> mFresh;
     //! Per group, its disk pages; empty without a disk tier.
     std::vector<HostPageMap> mDisks;
     TieredPrefixCacheStats mStats;
+    //! The host and disk tiers' KV events since the last takeEvents() (when the manager records events).
+    KVEventBatch mEvents;
 };
 
 } // namespace kvcache::rt::detail

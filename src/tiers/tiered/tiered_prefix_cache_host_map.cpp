@@ -88,6 +88,11 @@ HostPageMap::Insertion HostPageMap::insert(PageHash hash)
             hash.lo, present));
     }
     Insertion result;
+    if (mEvents != nullptr)
+    {
+        // Room first, so that a full buffer fails before anything changes: a removal and a stored page at most.
+        mEvents->reserveMore(2, 2, 0, 0);
+    }
     if (!mReleased.empty())
     {
         result.hostPage = mReleased.back();
@@ -114,6 +119,15 @@ HostPageMap::Insertion HostPageMap::insert(PageHash hash)
     mMapped[index] = 1;
     mTable.insertIfAbsent(hash, result.hostPage);
     mLru.pushNewest(result.hostPage);
+    if (mEvents != nullptr)
+    {
+        if (result.evicted)
+        {
+            mEvents->addRemoved(mEventGroup, mEventMedium, result.evictedHash);
+        }
+        mEvents->beginStored(mEventGroup, mEventMedium, mEventTokensPerPage, nullptr);
+        mEvents->addStoredPage(hash, nullptr, nullptr, 0, 0);
+    }
     return result;
 }
 
@@ -125,6 +139,11 @@ void HostPageMap::erase(int32_t hostPage)
         throw InvalidArgumentError(fmt::format("HostPageMap::erase: host page {} has {} pins; a pinned host page "
                                                "cannot be dropped",
             hostPage, mPins[static_cast<size_t>(hostPage)]));
+    }
+    if (mEvents != nullptr)
+    {
+        mEvents->reserveMore(1, 1, 0, 0);
+        mEvents->addRemoved(mEventGroup, mEventMedium, mHashes[static_cast<size_t>(hostPage)]);
     }
     mLru.unlink(hostPage);
     mTable.erase(mHashes[static_cast<size_t>(hostPage)]);

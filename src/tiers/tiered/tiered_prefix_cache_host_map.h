@@ -7,6 +7,7 @@
 #include "paging/parts/cached_page_list.h"
 #include "paging/parts/page_hash_table.h"
 
+#include "kvcache/paging/kv_events.h"
 #include "kvcache/paging/page_hash.h"
 
 #include <cstdint>
@@ -96,6 +97,16 @@ public:
     //! Throws InvalidArgumentError for a host page that is not mapped or is pinned.
     void erase(int32_t hostPage);
 
+    //! Records in `events` (null: none) a stored event of `group` and `medium` (tokensPerPage a page, no parent, no
+    //! token ids) for each hash insert() maps, and a removal for each hash it or erase() drops; never throws.
+    void setEventBatch(KVEventBatch* events, int32_t group, KVEventMedium medium, int32_t tokensPerPage) noexcept
+    {
+        mEvents = events;
+        mEventGroup = group;
+        mEventMedium = medium;
+        mEventTokensPerPage = tokensPerPage;
+    }
+
     //! Returns the host pages the map is sized for.
     int32_t numHostPages() const noexcept
     {
@@ -166,6 +177,10 @@ private:
     std::vector<int32_t> mReleased;
     int32_t mNextUnused = 0;
     int32_t mUsable = 0;
+    KVEventBatch* mEvents = nullptr;
+    int32_t mEventGroup = 0;
+    KVEventMedium mEventMedium = KVEventMedium::kCPU;
+    int32_t mEventTokensPerPage = 0;
 };
 
 } // namespace kvcache::rt::detail

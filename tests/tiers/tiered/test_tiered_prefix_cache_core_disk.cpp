@@ -57,6 +57,14 @@ TEST(TieredPrefixCacheCoreTest, HostPagesGivenUpGoToTheDiskAndComeBackForARun)
     EXPECT_EQ(admission.hostTokens, 5 * kP);
     TieredPrefixCacheStats const stats = sim.core.stats();
     EXPECT_EQ(stats.restoredPages, 4);
+    EXPECT_EQ(stats.diskHitTokens, 4 * kP) << "pages 1 to 4 came from the disk, page 0 from the host";
+    // The tenant (no salt) queried A, B and A again (21 + 17 + 21 tokens) and found A's pages the third time.
+    std::vector<PrefixTenantStats> const tenants = sim.manager.tenantStats();
+    ASSERT_EQ(tenants.size(), 1u);
+    EXPECT_EQ(tenants[0].queryTokens, 59);
+    EXPECT_EQ(tenants[0].deviceHitTokens, 0);
+    EXPECT_EQ(tenants[0].hostHitTokens, kP);
+    EXPECT_EQ(tenants[0].diskHitTokens, 4 * kP);
     EXPECT_EQ(stats.spilledPages, 4) << "B's pages, whose host pages the restores took";
     EXPECT_EQ(stats.onboardedPages, 5);
     EXPECT_EQ(stats.diskFailures, 0);

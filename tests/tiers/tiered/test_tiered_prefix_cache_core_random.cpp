@@ -215,6 +215,10 @@ std::string randomRun(KVCacheConfig const& config, std::vector<int64_t> const& n
     tally["disk failures"] += stats.diskFailures;
     tally["onboards"] += sim.mover.count(MoverCall::kONBOARD);
     tally["copy-on-write copies"] += sim.mover.count(MoverCall::kCOPY);
+    for (auto const& [name, count] : sim.eventTally)
+    {
+        tally["events: " + name] += count;
+    }
     return {};
 }
 
@@ -252,9 +256,15 @@ TEST(TieredPrefixCacheCoreTest, RandomOperationsKeepEveryPageRight)
             EXPECT_GT(tally[reached], 0) << reached;
         }
         EXPECT_GT(tally["onboarded runs adopted again"], 0);
+        for (char const* reached :
+            {"events: GPU stored", "events: GPU removed", "events: CPU stored", "events: CPU removed"})
+        {
+            EXPECT_GT(tally[reached], 0) << reached;
+        }
         if (!c.numDiskPages.empty())
         {
-            for (char const* reached : {"spilled pages", "restored pages", "disk failures"})
+            for (char const* reached :
+                {"spilled pages", "restored pages", "disk failures", "events: DISK stored", "events: DISK removed"})
             {
                 EXPECT_GT(tally[reached], 0) << reached;
             }

@@ -1,0 +1,89 @@
+"""KV events and prefix counters of a PageManager through Python (take_events, counters, prometheus_text): events
+checked against hashes recomputed here with hashlib from the documented page hash, and counters of a run whose hits are
+known. No GPU."""
+
+import hashlib
+import struct
+
+import kvcache
+
+P = 4  # tokens per page
+SEED = bytes(range(32))
+
+
+def make_manager(**options):
+    config = kvcache.Config(layer_configs=[(1, 8)], max_batch_size=4, max_sequence_length=64, tokens_per_page=P,
+                            max_tokens_per_step=64)
+    return kvcache.PageManager(config, hash_seed=SEED, **options)
+
+
+def sha(data):
+    return hashlib.sha256(data).digest()[:16]
+
+
+def root(salt):
+    return sha(struct.pack("<QQI", 0, 0, 0) + SEED + struct.pack("<Q", len(salt)) + salt)
+
+
+def page_hash(parent, tokens, extra=b""):
+    return sha(parent + struct.pack("<IIQ", 1, len(tokens), len(extra)) + struct.pack(f"<{len(tokens)}i", *tokens)
+               + extra)
+
+
+def test_no_events_unless_asked():
+    manager = make_manager()
+    sequence = manager.create()
+    manager.append(sequence, list(range(9)))
+    assert manager.take_events() == []
+
+
+def test_stored_and_removed_events():
+    manager = make_manager(record_events=True)
+    assert manager.take_events() == [{"type": "AllBlocksCleared"}]
+    sequence = manager.create(salt=b"ab")
+    tokens = list(range(100, 109))
+    # A key at position 5: page 1, offset 1.
+    manager.append(sequence, tokens, extra_keys=[(5, 0x1111, 0x2222)])
+    key = struct.pack("<iQQ", 1, 0x1111, 0x2222)
+    page0 = page_hash(root(b"ab"), tokens[:4])
+    page1 = page_hash(page0, tokens[4:8], key)
+    assert manager.take_events() == [{
+        "type": "BlockStored", "medium": "GPU", "group_idx": 0, "block_hashes": [page0, page1],
+        "parent_block_hash": None, "token_ids": tokens[:8], "block_size": P, "extra_keys": [[b"ab"], [key]]}]
+    # The event's hashes are the manager's own (hash_next_pages gives them as (lo, hi)).
+    other = manager.create(salt=b"ab")
+    (lo, hi), _ = manager.hash_next_pages(other, tokens[:8], extra_keys=[(5, 0x1111, 0x2222)])
+    assert lo.to_bytes(8, "little") + hi.to_bytes(8, "little") == page0
+    manager.free(other)
+
+    manager.free(sequence)
+    assert manager.evict_cached(0, 2) == 2
+    # free() lets go of the last page first, so page 1 is the oldest cached page.
+    assert manager.take_events() == [{"type": "BlockRemoved", "medium": "GPU", "group_idx": 0,
+                                      "block_hashes": [page1, page0]}]
+
+
+def test_counters_of_a_run_whose_hits_are_known():
+    manager = make_manager()
+    prompt = list(range(1, 14))  # 13 tokens: 3 whole pages before the last token
+    for salt in (b"a", b"a", b"b", None):
+        sequence = manager.create(salt=salt)
+        hit = manager.adopt_prefix(sequence, prompt)
+        manager.append(sequence, prompt[hit:])
+        manager.free(sequence)
+    counters = manager.counters()
+    assert counters["prefix_query_tokens"] == 52
+    assert counters["prefix_hit_tokens"] == {"device": 12}
+    assert counters["evicted_pages"] == {"device": 0}
+    assert counters["tenants"] == [
+        {"salt": b"a", "other": False, "query_tokens": 26, "device_hit_tokens": 12, "host_hit_tokens": 0,
+         "disk_hit_tokens": 0},
+        {"salt": b"b", "other": False, "query_tokens": 13, "device_hit_tokens": 0, "host_hit_tokens": 0,
+         "disk_hit_tokens": 0},
+        {"salt": b"", "other": False, "query_tokens": 13, "device_hit_tokens": 0, "host_hit_tokens": 0,
+         "disk_hit_tokens": 0},
+    ]
+    text = manager.prometheus_text("serving")
+    assert 'serving_prefix_hit_tokens_total{tier="device"} 12\n' in text
+    assert 'serving_tenant_prefix_query_tokens_total{tenant="61"} 26\n' in text
+    assert "# TYPE serving_prefix_query_tokens_total counter\n" in text

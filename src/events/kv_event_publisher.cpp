@@ -1,0 +1,466 @@
+// KVEventPublisher: the PUB side (the owner's thread), the replay buffer, and the ROUTER side (a thread of its own).
+#include "kvcache/events/kv_event_publisher.h"
+
+#include "kvcache/core/errors.h"
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <zmq.hpp>
+
+namespace kvcache::rt
+{
+namespace
+{
+
+//! Returns `value` as 8 bytes, big-endian.
+std::array<uint8_t, 8> bigEndian(int64_t value)
+{
+    std::array<uint8_t, 8> bytes{};
+    auto const bits = static_cast<uint64_t>(value);
+    for (int i = 0; i < 8; ++i)
+    {
+        bytes[static_cast<size_t>(i)] = static_cast<uint8_t>(bits >> (56 - 8 * i));
+    }
+    return bytes;
+}
+
+int64_t fromBigEndian(uint8_t const* bytes)
+{
+    uint64_t bits = 0;
+    for (int i = 0; i < 8; ++i)
+    {
+        bits = (bits << 8) | bytes[i];
+    }
+    return static_cast<int64_t>(bits);
+}
+
+//! Whether vLLM binds `endpoint` (else it connects).
+bool binds(std::string const& endpoint)
+{
+    return endpoint.find('*') != std::string::npos || endpoint.find("::") != std::string::npos
+        || endpoint.rfind("ipc://", 0) == 0 || endpoint.rfind("inproc://", 0) == 0;
+}
+
+void checkRange(char const* field, int64_t value, int64_t low, int64_t high)
+{
+    if (value < low || value > high)
+    {
+        throw InvalidArgumentError(
+            fmt::format("KVEventPublisher: options.{} is {}; it must be in [{}, {}]", field, value, low, high));
+    }
+}
+
+//! Binds or connects `socket` to `endpoint` and returns the endpoint as ZeroMQ reports it; throws InvalidArgumentError
+//! naming `field`.
+std::string open(zmq::socket_t& socket, char const* field, std::string const& endpoint, bool bind)
+{
+    if (endpoint.empty())
+    {
+        throw InvalidArgumentError(fmt::format(
+            "KVEventPublisher: options.{} is empty; it must be a ZeroMQ endpoint such as tcp://*:5557", field));
+    }
+    try
+    {
+        if (bind)
+        {
+            socket.bind(endpoint);
+            return socket.get(zmq::sockopt::last_endpoint);
+        }
+        socket.connect(endpoint);
+        return endpoint;
+    }
+    catch (zmq::error_t const& error)
+    {
+        throw InvalidArgumentError(fmt::format("KVEventPublisher: options.{} is \"{}\"; it cannot be {}: {}", field,
+            endpoint, bind ? "bound" : "connected", error.what()));
+    }
+}
+
+} // namespace
+
+struct KVEventPublisher::Impl
+{
+    //! One batch kept for replay.
+    struct Kept
+    {
+        int64_t sequence = -1;
+        std::vector<uint8_t> payload;
+    };
+    //! One batch waiting for the sending thread.
+    struct Queued
+    {
+        int64_t sequence = -1;
+        double timestamp = 0;
+        KVEventBatch batch;
+    };
+
+    KVEventPublisherOptions options;
+    zmq::context_t context{1};
+    zmq::socket_t pub{context, zmq::socket_type::xpub};
+    zmq::socket_t replay;
+    std::string pubEndpoint;
+    std::string replayEndpoint;
+
+    //! The queue publish() fills and the sending thread empties, a ring of options.queueBatches slots whose batches
+    //! keep their buffers, under queueMutex.
+    std::mutex queueMutex;
+    std::condition_variable queueChanged;
+    std::vector<Queued> queue;
+    size_t queueHead = 0;
+    size_t queueSize = 0;
+    int64_t nextSequence = 0;
+    //! Batches the sending thread has finished with (sent or dropped), all of them below nextSequence.
+    int64_t finished = 0;
+    //! Whether the sending thread waits on queueChanged (else it looks at the queue before it waits again).
+    bool senderWaiting = false;
+
+    //! The replay buffer, a ring of options.replayBatches payloads (only with a replay endpoint), under `mutex`.
+    std::mutex mutex;
+    std::vector<Kept> kept;
+    size_t nextKept = 0;
+
+    std::atomic<int64_t> batches{0};
+    std::atomic<int64_t> events{0};
+    std::atomic<int64_t> dropped{0};
+    std::atomic<int64_t> replays{0};
+    std::atomic<int64_t> badReplays{0};
+    std::atomic<int32_t> subscriptions{0};
+    std::atomic<bool> running{true};
+    std::thread sender;
+    std::thread replayer;
+
+    explicit Impl(KVEventPublisherOptions const& opts)
+        : options(opts)
+    {
+        checkRange("replayBatches", options.replayBatches, 1, int64_t{1} << 20);
+        checkRange("queueBatches", options.queueBatches, 1, int64_t{1} << 20);
+        checkRange("sendHighWaterMark", options.sendHighWaterMark, 1, int64_t{1} << 24);
+        if (options.encoding != KVEventEncoding::kTAGGED_MAP && options.encoding != KVEventEncoding::kTAGGED_ARRAY)
+        {
+            throw InvalidArgumentError(fmt::format("KVEventPublisher: options.encoding is {}; it must be kTAGGED_MAP "
+                                                   "(0) or kTAGGED_ARRAY (1)",
+                static_cast<int32_t>(options.encoding)));
+        }
+        pub.set(zmq::sockopt::linger, 0);
+        pub.set(zmq::sockopt::sndhwm, options.sendHighWaterMark);
+        // A full subscriber queue makes a non-blocking send fail instead of dropping silently, so drops are counted;
+        // every subscribe and unsubscribe is passed on, so subscribers are counted.
+        pub.set(zmq::sockopt::xpub_nodrop, 1);
+        pub.set(zmq::sockopt::xpub_verboser, 1);
+        pubEndpoint = open(pub, "endpoint", options.endpoint, binds(options.endpoint));
+        if (!options.replayEndpoint.empty())
+        {
+            replay = zmq::socket_t(context, zmq::socket_type::router);
+            replay.set(zmq::sockopt::linger, 0);
+            replayEndpoint = open(replay, "replayEndpoint", options.replayEndpoint, true);
+            kept.resize(static_cast<size_t>(options.replayBatches));
+        }
+        queue.resize(static_cast<size_t>(options.queueBatches));
+        sender = std::thread([this] { sendQueued(); });
+        if (replay)
+        {
+            try
+            {
+                replayer = std::thread([this] { serveReplays(); });
+            }
+            catch (...)
+            {
+                stop();
+                throw;
+            }
+        }
+    }
+
+    //! Lets the threads finish and joins them.
+    void stop() noexcept
+    {
+        {
+            std::lock_guard<std::mutex> lock(queueMutex);
+            running = false;
+        }
+        queueChanged.notify_all();
+        for (std::thread* thread : {&sender, &replayer})
+        {
+            if (thread->joinable())
+            {
+                thread->join();
+            }
+        }
+    }
+
+    ~Impl()
+    {
+        stop();
+    }
+
+    //! Counts the subscribe (first byte 1) and unsubscribe (0) messages waiting on the PUB socket (sending thread).
+    void drainSubscriptions()
+    {
+        zmq::message_t message;
+        while (pub.recv(message, zmq::recv_flags::dontwait))
+        {
+            if (message.size() > 0)
+            {
+                subscriptions += static_cast<uint8_t const*>(message.data())[0] == 1 ? 1 : -1;
+            }
+        }
+    }
+
+    int64_t publish(KVEventBatch const& batch, double timestamp)
+    {
+        if (batch.empty())
+        {
+            return -1;
+        }
+        int64_t sequence = 0;
+        {
+            std::lock_guard<std::mutex> lock(queueMutex);
+            bool const full = queueSize == queue.size();
+            if (!full)
+            {
+                // The copy first: when it throws, the slot is not in the queue and nothing was counted.
+                queue[(queueHead + queueSize) % queue.size()].batch = batch;
+            }
+            sequence = nextSequence++;
+            ++batches;
+            events += static_cast<int64_t>(batch.events().size());
+            if (full)
+            {
+                // The sending thread is a whole queue behind: this batch is lost, and its sequence number is a gap.
+                ++dropped;
+                ++finished;
+                return sequence;
+            }
+            Queued& slot = queue[(queueHead + queueSize) % queue.size()];
+            slot.sequence = sequence;
+            slot.timestamp = timestamp;
+            ++queueSize;
+            if (!senderWaiting)
+            {
+                // The sending thread looks at the queue again before it waits: no wake-up needed.
+                return sequence;
+            }
+        }
+        queueChanged.notify_all();
+        return sequence;
+    }
+
+    bool flush(int32_t timeoutMs)
+    {
+        std::unique_lock<std::mutex> lock(queueMutex);
+        return queueChanged.wait_for(
+            lock, std::chrono::milliseconds(timeoutMs), [this] { return finished == nextSequence; });
+    }
+
+    //! The sending thread: encodes and sends each queued batch in order, keeps it for replay, and counts the
+    //! subscriptions; it finishes what is queued before it stops.
+    void sendQueued()
+    {
+        KVEventBatch batch;
+        std::vector<uint8_t> payload;
+        while (true)
+        {
+            int64_t sequence = 0;
+            double timestamp = 0;
+            {
+                std::unique_lock<std::mutex> lock(queueMutex);
+                senderWaiting = true;
+                queueChanged.wait_for(
+                    lock, std::chrono::milliseconds(10), [this] { return queueSize > 0 || !running; });
+                senderWaiting = false;
+                if (queueSize == 0)
+                {
+                    if (!running)
+                    {
+                        return;
+                    }
+                    lock.unlock();
+                    drainSubscriptions();
+                    continue;
+                }
+                Queued& slot = queue[queueHead];
+                sequence = slot.sequence;
+                timestamp = slot.timestamp;
+                batch.swap(slot.batch);
+                queueHead = (queueHead + 1) % queue.size();
+                --queueSize;
+            }
+            try
+            {
+                drainSubscriptions();
+                payload.clear();
+                encodeKVEventBatch(batch, timestamp, options.encoding, options.dataParallelRank, payload);
+                std::array<uint8_t, 8> const sequenceBytes = bigEndian(sequence);
+                // The parts of one message go out together or not at all: only the first send can be refused.
+                bool const sent =
+                    pub.send(zmq::buffer(options.topic), zmq::send_flags::sndmore | zmq::send_flags::dontwait)
+                        .has_value();
+                if (sent)
+                {
+                    pub.send(zmq::buffer(sequenceBytes), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+                    pub.send(zmq::buffer(payload), zmq::send_flags::dontwait);
+                }
+                dropped += sent ? 0 : 1;
+                if (!kept.empty())
+                {
+                    std::lock_guard<std::mutex> lock(mutex);
+                    Kept& slot = kept[nextKept];
+                    slot.sequence = sequence;
+                    slot.payload.assign(payload.begin(), payload.end());
+                    nextKept = (nextKept + 1) % kept.size();
+                }
+            }
+            catch (std::exception const&)
+            {
+                // Memory or ZeroMQ failed for this batch: it is lost like a refused one, and the thread goes on.
+                ++dropped;
+            }
+            {
+                std::lock_guard<std::mutex> lock(queueMutex);
+                ++finished;
+            }
+            queueChanged.notify_all();
+        }
+    }
+
+    //! The replay thread: answers each request with the kept batches from its start on, oldest first, then the end
+    //! marker.
+    void serveReplays()
+    {
+        std::vector<zmq::message_t> request;
+        std::vector<Kept> answer;
+        while (running)
+        {
+            zmq::pollitem_t item{replay.handle(), 0, ZMQ_POLLIN, 0};
+            try
+            {
+                if (zmq::poll(&item, 1, std::chrono::milliseconds(50)) == 0)
+                {
+                    continue;
+                }
+                request.clear();
+                do
+                {
+                    request.emplace_back();
+                    if (!replay.recv(request.back(), zmq::recv_flags::dontwait))
+                    {
+                        request.pop_back();
+                        break;
+                    }
+                } while (request.back().more());
+                if (request.size() != 3 || request[1].size() != 0 || request[2].size() != 8)
+                {
+                    ++badReplays;
+                    continue;
+                }
+                int64_t const start = fromBigEndian(static_cast<uint8_t const*>(request[2].data()));
+                answer.clear();
+                {
+                    std::lock_guard<std::mutex> lock(mutex);
+                    ++replays;
+                    for (size_t i = 0; i < kept.size(); ++i)
+                    {
+                        Kept const& slot = kept[(nextKept + i) % kept.size()];
+                        if (slot.sequence >= 0 && slot.sequence >= start)
+                        {
+                            answer.push_back(slot);
+                        }
+                    }
+                }
+                for (Kept const& batch : answer)
+                {
+                    sendReply(request[0], batch.sequence, batch.payload.data(), batch.payload.size());
+                }
+                sendReply(request[0], -1, nullptr, 0);
+            }
+            catch (std::exception const&)
+            {
+                // A failed replay (memory, a peer gone) must not end the thread: the client asks again.
+            }
+        }
+    }
+
+    void sendReply(zmq::message_t const& identity, int64_t sequence, uint8_t const* data, size_t size)
+    {
+        std::array<uint8_t, 8> const sequenceBytes = bigEndian(sequence);
+        auto const flags = zmq::send_flags::sndmore | zmq::send_flags::dontwait;
+        if (!replay.send(zmq::buffer(identity.data(), identity.size()), flags))
+        {
+            return;
+        }
+        replay.send(zmq::const_buffer(nullptr, 0), flags);
+        replay.send(zmq::buffer(sequenceBytes), flags);
+        replay.send(zmq::const_buffer(data, size), zmq::send_flags::dontwait);
+    }
+};
+
+KVEventPublisher::KVEventPublisher(KVEventPublisherOptions const& options)
+    : mImpl(std::make_unique<Impl>(options))
+{
+}
+
+KVEventPublisher::~KVEventPublisher() = default;
+
+int64_t KVEventPublisher::publish(KVEventBatch const& batch)
+{
+    auto const now = std::chrono::system_clock::now().time_since_epoch();
+    return publish(batch, std::chrono::duration<double>(now).count());
+}
+
+int64_t KVEventPublisher::publish(KVEventBatch const& batch, double timestamp)
+{
+    return mImpl->publish(batch, timestamp);
+}
+
+bool KVEventPublisher::flush(int32_t timeoutMs)
+{
+    return mImpl->flush(timeoutMs);
+}
+
+int32_t KVEventPublisher::numSubscribers() const noexcept
+{
+    return mImpl->subscriptions;
+}
+
+bool KVEventPublisher::waitForSubscriber(int32_t timeoutMs)
+{
+    auto const deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeoutMs);
+    while (numSubscribers() == 0)
+    {
+        if (std::chrono::steady_clock::now() >= deadline)
+        {
+            return false;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return true;
+}
+
+std::string const& KVEventPublisher::endpoint() const noexcept
+{
+    return mImpl->pubEndpoint;
+}
+
+std::string const& KVEventPublisher::replayEndpoint() const noexcept
+{
+    return mImpl->replayEndpoint;
+}
+
+KVEventPublisherStats KVEventPublisher::stats() const noexcept
+{
+    KVEventPublisherStats stats;
+    stats.batches = mImpl->batches;
+    stats.events = mImpl->events;
+    stats.droppedBatches = mImpl->dropped;
+    stats.replays = mImpl->replays;
+    stats.badReplayRequests = mImpl->badReplays;
+    return stats;
+}
+
+} // namespace kvcache::rt

@@ -1,0 +1,265 @@
+// Host tests of KVEventPublisher over loopback TCP (random free ports): bad options refused with named errors; a
+// subscriber receives each batch as three frames (topic, sequence number, payload); a subscriber that never reads
+// never blocks publish(), drops are counted, and the replay socket hands back every batch from a sequence number on;
+// a full publisher queue drops what does not fit.
+
+#include "kvcache/core/errors.h"
+#include "kvcache/events/kv_event_publisher.h"
+#include "kvcache/paging/kv_events.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+#include <zmq.hpp>
+
+#include "support/error_matchers.h"
+
+namespace kvcache::rt
+{
+namespace
+{
+
+using test::throwsNaming;
+using Bytes = std::vector<uint8_t>;
+
+int64_t sequenceOf(zmq::message_t const& frame)
+{
+    EXPECT_EQ(frame.size(), 8u);
+    auto const* bytes = static_cast<uint8_t const*>(frame.data());
+    uint64_t value = 0;
+    for (size_t i = 0; i < 8; ++i)
+    {
+        value = (value << 8) | bytes[i];
+    }
+    return static_cast<int64_t>(value);
+}
+
+Bytes bytesOf(zmq::message_t const& frame)
+{
+    auto const* data = static_cast<uint8_t const*>(frame.data());
+    return Bytes(data, data + frame.size());
+}
+
+//! Receives one multipart message, waiting at most 5 s for it; empty when none came.
+std::vector<zmq::message_t> receive(zmq::socket_t& socket)
+{
+    std::vector<zmq::message_t> parts;
+    zmq::pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
+    if (zmq::poll(&item, 1, std::chrono::milliseconds(5000)) == 0)
+    {
+        return parts;
+    }
+    do
+    {
+        parts.emplace_back();
+        EXPECT_TRUE(socket.recv(parts.back(), zmq::recv_flags::none));
+    } while (parts.back().more());
+    return parts;
+}
+
+//! A batch of one stored event of `pages` pages of 16 tokens, its hashes and tokens derived from `seed`.
+KVEventBatch batchOf(uint64_t seed, int32_t pages)
+{
+    KVEventBatch batch;
+    batch.beginStored(0, KVEventMedium::kGPU, 16, nullptr);
+    std::vector<int32_t> tokens(16);
+    for (int32_t p = 0; p < pages; ++p)
+    {
+        for (int32_t t = 0; t < 16; ++t)
+        {
+            tokens[static_cast<size_t>(t)] = static_cast<int32_t>(seed * 1000 + static_cast<uint64_t>(p * 16 + t));
+        }
+        batch.addStoredPage(PageHash{seed, static_cast<uint64_t>(p)}, tokens.data(), nullptr, 0, 0);
+    }
+    return batch;
+}
+
+Bytes payloadOf(KVEventBatch const& batch, double ts, KVEventPublisherOptions const& options)
+{
+    Bytes out;
+    encodeKVEventBatch(batch, ts, options.encoding, options.dataParallelRank, out);
+    return out;
+}
+
+TEST(KVEventPublisher, RefusesBadOptionsNamingThem)
+{
+    KVEventPublisherOptions options;
+    options.endpoint = "";
+    EXPECT_TRUE(
+        throwsNaming<InvalidArgumentError>([&] { KVEventPublisher p(options); }, {"options.endpoint", "empty"}));
+    options.endpoint = "bogus://nowhere";
+    EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
+        [&] { KVEventPublisher p(options); }, {"options.endpoint", "bogus://nowhere", "connected"}));
+    options.endpoint = "tcp://127.0.0.1:*";
+    options.replayEndpoint = "tcp://256.1.1.1:*";
+    EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
+        [&] { KVEventPublisher p(options); }, {"options.replayEndpoint", "tcp://256.1.1.1:*", "bound"}));
+    options.replayEndpoint = "";
+    options.replayBatches = 0;
+    EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
+        [&] { KVEventPublisher p(options); }, {"options.replayBatches", "is 0", "[1, 1048576]"}));
+    options.replayBatches = 1;
+    options.sendHighWaterMark = -3;
+    EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
+        [&] { KVEventPublisher p(options); }, {"options.sendHighWaterMark", "-3", "[1, 16777216]"}));
+    options.sendHighWaterMark = 1;
+    options.queueBatches = 0;
+    EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
+        [&] { KVEventPublisher p(options); }, {"options.queueBatches", "is 0", "[1, 1048576]"}));
+    options.queueBatches = 1;
+    options.encoding = static_cast<KVEventEncoding>(5);
+    EXPECT_TRUE(throwsNaming<InvalidArgumentError>([&] { KVEventPublisher p(options); }, {"options.encoding", "5"}));
+}
+
+TEST(KVEventPublisher, SubscriberReceivesEachBatchAsThreeFrames)
+{
+    for (KVEventEncoding const encoding : {KVEventEncoding::kTAGGED_MAP, KVEventEncoding::kTAGGED_ARRAY})
+    {
+        KVEventPublisherOptions options;
+        options.endpoint = "tcp://127.0.0.1:*";
+        options.topic = "kv@pod@model";
+        options.encoding = encoding;
+        options.dataParallelRank = 1;
+        KVEventPublisher publisher(options);
+        ASSERT_EQ(publisher.endpoint().rfind("tcp://127.0.0.1:", 0), 0u) << publisher.endpoint();
+        zmq::context_t context;
+        zmq::socket_t sub(context, zmq::socket_type::sub);
+        sub.set(zmq::sockopt::subscribe, "kv@");
+        sub.connect(publisher.endpoint());
+        ASSERT_TRUE(publisher.waitForSubscriber(5000));
+        EXPECT_EQ(publisher.numSubscribers(), 1);
+
+        EXPECT_EQ(publisher.publish(KVEventBatch{}), -1) << "an empty batch is not sent";
+        for (uint64_t i = 0; i < 3; ++i)
+        {
+            EXPECT_EQ(publisher.publish(batchOf(i, 2), 10.0 + static_cast<double>(i)), static_cast<int64_t>(i));
+        }
+        for (uint64_t i = 0; i < 3; ++i)
+        {
+            std::vector<zmq::message_t> const parts = receive(sub);
+            ASSERT_EQ(parts.size(), 3u);
+            EXPECT_EQ(parts[0].to_string(), "kv@pod@model");
+            EXPECT_EQ(sequenceOf(parts[1]), static_cast<int64_t>(i));
+            EXPECT_EQ(bytesOf(parts[2]), payloadOf(batchOf(i, 2), 10.0 + static_cast<double>(i), options));
+        }
+        ASSERT_TRUE(publisher.flush(5000));
+        KVEventPublisherStats const stats = publisher.stats();
+        EXPECT_EQ(stats.batches, 3);
+        EXPECT_EQ(stats.events, 3);
+        EXPECT_EQ(stats.droppedBatches, 0);
+    }
+}
+
+TEST(KVEventPublisher, SlowSubscriberNeverBlocksDropsAreCountedAndReplayRecovers)
+{
+    KVEventPublisherOptions options;
+    options.endpoint = "tcp://127.0.0.1:*";
+    options.replayEndpoint = "tcp://127.0.0.1:*";
+    options.sendHighWaterMark = 2;
+    options.replayBatches = 4000;
+    KVEventPublisher publisher(options);
+    zmq::context_t context;
+    zmq::socket_t sub(context, zmq::socket_type::sub);
+    sub.set(zmq::sockopt::rcvhwm, 1);
+    sub.set(zmq::sockopt::rcvbuf, 4096);
+    sub.set(zmq::sockopt::subscribe, "");
+    sub.connect(publisher.endpoint());
+    ASSERT_TRUE(publisher.waitForSubscriber(5000));
+
+    // The subscriber reads nothing while batches of 64 pages (1024 tokens) are published, until some are dropped.
+    constexpr int64_t kMAX_BATCHES = 4000;
+    double slowest = 0;
+    int64_t published = 0;
+    while (published < kMAX_BATCHES && (publisher.stats().droppedBatches == 0 || published < 200))
+    {
+        auto const start = std::chrono::steady_clock::now();
+        EXPECT_EQ(publisher.publish(batchOf(static_cast<uint64_t>(published), 64), 1.0), published);
+        slowest = std::max(slowest, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+        ++published;
+    }
+    ASSERT_TRUE(publisher.flush(10000));
+    KVEventPublisherStats const stats = publisher.stats();
+    EXPECT_GT(stats.droppedBatches, 0) << "published " << published;
+    EXPECT_EQ(stats.batches, published);
+    // A send that waited for the subscriber would wait forever; this bound only catches a gross stall.
+    EXPECT_LT(slowest, 1.0);
+
+    // The subscriber now reads what reached it: increasing sequence numbers with gaps where batches were dropped.
+    std::vector<int64_t> received;
+    zmq::pollitem_t item{sub.handle(), 0, ZMQ_POLLIN, 0};
+    while (zmq::poll(&item, 1, std::chrono::milliseconds(500)) > 0)
+    {
+        std::vector<zmq::message_t> const parts = receive(sub);
+        ASSERT_EQ(parts.size(), 3u);
+        received.push_back(sequenceOf(parts[1]));
+    }
+    ASSERT_FALSE(received.empty());
+    EXPECT_LT(static_cast<int64_t>(received.size()), published);
+    for (size_t i = 1; i < received.size(); ++i)
+    {
+        EXPECT_GT(received[i], received[i - 1]);
+    }
+
+    // Replay from the first batch it missed: every batch from there, in order, then -1 with an empty payload.
+    int64_t missed = 0;
+    while (missed < static_cast<int64_t>(received.size()) && received[static_cast<size_t>(missed)] == missed)
+    {
+        ++missed;
+    }
+    zmq::socket_t dealer(context, zmq::socket_type::dealer);
+    dealer.connect(publisher.replayEndpoint());
+    Bytes start(8);
+    for (int i = 0; i < 8; ++i)
+    {
+        start[static_cast<size_t>(i)] = static_cast<uint8_t>(static_cast<uint64_t>(missed) >> (56 - 8 * i));
+    }
+    dealer.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::sndmore);
+    dealer.send(zmq::buffer(start), zmq::send_flags::none);
+    for (int64_t sequence = missed; sequence <= published; ++sequence)
+    {
+        std::vector<zmq::message_t> const parts = receive(dealer);
+        ASSERT_EQ(parts.size(), 3u) << "sequence " << sequence;
+        EXPECT_EQ(parts[0].size(), 0u);
+        if (sequence == published)
+        {
+            EXPECT_EQ(sequenceOf(parts[1]), -1);
+            EXPECT_EQ(parts[2].size(), 0u);
+            break;
+        }
+        ASSERT_EQ(sequenceOf(parts[1]), sequence);
+        EXPECT_EQ(bytesOf(parts[2]), payloadOf(batchOf(static_cast<uint64_t>(sequence), 64), 1.0, options));
+    }
+    EXPECT_EQ(publisher.stats().replays, 1);
+
+    // A malformed request (no empty frame) is counted and answered with nothing.
+    dealer.send(zmq::buffer(start), zmq::send_flags::none);
+    zmq::pollitem_t replies{dealer.handle(), 0, ZMQ_POLLIN, 0};
+    EXPECT_EQ(zmq::poll(&replies, 1, std::chrono::milliseconds(300)), 0);
+    EXPECT_EQ(publisher.stats().badReplayRequests, 1);
+}
+
+TEST(KVEventPublisher, AFullQueueDropsAndCountsTheBatch)
+{
+    // One queue slot and many batches at once: some find the slot taken (the sending thread is busy with the one
+    // before). Each still gets its sequence number, and every batch ends up sent or dropped.
+    KVEventPublisherOptions options;
+    options.endpoint = "tcp://127.0.0.1:*";
+    options.queueBatches = 1;
+    KVEventPublisher publisher(options);
+    KVEventBatch const batch = batchOf(1, 256);
+    for (int64_t i = 0; i < 2000; ++i)
+    {
+        ASSERT_EQ(publisher.publish(batch, 1.0), i);
+    }
+    ASSERT_TRUE(publisher.flush(10000));
+    KVEventPublisherStats const stats = publisher.stats();
+    EXPECT_EQ(stats.batches, 2000);
+    EXPECT_GT(stats.droppedBatches, 0);
+    EXPECT_LT(stats.droppedBatches, 2000);
+}
+
+} // namespace
+} // namespace kvcache::rt
