@@ -1,4 +1,4 @@
-"""An independent model of the cache layout, written from the formulas of README.md and docs/layout.md (not from the
+"""An independent model of the cache layout, written from the formulas of docs/layout.md and docs/api.md (not from the
 library): what the host tests compare compute_layout against."""
 
 from dataclasses import dataclass, field

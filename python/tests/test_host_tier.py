@@ -2,7 +2,7 @@
 the GPU tests take the `torch` fixture (skipped without a GPU or torch, failed under KVCACHE_REQUIRE_GPU=1) and run on
 a hybrid cache (a full attention group with a latent layer, a sliding-window group of two layers). Device pools hold
 distinct values (K and V differ, layers differ, never 0) and every destination is poisoned before a transfer writes it;
-the host page bytes expected are laid out from the README's rule (the group's layers in order, K then V, layers from
+the host page bytes expected are laid out from docs/tiers.md's rule (the group's layers in order, K then V, layers from
 tests/layout_model.py), never read back from kvcache."""
 
 import gc
