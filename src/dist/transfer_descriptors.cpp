@@ -534,13 +534,15 @@ std::vector<TransferDescriptors> transferDescriptors(TransferDescription const& 
     int64_t const runs = (int64_t{numTokens} + run - 1) / run;
     std::vector<TransferDescriptors> result(remotes.size());
     // Where each run of tokens lies on both sides (page, first token in it), the same for every part and half; runs
-    // of a page a window released on either side are left out.
+    // of a page a window released on either side are left out, and runs that continue the one before on both sides
+    // join it.
     struct Run
     {
         int32_t localPage;
         int32_t localToken;
         int32_t remotePage;
         int32_t remoteToken;
+        int64_t tokens; //!< consecutive runs whose bytes follow each other on both sides are one, this long
     };
     std::vector<Run> places;
     places.reserve(static_cast<size_t>(runs));
@@ -548,11 +550,28 @@ std::vector<TransferDescriptors> transferDescriptors(TransferDescription const& 
     {
         int64_t const token = c * run;
         Run const place{localPages[token / localTokensPerPage], static_cast<int32_t>(token % localTokensPerPage),
-            remotePages[token / remoteTokensPerPage], static_cast<int32_t>(token % remoteTokensPerPage)};
-        if (place.localPage != kUNUSED_PAGE_ENTRY && place.remotePage != kUNUSED_PAGE_ENTRY)
+            remotePages[token / remoteTokensPerPage], static_cast<int32_t>(token % remoteTokensPerPage), run};
+        if (place.localPage == kUNUSED_PAGE_ENTRY || place.remotePage == kUNUSED_PAGE_ENTRY)
         {
-            places.push_back(place);
+            continue;
         }
+        // A page half is [tokensPerPage, heads, bytes] and page p + 1's half follows page p's, so a token's bytes sit
+        // at (page * tokensPerPage + token) token rows into the pool half, on each side.
+        auto const row = [](int32_t page, int32_t first, int32_t tokensPerPage)
+        { return int64_t{page} * tokensPerPage + first; };
+        if (!places.empty())
+        {
+            Run& last = places.back();
+            if (row(last.localPage, last.localToken, localTokensPerPage) + last.tokens
+                    == row(place.localPage, place.localToken, localTokensPerPage)
+                && row(last.remotePage, last.remoteToken, remoteTokensPerPage) + last.tokens
+                    == row(place.remotePage, place.remoteToken, remoteTokensPerPage))
+            {
+                last.tokens += run;
+                continue;
+            }
+        }
+        places.push_back(place);
     }
     // Room for one range per run, part half and remote: the most there are when heads are whole and nothing merges.
     int64_t halves = 0;
@@ -620,7 +639,7 @@ std::vector<TransferDescriptors> transferDescriptors(TransferDescription const& 
                             remotePool + static_cast<uint64_t>(int64_t{place.remotePage} * remoteHalf);
                         if (wholeHeads)
                         {
-                            auto const bytes = static_cast<uint64_t>(run * localHeads * unit);
+                            auto const bytes = static_cast<uint64_t>(place.tokens * localHeads * unit);
                             appendRange(result[r], floor,
                                 {localStart + static_cast<uint64_t>(localToken * localHeads * unit), bytes,
                                     local.device},
@@ -628,7 +647,7 @@ std::vector<TransferDescriptors> transferDescriptors(TransferDescription const& 
                                     remotes[r].device});
                             continue;
                         }
-                        for (int64_t t = 0; t < run; ++t)
+                        for (int64_t t = 0; t < place.tokens; ++t)
                         {
                             for (auto const& [first, end] : headRuns)
                             {
