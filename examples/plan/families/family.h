@@ -109,6 +109,11 @@ std::string windowText(AttentionContext const& context);
 //! division is not whole.
 int32_t headDimFromHiddenSize(ConfigReader const& reader);
 
+//! Returns, for each model layer, whether the 0-indexed layer list `field` names it as an attention layer (Bamba's
+//! attn_layer_indices, LFM2's full_attn_idxs); nothing when the field is absent. Throws ModelConfigError for a field
+//! that is not a list or an index outside the model.
+std::optional<std::vector<bool>> listedLayers(ConfigReader const& reader, std::string_view field, int32_t numLayers);
+
 //! Returns the field as an int32 of at least `minimum`; throws ModelConfigError naming it when it is missing (`meaning`
 //! says what it is for) or out of range.
 int32_t requiredInteger(ConfigReader const& reader, std::string_view field, int32_t minimum, std::string_view meaning);

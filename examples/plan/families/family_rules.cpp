@@ -67,6 +67,32 @@ int32_t headDimFromHiddenSize(ConfigReader const& reader)
     return *hiddenSize / *numHeads;
 }
 
+std::optional<std::vector<bool>> listedLayers(ConfigReader const& reader, std::string_view field, int32_t numLayers)
+{
+    Json const* indices = reader.find(field);
+    if (indices == nullptr)
+    {
+        return std::nullopt;
+    }
+    std::string const name = reader.name(field);
+    if (!indices->is_array())
+    {
+        throw reader.bad(name, *indices, "a list of layer indices");
+    }
+    std::vector<bool> listed(static_cast<size_t>(numLayers), false);
+    for (size_t i = 0; i < indices->size(); ++i)
+    {
+        int32_t const layer = reader.integer((*indices)[i], fmt::format("{}[{}]", name, i), 0);
+        if (layer >= numLayers)
+        {
+            throw ModelConfigError(fmt::format("{}: field {}[{}] is {}; the model has {} layers (0-indexed)",
+                reader.source(), name, i, layer, numLayers));
+        }
+        listed[static_cast<size_t>(layer)] = true;
+    }
+    return listed;
+}
+
 int32_t requiredInteger(ConfigReader const& reader, std::string_view field, int32_t minimum, std::string_view meaning)
 {
     std::optional<int32_t> const value = reader.optionalInteger(field, minimum);

@@ -7,32 +7,10 @@ namespace kvcache::plan::families
 namespace
 {
 
-//! Returns, for each model layer, whether it attends by full_attn_idxs (LFM2 without layer_types: 0-indexed attention
-//! layers); nothing when absent. Throws ModelConfigError for an index outside the model.
+//! LFM2 without layer_types: the attention layers full_attn_idxs lists (0-indexed).
 std::optional<std::vector<bool>> listedAttentionLayers(ConfigReader const& reader, int32_t numLayers)
 {
-    Json const* indices = reader.find("full_attn_idxs");
-    if (indices == nullptr)
-    {
-        return std::nullopt;
-    }
-    std::string const field = reader.name("full_attn_idxs");
-    if (!indices->is_array())
-    {
-        throw reader.bad(field, *indices, "a list of layer indices");
-    }
-    std::vector<bool> attention(static_cast<size_t>(numLayers), false);
-    for (size_t i = 0; i < indices->size(); ++i)
-    {
-        int32_t const layer = reader.integer((*indices)[i], fmt::format("{}[{}]", field, i), 0);
-        if (layer >= numLayers)
-        {
-            throw ModelConfigError(fmt::format("{}: field {}[{}] is {}; the model has {} layers (0-indexed)",
-                reader.source(), field, i, layer, numLayers));
-        }
-        attention[static_cast<size_t>(layer)] = true;
-    }
-    return attention;
+    return listedLayers(reader, "full_attn_idxs", numLayers);
 }
 
 //! LFM2's short convolution layers: every layer without attention. As vLLM's short_conv_state_shape sizes them (and

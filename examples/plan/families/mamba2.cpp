@@ -7,32 +7,10 @@ namespace kvcache::plan::families
 namespace
 {
 
-//! Returns, for each model layer, whether it attends by attn_layer_indices (Bamba: 0-indexed attention layers);
-//! nothing when absent. Throws ModelConfigError for an index outside the model.
+//! Bamba: the attention layers attn_layer_indices lists (0-indexed).
 std::optional<std::vector<bool>> indexedAttentionLayers(ConfigReader const& reader, int32_t numLayers)
 {
-    Json const* indices = reader.find("attn_layer_indices");
-    if (indices == nullptr)
-    {
-        return std::nullopt;
-    }
-    std::string const field = reader.name("attn_layer_indices");
-    if (!indices->is_array())
-    {
-        throw reader.bad(field, *indices, "a list of layer indices");
-    }
-    std::vector<bool> attention(static_cast<size_t>(numLayers), false);
-    for (size_t i = 0; i < indices->size(); ++i)
-    {
-        int32_t const layer = reader.integer((*indices)[i], fmt::format("{}[{}]", field, i), 0);
-        if (layer >= numLayers)
-        {
-            throw ModelConfigError(fmt::format("{}: field {}[{}] is {}; the model has {} layers (0-indexed)",
-                reader.source(), field, i, layer, numLayers));
-        }
-        attention[static_cast<size_t>(layer)] = true;
-    }
-    return attention;
+    return listedLayers(reader, "attn_layer_indices", numLayers);
 }
 
 //! The Mamba2 layers of Bamba, Granite-4.0-H (granitemoehybrid) and Falcon-H1, which share the mamba_* field names.
