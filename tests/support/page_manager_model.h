@@ -6,7 +6,8 @@
 // rt::PageHasher (same algorithm and seed); extra keys are fed to it in the model's own byte encoding, so a model
 // hash equals the manager's only for pages without extra keys, and tests compare the rest through a one-to-one map.
 // A hybrid cache's cuts (the header's "Hybrid caches" paragraph) are kept as a vector of records, least recently made
-// first, each with its windows' page ids; whether a page is anchored is found by searching them.
+// first, each with its windows' page ids; whether a page is anchored is found by searching them. Retention
+// priorities are a number per page; eviction searches the cached vector for the first page of the lowest.
 
 #include "kvcache/core/kv_cache_config.h"
 #include "kvcache/memory/page_ops.h"
@@ -64,12 +65,22 @@ public:
         std::vector<rt::PageHash> hash;
         //! Free pages; back() is the most recently freed, taken first.
         std::vector<int32_t> freeStack;
-        //! Cached pages no cut anchors; front() is evicted first (the least recently released, or a dropped cut's).
+        //! Cached pages no cut anchors, in release order (a dropped cut's at the front); the first of the lowest
+        //! retention priority is evicted first.
         std::vector<int32_t> lru;
         //! Cached pages a cut anchors (windowed groups of a hybrid cache), in no order.
         std::vector<int32_t> anchoredCached;
         std::map<std::pair<uint64_t, uint64_t>, int32_t> cache;
         std::vector<rt::PageCopy> copies;
+        //! Per page, the highest retention priority its holders set (setRetention), -1 while none did (the default
+        //! then) and again once free.
+        std::vector<int32_t> priority;
+        //! Returns the retention priority of `page`.
+        int32_t priorityOf(int32_t page) const
+        {
+            int32_t const set = priority[static_cast<size_t>(page)];
+            return set < 0 ? rt::PageManager::kDEFAULT_RETENTION_PRIORITY : set;
+        }
     };
 
     //! One live sequence.
@@ -122,6 +133,7 @@ public:
             group.refCount.assign(static_cast<size_t>(shape.numPages), 0);
             group.registered.assign(static_cast<size_t>(shape.numPages), 0);
             group.hash.assign(static_cast<size_t>(shape.numPages), rt::PageHash{});
+            group.priority.assign(static_cast<size_t>(shape.numPages), -1);
             // A new manager hands out 0, 1, 2, ...: page 0 on top of the stack.
             for (int32_t page = shape.numPages - 1; page >= 0; --page)
             {
@@ -614,6 +626,31 @@ public:
         return ModelOutcome::kOK;
     }
 
+    //! setRetention(): every page the sequence holds with a token in [firstToken, endToken) gets `priority` when none
+    //! was set on it or it is higher.
+    ModelOutcome setRetention(rt::SequenceId id, int32_t firstToken, int32_t endToken, int32_t priority)
+    {
+        auto found = mSequences.find(id);
+        if (found == mSequences.end() || priority < 0 || priority > rt::PageManager::kMAX_RETENTION_PRIORITY
+            || firstToken < 0 || firstToken > endToken || endToken > found->second.length)
+        {
+            return ModelOutcome::kINVALID_ARGUMENT;
+        }
+        for (int32_t token = firstToken; token < endToken; ++token)
+        {
+            for (size_t g = 0; g < mGroups.size(); ++g)
+            {
+                int32_t const page = found->second.entries[g][static_cast<size_t>(token / mTokensPerPage)];
+                if (page != rt::kUNUSED_PAGE_ENTRY)
+                {
+                    int32_t& current = mGroups[g].priority[static_cast<size_t>(page)];
+                    current = current < 0 ? priority : std::max(current, priority);
+                }
+            }
+        }
+        return ModelOutcome::kOK;
+    }
+
     //! evictCached(); `*dropped` receives the result.
     ModelOutcome evictCached(int32_t g, int32_t count, int32_t* dropped)
     {
@@ -809,16 +846,26 @@ private:
             else
             {
                 group.freeStack.push_back(page);
+                group.priority[static_cast<size_t>(page)] = -1;
             }
         }
     }
 
-    //! Drops the least recently released cached page's content and returns it (in no list).
+    //! Drops the content of the first page of the lowest retention priority on the list and returns it (in no list).
     int32_t evictOldest(int32_t g)
     {
         Group& group = mGroups[static_cast<size_t>(g)];
-        int32_t const page = group.lru.front();
-        group.lru.erase(group.lru.begin());
+        auto chosen = group.lru.begin();
+        for (auto it = group.lru.begin(); it != group.lru.end(); ++it)
+        {
+            if (group.priorityOf(*it) < group.priorityOf(*chosen))
+            {
+                chosen = it;
+            }
+        }
+        int32_t const page = *chosen;
+        group.lru.erase(chosen);
+        group.priority[static_cast<size_t>(page)] = -1;
         rt::PageHash const hash = group.hash[static_cast<size_t>(page)];
         mEvictions.push_back(ModelEviction{g, page, hash});
         group.cache.erase(keyOf(hash));
@@ -1004,6 +1051,8 @@ struct PageManagerSnapshot
     int32_t numSequences = 0;
     //! Per sequence: its length and its entries in each group.
     std::map<rt::SequenceId, std::pair<int32_t, std::vector<std::vector<int32_t>>>> sequences;
+    //! Per group, every page's retention priority.
+    std::vector<std::vector<int32_t>> priorities;
 };
 
 //! The copies a PageManager's steps returned, per group, since the last clear(): what the model queues.
@@ -1042,6 +1091,11 @@ inline PageManagerSnapshot snapshotOf(
     {
         snapshot.counts.push_back(manager.counts(g));
         snapshot.copies.push_back(copies.group(g));
+        snapshot.priorities.emplace_back();
+        for (int32_t page = 0; page < manager.counts(g).numPages; ++page)
+        {
+            snapshot.priorities.back().push_back(manager.retentionPriority(g, page));
+        }
     }
     snapshot.stats = manager.stats();
     snapshot.numSequences = manager.numSequences();
@@ -1066,6 +1120,11 @@ inline PageManagerSnapshot snapshotOf(PageManagerModel const& model, std::vector
     {
         snapshot.counts.push_back(model.counts(g));
         snapshot.copies.push_back(model.group(g).copies);
+        snapshot.priorities.emplace_back();
+        for (int32_t page = 0; page < model.group(g).numPages; ++page)
+        {
+            snapshot.priorities.back().push_back(model.group(g).priorityOf(page));
+        }
     }
     snapshot.stats = model.stats();
     snapshot.numSequences = static_cast<int32_t>(model.sequences().size());
@@ -1119,6 +1178,11 @@ inline std::string differenceOf(PageManagerSnapshot const& actual, PageManagerSn
         if (flatA != flatE)
         {
             return "copies(" + std::to_string(g) + ") as src dst pairs = " + list(flatA) + ", expected " + list(flatE);
+        }
+        if (actual.priorities[g] != expected.priorities[g])
+        {
+            return "retentionPriority(" + std::to_string(g) + ", page) by page = " + list(actual.priorities[g])
+                + ", expected " + list(expected.priorities[g]);
         }
     }
     rt::PageManagerStats const& a = actual.stats;

@@ -111,6 +111,12 @@ public:
         expectMatch();
         return child;
     }
+    void retain(rt::SequenceId id, int32_t firstToken, int32_t endToken, int32_t priority)
+    {
+        manager.setRetention(id, firstToken, endToken, priority);
+        EXPECT_EQ(model.setRetention(id, firstToken, endToken, priority), ModelOutcome::kOK);
+        expectMatch();
+    }
     void free(rt::SequenceId id)
     {
         manager.free(id);

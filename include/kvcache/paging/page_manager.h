@@ -206,7 +206,7 @@ using EvictionCallback = std::function<void(int32_t group, int32_t page, PageHas
 //!
 //! Order, so that page ids are predictable: a group's pages are taken from its free pages first, most recently freed
 //! first (a new manager hands out 0, 1, 2, ...), then from its cached pages, least recently released first (evicting
-//! them; in a hybrid cache, unanchored ones first, as above). step() and append() skip entries of 0 tokens (no window
+//! them, lowest retention priority first (setRetention); in a hybrid cache, unanchored ones first, as above). step() and append() skip entries of 0 tokens (no window
 //! release either); for the others they first release every entry's out-of-window pages (entries in list order, groups
 //! ascending, pages ascending), so that a page one sequence lets go of can serve another in the same step; then, entry
 //! by entry in list order and, within an entry, group by group: a shared partial last page is replaced (new page taken,
@@ -311,6 +311,26 @@ public:
     int32_t evictCached(int32_t group, int32_t count);
     //! Sets the function called for each evicted page (empty: none).
     void setEvictionCallback(EvictionCallback callback);
+
+    //! The retention priority of a page that no call raised.
+    static constexpr int32_t kDEFAULT_RETENTION_PRIORITY = 35;
+    //! The highest retention priority; the lowest is 0.
+    static constexpr int32_t kMAX_RETENTION_PRIORITY = 100;
+    //! Sets a retention priority on every page `sequence` holds, in every group, that has a token in
+    //! [firstToken, endToken) (pages a window released are skipped). A page's priority is the highest set on it by its
+    //! holders since it was last free, kDEFAULT_RETENTION_PRIORITY while none was (so a priority below the default
+    //! holds only where no holder set a higher one). A page keeps its priority when it becomes cached (that is, as its
+    //! last holder left it), and a sequence that adopts it from the cache finds it so; it is unset again when the page
+    //! becomes free (released unregistered, or evicted). Cached pages are evicted lowest priority first, least recently released first within
+    //! one priority (the class comment's order, level by level); in a windowed group of a hybrid cache, anchoring comes
+    //! first: pages no cut needs go before anchored ones whatever their priorities, and a dropped cut's pages go first
+    //! within their priority. Throws InvalidArgumentError for an unknown sequence, a priority outside
+    //! [0, kMAX_RETENTION_PRIORITY], or a range not within [0, length(sequence)] (an empty range is allowed and
+    //! changes nothing); nothing changes then. Allocates nothing.
+    void setRetention(SequenceId sequence, int32_t firstToken, int32_t endToken, int32_t priority);
+    //! Returns the retention priority of `page` of `group` (see setRetention). Throws OutOfRangeError for a bad group
+    //! or page.
+    int32_t retentionPriority(int32_t group, int32_t page) const;
 
     //! Hands over the KV events recorded since the last call (PageManagerOptions::recordEvents; none otherwise): `out`
     //! is cleared and then holds them, in the order they happened, and the manager keeps `out`'s old buffers for the

@@ -108,7 +108,7 @@ void PageManager::State::dropCut(int32_t page)
             int32_t const windowPage = cuts.window[static_cast<size_t>(i)];
             if (pool.unanchor(windowPage))
             {
-                pool.cached.pushOldest(windowPage);
+                pool.listOldest(windowPage);
             }
         }
     }

@@ -102,6 +102,13 @@ void PageManager::State::checkGroupInvariants(int32_t g) const
         {
             fail(fmt::format("group {} cached list is broken at page {}", g, page));
         }
+        if (pool.cached.level(page) != pool.priorityOf(page)
+            || (previous != CachedPageList::kNONE && pool.cached.level(previous) > pool.cached.level(page)))
+        {
+            fail(fmt::format("group {} cached page {} of priority {} is at level {} of the list, after level {}", g,
+                page, pool.priorityOf(page), pool.cached.level(page),
+                previous == CachedPageList::kNONE ? -1 : pool.cached.level(previous)));
+        }
         onCached[static_cast<size_t>(page)] = 1;
         previous = page;
         ++cachedCount;
@@ -126,6 +133,11 @@ void PageManager::State::checkGroupInvariants(int32_t g) const
         bool const isFree = refs == 0 && !kept;
         bool const isRegistered = prefix.isRegistered(g, p);
         bool const anchored = pool.anchored(p);
+        uint8_t const stored = pool.priority[i];
+        if ((stored > PagePool::kMAX_PRIORITY && stored != PagePool::kUNSET) || (isFree && stored != PagePool::kUNSET))
+        {
+            fail(fmt::format("group {} page {} (free {}) has retention priority {}", g, p, isFree, int32_t{stored}));
+        }
         if (refs != holders[i])
         {
             fail(fmt::format("group {} page {} has reference count {} and {} holders", g, p, refs, holders[i]));

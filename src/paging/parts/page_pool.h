@@ -3,6 +3,7 @@
 #include "paging/parts/cached_page_list.h"
 
 #include "kvcache/paging/page_allocator.h"
+#include "kvcache/paging/page_manager.h"
 
 #include <cstdint>
 #include <vector>
@@ -17,8 +18,17 @@ namespace kvcache::rt
 //! In a windowed group of a hybrid cache a page may also be anchored: it lies in the window of one or more cuts
 //! (prefix_cuts.h). An anchored cached page is kept by the allocator but is off the list, so that evicting from the
 //! list takes the pages no cut needs first; it joins the list when its last anchor goes (unanchor()).
+//!
+//! Every page has a retention priority: the highest its holders set (PageManager::setRetention), kDEFAULT_PRIORITY
+//! while none did. A cached page is on the list at the level of its priority, so the lowest priority goes first. A
+//! page is unset again when it becomes free (released unkept, or evicted).
 struct PagePool
 {
+    static constexpr int32_t kDEFAULT_PRIORITY = PageManager::kDEFAULT_RETENTION_PRIORITY;
+    static constexpr int32_t kMAX_PRIORITY = PageManager::kMAX_RETENTION_PRIORITY;
+    //! The stored priority of a page no holder set a priority on.
+    static constexpr uint8_t kUNSET = 0xFF;
+
     PageAllocator pages;
     CachedPageList cached;
     //! Used pages with more than one holder.
@@ -29,13 +39,16 @@ struct PagePool
     int32_t numAnchoredCached = 0;
     //! Per-page scratch for step()'s exact page count; all zero between calls.
     mutable std::vector<int32_t> scratch;
+    //! Per page, its retention priority in [0, kMAX_PRIORITY], or kUNSET.
+    std::vector<uint8_t> priority;
 
     PagePool() = default;
     //! Returns a pool of `numPages` free pages; throws std::bad_alloc.
     explicit PagePool(int32_t numPages)
         : pages(numPages)
-        , cached(numPages)
+        , cached(numPages, kMAX_PRIORITY + 1)
         , scratch(static_cast<size_t>(numPages), 0)
+        , priority(static_cast<size_t>(numPages), kUNSET)
     {
     }
 
@@ -109,8 +122,42 @@ struct PagePool
         }
     }
 
-    //! Removes a holder from `page`; at none the page becomes cached (newest on the list, or anchored) when keep(page)
-    //! is true, else free.
+    //! Returns the retention priority of `page`.
+    int32_t priorityOf(int32_t page) const noexcept
+    {
+        uint8_t const stored = priority[static_cast<size_t>(page)];
+        return stored == kUNSET ? kDEFAULT_PRIORITY : stored;
+    }
+    //! Sets the priority of the used `page` to `value` when no holder set one yet or `value` is higher (it is off the
+    //! list: nothing moves).
+    void raisePriority(int32_t page, int32_t value) noexcept
+    {
+        uint8_t& stored = priority[static_cast<size_t>(page)];
+        if (stored == kUNSET || stored < value)
+        {
+            stored = static_cast<uint8_t>(value);
+        }
+    }
+    //! Puts the cached, unanchored `page` on the list as the newest of its priority.
+    void listNewest(int32_t page) noexcept
+    {
+        cached.pushNewest(page, priorityOf(page));
+    }
+    //! Puts the cached, unanchored `page` on the list before the other pages of its priority.
+    void listOldest(int32_t page) noexcept
+    {
+        cached.pushOldest(page, priorityOf(page));
+    }
+    //! Takes the page that goes first off the list (the lowest priority's oldest); its priority unset.
+    int32_t popOldest() noexcept
+    {
+        int32_t const page = cached.popOldest();
+        priority[static_cast<size_t>(page)] = kUNSET;
+        return page;
+    }
+
+    //! Removes a holder from `page`; at none the page becomes cached (newest of its priority on the list, or
+    //! anchored) when keep(page) is true, else free (its priority unset).
     template <typename Keep>
     void release(int32_t page, Keep&& keep)
     {
@@ -128,8 +175,12 @@ struct PagePool
             }
             else
             {
-                cached.pushNewest(page);
+                listNewest(page);
             }
+        }
+        else if (count == 0)
+        {
+            priority[static_cast<size_t>(page)] = kUNSET;
         }
     }
 };

@@ -73,13 +73,13 @@ public:
         return false;
     }
 
-    //! Drops the content of the oldest cached page of `pool` (group `group`): off the cached list, its hash
+    //! Drops the content of the cached page of `pool` that goes first (the lowest priority's oldest) (group `group`): off the cached list, its hash
     //! unregistered, its callback call queued for notifyEvictions(). Returns the page, kept in pool.pages; the pool
     //! must have a cached page.
     int32_t evictOldest(int32_t group, PagePool& pool) noexcept
     {
         Group& state = mGroups[static_cast<size_t>(group)];
-        int32_t const page = pool.cached.popOldest();
+        int32_t const page = pool.popOldest();
         PageHash const hash = state.hash[static_cast<size_t>(page)];
         state.table.erase(hash);
         state.registered[static_cast<size_t>(page)] = 0;

@@ -1,10 +1,10 @@
 // Randomised host test of the page lifecycle (kvcache/paging/page_manager.h) against the independent model
-// (tests/support/page_manager_model.h): 1,170,000 operations over five runs (one page group, a full plus windowed pair
+// (tests/support/page_manager_model.h): 1,430,000 operations over seven runs (one page group, a full plus windowed pair
 // of groups, each with SHA-256 and XXH3-128, and a hybrid cache of a full and two windowed groups whose invariants are
-// checked after every operation), invalid calls and out-of-pages steps included, from fixed seeds. After every
+// checked after every operation; then one group and the hybrid cache again with setRetention() calls), invalid calls and out-of-pages steps included, from fixed seeds. After every
 // operation the outcome (result or exception type), every live sequence's page entries and length, counts() (anchored
 // pages included), the copies the steps returned and stats() of every group, and the eviction callback's calls are
-// compared with the model, which keeps a hybrid cache's cuts its own way; checkInvariants() runs every
+// compared with the model, which keeps a hybrid cache's cuts its own way, and so is every page's retention priority; checkInvariants() runs every
 // RunSpec::invariantPeriod operations (it is linear and allocates). Pools are small so that steps run out of pages and
 // windowed groups drop cuts, and prompts share a few prefixes so that adoptPrefix() finds them. Some operations adopt
 // a run of whole pages through detail::PageManagerInternal::adoptRun (the tiered cache's admission), which the model
@@ -83,6 +83,8 @@ struct RunSpec
     int64_t invariantPeriod = kINVARIANT_PERIOD;
     //! This run's share of the operations (the invariant check after every operation costs more).
     int64_t operationsDivisor = 1;
+    //! Percent of operations that are setRetention() calls (0: none, and the other operations' draws as without it).
+    int32_t retentionPercent = 0;
 };
 
 //! Prints a run by its name (test names and failure messages).
@@ -567,6 +569,26 @@ private:
         return failure;
     }
 
+    //! setRetention() of a random range (rarely past the sequence) and priority (rarely out of range).
+    std::string retention()
+    {
+        SequenceId const id = pick();
+        int32_t const length = mModel.contains(id) ? mModel.sequence(id).length : 0;
+        int32_t const first = uniform(0, 29) == 0 ? -1 : uniform(0, length);
+        int32_t const end = uniform(0, 29) == 0 ? length + 1 : uniform(std::max(first, 0), length);
+        static int32_t const priorities[] = {0, 10, 35, 35, 50, 100};
+        int32_t const priority =
+            uniform(0, 29) == 0 ? (uniform(0, 1) == 0 ? -1 : 101) : priorities[static_cast<size_t>(uniform(0, 5))];
+        mLast = "setRetention(" + std::to_string(id) + ", " + std::to_string(first) + ", " + std::to_string(end) + ", "
+            + std::to_string(priority) + ")";
+        ModelOutcome const expected = mModel.setRetention(id, first, end, priority);
+        if (expected == ModelOutcome::kOK && priority != PageManager::kDEFAULT_RETENTION_PRIORITY && first < end)
+        {
+            ++mTally["retention raised"];
+        }
+        return expectOutcome(expected, [&] { mManager.setRetention(id, first, end, priority); });
+    }
+
     std::string evict()
     {
         int32_t const groups = mManager.numGroups();
@@ -586,6 +608,10 @@ private:
 
     std::string oneOperation()
     {
+        if (mSpec.retentionPercent > 0 && uniform(0, 99) < mSpec.retentionPercent)
+        {
+            return retention();
+        }
         int32_t const roll = uniform(0, 99);
         if (roll < 10)
         {
@@ -648,6 +674,15 @@ private:
         for (int32_t g = 0; g < mModel.numGroups(); ++g)
         {
             mTally["anchored cached pages"] += mModel.counts(g).anchored;
+            // The snapshots compared every page's priority; count the cached ones that order eviction.
+            PageManagerModel::Group const& group = mModel.group(g);
+            for (int32_t const page : group.lru)
+            {
+                if (group.priorityOf(page) != PageManager::kDEFAULT_RETENTION_PRIORITY)
+                {
+                    ++mTally["cached pages of another priority"];
+                }
+            }
         }
         std::vector<test::ModelEviction> const& expected = mModel.evictions();
         mTally["evictions"] += static_cast<int64_t>(expected.size());
@@ -726,6 +761,11 @@ TEST_P(PageManagerRandom, MatchesTheModel)
         EXPECT_GT(run.tally().count("OutOfMemoryError"), 0u);
         EXPECT_GT(run.tally().count("InvalidArgumentError"), 0u);
         EXPECT_GT(run.tally().count("OutOfRangeError"), 0u);
+        if (GetParam().retentionPercent > 0)
+        {
+            EXPECT_GT(run.tally().count("retention raised"), 0u);
+            EXPECT_GT(run.tally().count("cached pages of another priority"), 0u);
+        }
         if (GetParam().config.layerConfigs.size() > 1)
         {
             // Hybrid: cuts were made and kept window pages past their last holder.
@@ -754,7 +794,10 @@ INSTANTIATE_TEST_SUITE_P(Runs, PageManagerRandom,
         RunSpec{"full and windowed SHA256", fullAndWindowed(), PageHashAlgorithm::kSHA256, 99991u},
         RunSpec{"full and windowed XXH3", fullAndWindowed(), PageHashAlgorithm::kXXH3_128, 31337u},
         RunSpec{"full and two windows, invariants every operation", fullAndTwoWindows(), PageHashAlgorithm::kXXH3_128,
-            4242u, 1, 2}),
+            4242u, 1, 2},
+        RunSpec{"one group with retention", oneGroup(), PageHashAlgorithm::kXXH3_128, 5150u, kINVARIANT_PERIOD, 2, 8},
+        RunSpec{"full and two windows with retention", fullAndTwoWindows(), PageHashAlgorithm::kXXH3_128, 8088u, 1, 2,
+            8}),
     runName);
 
 } // namespace

@@ -241,6 +241,73 @@ TEST(CachedPageList, RandomPushUnlinkAndPopMatchAStdList)
     }
 }
 
+// Levels (retention priorities) on both sides of the 64-bit word boundary of the list's bit mask; the model is one
+// std::list per level, read lowest level first.
+TEST(CachedPageList, LevelsMatchOneStdListPerLevelLowestFirst)
+{
+    constexpr int32_t kPAGES = 40;
+    constexpr int32_t kLEVELS = CachedPageList::kMAX_LEVELS;
+    int32_t const levels[] = {0, 1, 35, 62, 63, 64, 65, 100, 127};
+    CachedPageList list(kPAGES, kLEVELS);
+    std::vector<std::list<int32_t>> model(kLEVELS);
+    std::vector<bool> listed(kPAGES, false);
+    auto flat = [&]
+    {
+        std::vector<int32_t> order;
+        for (std::list<int32_t> const& level : model)
+        {
+            order.insert(order.end(), level.begin(), level.end());
+        }
+        return order;
+    };
+    std::mt19937 random(23);
+    for (int32_t op = 0; op < 100000; ++op)
+    {
+        int32_t const page = static_cast<int32_t>(random() % kPAGES);
+        int32_t const level = levels[random() % (sizeof(levels) / sizeof(levels[0]))];
+        uint32_t const roll = static_cast<uint32_t>(random() % 4);
+        if (roll <= 1 && !listed[static_cast<size_t>(page)])
+        {
+            if (roll == 0)
+            {
+                list.pushNewest(page, level);
+                model[static_cast<size_t>(level)].push_back(page);
+            }
+            else
+            {
+                list.pushOldest(page, level);
+                model[static_cast<size_t>(level)].push_front(page);
+            }
+            listed[static_cast<size_t>(page)] = true;
+            ASSERT_EQ(list.level(page), level);
+        }
+        else if (roll == 2 && listed[static_cast<size_t>(page)])
+        {
+            list.unlink(page);
+            for (std::list<int32_t>& l : model)
+            {
+                l.remove(page);
+            }
+            listed[static_cast<size_t>(page)] = false;
+        }
+        else if (roll == 3 && list.size() > 0)
+        {
+            int32_t const expected = flat().front();
+            EXPECT_EQ(list.popOldest(), expected);
+            model[static_cast<size_t>(list.level(expected))].pop_front();
+            listed[static_cast<size_t>(expected)] = false;
+        }
+        std::vector<int32_t> const order = flat();
+        ASSERT_EQ(list.size(), static_cast<int32_t>(order.size())) << "operation " << op;
+        ASSERT_EQ(list.oldest(), order.empty() ? CachedPageList::kNONE : order.front()) << "operation " << op;
+        ASSERT_EQ(list.newest(), order.empty() ? CachedPageList::kNONE : order.back()) << "operation " << op;
+        if (op % 97 == 0)
+        {
+            ASSERT_EQ(orderOf(list), order) << "operation " << op;
+        }
+    }
+}
+
 TEST(PagePool, HoldersSharingAndCachingFollowTheCounts)
 {
     PagePool pool(4);
