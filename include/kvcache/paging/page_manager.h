@@ -205,15 +205,16 @@ using EvictionCallback = std::function<void(int32_t group, int32_t page, PageHas
 //! Keys given for a page that is not full yet are kept until it fills (more than four on one page allocate).
 //!
 //! Order, so that page ids are predictable: a group's pages are taken from its free pages first, most recently freed
-//! first (a new manager hands out 0, 1, 2, ...), then from its cached pages, least recently released first (evicting
-//! them, lowest retention priority first (setRetention); in a hybrid cache, unanchored ones first, as above). step() and append() skip entries of 0 tokens (no window
-//! release either); for the others they first release every entry's out-of-window pages (entries in list order, groups
-//! ascending, pages ascending), so that a page one sequence lets go of can serve another in the same step; then, entry
-//! by entry in list order and, within an entry, group by group: a shared partial last page is replaced (new page taken,
-//! copy queued, shared page released), then new pages are taken in token order; after all of an entry's pages are
-//! taken, the pages it filled are hashed and registered in every group. free() releases a sequence's entries last page
-//! first, group by group (so a prompt's later pages are evicted before its earlier ones). adoptPrefix() and fork() take
-//! pages in token order. evictCached() puts the pages it empties on top of the free pages, in the order it evicts them.
+//! first (a new manager hands out 0, 1, 2, ...), then from its cached pages, lowest retention priority first
+//! (setRetention) and least recently released first within one (evicting them; in a hybrid cache, unanchored ones
+//! first, as above). step() and append() skip entries of 0 tokens (no window release either); for the others they first
+//! release every entry's out-of-window pages (entries in list order, groups ascending, pages ascending), so that a page
+//! one sequence lets go of can serve another in the same step; then, entry by entry in list order and, within an entry,
+//! group by group: a shared partial last page is replaced (new page taken, copy queued, shared page released), then new
+//! pages are taken in token order; after all of an entry's pages are taken, the pages it filled are hashed and
+//! registered in every group. free() releases a sequence's entries last page first, group by group (so a prompt's later
+//! pages are evicted before its earlier ones). adoptPrefix() and fork() take pages in token order. evictCached() puts
+//! the pages it empties on top of the free pages, in the order it evicts them.
 //!
 //! Every call validates everything before it changes anything: a rejected call throws and leaves the state as it
 //! was. Not thread-safe: one owner at a time. Movable, not copyable.
@@ -321,12 +322,12 @@ public:
     //! holders since it was last free, kDEFAULT_RETENTION_PRIORITY while none was (so a priority below the default
     //! holds only where no holder set a higher one). A page keeps its priority when it becomes cached (that is, as its
     //! last holder left it), and a sequence that adopts it from the cache finds it so; it is unset again when the page
-    //! becomes free (released unregistered, or evicted). Cached pages are evicted lowest priority first, least recently released first within
-    //! one priority (the class comment's order, level by level); in a windowed group of a hybrid cache, anchoring comes
-    //! first: pages no cut needs go before anchored ones whatever their priorities, and a dropped cut's pages go first
-    //! within their priority. Throws InvalidArgumentError for an unknown sequence, a priority outside
-    //! [0, kMAX_RETENTION_PRIORITY], or a range not within [0, length(sequence)] (an empty range is allowed and
-    //! changes nothing); nothing changes then. Allocates nothing.
+    //! becomes free (released unregistered, or evicted). Cached pages are evicted lowest priority first, least recently
+    //! released first within one priority (the class comment's order, level by level); in a windowed group of a hybrid
+    //! cache, anchoring comes first: pages no cut needs go before anchored ones whatever their priorities, and a
+    //! dropped cut's pages go first within their priority. Throws InvalidArgumentError for an unknown sequence, a
+    //! priority outside [0, kMAX_RETENTION_PRIORITY], or a range not within [0, length(sequence)] (an empty range is
+    //! allowed and changes nothing); nothing changes then. Allocates nothing.
     void setRetention(SequenceId sequence, int32_t firstToken, int32_t endToken, int32_t priority);
     //! Returns the retention priority of `page` of `group` (see setRetention). Throws OutOfRangeError for a bad group
     //! or page.

@@ -73,9 +73,9 @@ public:
         return false;
     }
 
-    //! Drops the content of the cached page of `pool` that goes first (the lowest priority's oldest) (group `group`): off the cached list, its hash
-    //! unregistered, its callback call queued for notifyEvictions(). Returns the page, kept in pool.pages; the pool
-    //! must have a cached page.
+    //! Drops the content of the cached page of `pool` that goes first (the lowest priority's oldest) (group `group`):
+    //! off the cached list, its hash unregistered, its callback call queued for notifyEvictions(). Returns the page,
+    //! kept in pool.pages; the pool must have a cached page.
     int32_t evictOldest(int32_t group, PagePool& pool) noexcept
     {
         Group& state = mGroups[static_cast<size_t>(group)];

@@ -1,14 +1,15 @@
 // Randomised host test of the page lifecycle (kvcache/paging/page_manager.h) against the independent model
 // (tests/support/page_manager_model.h): 1,430,000 operations over seven runs (one page group, a full plus windowed pair
 // of groups, each with SHA-256 and XXH3-128, and a hybrid cache of a full and two windowed groups whose invariants are
-// checked after every operation; then one group and the hybrid cache again with setRetention() calls), invalid calls and out-of-pages steps included, from fixed seeds. After every
-// operation the outcome (result or exception type), every live sequence's page entries and length, counts() (anchored
-// pages included), the copies the steps returned and stats() of every group, and the eviction callback's calls are
-// compared with the model, which keeps a hybrid cache's cuts its own way, and so is every page's retention priority; checkInvariants() runs every
-// RunSpec::invariantPeriod operations (it is linear and allocates). Pools are small so that steps run out of pages and
-// windowed groups drop cuts, and prompts share a few prefixes so that adoptPrefix() finds them. Some operations adopt
-// a run of whole pages through detail::PageManagerInternal::adoptRun (the tiered cache's admission), which the model
-// predicts page for page, fresh pages included.
+// checked after every operation; then one group and the hybrid cache again with setRetention() calls), invalid calls
+// and out-of-pages steps included, from fixed seeds. After every operation the outcome (result or exception type),
+// every live sequence's page entries and length, counts() (anchored pages included), the copies the steps returned and
+// stats() of every group, and the eviction callback's calls are compared with the model, which keeps a hybrid cache's
+// cuts its own way, and so is every page's retention priority; checkInvariants() runs every RunSpec::invariantPeriod
+// operations (it is linear and allocates). Pools are small so that steps run out of pages and windowed groups drop
+// cuts, and prompts share a few prefixes so that adoptPrefix() finds them. Some operations adopt a run of whole pages
+// through detail::PageManagerInternal::adoptRun (the tiered cache's admission), which the model predicts page for page,
+// fresh pages included.
 //
 // KVCACHE_RANDOM_OPERATIONS=<n> sets the operations of each run (default 260,000): the sanitizer build (test preset
 // "asan") runs fewer, since every operation costs many times more there. A value that is not a positive integer
@@ -796,8 +797,8 @@ INSTANTIATE_TEST_SUITE_P(Runs, PageManagerRandom,
         RunSpec{"full and two windows, invariants every operation", fullAndTwoWindows(), PageHashAlgorithm::kXXH3_128,
             4242u, 1, 2},
         RunSpec{"one group with retention", oneGroup(), PageHashAlgorithm::kXXH3_128, 5150u, kINVARIANT_PERIOD, 2, 8},
-        RunSpec{"full and two windows with retention", fullAndTwoWindows(), PageHashAlgorithm::kXXH3_128, 8088u, 1, 2,
-            8}),
+        RunSpec{
+            "full and two windows with retention", fullAndTwoWindows(), PageHashAlgorithm::kXXH3_128, 8088u, 1, 2, 8}),
     runName);
 
 } // namespace

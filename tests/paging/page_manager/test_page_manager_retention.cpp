@@ -110,7 +110,8 @@ TEST(Retention, LowestPriorityIsEvictedFirstThenLeastRecentlyReleased)
 TEST(Retention, TakingAPageEvictsTheLowestPriority)
 {
     // 4 pages: one slot of 16 tokens.
-    Pair pair(ConfigBuilder({{1, 8}}).maxBatchSize(1).maxSequenceLength(16).tokensPerPage(P).numPages(4), optionsWith(4));
+    Pair pair(
+        ConfigBuilder({{1, 8}}).maxBatchSize(1).maxSequenceLength(16).tokensPerPage(P).numPages(4), optionsWith(4));
     SequenceId const a = pair.create();
     pair.append(a, tokensFrom(0, 8)); // pages 0, 1
     SequenceId const b = pair.create();

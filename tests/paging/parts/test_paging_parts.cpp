@@ -102,12 +102,12 @@ TEST(PageAllocatorKeeping, RejectionsChangeNothing)
     model.state[1] = 1;
     (void)allocator.release(1, true);
     model.state[1] = -1;
-    EXPECT_THROW((void)allocator.hold(2), InvalidArgumentError);         // free
-    EXPECT_THROW((void)allocator.hold(3), OutOfRangeError);              // out of range
+    EXPECT_THROW((void)allocator.hold(2), InvalidArgumentError);           // free
+    EXPECT_THROW((void)allocator.hold(3), OutOfRangeError);                // out of range
     EXPECT_THROW((void)allocator.release(1, false), InvalidArgumentError); // kept
     EXPECT_THROW((void)allocator.release(2, true), InvalidArgumentError);  // free
-    EXPECT_THROW(allocator.freeKept(0), InvalidArgumentError);         // in use
-    EXPECT_THROW(allocator.freeKept(2), InvalidArgumentError);         // free
+    EXPECT_THROW(allocator.freeKept(0), InvalidArgumentError);             // in use
+    EXPECT_THROW(allocator.freeKept(2), InvalidArgumentError);             // free
     EXPECT_THROW(allocator.freeKept(-1), OutOfRangeError);
     EXPECT_THROW(allocator.retain(1), InvalidArgumentError);  // kept pages take hold()
     EXPECT_THROW(allocator.release(1), InvalidArgumentError); // kept
