@@ -1039,6 +1039,16 @@ class PageManager:
         Drops up to `count` cached pages of `group`; returns how many. With a TieredPrefixCache serving the manager, its next call offloads them (or call its evict_cached).
         """
 
+    def set_retention(self, sequence: int, first_token: int, end_token: int, priority: int) -> None:
+        """
+        Sets retention priority `priority` (0 to 100, default 35) on the pages `sequence` holds for tokens [first_token, end_token): a page's priority is the highest its holders set since it was last free, and cached pages are evicted lowest priority first, least recently released first within one. Raises InvalidArgumentError for an unknown sequence, a priority outside [0, 100] or a range past the sequence, changing nothing.
+        """
+
+    def retention_priority(self, group: int, page: int) -> int:
+        """
+        The retention priority of `page` of `group` (set_retention). Raises OutOfRangeError for a bad group or page.
+        """
+
     def set_eviction_callback(self, callback: Callable[[int, int, tuple[int, int]], None] | None) -> None:
         """
         callback(group, page, (lo, hi)) for each evicted page, after the eviction completed; None removes it. What it raises propagates from the call that evicted (the first exception when it raises for several pages), the manager consistent and the call's other changes made. The manager takes part in garbage collection, so a callback that refers back to it does not keep it alive. Raises InvalidArgumentError while a TieredPrefixCache serves the manager (it owns the callback until it is destroyed).

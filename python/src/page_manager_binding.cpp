@@ -509,6 +509,26 @@ void bindPageManager(nb::module_& m)
             "Drops up to `count` cached pages of `group`; returns how many. With a TieredPrefixCache serving the "
             "manager, its next call offloads them (or call its evict_cached).")
         .def(
+            "set_retention",
+            [](PageManagerHandle& h, int64_t sequence, int64_t firstToken, int64_t endToken, int64_t priority)
+            {
+                h.manager.setRetention(sequence, toInt32(firstToken, "first_token"), toInt32(endToken, "end_token"),
+                    toInt32(priority, "priority"));
+            },
+            nb::arg("sequence"), nb::arg("first_token"), nb::arg("end_token"), nb::arg("priority"),
+            "Sets retention priority `priority` (0 to 100, default 35) on the pages `sequence` holds for tokens "
+            "[first_token, end_token): a page's priority is the highest its holders set since it was last free, and "
+            "cached pages are evicted lowest priority first, least recently released first within one. Raises "
+            "InvalidArgumentError for an unknown sequence, a priority outside [0, 100] or a range past the sequence, "
+            "changing nothing.")
+        .def(
+            "retention_priority",
+            [](PageManagerHandle const& h, int64_t group, int64_t page)
+            { return h.manager.retentionPriority(toInt32(group, "group"), toInt32(page, "page")); },
+            nb::arg("group"), nb::arg("page"),
+            "The retention priority of `page` of `group` (set_retention). Raises OutOfRangeError for a bad group or "
+            "page.")
+        .def(
             "set_eviction_callback",
             [](PageManagerHandle& h, EvictionCallbackArgument const& callback) { setEvictionCallback(h, callback); },
             nb::arg("callback").none(),

@@ -270,3 +270,29 @@ def test_a_token_id_over_int32_is_named_as_a_token():
     with pytest.raises(ValueError, match=r"^tokens\[0\] is 36893488147419103232; token ids must fit in int32"):
         manager.adopt_prefix(sequence, [2**65])
     assert manager.length(sequence) == 0
+
+
+def test_retention_priorities_order_eviction_and_bad_input_changes_nothing():
+    manager = make_manager()
+    evicted = []
+    manager.set_eviction_callback(lambda group, page, page_hash: evicted.append(page))
+    first, second = manager.create(), manager.create()
+    manager.append(first, list(range(1, 9)))  # pages 0, 1
+    manager.append(second, list(range(101, 109)))  # pages 2, 3
+    manager.set_retention(first, 0, 8, 90)
+    manager.set_retention(second, 4, 5, 10)  # token 4: page 3 only
+    assert [manager.retention_priority(0, page) for page in range(4)] == [90, 90, 35, 10]
+    with pytest.raises(kvcache.InvalidArgumentError, match=r"priority is 101; it must be in \[0, 100\]"):
+        manager.set_retention(first, 0, 8, 101)
+    with pytest.raises(kvcache.InvalidArgumentError, match=r"\[0, 9\); it must lie within \[0, 8\]"):
+        manager.set_retention(first, 0, 9, 50)
+    with pytest.raises(kvcache.InvalidArgumentError, match=r"unknown"):
+        manager.set_retention(12345, 0, 0, 50)
+    with pytest.raises(kvcache.OutOfRangeError, match=r"page 99"):
+        manager.retention_priority(0, 99)
+    assert [manager.retention_priority(0, page) for page in range(4)] == [90, 90, 35, 10]
+    manager.free(first)  # cached at 90: 1, 0
+    manager.free(second)  # page 3 at 10, page 2 at 35
+    assert manager.evict_cached(0, 4) == 4
+    assert evicted == [3, 2, 1, 0]  # lowest priority first; without priorities 1, 0, 3, 2
+    manager.check_invariants()
