@@ -211,7 +211,8 @@ void bindTieredPrefixCache(nb::module_& m)
         .def(
             "__init__",
             [](TieredHandle* self, nb::handle cache, nb::handle pages, nb::handle numHostPages, int64_t chunkBytes,
-                bool preferGpuNumaNode, int64_t stagingBytes, nb::handle diskDirectory, nb::handle numDiskPages)
+                bool preferGpuNumaNode, int64_t stagingBytes, nb::handle diskDirectory, nb::handle numDiskPages,
+                int64_t minOffloadPriority)
             {
                 CacheAccess const access = cacheAccess(cache);
                 PageManagerHandle& manager = pageManagerArgument(pages, "pages");
@@ -228,18 +229,19 @@ void bindTieredPrefixCache(nb::module_& m)
                 options.hostTier.chunkBytes = chunkBytes;
                 options.hostTier.preferGpuNumaNode = preferGpuNumaNode;
                 options.hostTier.stagingBytes = stagingBytes;
+                options.minOffloadPriority = toInt32(minOffloadPriority, "min_offload_priority");
                 new (self) TieredHandle(cache, access, pages, manager, options);
             },
             nb::arg("cache").none(), nb::arg("pages").none(), nb::arg("num_host_pages").none(), nb::kw_only(),
             nb::arg("chunk_bytes") = rt::HostTierOptions{}.chunkBytes,
             nb::arg("prefer_gpu_numa_node") = rt::HostTierOptions{}.preferGpuNumaNode,
             nb::arg("staging_bytes") = rt::HostTierOptions{}.stagingBytes, nb::arg("disk_directory") = nb::none(),
-            nb::arg("num_disk_pages") = nb::none(),
+            nb::arg("num_disk_pages") = nb::none(), nb::arg("min_offload_priority") = 0,
             // Written out: cache, pages and num_host_pages take None only for the sake of its TypeError message.
             nb::sig(fmt::format("def __init__(self, cache: KVCacheManager, pages: PageManager, num_host_pages: "
                                 "collections.abc.Sequence[int] | NDArray[typing.Any], *, {}, disk_directory: str | "
                                 "os.PathLike[str] | None = None, num_disk_pages: collections.abc.Sequence[int] | "
-                                "NDArray[typing.Any] | None = None) -> None",
+                                "NDArray[typing.Any] | None = None, min_offload_priority: int = 0) -> None",
                 hostTierOptionParameters())
                         .c_str()),
             "Wires `pages` (a PageManager sized from cache.layout()) to one HostTier per page group of `cache` (a "
@@ -249,11 +251,14 @@ void bindTieredPrefixCache(nb::module_& m)
             "when missing) and num_disk_pages (one entry per group), host pages the host tiers give up go to disk "
             "pages there (a one-page sequence file each, removed with the tiered cache; one tiered cache a directory) "
             "and admissions read them back "
-            "(see the C++ TieredPrefixCache). Replaces the manager's eviction callback. Raises TypeError when "
+            "(see the C++ TieredPrefixCache). Device pages evicted with a retention priority under "
+            "min_offload_priority (PageManager.set_retention; 0, the default, offloads every page) are not copied to "
+            "the host. Replaces the manager's eviction callback. Raises TypeError when "
             "cache is no KVCacheManager, pages no PageManager or num_host_pages no sequence of ints; "
             "InvalidArgumentError when the manager's layout is not the cache's (naming the group and the field), for "
             "num_host_pages with another number of entries than the cache has groups or an entry outside "
-            "[1, 2**31 - 1], the same for num_disk_pages, when only one of disk_directory and num_disk_pages is "
+            "[1, 2**31 - 1], the same for num_disk_pages, min_offload_priority outside [0, 100], when only one of "
+            "disk_directory and num_disk_pages is "
             "given or the directory cannot be made, and when another TieredPrefixCache serves `pages`; what HostTier "
             "raises "
             "(OutOfMemoryError, CudaError). The manager is left as it was then.")

@@ -47,6 +47,9 @@ def test_construction_is_checked_and_a_served_manager_refuses_what_would_bypass_
         (kvcache.InvalidArgumentError, "is not a directory and cannot be made one",
          dict(disk_directory=a_file, num_disk_pages=[8])),
         (TypeError, "disk_directory is a int", dict(disk_directory=5, num_disk_pages=[8])),
+        (kvcache.InvalidArgumentError, r"minOffloadPriority is 101; it must be in \[0, 100\]",
+         dict(min_offload_priority=101)),
+        (kvcache.InvalidArgumentError, r"minOffloadPriority is -1", dict(min_offload_priority=-1)),
         (TypeError, r"num_disk_pages\[0\] is a str", dict(disk_directory=tmp_path, num_disk_pages=["8"])),
     ]
     for error, pattern, disk in disk_refusals:

@@ -33,6 +33,9 @@ struct TieredPrefixCacheOptions
     //! How each tier pins its memory and stages copy-engine transfers (one setting for every tier; each tier
     //! allocates its own staging buffer).
     HostTierOptions hostTier = {};
+    //! Device pages evicted with a retention priority under this one (PageManager::setRetention) are not copied to
+    //! the host; in [0, PageManager::kMAX_RETENTION_PRIORITY], 0 (the default) copies every page.
+    int32_t minOffloadPriority = 0;
 };
 
 //! What one TieredPrefixCache::admit() found for a prompt of `count` tokens: the sequence now holds
@@ -92,8 +95,9 @@ struct TieredPrefixCacheStats
 //!   hash); once the manager call returns, the evicted pages go to host pages in one HostTier::offload a group,
 //!   enqueued on the call's stream before anything else the call enqueues and before whatever the runtime enqueues
 //!   there afterwards (the step's kernels, which may overwrite the pages). A page whose hash a host page holds already
-//!   is not copied again. When a group's tier has no free host page, the least recently used host page is given up
-//!   (evictedHostPages); host pages an onboard of the same call reads are pinned and never given up.
+//!   is not copied again, nor is a page evicted with a retention priority under minOffloadPriority
+//!   (PageManager::setRetention). When a group's tier has no free host page, the least recently used host page is given
+//!   up (evictedHostPages); host pages an onboard of the same call reads are pinned and never given up.
 //! - Onboard (admit()). A prompt first adopts what the device holds (PageManager::adoptPrefix); the hashes of the
 //!   following whole pages (PageManager::hashNextPages) are then looked up on the device and in each group's tier,
 //!   and the longest run (at most count - 1 tokens in all, so that the runtime computes the last prompt token) whose

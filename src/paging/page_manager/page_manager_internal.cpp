@@ -55,6 +55,11 @@ void PageManagerInternal::addTenantHits(
     stats.diskHitTokens += diskTokens;
 }
 
+int32_t PageManagerInternal::evictedPriority(PageManager const& manager) noexcept
+{
+    return manager.mState->prefix.notifyingPriority();
+}
+
 bool PageManagerInternal::recordsEvents(PageManager const& manager) noexcept
 {
     return manager.mState->recordsEvents();

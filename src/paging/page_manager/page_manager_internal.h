@@ -53,6 +53,9 @@ public:
     //! tenant's counters (PageManager::tenantStats).
     static void addTenantHits(
         PageManager& manager, SequenceId sequence, int64_t hostTokens, int64_t diskTokens) noexcept;
+    //! Returns, inside the eviction callback, the retention priority (PageManager::setRetention) the page it is called
+    //! for had when it was evicted.
+    static int32_t evictedPriority(PageManager const& manager) noexcept;
     //! Returns whether the manager records KV events (PageManagerOptions::recordEvents).
     static bool recordsEvents(PageManager const& manager) noexcept;
     //! Writes to `out` (cleared first) the hashes registered in `group` (checked by the caller), by page id.

@@ -42,6 +42,7 @@ void PrefixCache::notifyEvictions()
     {
         try
         {
+            mNotifyingPriority = eviction.priority;
             mOnEvict(eviction.group, eviction.page, eviction.hash);
         }
         catch (...)
@@ -53,6 +54,7 @@ void PrefixCache::notifyEvictions()
         }
     }
     mPending.clear();
+    mNotifyingPriority = PageManager::kDEFAULT_RETENTION_PRIORITY;
     if (first)
     {
         std::rethrow_exception(first);

@@ -79,6 +79,7 @@ public:
     int32_t evictOldest(int32_t group, PagePool& pool) noexcept
     {
         Group& state = mGroups[static_cast<size_t>(group)];
+        int32_t const priority = pool.priorityOf(pool.cached.oldest());
         int32_t const page = pool.popOldest();
         PageHash const hash = state.hash[static_cast<size_t>(page)];
         state.table.erase(hash);
@@ -92,7 +93,7 @@ public:
         if (mOnEvict)
         {
             // Within capacity: only registered pages are evicted, and a call evicts each page at most once.
-            mPending.push_back(Eviction{group, page, hash});
+            mPending.push_back(Eviction{group, page, hash, priority});
         }
         return page;
     }
@@ -123,6 +124,11 @@ public:
     //! Calls the callback for every eviction queued since the last call, in eviction order, and forgets them. When a
     //! call throws, the others are still made and the first exception is rethrown at the end.
     void notifyEvictions();
+    //! Returns, while the callback runs, the retention priority the page it is called for had when it was evicted.
+    int32_t notifyingPriority() const noexcept
+    {
+        return mNotifyingPriority;
+    }
     //! Returns the pages evicted since construction or resetEvictedPages().
     int64_t evictedPages() const noexcept
     {
@@ -146,6 +152,7 @@ private:
         int32_t group = 0;
         int32_t page = 0;
         PageHash hash = {};
+        int32_t priority = 0;
     };
 
     std::vector<Group> mGroups;
@@ -158,6 +165,7 @@ private:
     //! and a taken page is evicted again only by a later call.
     std::vector<Eviction> mPending;
     int64_t mEvictedPages = 0;
+    int32_t mNotifyingPriority = PageManager::kDEFAULT_RETENTION_PRIORITY;
     //! Extra-key bytes of one page.
     std::vector<uint8_t> mKeyBytes;
 };

@@ -123,6 +123,11 @@ KVCacheManager const& checkedCache(
     detail::checkSameLayout(cache.layout(), pages.layout());
     detail::checkNumHostPages(cache.layout(), options.numHostPages);
     detail::checkNumDiskPages(cache.layout(), options.numDiskPages);
+    if (options.minOffloadPriority < 0 || options.minOffloadPriority > PageManager::kMAX_RETENTION_PRIORITY)
+    {
+        throw InvalidArgumentError(fmt::format("TieredPrefixCache: minOffloadPriority is {}; it must be in [0, {}]",
+            options.minOffloadPriority, PageManager::kMAX_RETENTION_PRIORITY));
+    }
     if (options.diskDirectory.empty() != options.numDiskPages.empty())
     {
         throw InvalidArgumentError(fmt::format("TieredPrefixCache: diskDirectory is '{}' and numDiskPages has {} "
@@ -159,6 +164,7 @@ struct TieredPrefixCache::Impl
         }
         // Last: it sets the manager's callback, which nothing after it may leave behind by throwing.
         core = std::make_unique<detail::TieredPrefixCacheCore>(pages, options.numHostPages, options.numDiskPages);
+        core->setMinOffloadPriority(options.minOffloadPriority);
     }
     ~Impl()
     {

@@ -207,6 +207,21 @@ void TieredPrefixCacheCore::recordEviction(int32_t group, int32_t page, PageHash
         return;
     }
     int32_t& index = state.pendingIndex[static_cast<size_t>(page)];
+    if (PageManagerInternal::evictedPriority(*mPages) < mMinOffloadPriority)
+    {
+        if (index >= 0)
+        {
+            // The older record's bytes are gone and these are not to be kept: the record goes, the others keep their
+            // order (the oldest are dropped first when the host is short).
+            state.pending.erase(state.pending.begin() + index);
+            for (size_t i = static_cast<size_t>(index); i < state.pending.size(); ++i)
+            {
+                state.pendingIndex[static_cast<size_t>(state.pending[i].page)] = static_cast<int32_t>(i);
+            }
+            index = -1;
+        }
+        return;
+    }
     if (index >= 0)
     {
         // Evicted again before an offload (a direct evictCached, then a step that bypassed this class): the older

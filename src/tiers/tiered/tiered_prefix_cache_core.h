@@ -106,6 +106,12 @@ public:
     HostPageMap const* diskMap(int32_t group, char const* what = "TieredPrefixCache::diskMap") const;
     //! TieredPrefixCache::takeEvents.
     void takeEvents(KVEventBatch& out);
+    //! Sets the retention priority (PageManager::setRetention) under which evicted pages are not offloaded (0: every
+    //! page is); evictions recorded already stay. The caller checks it is in [0, kMAX_RETENTION_PRIORITY].
+    void setMinOffloadPriority(int32_t priority) noexcept
+    {
+        mMinOffloadPriority = priority;
+    }
     //! Returns the evictions recorded and not offloaded yet, all groups.
     int64_t numPendingEvictions() const noexcept;
     //! Throws std::logic_error naming the first broken rule: a host page map's own invariants, a host page left
@@ -157,7 +163,8 @@ private:
         int32_t count = 0;
     };
 
-    //! The eviction callback: records the page (replacing an older record of the same page, whose bytes are gone).
+    //! The eviction callback: records the page (replacing an older record of the same page, whose bytes are gone), or,
+    //! when its priority is under mMinOffloadPriority, only drops an older record.
     void recordEviction(int32_t group, int32_t page, PageHash hash) noexcept;
     //! Offloads every recorded eviction, a group at a time (see the class comment of TieredPrefixCache).
     void offloadEvicted(TierMover& mover);
@@ -200,6 +207,7 @@ private:
     //! Per group, its disk pages; empty without a disk tier.
     std::vector<HostPageMap> mDisks;
     TieredPrefixCacheStats mStats;
+    int32_t mMinOffloadPriority = 0;
     //! The host and disk tiers' KV events since the last takeEvents() (when the manager records events).
     KVEventBatch mEvents;
 };
