@@ -38,6 +38,7 @@ void PageManager::State::checkInvariants() const
         checkGroupInvariants(g);
     }
     checkCutInvariants();
+    checkSlotInvariants();
 }
 
 void PageManager::State::checkGroupInvariants(int32_t g) const
@@ -135,8 +136,8 @@ void PageManager::State::checkGroupInvariants(int32_t g) const
         int32_t const states = (refs > 0 ? 1 : 0) + (isFree ? 1 : 0) + onCached[i] + (kept && anchored ? 1 : 0);
         if (states != 1)
         {
-            fail(fmt::format("group {} page {} is in {} states (used {}, free {}, listed {}, anchored {}, kept {})",
-                g, p, states, refs, isFree, onCached[i], anchored, kept));
+            fail(fmt::format("group {} page {} is in {} states (used {}, free {}, listed {}, anchored {}, kept {})", g,
+                p, states, refs, isFree, onCached[i], anchored, kept));
         }
         if ((isFree && isRegistered) || (kept && !isRegistered) || (anchored && !isRegistered))
         {

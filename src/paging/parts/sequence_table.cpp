@@ -57,6 +57,7 @@ int32_t SequenceTable::take(char const* what)
     sequence.pendingKeys.clear();
     sequence.promptCut = 0;
     sequence.matchCut = 0;
+    sequence.stateSource = -1;
     std::fill(sequence.firstHeld.begin(), sequence.firstHeld.end(), 0);
     return row;
 }

@@ -29,12 +29,16 @@ struct SequenceState
     //! prompt's whole pages before its last token and the longest run adoptPrefix() found in the full-attention group.
     int32_t promptCut = 0;
     int32_t matchCut = 0;
+    //! With state layers, the slot a queued state copy fills this row's slot from (a fork child whose copy has not
+    //! been handed out by a step yet), else -1.
+    int32_t stateSource = -1;
     //! Step stamp, to refuse a sequence listed twice in one step.
     mutable uint64_t stepStamp = 0;
 };
 
-//! The sequences of a PageManager: rows reused through a free stack, ids tagged with the row's generation so that
-//! an id is never reused, and per row its page entries in each group and the tokens of its partial last page.
+//! The sequences of a PageManager: rows reused through a free stack (0, 1, 2, ... first, then the most recently
+//! released row first), ids tagged with the row's generation so that an id is never reused, and per row its page
+//! entries in each group and the tokens of its partial last page. A row is also its sequence's state slot.
 class SequenceTable
 {
 public:
@@ -138,6 +142,12 @@ public:
     int32_t take(char const* what);
     //! Forgets the sequence in `row` (its entries must be released already), retiring its id.
     void release(int32_t row) noexcept;
+    //! Returns the rows of no live sequence, in the order take() hands them out from the back: maxSequences -
+    //! numSequences of them (checkInvariants()).
+    int32_t const* freeRows() const noexcept
+    {
+        return mFreeRows.data();
+    }
     //! Returns a fresh stamp for a step's duplicate check.
     uint64_t nextStamp() const noexcept
     {
