@@ -236,16 +236,16 @@ using EvictionCallback = std::function<void(int32_t group, int32_t page, PageHas
 //! [0, maxSequences), within the maxBatchSize slots of running sequences; checkpoint slots [maxBatchSize,
 //! numStateSlots) are never handed out. Order, like pages: a new manager hands out slots 0, 1, 2, ..., then the most
 //! recently freed slot first. A new sequence's slot holds whatever its last holder left: the runtime sets the initial
-//! state (zeros, or the kernels' has_initial_state false) for a sequence of length 0. fork() queues a copy of the
-//! parent's state into the child's slot, from the slot that holds it (the parent's, or, when the parent is a fork child
-//! whose copy has not run yet, its copy's source); the next successful step() or append() returns the queued copies in
-//! StepCopies::stateCopies() (and lastCopies()) and starts a new list; free() of a child drops the copy into its slot.
-//! The runtime runs a step's state copies before its kernels and before it writes any slot (a new sequence's initial
-//! state included): a sequence freed after a fork may leave a slot that a copy still reads, and a later sequence may
-//! take it. No copy reads a slot an earlier copy of the list writes; a copy may write a slot an earlier copy reads (a
-//! fork child took the slot of a sequence freed after its own fork), so running the list in order (cudaMemcpyAsync on
-//! one stream) is always right. pendingStateCopies() shows the list before the step. stateSlots() writes the slots of
-//! a batch, the per-row table (vLLM's state_indices) that batched recurrent kernels read.
+//! state (zeros, or the kernels' has_initial_state false) of a sequence of length 0. fork() queues a copy of the
+//! parent's state into the child's slot, from the slot that holds it: the parent's, or, when the parent is a fork
+//! child whose copy is still queued, that copy's source. The next successful step() or append() hands the queued
+//! copies out (StepCopies::stateCopies(), lastCopies()), to run before its kernels as the page copies do, and starts a
+//! new list. No copy reads a slot a queued copy fills, so they may run in any order (one launch). To keep it so, free()
+//! of a sequence whose slot a queued copy reads holds the slot (its row) back until that step: it then goes on the
+//! free slots, in the order freed; until then create() and fork() may find no free slot while fewer than maxSequences
+//! are alive (InvalidArgumentError naming the held rows). free() of a fork child drops the copy into its slot.
+//! pendingStateCopies() shows the list before the step. stateSlots() writes the slots of a batch, the per-row table
+//! (vLLM's state_indices) that batched recurrent kernels read.
 //!
 //! Every call validates everything before it changes anything: a rejected call throws and leaves the state as it
 //! was. Not thread-safe: one owner at a time. Movable, not copyable.
@@ -267,8 +267,8 @@ public:
     PageManager(PageManager const&) = delete;
     PageManager& operator=(PageManager const&) = delete;
 
-    //! Returns a new empty sequence. Throws InvalidArgumentError when maxSequences are alive or for a null salt with
-    //! saltBytes > 0.
+    //! Returns a new empty sequence. Throws InvalidArgumentError when maxSequences are alive, when the free slots left
+    //! are held until the next step (class comment, "State slots"), or for a null salt with saltBytes > 0.
     SequenceId create(SequenceOptions const& options = {});
 
     //! Gives the empty sequence `sequence` the longest cached prefix of `tokens[0, count)` (whole pages, at most
@@ -320,12 +320,13 @@ public:
 
     //! Returns a new sequence holding the same pages as `parent` (each one more holder), with its length, its hash
     //! chain and its salt; with state layers, in a state slot of its own, a copy of the parent's state queued for the
-    //! next step (class comment, "State slots"). Throws InvalidArgumentError for an unknown parent or when
-    //! maxSequences are alive.
+    //! next step (class comment, "State slots"). Throws InvalidArgumentError for an unknown parent, when maxSequences
+    //! are alive, or when the free slots left are held until the next step.
     SequenceId fork(SequenceId parent);
 
     //! Lets go of every page of `sequence` (a registered page left with no holder becomes cached, others free), frees
-    //! its state slot (dropping a queued copy into it) and forgets it. Throws InvalidArgumentError for an unknown
+    //! its state slot (dropping a queued copy into it; held until the next step when a queued copy reads it) and
+    //! forgets it. Throws InvalidArgumentError for an unknown
     //! sequence (never created, or freed already).
     void free(SequenceId sequence);
 
@@ -399,9 +400,9 @@ public:
     //! and exactly the registered pages have a hash, each hash once in its group's cache; no sequence holds more pages
     //! of a windowed group than the group allows; in a hybrid cache, cuts hang on registered full-attention pages, each
     //! page's anchors are the cut windows that hold it, a window's pages are registered, its last under its cut's hash,
-    //! and anchored cached pages are off the LRU list; the free rows (state slots) are listed once each and are exactly
-    //! the rows of no live sequence; queued state copies go into distinct slots of live fork children, each from a slot
-    //! in [0, maxSequences) that no earlier queued copy writes. Linear time; allocates scratch memory.
+    //! and anchored cached pages are off the LRU list; the rows (state slots) of no live sequence are listed once, free
+    //! or held; queued state copies fill distinct slots of live fork children, each from the slot of a live sequence or
+    //! a held one that no copy fills. Linear time; allocates scratch memory.
     void checkInvariants() const;
 
     //! Returns the number of page groups (as in the cache's layout).

@@ -369,8 +369,7 @@ void PageManager::free(SequenceId id)
         }
         std::fill(entries, entries + numEntries, kUNUSED_PAGE_ENTRY);
     }
-    s.dropForkCopy(row);
-    s.sequences.release(row);
+    s.sequences.release(row, s.stateSlots && s.freeState(row));
 }
 
 bool PageManager::contains(SequenceId sequence) const noexcept

@@ -193,9 +193,10 @@ struct PageManager::State
 
     //! Queues the copy of the parent's state into the fork child's slot `row` (state layers only).
     void queueForkCopy(int32_t parentRow, int32_t row) noexcept;
-    //! Drops the queued copy into the slot of the sequence in `row`, which is being freed (none: nothing).
-    void dropForkCopy(int32_t row) noexcept;
-    //! Hands the queued copies to the step being made (stateCopies) and starts a new list.
+    //! Drops the queued copy into the slot of the sequence in `row`, which is being freed, and returns whether a
+    //! queued copy reads the slot (the row is then held until the next step).
+    bool freeState(int32_t row) noexcept;
+    //! Hands the queued copies to the step being made (stateCopies), starts a new list, and frees the held rows.
     void takeStateCopies() noexcept;
 
     // KV events (page_manager_events.cpp) -----------------------------------------------------------------------

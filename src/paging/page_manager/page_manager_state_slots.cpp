@@ -1,5 +1,6 @@
 // State slots of a layout with state layers (the "State slots" paragraph of page_manager.h): a sequence's slot is its
-// row, so slots need no list of their own; what is kept here is the state copies forks queue for the next step.
+// row, so slots need no list of their own; what is kept here is the state copies forks queue for the next step, and
+// the rows held back while those copies read them.
 #include "paging/page_manager/page_manager_state.h"
 
 #include "kvcache/core/errors.h"
@@ -25,19 +26,19 @@ void PageManager::State::queueForkCopy(int32_t parentRow, int32_t row) noexcept
     pendingStateCopies.push_back(StateSlotCopy{source, row});
 }
 
-void PageManager::State::dropForkCopy(int32_t row) noexcept
+bool PageManager::State::freeState(int32_t row) noexcept
 {
-    if (sequences[row].stateSource < 0)
+    if (sequences[row].stateSource >= 0)
     {
-        return;
-    }
-    auto const found = std::find_if(pendingStateCopies.begin(), pendingStateCopies.end(),
-        [row](StateSlotCopy const& copy) { return copy.dst == row; });
-    if (found != pendingStateCopies.end())
-    {
+        // A waiting child: nothing reads its slot (forks of it read its source), so its copy goes and the row is free.
+        auto const found = std::find_if(pendingStateCopies.begin(), pendingStateCopies.end(),
+            [row](StateSlotCopy const& copy) { return copy.dst == row; });
         pendingStateCopies.erase(found);
+        sequences[row].stateSource = -1;
+        return false;
     }
-    sequences[row].stateSource = -1;
+    return std::any_of(pendingStateCopies.begin(), pendingStateCopies.end(),
+        [row](StateSlotCopy const& copy) { return copy.src == row; });
 }
 
 void PageManager::State::takeStateCopies() noexcept
@@ -49,26 +50,45 @@ void PageManager::State::takeStateCopies() noexcept
     // Both reserved alike: the swap moves no element and keeps the capacities.
     stateCopies.swap(pendingStateCopies);
     pendingStateCopies.clear();
+    // The copies that read the held rows run before this step's kernels: their slots may serve new sequences now.
+    sequences.returnHeldRows();
 }
 
 void PageManager::State::checkSlotInvariants() const
 {
     auto const fail = [](std::string const& message) { throw std::logic_error("PageManager invariant: " + message); };
     int32_t const maxSequences = sequences.maxSequences();
-    std::vector<uint8_t> listed(static_cast<size_t>(maxSequences), 0);
-    int32_t const numFree = maxSequences - sequences.numSequences();
-    for (int32_t i = 0; i < numFree; ++i)
+    // 0: alive (or not seen), 1: free, 2: held.
+    std::vector<uint8_t> state(static_cast<size_t>(maxSequences), 0);
+    auto const mark = [&](std::vector<int32_t> const& rows, uint8_t value, char const* what)
     {
-        int32_t const row = sequences.freeRows()[i];
-        if (row < 0 || row >= maxSequences || listed[static_cast<size_t>(row)] != 0 || sequences[row].alive)
+        for (int32_t const row : rows)
         {
-            fail(fmt::format("free row (state slot) {} at position {} is out of range, listed twice or alive", row, i));
+            if (row < 0 || row >= maxSequences || state[static_cast<size_t>(row)] != 0 || sequences[row].alive)
+            {
+                fail(fmt::format("{} row (state slot) {} is out of range, listed twice or alive", what, row));
+            }
+            state[static_cast<size_t>(row)] = value;
         }
-        listed[static_cast<size_t>(row)] = 1;
+    };
+    mark(sequences.freeRows(), 1, "free");
+    mark(sequences.heldRows(), 2, "held");
+    int32_t const listed = static_cast<int32_t>(sequences.freeRows().size() + sequences.heldRows().size());
+    if (listed != maxSequences - sequences.numSequences())
+    {
+        fail(fmt::format("{} rows are free or held and {} sequences alive; maxSequences is {}", listed,
+            sequences.numSequences(), maxSequences));
     }
-    // Every row is alive or listed free (counted above); a live row's slot is its own, so slots are distinct.
-    std::vector<uint8_t> written(static_cast<size_t>(maxSequences), 0);
-    int32_t waiting = 0;
+    // A live row's slot is its own, so slots are distinct. A copy fills a waiting child from a live sequence's slot
+    // or a held one, never from a slot a copy fills: the list may run in any order.
+    std::vector<uint8_t> fills(static_cast<size_t>(maxSequences), 0);
+    for (StateSlotCopy const& copy : pendingStateCopies)
+    {
+        if (copy.dst >= 0 && copy.dst < maxSequences && fills[static_cast<size_t>(copy.dst)]++ != 0)
+        {
+            fail(fmt::format("two queued state copies fill slot {}", copy.dst));
+        }
+    }
     for (size_t c = 0; c < pendingStateCopies.size(); ++c)
     {
         StateSlotCopy const copy = pendingStateCopies[c];
@@ -78,23 +98,31 @@ void PageManager::State::checkSlotInvariants() const
                 copy.src, copy.dst));
         }
         SequenceState const& child = sequences[copy.dst];
-        if (!child.alive || child.stateSource != copy.src || written[static_cast<size_t>(copy.dst)] != 0
-            || written[static_cast<size_t>(copy.src)] != 0)
+        bool const sourceHeld = state[static_cast<size_t>(copy.src)] == 2;
+        if (!child.alive || child.stateSource != copy.src || fills[static_cast<size_t>(copy.src)] != 0
+            || !(sequences[copy.src].alive || sourceHeld))
         {
-            fail(
-                fmt::format("queued state copy {} ({} -> {}) fills a free or repeated slot, disagrees with the child's "
-                            "source {}, or reads a slot an earlier copy writes",
-                    c, copy.src, copy.dst, child.stateSource));
+            fail(fmt::format("queued state copy {} ({} -> {}) fills a free slot, disagrees with the child's source {}, "
+                             "or reads a slot a copy fills or that is free",
+                c, copy.src, copy.dst, child.stateSource));
         }
-        written[static_cast<size_t>(copy.dst)] = 1;
     }
+    int32_t waiting = 0;
     for (int32_t row = 0; row < maxSequences; ++row)
     {
         waiting += sequences[row].alive && sequences[row].stateSource >= 0 ? 1 : 0;
     }
+    // Each waiting child has one copy: the copies fill distinct slots.
     if (waiting != static_cast<int32_t>(pendingStateCopies.size()))
     {
         fail(fmt::format("{} sequences wait for a state copy; {} are queued", waiting, pendingStateCopies.size()));
+    }
+    if (!pendingStateCopies.empty() || !sequences.heldRows().empty())
+    {
+        if (!stateSlots)
+        {
+            fail("state copies are queued or rows held without state layers");
+        }
     }
 }
 

@@ -37,8 +37,9 @@ struct SequenceState
 };
 
 //! The sequences of a PageManager: rows reused through a free stack (0, 1, 2, ... first, then the most recently
-//! released row first), ids tagged with the row's generation so that an id is never reused, and per row its page
-//! entries in each group and the tokens of its partial last page. A row is also its sequence's state slot.
+//! released row first; a row released with `hold` only from returnHeldRows() on), ids tagged with the row's generation
+//! so that an id is never reused, and per row its page entries in each group and the tokens of its partial last page. A
+//! row is also its sequence's state slot.
 class SequenceTable
 {
 public:
@@ -138,15 +139,23 @@ public:
         return mPartialTokens.data() + int64_t{row} * mTokensPerPage;
     }
 
-    //! Returns the row of a new empty sequence; throws InvalidArgumentError naming `what` when every row is taken.
+    //! Returns the row of a new empty sequence; throws InvalidArgumentError naming `what` when every row is taken or
+    //! held.
     int32_t take(char const* what);
-    //! Forgets the sequence in `row` (its entries must be released already), retiring its id.
-    void release(int32_t row) noexcept;
-    //! Returns the rows of no live sequence, in the order take() hands them out from the back: maxSequences -
-    //! numSequences of them (checkInvariants()).
-    int32_t const* freeRows() const noexcept
+    //! Forgets the sequence in `row` (its entries must be released already), retiring its id; the row is free again
+    //! at once, or, when `hold`, only at returnHeldRows().
+    void release(int32_t row, bool hold = false) noexcept;
+    //! Makes the held rows free, in the order they were released (the last released is taken first).
+    void returnHeldRows() noexcept;
+    //! Returns the free rows; take() hands out back() first.
+    std::vector<int32_t> const& freeRows() const noexcept
     {
-        return mFreeRows.data();
+        return mFreeRows;
+    }
+    //! Returns the rows released with `hold`, oldest first.
+    std::vector<int32_t> const& heldRows() const noexcept
+    {
+        return mHeldRows;
     }
     //! Returns a fresh stamp for a step's duplicate check.
     uint64_t nextStamp() const noexcept
@@ -168,7 +177,9 @@ private:
     std::vector<int32_t> mPartialTokens;
     //! Row s owns [s * maxEntries, (s + 1) * maxEntries); empty without keepHashes.
     std::vector<PageHash> mHashes;
+    //! Both reserved for maxSequences rows: a row is in one of them or alive.
     std::vector<int32_t> mFreeRows;
+    std::vector<int32_t> mHeldRows;
     int32_t mNumSequences = 0;
     mutable uint64_t mStepCounter = 0;
 };

@@ -147,19 +147,50 @@ TEST(StateSlots, ForkOfAWaitingChildReadsItsSource)
     manager.checkInvariants();
 }
 
-TEST(StateSlots, FreedParentSlotTakenByALaterForkStaysInOrder)
+TEST(StateSlots, AFreedSlotAQueuedCopyReadsIsHeldUntilTheStep)
 {
     PageManager manager(slotConfig(4), options());
     SequenceId const a = manager.create();
     SequenceId const b = manager.create();
     SequenceId const c = manager.fork(a); // slot 2 from 0
-    manager.free(a);                      // the copy still reads slot 0
-    SequenceId const d = manager.fork(b); // takes slot 0, the most recently freed
-    EXPECT_EQ(manager.stateSlot(d), 0);
-    // Slot 0 is read, then written: in list order, c gets a's state and d gets b's.
-    EXPECT_EQ(pairsOf(manager.pendingStateCopies()), (CopyList{{0, 2}, {1, 0}}));
+    manager.free(a);                      // the copy still reads slot 0: held
+    SequenceId const d = manager.fork(b); // slot 3, not the held 0
+    EXPECT_EQ(manager.stateSlot(c), 2);
+    EXPECT_EQ(manager.stateSlot(d), 3);
+    EXPECT_EQ(pairsOf(manager.pendingStateCopies()), (CopyList{{0, 2}, {1, 3}}));
+    EXPECT_EQ(manager.numSequences(), 3);
     manager.checkInvariants();
-    EXPECT_EQ(stepOne(manager, {c, d}), (CopyList{{0, 2}, {1, 0}}));
+    // One row is free by count, but it is held.
+    EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
+        [&] { manager.create(); }, {"create", "3 sequences are alive", "1 rows", "held until the next step"}));
+    EXPECT_TRUE(throwsNaming<InvalidArgumentError>([&] { manager.fork(b); }, {"fork", "held"}));
+    EXPECT_EQ(pairsOf(manager.pendingStateCopies()), (CopyList{{0, 2}, {1, 3}}));
+    manager.checkInvariants();
+    EXPECT_EQ(stepOne(manager, {c, d}), (CopyList{{0, 2}, {1, 3}}));
+    // The step ran the copies that read slot 0: it is free again.
+    EXPECT_EQ(manager.stateSlot(manager.create()), 0);
+    manager.checkInvariants();
+}
+
+TEST(StateSlots, HeldSlotsComeBackInTheOrderFreed)
+{
+    PageManager manager(slotConfig(6), options());
+    SequenceId const a = manager.create();
+    SequenceId const b = manager.create();
+    SequenceId const c = manager.create();
+    manager.fork(a); // 3 from 0
+    manager.fork(c); // 4 from 2
+    manager.free(c); // held
+    manager.free(b); // free: nothing reads it
+    manager.free(a); // held
+    manager.checkInvariants();
+    EXPECT_EQ(manager.stateSlot(manager.create()), 1);
+    manager.step(nullptr, 0);
+    // Held 2 then 0 went on the free slots in that order: 0 is the most recently freed.
+    EXPECT_EQ(manager.stateSlot(manager.create()), 0);
+    EXPECT_EQ(manager.stateSlot(manager.create()), 2);
+    EXPECT_EQ(manager.stateSlot(manager.create()), 5);
+    manager.checkInvariants();
 }
 
 TEST(StateSlots, WithoutStateLayersThereAreNone)
@@ -235,8 +266,8 @@ TEST(StateSlots, MisuseIsRefusedAndChangesNothing)
     EXPECT_EQ(stepOne(manager, {a}, token), (CopyList{{0, 1}, {0, 2}}));
 }
 
-//! The header's slot rules, kept apart from the library: free slots on a stack (back() taken first), each live
-//! sequence's slot and the slot its queued copy reads, the queue in order.
+//! The header's slot rules, kept apart from the library: free slots on a stack (back() taken first), slots held until
+//! the next step, each live sequence's slot and the slot its queued copy reads, the queue in order.
 class SlotModel
 {
 public:
@@ -266,20 +297,26 @@ public:
     void free(SequenceId id)
     {
         int32_t const slot = mSlot.at(id);
+        mSlot.erase(id);
         if (mSource.erase(id) > 0)
         {
             mQueue.erase(std::find_if(mQueue.begin(), mQueue.end(),
-                [slot](std::pair<int32_t, int32_t> const& c) { return c.second == slot; }));
+                [slot](std::pair<int32_t, int32_t> const& copy) { return copy.second == slot; }));
+            mFree.push_back(slot);
+            return;
         }
-        mSlot.erase(id);
-        mFree.push_back(slot);
+        bool const read = std::any_of(mQueue.begin(), mQueue.end(),
+            [slot](std::pair<int32_t, int32_t> const& copy) { return copy.first == slot; });
+        (read ? mHeld : mFree).push_back(slot);
     }
-    //! A successful step: returns the queue and empties it.
+    //! A successful step: returns the queue and empties it; the held slots become free, oldest first.
     CopyList step()
     {
         CopyList taken;
         taken.swap(mQueue);
         mSource.clear();
+        mFree.insert(mFree.end(), mHeld.begin(), mHeld.end());
+        mHeld.clear();
         return taken;
     }
     int32_t slot(SequenceId id) const
@@ -299,15 +336,16 @@ private:
         return slot;
     }
     std::vector<int32_t> mFree;
+    std::vector<int32_t> mHeld;
     std::map<SequenceId, int32_t> mSlot;
     std::map<SequenceId, int32_t> mSource;
     CopyList mQueue;
 };
 
 //! A random run: creates, forks, frees and steps of random batches, each checked against SlotModel, with one value
-//! per slot moved as a runtime moves states: after a step's copies, in list order, each new sequence's slot is set to
-//! 0, then each stepped sequence's value becomes value * 31 + token. Every sequence must then read its own history
-//! (its parent's at the fork, then its own tokens), however its slots were reused.
+//! per slot moved as a runtime moves states: a step's copies run last to first (any order must do), then each new
+//! sequence's slot is set to 0, then each stepped sequence's value becomes value * 31 + token. Every sequence must then
+//! read its own history (its parent's at the fork, then its own tokens), however its slots were reused.
 void randomRun(uint32_t seed, int32_t maxBatchSize, int32_t maxSequences)
 {
     SCOPED_TRACE(::testing::Message() << "seed " << seed);
@@ -322,7 +360,14 @@ void randomRun(uint32_t seed, int32_t maxBatchSize, int32_t maxSequences)
     for (int32_t op = 0; op < 3000; ++op)
     {
         int32_t const kind = static_cast<int32_t>(random() % 10);
-        if (kind < 2 && !model.full())
+        if (kind < 4 && model.full() && !live.empty())
+        {
+            // No free slot (every row alive, or the rest held): refused, nothing changed.
+            int32_t const alive = manager.numSequences();
+            ASSERT_THROW(kind < 2 ? manager.create() : manager.fork(live.front()), InvalidArgumentError);
+            ASSERT_EQ(manager.numSequences(), alive);
+        }
+        else if (kind < 2)
         {
             SequenceId const id = manager.create();
             model.create(id);
@@ -330,7 +375,7 @@ void randomRun(uint32_t seed, int32_t maxBatchSize, int32_t maxSequences)
             fresh.push_back(id);
             history[id] = 0;
         }
-        else if (kind < 4 && !model.full() && !live.empty())
+        else if (kind < 4 && !live.empty())
         {
             SequenceId const parent = live[random() % live.size()];
             if (manager.length(parent) < 60)
@@ -381,9 +426,9 @@ void randomRun(uint32_t seed, int32_t maxBatchSize, int32_t maxSequences)
                 pairsOf(manager.step(appends.data(), static_cast<int32_t>(appends.size())).stateCopies());
             ASSERT_EQ(copies, model.step()) << "op " << op;
             copiesSeen += static_cast<int64_t>(copies.size());
-            for (auto const& [src, dst] : copies)
+            for (auto copy = copies.rbegin(); copy != copies.rend(); ++copy)
             {
-                slotValue[static_cast<size_t>(dst)] = slotValue[static_cast<size_t>(src)];
+                slotValue[static_cast<size_t>(copy->second)] = slotValue[static_cast<size_t>(copy->first)];
             }
             for (SequenceId const id : fresh)
             {
