@@ -17,8 +17,8 @@ namespace kvcache::rt
 
 void PageManager::State::queueForkCopy(int32_t parentRow, int32_t row) noexcept
 {
-    // A parent whose own copy has not run yet has its state in that copy's source: read from there, so no copy of
-    // the list reads a slot the list writes before it.
+    // A parent whose own copy has not run yet has its state in that copy's source: read from there, so that no copy
+    // reads a slot a queued copy fills.
     int32_t const parentSource = sequences[parentRow].stateSource;
     int32_t const source = parentSource >= 0 ? parentSource : parentRow;
     sequences[row].stateSource = source;
@@ -33,7 +33,10 @@ bool PageManager::State::freeState(int32_t row) noexcept
         // A waiting child: nothing reads its slot (forks of it read its source), so its copy goes and the row is free.
         auto const found = std::find_if(pendingStateCopies.begin(), pendingStateCopies.end(),
             [row](StateSlotCopy const& copy) { return copy.dst == row; });
-        pendingStateCopies.erase(found);
+        if (found != pendingStateCopies.end())
+        {
+            pendingStateCopies.erase(found);
+        }
         sequences[row].stateSource = -1;
         return false;
     }

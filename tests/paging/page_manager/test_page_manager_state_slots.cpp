@@ -357,6 +357,7 @@ void randomRun(uint32_t seed, int32_t maxBatchSize, int32_t maxSequences)
     std::vector<SequenceId> live;
     std::vector<SequenceId> fresh; // created since the last step: the runtime sets their state after the copies
     int64_t copiesSeen = 0;
+    int64_t heldRefusals = 0; // refused while fewer than maxSequences were alive: the rest held
     for (int32_t op = 0; op < 3000; ++op)
     {
         int32_t const kind = static_cast<int32_t>(random() % 10);
@@ -364,6 +365,7 @@ void randomRun(uint32_t seed, int32_t maxBatchSize, int32_t maxSequences)
         {
             // No free slot (every row alive, or the rest held): refused, nothing changed.
             int32_t const alive = manager.numSequences();
+            heldRefusals += alive < manager.maxSequences() ? 1 : 0;
             ASSERT_THROW(kind < 2 ? manager.create() : manager.fork(live.front()), InvalidArgumentError);
             ASSERT_EQ(manager.numSequences(), alive);
         }
@@ -459,6 +461,7 @@ void randomRun(uint32_t seed, int32_t maxBatchSize, int32_t maxSequences)
     }
     // The run must have exercised the copies.
     EXPECT_GT(copiesSeen, 50);
+    EXPECT_GT(heldRefusals, 0);
 }
 
 TEST(StateSlots, RandomOperationsAgainstAModel)
