@@ -1015,10 +1015,34 @@ class PageManager:
         """
 
     def fork(self, parent: int) -> int:
-        """Returns a new sequence sharing every page of `parent`."""
+        """
+        Returns a new sequence sharing every page of `parent`; with state layers, in a state slot of its own, a copy of the parent's state queued for the next step (last_state_copies() after it).
+        """
 
     def free(self, sequence: int) -> None:
-        """Lets go of every page of `sequence` and forgets it."""
+        """
+        Lets go of every page of `sequence`, frees its state slot and forgets it.
+        """
+
+    def state_slot(self, sequence: int) -> int:
+        """
+        Returns the state slot `sequence` holds from create or fork to free: an index into the first dimension of every state tensor [num_state_slots, ...], or -1 when the layout has no state layers.
+        """
+
+    def state_slots(self, sequences: Sequence[int]) -> list[int]:
+        """
+        Returns the state slot of each sequence, in order: a batch's slot table (vLLM's state_indices), to copy into a fixed int32 device buffer the step's recurrent kernels read.
+        """
+
+    def pending_state_copies(self) -> list[tuple[int, int]]:
+        """
+        The state copies (source slot, destination slot) forks queued since the last step, which the next step hands out.
+        """
+
+    def last_state_copies(self) -> list[tuple[int, int]]:
+        """
+        The state copies (source slot, destination slot) the latest step() or append() handed out: the forks since the step before. Run them, in any order, before the step's kernels, in every state layer and tensor (slot dst of each [num_state_slots, ...] tensor takes slot src's bytes).
+        """
 
     def contains(self, sequence: int) -> bool: ...
 

@@ -204,6 +204,17 @@ void appendsOf(PageManagerHandle& handle, nb::handle appends)
     }
 }
 
+std::vector<std::pair<int32_t, int32_t>> stateCopyList(std::vector<rt::StateSlotCopy> const& copies)
+{
+    std::vector<std::pair<int32_t, int32_t>> pairs;
+    pairs.reserve(copies.size());
+    for (rt::StateSlotCopy const& copy : copies)
+    {
+        pairs.emplace_back(copy.src, copy.dst);
+    }
+    return pairs;
+}
+
 std::vector<std::vector<std::pair<int32_t, int32_t>>> copyLists(rt::StepCopies const& copies)
 {
     std::vector<std::vector<std::pair<int32_t, int32_t>>> lists(static_cast<size_t>(copies.numGroups()));
@@ -476,10 +487,39 @@ void bindPageManager(nb::module_& m)
             "nothing.")
         .def(
             "fork", [](PageManagerHandle& h, int64_t parent) { return h.manager.fork(parent); }, nb::arg("parent"),
-            "Returns a new sequence sharing every page of `parent`.")
+            "Returns a new sequence sharing every page of `parent`; with state layers, in a state slot of its own, a "
+            "copy of the parent's state queued for the next step (last_state_copies() after it).")
         .def(
             "free", [](PageManagerHandle& h, int64_t sequence) { h.manager.free(sequence); }, nb::arg("sequence"),
-            "Lets go of every page of `sequence` and forgets it.")
+            "Lets go of every page of `sequence`, frees its state slot and forgets it.")
+        .def(
+            "state_slot", [](PageManagerHandle const& h, int64_t sequence) { return h.manager.stateSlot(sequence); },
+            nb::arg("sequence"),
+            "Returns the state slot `sequence` holds from create or fork to free: an index into the first dimension "
+            "of every state tensor [num_state_slots, ...], or -1 when the layout has no state layers.")
+        .def(
+            "state_slots",
+            [](PageManagerHandle const& h, std::vector<int64_t> const& sequences)
+            {
+                std::vector<int32_t> slots(sequences.size());
+                h.manager.stateSlots(
+                    sequences.data(), toInt32(static_cast<int64_t>(sequences.size()), "sequences"), slots.data());
+                return slots;
+            },
+            nb::arg("sequences"),
+            "Returns the state slot of each sequence, in order: a batch's slot table (vLLM's state_indices), to copy "
+            "into a fixed int32 device buffer the step's recurrent kernels read.")
+        .def(
+            "pending_state_copies",
+            [](PageManagerHandle const& h) { return stateCopyList(h.manager.pendingStateCopies()); },
+            "The state copies (source slot, destination slot) forks queued since the last step, which the next step "
+            "hands out.")
+        .def(
+            "last_state_copies",
+            [](PageManagerHandle const& h) { return stateCopyList(h.manager.lastCopies().stateCopies()); },
+            "The state copies (source slot, destination slot) the latest step() or append() handed out: the forks "
+            "since the step before. Run them, in any order, before the step's kernels, in every state layer and "
+            "tensor (slot dst of each [num_state_slots, ...] tensor takes slot src's bytes).")
         .def(
             "contains", [](PageManagerHandle const& h, int64_t sequence) { return h.manager.contains(sequence); },
             nb::arg("sequence"))

@@ -61,5 +61,7 @@ nb::dict countersDict(rt::PrefixCacheCounters const& counters);
 
 //! Returns a step's copies as one list of (src, dst) pairs per group.
 std::vector<std::vector<std::pair<int32_t, int32_t>>> copyLists(rt::StepCopies const& copies);
+//! Returns state slot copies as (source slot, destination slot) pairs.
+std::vector<std::pair<int32_t, int32_t>> stateCopyList(std::vector<rt::StateSlotCopy> const& copies);
 
 } // namespace kvcache::python

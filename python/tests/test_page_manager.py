@@ -296,3 +296,47 @@ def test_retention_priorities_order_eviction_and_bad_input_changes_nothing():
     assert manager.evict_cached(0, 4) == 4
     assert evicted == [3, 2, 1, 0]  # lowest priority first; without priorities 1, 0, 3, 2
     manager.check_invariants()
+
+
+def make_state_manager(**options):
+    conv = kvcache.StateTensorConfig("conv", [8, 3], kvcache.DataType.FLOAT16)
+    config = kvcache.Config(layer_configs=[(1, 8)], max_batch_size=3, max_sequence_length=64, tokens_per_page=P,
+                            max_tokens_per_step=64, state_layer_configs=[kvcache.StateLayerConfig([conv])],
+                            num_checkpoint_slots=1)
+    return kvcache.PageManager(config, **options)
+
+
+def test_state_slots_follow_create_fork_and_free():
+    manager = make_state_manager()
+    a = manager.create()
+    b = manager.fork(a)  # slot 1, its state copied from slot 0 before the next step's kernels
+    assert (manager.state_slot(a), manager.state_slot(b)) == (0, 1)
+    assert manager.pending_state_copies() == [(0, 1)]
+    c = manager.fork(b)  # b's state is still in slot 0
+    assert manager.pending_state_copies() == [(0, 1), (0, 2)]
+    manager.free(a)  # a copy still reads slot 0: it is held until the step
+    with pytest.raises(kvcache.InvalidArgumentError, match="held until the next step"):
+        manager.create()
+    assert manager.step([(b, [1]), (c, [2])]) == [[]]  # no page copy: the forks share pages
+    assert manager.last_state_copies() == [(0, 1), (0, 2)]
+    assert manager.pending_state_copies() == []
+    d = manager.create()
+    assert manager.state_slot(d) == 0
+    assert manager.state_slots([c, d, b]) == [2, 0, 1]
+    with pytest.raises(kvcache.InvalidArgumentError, match=r"sequences\[1\]"):
+        manager.state_slots([c, a])
+    manager.check_invariants()
+
+
+def test_state_slots_without_state_layers_are_minus_one():
+    manager = make_manager()
+    a = manager.create()
+    b = manager.fork(a)
+    assert manager.state_slot(b) == -1 and manager.state_slots([a, b]) == [-1, -1]
+    manager.step([(a, [1])])
+    assert manager.last_state_copies() == [] and manager.pending_state_copies() == []
+
+
+def test_more_sequences_than_state_slots_is_refused():
+    with pytest.raises(kvcache.InvalidArgumentError, match="maxSequences is 4"):
+        make_state_manager(max_sequences=4)

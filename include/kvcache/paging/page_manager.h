@@ -69,18 +69,30 @@ struct SequenceAppend
     int32_t numExtraKeys = 0;
 };
 
+//! A copy of one sequence's state, in every state layer and tensor, from state slot `src` to state slot `dst`
+//! (kvcache/core/kv_cache_layout.h: a slot index means the same sequence in every state layer).
+struct StateSlotCopy
+{
+    int32_t src;
+    int32_t dst;
+};
+
 //! The copies one step() or append() queued, one list per page group, in the order they must run (a page may be the
-//! destination of one copy and later the source of another only through distinct steps, never within one list). A
-//! view into buffers the PageManager reuses: valid until the manager's next step(), append() or destruction.
+//! destination of one copy and later the source of another only through distinct steps, never within one list), and
+//! the state slot copies of the forks made since the step before (stateCopies()). A view into buffers the PageManager
+//! reuses: valid until the manager's next step(), append() or destruction.
 class StepCopies
 {
 public:
     //! Returns a view of no groups.
     StepCopies() noexcept = default;
-    //! Returns a view of `numGroups` lists starting at `groups` (the manager's buffers).
-    StepCopies(std::vector<PageCopy> const* groups, int32_t numGroups) noexcept
+    //! Returns a view of `numGroups` lists starting at `groups` (the manager's buffers) and of the state slot copies
+    //! `stateCopies` (null: none).
+    StepCopies(std::vector<PageCopy> const* groups, int32_t numGroups,
+        std::vector<StateSlotCopy> const* stateCopies = nullptr) noexcept
         : mGroups(groups)
         , mNumGroups(numGroups)
+        , mStateCopies(stateCopies)
     {
     }
     //! Returns the number of page groups.
@@ -90,14 +102,18 @@ public:
     }
     //! Returns the copies of `group`; throws OutOfRangeError for a group outside [0, numGroups()).
     std::vector<PageCopy> const& operator[](int32_t group) const;
-    //! Returns whether no group has a copy.
+    //! Returns whether no group has a copy (page copies only: see stateCopies()).
     bool empty() const noexcept;
-    //! Returns the number of copies, all groups.
+    //! Returns the number of page copies, all groups (state copies not counted).
     int64_t size() const noexcept;
+    //! Returns the state slot copies the forks since the previous step queued, in the order they were queued; empty
+    //! without state layers. They run before the step's kernels, as the page copies do (PageManager, "State slots").
+    std::vector<StateSlotCopy> const& stateCopies() const noexcept;
 
 private:
     std::vector<PageCopy> const* mGroups = nullptr;
     int32_t mNumGroups = 0;
+    std::vector<StateSlotCopy> const* mStateCopies = nullptr;
 };
 
 //! Pages of one page group, by state. Every page is in exactly one state: free (no holder, no cached content),
@@ -216,6 +232,22 @@ using EvictionCallback = std::function<void(int32_t group, int32_t page, PageHas
 //! pages are evicted before its earlier ones). adoptPrefix() and fork() take pages in token order. evictCached() puts
 //! the pages it empties on top of the free pages, in the order it evicts them.
 //!
+//! State slots (a layout with state layers: KVCacheLayout::stateLayers, docs/layout.md "State layers"): a sequence
+//! holds one state slot from create() or fork() to free(): the row of its id (SequenceId's low 32 bits), an index in
+//! [0, maxSequences), within the maxBatchSize slots of running sequences; checkpoint slots [maxBatchSize,
+//! numStateSlots) are never handed out. Order, like pages: a new manager hands out slots 0, 1, 2, ..., then the most
+//! recently freed slot first. A new sequence's slot holds whatever its last holder left: the runtime sets the initial
+//! state (zeros, or the kernels' has_initial_state false) of a sequence of length 0. fork() queues a copy of the
+//! parent's state into the child's slot, from the slot that holds it: the parent's, or, when the parent is a fork
+//! child whose copy is still queued, that copy's source. The next successful step() or append() hands the queued
+//! copies out (StepCopies::stateCopies(), lastCopies()), to run before its kernels as the page copies do, and starts a
+//! new list. No copy reads a slot a queued copy fills, so they may run in any order (one launch). To keep it so, free()
+//! of a sequence whose slot a queued copy reads holds the slot (its row) back until that step: it then goes on the
+//! free slots, in the order freed; until then create() and fork() may find no free slot while fewer than maxSequences
+//! are alive (InvalidArgumentError naming the held rows). free() of a fork child drops the copy into its slot.
+//! pendingStateCopies() shows the list before the step. stateSlots() writes the slots of a batch, the per-row table
+//! (vLLM's state_indices) that batched recurrent kernels read.
+//!
 //! Every call validates everything before it changes anything: a rejected call throws and leaves the state as it
 //! was. Not thread-safe: one owner at a time. Movable, not copyable.
 class PageManager
@@ -223,7 +255,9 @@ class PageManager
 public:
     //! Sizes everything for `layout` (a KVCacheManager's layout(), or computeLayout's) and `options`: each group's
     //! numPages, maxSequences sequences of up to maxSequenceLength tokens. Throws InvalidArgumentError for a bad option
-    //! (maxSequences < 0) or a layout with no page groups or no maxSequenceLength, std::bad_alloc.
+    //! (maxSequences < 0, or above maxBatchSize, the sequences' state slots, when the layout has state layers) or a
+    //! layout with no page groups, no maxSequenceLength, or state layers with numStateSlots below maxBatchSize,
+    //! std::bad_alloc.
     explicit PageManager(KVCacheLayout const& layout, PageManagerOptions const& options = {});
     //! PageManager(computeLayout(config), options). Throws InvalidConfigError for a bad config, and what the layout
     //! constructor throws.
@@ -234,8 +268,8 @@ public:
     PageManager(PageManager const&) = delete;
     PageManager& operator=(PageManager const&) = delete;
 
-    //! Returns a new empty sequence. Throws InvalidArgumentError when maxSequences are alive or for a null salt with
-    //! saltBytes > 0.
+    //! Returns a new empty sequence. Throws InvalidArgumentError when maxSequences are alive, when the free slots left
+    //! are held until the next step (class comment, "State slots"), or for a null salt with saltBytes > 0.
     SequenceId create(SequenceOptions const& options = {});
 
     //! Gives the empty sequence `sequence` the longest cached prefix of `tokens[0, count)` (whole pages, at most
@@ -286,12 +320,30 @@ public:
     StepCopies lastCopies() const noexcept;
 
     //! Returns a new sequence holding the same pages as `parent` (each one more holder), with its length, its hash
-    //! chain and its salt. Throws InvalidArgumentError for an unknown parent or when maxSequences are alive.
+    //! chain and its salt; with state layers, in a state slot of its own, a copy of the parent's state queued for the
+    //! next step (class comment, "State slots"). Throws InvalidArgumentError for an unknown parent, when maxSequences
+    //! are alive, or when the free slots left are held until the next step.
     SequenceId fork(SequenceId parent);
 
-    //! Lets go of every page of `sequence` (a registered page left with no holder becomes cached, others free) and
-    //! forgets it. Throws InvalidArgumentError for an unknown sequence (never created, or freed already).
+    //! Lets go of every page of `sequence` (a registered page left with no holder becomes cached, others free), frees
+    //! its state slot (dropping a queued copy into it; held until the next step when a queued copy reads it) and
+    //! forgets it. Throws InvalidArgumentError for an unknown
+    //! sequence (never created, or freed already).
     void free(SequenceId sequence);
+
+    //! Returns the state slot of `sequence` (class comment, "State slots"), or -1 when the layout has no state layers.
+    //! Throws InvalidArgumentError for an unknown sequence.
+    int32_t stateSlot(SequenceId sequence) const;
+    //! Writes to out[i] the state slot of sequences[i] for i in [0, count) (-1 each without state layers): the slot
+    //! table of a batch, one int32 per row (vLLM's state_indices), to copy to the device for the step's kernels. The
+    //! table is host memory; the runtime uploads it to a buffer of maxBatchSize int32 at a fixed address (e.g. from
+    //! pinned memory with cudaMemcpyAsync) so a captured graph keeps reading it. Throws InvalidArgumentError for a
+    //! negative count, null pointers with count > 0 or an unknown sequence (naming its index); `out` is then
+    //! untouched.
+    void stateSlots(SequenceId const* sequences, int32_t count, int32_t* out) const;
+    //! Returns the state copies queued by forks since the last successful step() or append(), which the next one
+    //! returns (StepCopies::stateCopies()); valid until the next fork(), free(), step() or append().
+    std::vector<StateSlotCopy> const& pendingStateCopies() const noexcept;
 
     //! Returns whether `sequence` is alive.
     bool contains(SequenceId sequence) const noexcept;
@@ -369,7 +421,9 @@ public:
     //! and exactly the registered pages have a hash, each hash once in its group's cache; no sequence holds more pages
     //! of a windowed group than the group allows; in a hybrid cache, cuts hang on registered full-attention pages, each
     //! page's anchors are the cut windows that hold it, a window's pages are registered, its last under its cut's hash,
-    //! and anchored cached pages are off the LRU list. Linear time; allocates scratch memory.
+    //! and anchored cached pages are off the LRU list; the rows (state slots) of no live sequence are listed once, free
+    //! or held; queued state copies fill distinct slots of live fork children, each from the slot of a live sequence or
+    //! a held one that no copy fills. Linear time; allocates scratch memory.
     void checkInvariants() const;
 
     //! Returns the number of page groups (as in the cache's layout).

@@ -55,6 +55,24 @@ KVCacheLayout const& checkedLayout(KVCacheLayout const& layout, PageManagerOptio
         throw InvalidArgumentError(fmt::format(
             "PageManager: options.maxSequences is {}; it must be >= 0 (0 means maxBatchSize)", options.maxSequences));
     }
+    if (!layout.stateLayers.empty())
+    {
+        // A sequence's state slot is its row: the rows must fit in the slots of running sequences.
+        if (layout.numStateSlots < layout.maxBatchSize)
+        {
+            throw InvalidArgumentError(fmt::format(
+                "PageManager: the layout has {} state layers and numStateSlots {}; it must be >= maxBatchSize {} (use "
+                "computeLayout or KVCacheManager::layout())",
+                layout.stateLayers.size(), layout.numStateSlots, layout.maxBatchSize));
+        }
+        if (options.maxSequences > layout.maxBatchSize)
+        {
+            throw InvalidArgumentError(fmt::format(
+                "PageManager: options.maxSequences is {}; with state layers it must be <= maxBatchSize {} (each "
+                "sequence holds one of the maxBatchSize state slots of running sequences)",
+                options.maxSequences, layout.maxBatchSize));
+        }
+    }
     return layout;
 }
 
@@ -84,6 +102,12 @@ PageManager::State::State(KVCacheLayout const& source, PageManagerOptions const&
     }
     setUpCuts(maxEntries);
     sequences = SequenceTable(maxSequences, maxEntries, numGroups(), tokensPerPage, cuts.enabled());
+    stateSlots = !layout.stateLayers.empty();
+    if (stateSlots)
+    {
+        pendingStateCopies.reserve(static_cast<size_t>(maxSequences));
+        stateCopies.reserve(static_cast<size_t>(maxSequences));
+    }
     setUpEvents(maxEntries);
     stepNeeded.assign(layout.groups.size(), 0);
     stepReleased.assign(layout.groups.size(), 0);
@@ -261,7 +285,7 @@ bool PageManager::canStep(SequenceAppend const* appends, int32_t count) const
 
 StepCopies PageManager::lastCopies() const noexcept
 {
-    return StepCopies(mState->copies.data(), mState->numGroups());
+    return StepCopies(mState->copies.data(), mState->numGroups(), &mState->stateCopies);
 }
 
 int32_t PageManager::hashNextPages(SequenceId sequence, int32_t const* tokens, int32_t count, PageHash* out,
@@ -317,6 +341,10 @@ SequenceId PageManager::fork(SequenceId parent)
             pool.hold(target[e]);
         }
     }
+    if (s.stateSlots)
+    {
+        s.queueForkCopy(parentRow, row);
+    }
     return s.sequences.idOf(row);
 }
 
@@ -341,7 +369,7 @@ void PageManager::free(SequenceId id)
         }
         std::fill(entries, entries + numEntries, kUNUSED_PAGE_ENTRY);
     }
-    s.sequences.release(row);
+    s.sequences.release(row, s.stateSlots && s.freeState(row));
 }
 
 bool PageManager::contains(SequenceId sequence) const noexcept

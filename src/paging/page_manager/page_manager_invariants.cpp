@@ -38,6 +38,7 @@ void PageManager::State::checkInvariants() const
         checkGroupInvariants(g);
     }
     checkCutInvariants();
+    checkSlotInvariants();
 }
 
 void PageManager::State::checkGroupInvariants(int32_t g) const

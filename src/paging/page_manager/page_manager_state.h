@@ -36,6 +36,12 @@ struct PageManager::State
     PrefixCuts cuts;
     //! The latest step's copies, one list per group, reused from step to step.
     std::vector<std::vector<PageCopy>> copies;
+    //! Whether the layout has state layers: each sequence's row is its state slot.
+    bool stateSlots = false;
+    //! State copies queued by forks since the last step, and those the latest step handed out; each reserved for
+    //! maxSequences copies (one per live fork child at most).
+    std::vector<StateSlotCopy> pendingStateCopies;
+    std::vector<StateSlotCopy> stateCopies;
     //! The step's page count per group (step(), pagesNeeded()).
     mutable std::vector<int64_t> stepNeeded;
     mutable std::vector<int64_t> stepReleased;
@@ -180,6 +186,18 @@ struct PageManager::State
         int32_t row, int32_t const* tokens, int32_t count, PageHash* out, PageExtraKey const* keys, int32_t numKeys);
     void checkInvariants() const;
     void checkGroupInvariants(int32_t group) const;
+    //! Checks the free rows (state slots) and the queued state copies.
+    void checkSlotInvariants() const;
+
+    // State slots (page_manager_state_slots.cpp) ----------------------------------------------------------------
+
+    //! Queues the copy of the parent's state into the fork child's slot `row` (state layers only).
+    void queueForkCopy(int32_t parentRow, int32_t row) noexcept;
+    //! Drops the queued copy into the slot of the sequence in `row`, which is being freed, and returns whether a
+    //! queued copy reads the slot (the row is then held until the next step).
+    bool freeState(int32_t row) noexcept;
+    //! Hands the queued copies to the step being made (stateCopies), starts a new list, and frees the held rows.
+    void takeStateCopies() noexcept;
 
     // KV events (page_manager_events.cpp) -----------------------------------------------------------------------
 

@@ -208,6 +208,7 @@ StepCopies PageManager::State::step(SequenceAppend const* appends, int32_t count
     {
         list.clear();
     }
+    takeStateCopies();
     // Window releases of every entry first, so that a page one sequence releases can serve another in this step.
     for (int32_t i = 0; i < count && anyWindowed; ++i)
     {
@@ -220,7 +221,7 @@ StepCopies PageManager::State::step(SequenceAppend const* appends, int32_t count
     {
         appendOne(appends[i], SequenceTable::rowOfLive(appends[i].sequence));
     }
-    StepCopies const result(copies.data(), numGroups());
+    StepCopies const result(copies.data(), numGroups(), &stateCopies);
     prefix.notifyEvictions();
     return result;
 }

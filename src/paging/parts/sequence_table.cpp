@@ -33,6 +33,7 @@ SequenceTable::SequenceTable(
     {
         mFreeRows[static_cast<size_t>(i)] = maxSequences - 1 - i;
     }
+    mHeldRows.reserve(static_cast<size_t>(maxSequences));
 }
 
 void SequenceTable::failUnknown(SequenceId id, char const* what)
@@ -49,7 +50,15 @@ int32_t SequenceTable::take(char const* what)
         throw InvalidArgumentError(fmt::format(
             "PageManager::{}: {} sequences are alive; maxSequences is {}", what, mNumSequences, mMaxSequences));
     }
-    int32_t const row = mFreeRows[static_cast<size_t>(mMaxSequences - 1 - mNumSequences)];
+    if (mFreeRows.empty())
+    {
+        throw InvalidArgumentError(fmt::format(
+            "PageManager::{}: {} sequences are alive and the other {} rows (state slots) are held until the next step: "
+            "state copies queued by forks read them; step first, or free a sequence",
+            what, mNumSequences, mHeldRows.size()));
+    }
+    int32_t const row = mFreeRows.back();
+    mFreeRows.pop_back();
     ++mNumSequences;
     SequenceState& sequence = mRows[static_cast<size_t>(row)];
     sequence.alive = true;
@@ -57,19 +66,30 @@ int32_t SequenceTable::take(char const* what)
     sequence.pendingKeys.clear();
     sequence.promptCut = 0;
     sequence.matchCut = 0;
+    sequence.stateSource = -1;
     std::fill(sequence.firstHeld.begin(), sequence.firstHeld.end(), 0);
     return row;
 }
 
-void SequenceTable::release(int32_t row) noexcept
+void SequenceTable::release(int32_t row, bool hold) noexcept
 {
     SequenceState& sequence = mRows[static_cast<size_t>(row)];
     sequence.alive = false;
     sequence.length = 0;
     // Ids stay non-negative: the generation wraps within 31 bits.
     sequence.generation = (sequence.generation + 1) & 0x7fffffffU;
-    mFreeRows[static_cast<size_t>(mMaxSequences - mNumSequences)] = row;
+    // Reserved for every row: no allocation.
+    (hold ? mHeldRows : mFreeRows).push_back(row);
     --mNumSequences;
+}
+
+void SequenceTable::returnHeldRows() noexcept
+{
+    for (int32_t const row : mHeldRows)
+    {
+        mFreeRows.push_back(row);
+    }
+    mHeldRows.clear();
 }
 
 } // namespace kvcache::rt

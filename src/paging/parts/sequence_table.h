@@ -29,12 +29,17 @@ struct SequenceState
     //! prompt's whole pages before its last token and the longest run adoptPrefix() found in the full-attention group.
     int32_t promptCut = 0;
     int32_t matchCut = 0;
+    //! With state layers, the slot a queued state copy fills this row's slot from (a fork child whose copy has not
+    //! been handed out by a step yet), else -1.
+    int32_t stateSource = -1;
     //! Step stamp, to refuse a sequence listed twice in one step.
     mutable uint64_t stepStamp = 0;
 };
 
-//! The sequences of a PageManager: rows reused through a free stack, ids tagged with the row's generation so that
-//! an id is never reused, and per row its page entries in each group and the tokens of its partial last page.
+//! The sequences of a PageManager: rows reused through a free stack (0, 1, 2, ... first, then the most recently
+//! released row first; a row released with `hold` only from returnHeldRows() on), ids tagged with the row's generation
+//! so that an id is never reused, and per row its page entries in each group and the tokens of its partial last page. A
+//! row is also its sequence's state slot.
 class SequenceTable
 {
 public:
@@ -134,10 +139,24 @@ public:
         return mPartialTokens.data() + int64_t{row} * mTokensPerPage;
     }
 
-    //! Returns the row of a new empty sequence; throws InvalidArgumentError naming `what` when every row is taken.
+    //! Returns the row of a new empty sequence; throws InvalidArgumentError naming `what` when every row is taken or
+    //! held.
     int32_t take(char const* what);
-    //! Forgets the sequence in `row` (its entries must be released already), retiring its id.
-    void release(int32_t row) noexcept;
+    //! Forgets the sequence in `row` (its entries must be released already), retiring its id; the row is free again
+    //! at once, or, when `hold`, only at returnHeldRows().
+    void release(int32_t row, bool hold = false) noexcept;
+    //! Makes the held rows free, in the order they were released (the last released is taken first).
+    void returnHeldRows() noexcept;
+    //! Returns the free rows; take() hands out back() first.
+    std::vector<int32_t> const& freeRows() const noexcept
+    {
+        return mFreeRows;
+    }
+    //! Returns the rows released with `hold`, oldest first.
+    std::vector<int32_t> const& heldRows() const noexcept
+    {
+        return mHeldRows;
+    }
     //! Returns a fresh stamp for a step's duplicate check.
     uint64_t nextStamp() const noexcept
     {
@@ -158,7 +177,9 @@ private:
     std::vector<int32_t> mPartialTokens;
     //! Row s owns [s * maxEntries, (s + 1) * maxEntries); empty without keepHashes.
     std::vector<PageHash> mHashes;
+    //! Both reserved for maxSequences rows: a row is in one of them or alive.
     std::vector<int32_t> mFreeRows;
+    std::vector<int32_t> mHeldRows;
     int32_t mNumSequences = 0;
     mutable uint64_t mStepCounter = 0;
 };
