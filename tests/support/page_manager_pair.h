@@ -149,6 +149,20 @@ public:
     std::vector<ModelEviction> evicted;
 };
 
+//! Returns the pages the eviction callback reported for `group`, in order.
+inline std::vector<int32_t> evictedPages(PageManagerPair const& pair, int32_t group)
+{
+    std::vector<int32_t> pages;
+    for (ModelEviction const& eviction : pair.evicted)
+    {
+        if (eviction.group == group)
+        {
+            pages.push_back(eviction.page);
+        }
+    }
+    return pages;
+}
+
 //! Checks that `call` throws `Error` with a message naming each of `words`, and that it changed nothing the pair can
 //! observe (snapshot, eviction callback calls) and left the manager consistent.
 template <typename Error, typename Call>

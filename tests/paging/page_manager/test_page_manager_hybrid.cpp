@@ -30,6 +30,7 @@ using test::ConfigBuilder;
 using test::expectRejected;
 using test::tokensFrom;
 using Pair = test::PageManagerPair;
+using test::evictedPages;
 
 constexpr int32_t kU = kUNUSED_PAGE_ENTRY;
 constexpr int32_t P = 4; //!< tokens a page in the small configs
@@ -70,20 +71,6 @@ std::vector<int32_t> appendInChunks(Pair& pair, SequenceId id, std::vector<int32
         }
     }
     return taken;
-}
-
-//! Returns the pages the eviction callback reported for `group`, in order.
-std::vector<int32_t> evictedPages(Pair const& pair, int32_t group)
-{
-    std::vector<int32_t> pages;
-    for (test::ModelEviction const& eviction : pair.evicted)
-    {
-        if (eviction.group == group)
-        {
-            pages.push_back(eviction.page);
-        }
-    }
-    return pages;
 }
 
 // The scenario: a prompt of 100 and one of 194 tokens are served, then twelve unrelated requests churn the

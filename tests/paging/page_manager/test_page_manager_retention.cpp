@@ -29,6 +29,7 @@ using test::expectRejected;
 using test::throwsNaming;
 using test::tokensFrom;
 using Pair = test::PageManagerPair;
+using test::evictedPages;
 
 constexpr int32_t P = 4; //!< tokens a page
 constexpr int32_t kDEFAULT = PageManager::kDEFAULT_RETENTION_PRIORITY;
@@ -54,20 +55,6 @@ KVCacheConfig smallHybrid()
 PageManagerOptions optionsWith(int32_t maxSequences)
 {
     return test::seededOptions(maxSequences, 5, true);
-}
-
-//! Returns the pages the eviction callback reported for `group`, in order.
-std::vector<int32_t> evictedPages(Pair const& pair, int32_t group)
-{
-    std::vector<int32_t> pages;
-    for (test::ModelEviction const& eviction : pair.evicted)
-    {
-        if (eviction.group == group)
-        {
-            pages.push_back(eviction.page);
-        }
-    }
-    return pages;
 }
 
 //! Returns the retention priority of each of `pages` in `group`.
