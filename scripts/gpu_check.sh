@@ -72,7 +72,7 @@ else
     summary
 fi
 
-if logged "${log_dir}/build.log" cmake --build --preset gpu; then
+if logged "${log_dir}/build.log" cmake --build --preset gpu -- -k 0; then
     record build pass -
 else
     record build fail "$(count '^FAILED: ' "${log_dir}/build.log") failed build steps"

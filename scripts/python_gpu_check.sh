@@ -122,8 +122,10 @@ if wants nixl; then
             grep -E '^(decode|prefill)' "${log_dir}/nixl_${quantization}.log"
         done
         echo "+ the decode process under compute-sanitizer memcheck > ${log_dir}/nixl_memcheck.log"
+        # UCX asks the driver about every buffer it meets (cuPointerGetAttribute, cuMemRetainAllocationHandle,
+        # cuMemCreate) and expects some calls to fail; kvcache checks its own calls, so only memory errors count here.
         if timeout 600 "${python}" examples/python/nixl_disaggregated.py --quantization nvfp4 \
-            --decode-prefix "compute-sanitizer --tool memcheck --error-exitcode 1" >"${log_dir}/nixl_memcheck.log" 2>&1; then
+            --decode-prefix "compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1" >"${log_dir}/nixl_memcheck.log" 2>&1; then
             record "nixl decode memcheck" pass
         else
             record "nixl decode memcheck" fail

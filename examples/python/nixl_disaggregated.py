@@ -119,13 +119,14 @@ def prefill(args):
     for i, sequence in enumerate(sequences):
         write_prompt(cache, manager, sequence, steps, seed=100 + i)
     pages = NixlPages.for_cache(agent("prefill"), cache)
+    if args.bench:  # registered before the metadata is taken: the metadata lists what the peer may read
+        buffer = torch.randint(0, 255, (args.bench_bytes,), dtype=torch.uint8, device="cuda")
+        contiguous = pages.agent.register_memory(buffer)
     metadata, description = pages.metadata()
     record = {"metadata": metadata, "description": description, "tokens": manager.length(sequences[0]),
               "pages": [[manager.pages(s, g)[0] for g in range(manager.num_groups())] for s in sequences],
               "rows": [token_rows(cache, manager, sequences[0], layer) for layer in range(len(LAYERS))]}
     if args.bench:
-        buffer = torch.randint(0, 255, (args.bench_bytes,), dtype=torch.uint8, device="cuda")
-        contiguous = pages.agent.register_memory(buffer)
         record["contiguous"] = (buffer.data_ptr(), buffer.numel(), buffer.device.index)
     exchange = Path(args.exchange)
     (exchange / "prefill.tmp").write_bytes(pickle.dumps(record))

@@ -25,10 +25,10 @@ public:
     //! [1, kMAX_LEVELS]; throws std::bad_alloc.
     explicit CachedPageList(int32_t numPages = 0, int32_t numLevels = 1)
         : mPrev(static_cast<size_t>(numPages), kNONE)
-        , mNext(mPrev)
+        , mNext(static_cast<size_t>(numPages), kNONE)
         , mLevel(static_cast<size_t>(numPages), 0)
         , mHead(static_cast<size_t>(numLevels), kNONE)
-        , mTail(mHead)
+        , mTail(static_cast<size_t>(numLevels), kNONE)
     {
     }
 
