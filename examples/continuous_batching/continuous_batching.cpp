@@ -2,14 +2,19 @@
 // arrive over time, each a shared system prompt plus its own user tokens; a request asking for several samples forks
 // its sequence once the prompt is prefilled (parallel sampling), every sequence decodes one token a step until its
 // own random length and is freed. Prompts adopt the cached prefix first, so the system prompt is computed once. The
-// program prints what sharing saved and checks the manager's invariants after every step. Needs no GPU.
+// program prints what sharing saved and checks the manager's invariants after every step. Needs no GPU. Built with
+// kvcache::events, --kv-events publishes the run's KV events in vLLM's wire format for a cache-aware router.
 //
 // Run: kvcache-continuous-batching [--requests N] [--samples N] [--tokens-per-page N] [--system-prompt N] [--seed N]
+//      [--kv-events ENDPOINT [--kv-events-wait-ms N]]
 
 #include "kvcache/core/errors.h"
 #include "kvcache/core/kv_cache_config.h"
 #include "kvcache/core/kv_cache_layout.h"
 #include "kvcache/paging/page_manager.h"
+#if KVCACHE_EXAMPLE_KV_EVENTS
+#include "kvcache/events/kv_event_publisher.h"
+#endif
 
 #include <fmt/format.h>
 
@@ -20,6 +25,7 @@
 #include <deque>
 #include <exception>
 #include <limits>
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -54,6 +60,9 @@ struct Options
     int32_t batch = 32;
     int32_t chunk = 256;
     uint32_t seed = 1;
+    //! Where to publish KV events; empty for nowhere.
+    std::string kvEvents;
+    int32_t kvEventsWaitMs = 1000;
     bool help = false;
 };
 
@@ -75,6 +84,9 @@ shares nothing, what forks and prefix hits saved, evictions and copy-on-write co
   --batch N            most sequences alive at once, samples included (default 32)
   --chunk N            most prompt tokens a sequence prefills in one step (default 256)
   --seed N             seed of every random draw (default 1)
+  --kv-events ENDPOINT publish the run's KV events in vLLM's wire format on this ZeroMQ endpoint (e.g. tcp://*:5557;
+                       tcp://127.0.0.1:* binds a free port), one batch a step; the endpoint is printed first
+  --kv-events-wait-ms N  with --kv-events: wait up to N ms for a subscriber before the first step (default 1000)
   -h, --help           print this help
 )";
 }
@@ -144,6 +156,23 @@ Options parseOptions(std::vector<std::string> const& args)
         else if (flag == "--seed")
         {
             options.seed = static_cast<uint32_t>(parseCount(flag, value, 0, std::numeric_limits<int32_t>::max()));
+        }
+        else if (flag == "--kv-events")
+        {
+#if KVCACHE_EXAMPLE_KV_EVENTS
+            if (value.empty())
+            {
+                throw UsageError("--kv-events expects a ZeroMQ endpoint, got \"\"");
+            }
+            options.kvEvents = value;
+#else
+            throw UsageError("--kv-events needs kvcache::events, which this build lacks (KVCACHE_BUILD_EVENTS: "
+                             "Debian's cppzmq-dev and libmsgpack-cxx-dev)");
+#endif
+        }
+        else if (flag == "--kv-events-wait-ms")
+        {
+            options.kvEventsWaitMs = parseCount(flag, value, 0, 3600 * 1000);
         }
         else
         {
@@ -240,7 +269,36 @@ int simulate(Options const& options)
     config.maxSequenceLength = options.systemPrompt + options.userTokens + options.newTokens;
     config.tokensPerPage = options.tokensPerPage;
     config.maxTokensPerStep = std::min(options.chunk, config.maxSequenceLength);
-    rt::PageManager manager(config);
+    rt::PageManagerOptions managerOptions;
+    managerOptions.recordEvents = !options.kvEvents.empty();
+    rt::PageManager manager(config, managerOptions);
+    rt::KVEventBatch events;
+#if KVCACHE_EXAMPLE_KV_EVENTS
+    std::unique_ptr<rt::KVEventPublisher> publisher;
+    if (!options.kvEvents.empty())
+    {
+        rt::KVEventPublisherOptions publisherOptions;
+        publisherOptions.endpoint = options.kvEvents;
+        publisherOptions.lingerMs = 2000; // the process ends right after the run: let the last batches go out
+        publisher = std::make_unique<rt::KVEventPublisher>(publisherOptions);
+        // Printed before waiting, so that a subscriber started with the program learns a port bound as "*".
+        std::printf("kv events: publishing on %s\n", publisher->endpoint().c_str());
+        std::fflush(stdout);
+        publisher->waitForSubscriber(options.kvEventsWaitMs);
+    }
+#endif
+    // Hands the events recorded since the last call to the publisher, one batch; nothing without --kv-events.
+    auto publishEvents = [&]()
+    {
+        manager.takeEvents(events);
+#if KVCACHE_EXAMPLE_KV_EVENTS
+        if (publisher)
+        {
+            publisher->publish(events);
+        }
+#endif
+    };
+    publishEvents(); // the manager's first batch: all blocks cleared
     int32_t const tokensPerPage = options.tokensPerPage;
     int32_t const numPages = manager.layout().groups[0].numPages;
 
@@ -402,6 +460,7 @@ int simulate(Options const& options)
                 ++it;
             }
         }
+        publishEvents();
     }
     manager.checkInvariants();
 
@@ -437,6 +496,21 @@ int simulate(Options const& options)
         formatCount(stats.evictedPages), formatCount(counts.cached));
     out += fmt::format(
         "  invariants  checked after each of {} steps: {}\n", formatCount(totals.steps), consistent ? "OK" : "FAILED");
+#if KVCACHE_EXAMPLE_KV_EVENTS
+    if (publisher)
+    {
+        bool const flushed = publisher->flush(10000);
+        rt::KVEventPublisherStats const published = publisher->stats();
+        out += fmt::format("  kv events   {} batches ({} events) published on {}, {} dropped{}\n",
+            formatCount(published.batches), formatCount(published.events), publisher->endpoint(),
+            formatCount(published.droppedBatches), flushed ? "" : "; not all sent within 10 s");
+    }
+#endif
+    // What a router that followed the events holds for this instance: the pages with a registered hash.
+    for (int32_t group = 0; group < manager.numGroups(); ++group)
+    {
+        out += fmt::format("cached pages: {}\n", manager.counts(group).cached);
+    }
     std::fputs(out.c_str(), stdout);
     if (!consistent)
     {

@@ -141,13 +141,14 @@ struct KVEventPublisher::Impl
         checkRange("replayBatches", options.replayBatches, 1, int64_t{1} << 20);
         checkRange("queueBatches", options.queueBatches, 1, int64_t{1} << 20);
         checkRange("sendHighWaterMark", options.sendHighWaterMark, 1, int64_t{1} << 24);
+        checkRange("lingerMs", options.lingerMs, 0, 60000);
         if (options.encoding != KVEventEncoding::kTAGGED_MAP && options.encoding != KVEventEncoding::kTAGGED_ARRAY)
         {
             throw InvalidArgumentError(fmt::format("KVEventPublisher: options.encoding is {}; it must be kTAGGED_MAP "
                                                    "(0) or kTAGGED_ARRAY (1)",
                 static_cast<int32_t>(options.encoding)));
         }
-        pub.set(zmq::sockopt::linger, 0);
+        pub.set(zmq::sockopt::linger, options.lingerMs);
         pub.set(zmq::sockopt::sndhwm, options.sendHighWaterMark);
         // A full subscriber queue makes a non-blocking send fail instead of dropping silently, so drops are counted;
         // every subscribe and unsubscribe is passed on, so subscribers are counted.

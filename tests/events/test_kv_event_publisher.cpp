@@ -106,6 +106,10 @@ TEST(KVEventPublisher, RefusesBadOptionsNamingThem)
     EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
         [&] { KVEventPublisher p(options); }, {"options.sendHighWaterMark", "-3", "[1, 16777216]"}));
     options.sendHighWaterMark = 1;
+    options.lingerMs = 60001;
+    EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
+        [&] { KVEventPublisher p(options); }, {"options.lingerMs", "60001", "[0, 60000]"}));
+    options.lingerMs = 0;
     options.queueBatches = 0;
     EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
         [&] { KVEventPublisher p(options); }, {"options.queueBatches", "is 0", "[1, 1048576]"}));

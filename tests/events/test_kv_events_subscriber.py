@@ -19,6 +19,7 @@ import pytest
 import zmq
 
 DRIVER = os.environ.get("KVCACHE_EVENTS_SERVING_RUN")
+EXAMPLE = os.environ.get("KVCACHE_CONTINUOUS_BATCHING")
 
 pytestmark = pytest.mark.skipif(DRIVER is None, reason="KVCACHE_EVENTS_SERVING_RUN is not set (run through ctest)")
 
@@ -84,13 +85,13 @@ class Run:
         assert self.process.wait(timeout=30) == 0
 
 
-def receive_all(sub, last):
+def receive_all(sub, last, topic=b"kv@test@model"):
     """Every (sequence, payload) the subscriber gets, up to sequence `last`."""
     batches = []
     while not batches or batches[-1][0] < last:
         assert sub.poll(10000), "no batch within 10 s"
-        topic, sequence, payload = sub.recv_multipart()
-        assert topic == b"kv@test@model"
+        got, sequence, payload = sub.recv_multipart()
+        assert got == topic
         batches.append((struct.unpack(">q", sequence)[0], payload))
     return batches
 
@@ -128,7 +129,8 @@ def root(seed, salt):
 
 
 def apply(held, decoded, types, seed, checked):
-    """Applies one decoded batch to `held` ((medium, group) -> hashes), checking each stored page's hash."""
+    """Applies one decoded batch to `held` ((medium, group) -> hashes), checking each stored page's hash (unless the
+    seed is None: unknown)."""
     stored_type, removed_type, cleared_type = types
     for event in decoded.events:
         if isinstance(event, cleared_type):
@@ -144,10 +146,10 @@ def apply(held, decoded, types, seed, checked):
                     # A sequence's first page: its salt, when it has one, is the first extra key.
                     salt = page_keys.pop(0) if page_keys and len(page_keys[0]) != 20 else b""
                     checked["salted"] += 1 if salt else 0
-                    parent = root(seed, salt)
+                    parent = root(seed, salt) if seed is not None else None
                 checked["keyed"] += 1 if page_keys else 0
                 tokens = event.token_ids[index * size:(index + 1) * size]
-                assert recompute(seed, parent, tokens, b"".join(page_keys)) == block
+                assert seed is None or recompute(seed, parent, tokens, b"".join(page_keys)) == block
                 checked["stored"] += 1
                 target = held.setdefault((event.medium, event.group_idx), set())
                 assert block not in target, "stored twice"
@@ -201,5 +203,44 @@ def test_events_reconstruct_the_cached_pages(encoding):
         assert gpu == run.registered
     finally:
         run.close()
+        sub.close(linger=0)
+        context.term()
+
+
+@pytest.mark.skipif(EXAMPLE is None, reason="KVCACHE_CONTINUOUS_BATCHING is not set (the examples are not built)")
+def test_continuous_batching_example_publishes_its_run():
+    """The example's --kv-events: a subscriber that follows the whole run holds, at the end, as many pages per group as
+    the example says its prefix cache holds."""
+    decoder, *types = schema(array_like=False)
+    process = subprocess.Popen([EXAMPLE, "--requests", "60", "--samples", "3", "--tokens-per-page", "8",
+                                "--system-prompt", "40", "--user-tokens", "16", "--new-tokens", "24", "--batch", "8",
+                                "--chunk", "16", "--kv-events", "tcp://127.0.0.1:*", "--kv-events-wait-ms", "20000"],
+                               stdout=subprocess.PIPE, text=True)
+    context = zmq.Context()
+    sub = context.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    try:
+        words = process.stdout.readline().split()
+        assert words[:3] == ["kv", "events:", "publishing"], words
+        sub.connect(words[-1])
+        output = process.stdout.read()
+        assert process.wait(timeout=60) == 0, output
+        published = [line.split() for line in output.splitlines() if line.strip().startswith("kv events")]
+        assert len(published) == 1, output
+        batches, dropped = int(published[0][2].replace(",", "")), int(published[0][-2].replace(",", ""))
+        assert dropped == 0, output
+        cached = [int(line.split()[-1]) for line in output.splitlines() if line.startswith("cached pages:")]
+        assert len(cached) == 1 and cached[0] > 0, output
+
+        received = receive_all(sub, batches - 1, topic=b"")
+        assert [sequence for sequence, _ in received] == list(range(batches))
+        held, checked = {}, {"stored": 0, "removed": 0, "salted": 0, "keyed": 0}
+        for _, payload in received:
+            apply(held, decoder.decode(payload), types, None, checked)
+        assert len(held.get(("GPU", 0), set())) == cached[0]
+        assert checked["removed"] > 0, "the run evicted nothing: the check would not see removals"
+    finally:
+        if process.poll() is None:
+            process.kill()
         sub.close(linger=0)
         context.term()

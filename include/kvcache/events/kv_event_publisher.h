@@ -63,6 +63,9 @@ struct KVEventPublisherOptions
     int32_t queueBatches = 4096;
     //! Messages queued per subscriber before a batch is dropped (ZeroMQ's send high-water mark); [1, 1 << 24].
     int32_t sendHighWaterMark = 100000;
+    //! How long the destructor lets batches already sent reach their subscribers (ZeroMQ's linger), in milliseconds;
+    //! [0, 60000]. 0 drops what has not left at close, so a publisher that ends its process at once should set some.
+    int32_t lingerMs = 0;
 };
 
 //! A KVEventPublisher's counters since construction.
@@ -97,8 +100,8 @@ public:
     //! for an option out of range, an empty or malformed endpoint, or one that cannot be bound or connected; nothing
     //! is left open then.
     explicit KVEventPublisher(KVEventPublisherOptions const& options = {});
-    //! Sends what is queued (without waiting for any subscriber), stops the threads and closes the sockets; never
-    //! throws.
+    //! Sends what is queued (without waiting for any subscriber), stops the threads and closes the sockets, waiting
+    //! up to options.lingerMs for sent batches to leave; never throws.
     ~KVEventPublisher();
     KVEventPublisher(KVEventPublisher const&) = delete;
     KVEventPublisher& operator=(KVEventPublisher const&) = delete;
