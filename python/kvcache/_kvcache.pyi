@@ -1572,9 +1572,56 @@ def transfer_descriptors(local: bytes, local_pages: PageIds, remotes: Sequence[b
     Per remote description in `remotes`, the ranges that move tokens [0, num_tokens) of one sequence in page group `group` between the remote pages `remote_pages` and the local pages `local_pages` (each in its own cache's page size, as PageManager.pages gives them; -1 for pages a window released): a tuple (local, remote, layer_ends) of two [n, 3] int64 arrays of (address, bytes, device) rows, row i of one moving to row i of the other, and per layer of the group the end of its rows. Page sizes may differ by a whole factor and heads by tensor-parallel slices (docs/transfer_descriptors.md). Raises InvalidArgumentError naming the first mismatch or bad argument, OutOfRangeError for a page id outside the pool.
     """
 
+class KVEventPublisher:
+    """
+    Publishes KV events in vLLM's wire format over ZeroMQ (kvcache::events): three frames a message (topic, 8-byte big-endian sequence number, msgpack batch), an optional ROUTER replay socket, never blocking the caller (docs/kv_events.md). Needs a build with kvcache::events: see available().
+    """
+
+    def __init__(self, endpoint: str = 'tcp://*:5557', *, replay_endpoint: str = '', topic: str = '', encoding: str = 'map', data_parallel_rank: int | None = None, replay_batches: int = 10000, queue_batches: int = 4096, send_high_water_mark: int = 100000, linger_ms: int = 0) -> None:
+        """
+        Opens the sockets. endpoint is bound when it holds '*' or '::' or is ipc:// or inproc:// ('tcp://127.0.0.1:*' binds a free port: see endpoint), connected otherwise; replay_endpoint (bound) is empty for no replays; encoding 'map' (vLLM's current form) or 'array' (the older positional form); linger_ms: how long closing lets sent batches reach subscribers.
+        """
+
+    @staticmethod
+    def available() -> bool:
+        """
+        Whether this build has kvcache::events; without it, making a KVEventPublisher raises RuntimeError.
+        """
+
+    def publish(self, source: object) -> int:
+        """
+        Takes the events `source` (a PageManager or a TieredPrefixCache, made with record_events=True) recorded since its last take and queues them as one batch; returns its sequence number, or -1 when there were none. Call it once per step, after the step.
+        """
+
+    def flush(self, timeout_ms: int) -> bool:
+        """
+        Waits until every batch published so far is sent or dropped; False after timeout_ms.
+        """
+
+    def wait_for_subscriber(self, timeout_ms: int) -> bool:
+        """Returns True once a subscriber has subscribed, False after timeout_ms."""
+
+    def num_subscribers(self) -> int:
+        """
+        The subscriptions the PUB socket has seen (subscribes less unsubscribes).
+        """
+
+    @property
+    def endpoint(self) -> str:
+        """The PUB endpoint as bound or connected (a bound '*' port resolved)."""
+
+    @property
+    def replay_endpoint(self) -> str:
+        """The replay endpoint as bound; empty without one."""
+
+    def stats(self) -> dict:
+        """
+        Counters since construction as a dict: batches, events, dropped_batches, replays, bad_replay_requests.
+        """
+
 __version__: str
 
 def gpu_unavailable_reason() -> str:
     """Returns why no GPU can be used here, or an empty string when one can."""
 
-__all__: list = ['InvalidArgumentError', 'InvalidConfigError', 'OutOfRangeError', 'OutOfMemoryError', 'CudaError', 'DataType', 'data_type_size', 'data_type_name', 'KVLayerKind', 'KVQuantization', 'NVFP4_BLOCK_VALUES', 'TOKENS_PER_PAGE', 'MAX_TOKENS_PER_PAGE', 'MAX_NUM_PAGES', 'UNUSED_PAGE_ENTRY', 'MAX_INLINE_PAGE_OPS', 'KVLayerConfig', 'LayerScales', 'MAX_STATE_DIMS', 'STATE_TENSOR_ALIGNMENT', 'StateTensorConfig', 'StateLayerConfig', 'Config', 'KVLayerLayout', 'KVPageGroupLayout', 'StateTensorLayout', 'StateLayerLayout', 'KVCacheLayout', 'BudgetSplit', 'compute_layout', 'max_pages_for_budget', 'split_budget', 'View', 'KVHalf', 'PageOpTarget', 'LayerRef', 'KVCacheManager', 'PageAllocator', 'PageTableBuffers', 'PageHashAlgorithm', 'PageGroupCounts', 'PageManagerStats', 'PageManager', 'write_tokens', 'write_tokens_paged', 'read_tokens', 'HOST_TIER_KERNEL_MAX_BYTES', 'HOST_TIER_MAX_SMS', 'HOST_TIER_MAX_CHUNKS', 'HostTierMethod', 'PageLayerGeometry', 'PageGeometry', 'page_geometry', 'HostTier', 'SEQUENCE_FILE_VERSION', 'SequenceFileInfo', 'save_sequence', 'load_sequence', 'read_sequence_file_info', 'write_sequence_file', 'read_sequence_file', 'TieredAdmission', 'TieredPrefixCacheStats', 'TieredPrefixCache', 'layout_transfer_description', 'transfer_registration', 'transfer_mismatch', 'transfer_descriptors', '__version__', 'gpu_unavailable_reason']
+__all__: list = ['InvalidArgumentError', 'InvalidConfigError', 'OutOfRangeError', 'OutOfMemoryError', 'CudaError', 'DataType', 'data_type_size', 'data_type_name', 'KVLayerKind', 'KVQuantization', 'NVFP4_BLOCK_VALUES', 'TOKENS_PER_PAGE', 'MAX_TOKENS_PER_PAGE', 'MAX_NUM_PAGES', 'UNUSED_PAGE_ENTRY', 'MAX_INLINE_PAGE_OPS', 'KVLayerConfig', 'LayerScales', 'MAX_STATE_DIMS', 'STATE_TENSOR_ALIGNMENT', 'StateTensorConfig', 'StateLayerConfig', 'Config', 'KVLayerLayout', 'KVPageGroupLayout', 'StateTensorLayout', 'StateLayerLayout', 'KVCacheLayout', 'BudgetSplit', 'compute_layout', 'max_pages_for_budget', 'split_budget', 'View', 'KVHalf', 'PageOpTarget', 'LayerRef', 'KVCacheManager', 'PageAllocator', 'PageTableBuffers', 'PageHashAlgorithm', 'PageGroupCounts', 'PageManagerStats', 'PageManager', 'write_tokens', 'write_tokens_paged', 'read_tokens', 'HOST_TIER_KERNEL_MAX_BYTES', 'HOST_TIER_MAX_SMS', 'HOST_TIER_MAX_CHUNKS', 'HostTierMethod', 'PageLayerGeometry', 'PageGeometry', 'page_geometry', 'HostTier', 'SEQUENCE_FILE_VERSION', 'SequenceFileInfo', 'save_sequence', 'load_sequence', 'read_sequence_file_info', 'write_sequence_file', 'read_sequence_file', 'TieredAdmission', 'TieredPrefixCacheStats', 'TieredPrefixCache', 'layout_transfer_description', 'transfer_registration', 'transfer_mismatch', 'transfer_descriptors', 'KVEventPublisher', '__version__', 'gpu_unavailable_reason']

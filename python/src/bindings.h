@@ -42,4 +42,7 @@ void bindTieredPrefixCache(nb::module_& m);
 //! Registers the transfer descriptor functions (transfer_registration, transfer_mismatch, transfer_descriptors).
 void bindTransfer(nb::module_& m);
 
+//! Registers KVEventPublisher (which only a build with kvcache::events can make: KVCACHE_PYTHON_EVENTS).
+void bindEvents(nb::module_& m);
+
 } // namespace kvcache::python

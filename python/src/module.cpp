@@ -27,6 +27,7 @@ NB_MODULE(_kvcache, m)
     kvcache::python::bindSequenceFiles(m);
     kvcache::python::bindTieredPrefixCache(m);
     kvcache::python::bindTransfer(m);
+    kvcache::python::bindEvents(m);
 
     m.attr("__version__") = KVCACHE_VERSION_STRING;
     m.def(

@@ -53,6 +53,10 @@ rt::SequenceAppend appendOf(
 //! Reads a step's appends, a sequence of (sequence, tokens[, extra_keys]), into handle.appends.
 void appendsOf(PageManagerHandle& handle, nb::handle appends);
 
+//! Takes the events of `source` into `out` (TieredPrefixCache::takeEvents) and returns true when `source` is a
+//! TieredPrefixCache object; returns false, `out` untouched, otherwise.
+bool takeTieredEvents(nb::handle source, rt::KVEventBatch& out);
+
 //! Returns `batch` as a list of dicts, one an event, with vLLM's field names (kvcache/paging/kv_events.h).
 nb::list kvEventsList(rt::KVEventBatch const& batch);
 

@@ -104,6 +104,22 @@ private:
 
 using Self = nb::pointer_and_handle<TieredHandle>;
 
+} // namespace
+
+bool takeTieredEvents(nb::handle source, rt::KVEventBatch& out)
+{
+    TieredHandle* tiered = nullptr;
+    if (!nb::try_cast(source, tiered) || tiered == nullptr)
+    {
+        return false;
+    }
+    tiered->tiered().takeEvents(out);
+    return true;
+}
+
+namespace
+{
+
 //! Reads num_host_pages or num_disk_pages (`name`): a sequence of ints (or a 1-D int array), one entry per page group.
 //! The entries' range is the C++ constructor's to check (it names numHostPages[g], the value and the limit).
 std::vector<int64_t> pagesPerGroupArgument(nb::handle numPages, char const* name)

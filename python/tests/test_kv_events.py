@@ -4,6 +4,9 @@ known. No GPU."""
 
 import hashlib
 import struct
+import typing
+
+import pytest
 
 import kvcache
 
@@ -87,3 +90,110 @@ def test_counters_of_a_run_whose_hits_are_known():
     assert 'serving_prefix_hit_tokens_total{tier="device"} 12\n' in text
     assert 'serving_tenant_prefix_query_tokens_total{tenant="61"} 26\n' in text
     assert "# TYPE serving_prefix_query_tokens_total counter\n" in text
+
+
+def publisher_or_skip():
+    """KVEventPublisher and a pyzmq + msgspec subscriber, or a skip naming what is missing."""
+    if not kvcache.KVEventPublisher.available():
+        with pytest.raises(RuntimeError, match="built without kvcache::events"):
+            kvcache.KVEventPublisher()
+        pytest.skip("kvcache was built without kvcache::events (Debian: cppzmq-dev, libmsgpack-cxx-dev)")
+    zmq = pytest.importorskip("zmq", reason="pyzmq is not installed (the subscriber side of the test)")
+    msgspec = pytest.importorskip("msgspec", reason="msgspec is not installed (the subscriber side of the test)")
+    return zmq, msgspec
+
+
+@pytest.mark.parametrize("encoding", ["map", "array"])
+def test_publisher_sends_what_the_manager_recorded(encoding):
+    zmq, msgspec = publisher_or_skip()
+
+    # vLLM's event structs (vllm/distributed/kv_events.py), written here from its documented schema.
+    array_like = encoding == "array"
+
+    class BlockStored(msgspec.Struct, tag=True, array_like=array_like, omit_defaults=True):
+        block_hashes: list
+        parent_block_hash: typing.Optional[bytes]
+        token_ids: list
+        block_size: int
+        lora_id: typing.Optional[int]
+        medium: typing.Optional[str]
+        lora_name: typing.Optional[str]
+        extra_keys: typing.Optional[list] = None
+        group_idx: typing.Optional[int] = None
+
+    class BlockRemoved(msgspec.Struct, tag=True, array_like=array_like, omit_defaults=True):
+        block_hashes: list
+        medium: typing.Optional[str]
+        group_idx: typing.Optional[int] = None
+
+    class AllBlocksCleared(msgspec.Struct, tag=True, array_like=array_like, omit_defaults=True):
+        pass
+
+    class KVEventBatch(msgspec.Struct, array_like=array_like, omit_defaults=True):
+        ts: float
+        events: list[typing.Union[BlockStored, BlockRemoved, AllBlocksCleared]]
+        data_parallel_rank: typing.Optional[int] = None
+
+    decoder = msgspec.msgpack.Decoder(KVEventBatch)
+    publisher = kvcache.KVEventPublisher("tcp://127.0.0.1:*", topic="kv@pod@model", encoding=encoding,
+                                         data_parallel_rank=3)
+    context = zmq.Context()
+    sub = context.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"kv@")
+    sub.connect(publisher.endpoint)
+    try:
+        assert publisher.wait_for_subscriber(10000)
+        manager = make_manager(record_events=True)
+        prompts = [list(range(7 * n, 7 * n + 13)) for n in range(3)]
+        sequences = []
+        assert publisher.publish(manager) == 0  # AllBlocksCleared, made with the manager
+        for prompt in prompts:
+            sequence = manager.create()
+            manager.append(sequence, prompt)
+            sequences.append(sequence)
+            assert publisher.publish(manager) >= 1
+        assert publisher.publish(manager) == -1  # nothing new: no batch
+        manager.free(sequences[0])
+        assert manager.evict_cached(0, 1) == 1
+        last = publisher.publish(manager)
+        assert publisher.flush(10000)
+        assert publisher.stats()["dropped_batches"] == 0
+
+        held, received = set(), []
+        while not received or received[-1] < last:
+            assert sub.poll(10000), "no batch within 10 s"
+            topic, sequence_bytes, payload = sub.recv_multipart()
+            assert topic == b"kv@pod@model"
+            received.append(struct.unpack(">q", sequence_bytes)[0])
+            batch = decoder.decode(payload)
+            assert batch.data_parallel_rank == 3
+            for event in batch.events:
+                if isinstance(event, BlockStored):
+                    held.update(event.block_hashes)
+                elif isinstance(event, BlockRemoved):
+                    held.difference_update(event.block_hashes)
+                else:
+                    held.clear()
+        assert received == list(range(last + 1))
+        # Every whole page of every prompt, hashed here from the documented chain, less the one evicted page.
+        expected = set()
+        for prompt in prompts:
+            parent = root(b"")
+            for start in range(0, len(prompt) - P + 1, P):
+                parent = page_hash(parent, prompt[start:start + P])
+                expected.add(parent)
+        assert len(expected) == 9
+        assert len(held) == 8 and held < expected
+    finally:
+        sub.close(linger=0)
+        context.term()
+
+
+def test_publisher_refuses_bad_options():
+    publisher_or_skip()
+    with pytest.raises(kvcache.InvalidArgumentError, match='encoding is "json"'):
+        kvcache.KVEventPublisher("tcp://127.0.0.1:*", encoding="json")
+    with pytest.raises(kvcache.InvalidArgumentError, match="options.lingerMs"):
+        kvcache.KVEventPublisher("tcp://127.0.0.1:*", linger_ms=-1)
+    with pytest.raises(TypeError, match="source"):
+        kvcache.KVEventPublisher("tcp://127.0.0.1:*").publish(object())
