@@ -1063,9 +1063,9 @@ class PageManager:
         Drops up to `count` cached pages of `group`; returns how many. With a TieredPrefixCache serving the manager, its next call offloads them (or call its evict_cached).
         """
 
-    def set_retention(self, sequence: int, first_token: int, end_token: int, priority: int) -> None:
+    def set_retention(self, sequence: int, first_token: int, end_token: int, priority: int, duration_ms: int | None = None) -> None:
         """
-        Sets retention priority `priority` (0 to 100, default 35) on the pages `sequence` holds for tokens [first_token, end_token): a page's priority is the highest its holders set since it was last free, and cached pages are evicted lowest priority first, least recently released first within one. Raises InvalidArgumentError for an unknown sequence, a priority outside [0, 100] or a range past the sequence, changing nothing.
+        Sets retention priority `priority` (0 to 100, default 35) on the pages `sequence` holds for tokens [first_token, end_token): a page's priority is the highest its holders set since it was last free, and cached pages are evicted lowest priority first, least recently released first within one. With duration_ms the priority holds that many milliseconds (steady clock), taking effect at the next step, append or evict_cached after it ends. Raises InvalidArgumentError for an unknown sequence, a priority outside [0, 100], a duration outside [0, one year] or a range past the sequence, changing nothing.
         """
 
     def retention_priority(self, group: int, page: int) -> int:

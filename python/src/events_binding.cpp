@@ -32,8 +32,9 @@ struct Publisher
 {
     explicit Publisher(rt::KVEventPublisherOptions const&)
     {
-        throw std::runtime_error("KVEventPublisher: this kvcache was built without kvcache::events (KVCACHE_BUILD_EVENTS; "
-                                 "Debian: cppzmq-dev, libmsgpack-cxx-dev)");
+        throw std::runtime_error(
+            "KVEventPublisher: this kvcache was built without kvcache::events (KVCACHE_BUILD_EVENTS; "
+            "Debian: cppzmq-dev, libmsgpack-cxx-dev)");
     }
     int64_t publish(rt::KVEventBatch const&)
     {
@@ -119,10 +120,9 @@ void bindEvents(nb::module_& m)
                 options.lingerMs = lingerMs;
                 new (self) PublisherHandle(options);
             },
-            nb::arg("endpoint") = "tcp://*:5557", nb::kw_only(), nb::arg("replay_endpoint") = "",
-            nb::arg("topic") = "", nb::arg("encoding") = "map", nb::arg("data_parallel_rank") = nb::none(),
-            nb::arg("replay_batches") = 10000, nb::arg("queue_batches") = 4096,
-            nb::arg("send_high_water_mark") = 100000, nb::arg("linger_ms") = 0,
+            nb::arg("endpoint") = "tcp://*:5557", nb::kw_only(), nb::arg("replay_endpoint") = "", nb::arg("topic") = "",
+            nb::arg("encoding") = "map", nb::arg("data_parallel_rank") = nb::none(), nb::arg("replay_batches") = 10000,
+            nb::arg("queue_batches") = 4096, nb::arg("send_high_water_mark") = 100000, nb::arg("linger_ms") = 0,
             "Opens the sockets. endpoint is bound when it holds '*' or '::' or is ipc:// or inproc:// "
             "('tcp://127.0.0.1:*' binds a free port: see endpoint), connected otherwise; replay_endpoint (bound) is "
             "empty for no replays; encoding 'map' (vLLM's current form) or 'array' (the older positional form); "

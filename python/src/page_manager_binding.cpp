@@ -8,12 +8,14 @@
 
 #include <fmt/format.h>
 #include <nanobind/stl/function.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -550,17 +552,20 @@ void bindPageManager(nb::module_& m)
             "manager, its next call offloads them (or call its evict_cached).")
         .def(
             "set_retention",
-            [](PageManagerHandle& h, int64_t sequence, int64_t firstToken, int64_t endToken, int64_t priority)
+            [](PageManagerHandle& h, int64_t sequence, int64_t firstToken, int64_t endToken, int64_t priority,
+                std::optional<int64_t> durationMs)
             {
                 h.manager.setRetention(sequence, toInt32(firstToken, "first_token"), toInt32(endToken, "end_token"),
-                    toInt32(priority, "priority"));
+                    toInt32(priority, "priority"), durationMs.value_or(rt::PageManager::kNO_DURATION));
             },
             nb::arg("sequence"), nb::arg("first_token"), nb::arg("end_token"), nb::arg("priority"),
+            nb::arg("duration_ms") = nb::none(),
             "Sets retention priority `priority` (0 to 100, default 35) on the pages `sequence` holds for tokens "
             "[first_token, end_token): a page's priority is the highest its holders set since it was last free, and "
-            "cached pages are evicted lowest priority first, least recently released first within one. Raises "
-            "InvalidArgumentError for an unknown sequence, a priority outside [0, 100] or a range past the sequence, "
-            "changing nothing.")
+            "cached pages are evicted lowest priority first, least recently released first within one. With "
+            "duration_ms the priority holds that many milliseconds (steady clock), taking effect at the next step, "
+            "append or evict_cached after it ends. Raises InvalidArgumentError for an unknown sequence, a priority "
+            "outside [0, 100], a duration outside [0, one year] or a range past the sequence, changing nothing.")
         .def(
             "retention_priority",
             [](PageManagerHandle const& h, int64_t group, int64_t page)

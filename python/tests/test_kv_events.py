@@ -197,3 +197,13 @@ def test_publisher_refuses_bad_options():
         kvcache.KVEventPublisher("tcp://127.0.0.1:*", linger_ms=-1)
     with pytest.raises(TypeError, match="source"):
         kvcache.KVEventPublisher("tcp://127.0.0.1:*").publish(object())
+
+
+def test_a_retention_duration_is_refused_out_of_range():
+    manager = make_manager()
+    sequence = manager.create()
+    manager.append(sequence, list(range(8)))
+    manager.set_retention(sequence, 0, 8, 90, duration_ms=60000)
+    assert manager.retention_priority(0, manager.pages(sequence, 0)[0][0]) == 90
+    with pytest.raises(kvcache.InvalidArgumentError, match="durationMs is -3"):
+        manager.set_retention(sequence, 0, 8, 90, duration_ms=-3)

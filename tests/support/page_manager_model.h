@@ -72,14 +72,23 @@ public:
         std::vector<int32_t> anchoredCached;
         std::map<std::pair<uint64_t, uint64_t>, int32_t> cache;
         std::vector<rt::PageCopy> copies;
-        //! Per page, the highest retention priority its holders set (setRetention), -1 while none did (the default
-        //! then) and again once free.
+        //! Per page, the highest retention priority its holders set (setRetention) without a duration, -1 while none
+        //! did (the default then) and again once free.
         std::vector<int32_t> priority;
-        //! Returns the retention priority of `page`.
+        //! Per page, the timed priority in force (-1: none) and when it ends.
+        std::vector<int32_t> timed;
+        std::vector<int64_t> timedEnd;
+        //! Returns the retention priority of `page`: the higher of the two it holds, the default when none.
         int32_t priorityOf(int32_t page) const
         {
-            int32_t const set = priority[static_cast<size_t>(page)];
+            int32_t const set = std::max(priority[static_cast<size_t>(page)], timed[static_cast<size_t>(page)]);
             return set < 0 ? rt::PageManager::kDEFAULT_RETENTION_PRIORITY : set;
+        }
+        //! Unsets both priorities of a page that becomes free.
+        void unsetPriority(int32_t page)
+        {
+            priority[static_cast<size_t>(page)] = -1;
+            timed[static_cast<size_t>(page)] = -1;
         }
     };
 
@@ -134,6 +143,8 @@ public:
             group.registered.assign(static_cast<size_t>(shape.numPages), 0);
             group.hash.assign(static_cast<size_t>(shape.numPages), rt::PageHash{});
             group.priority.assign(static_cast<size_t>(shape.numPages), -1);
+            group.timed.assign(static_cast<size_t>(shape.numPages), -1);
+            group.timedEnd.assign(static_cast<size_t>(shape.numPages), 0);
             // A new manager hands out 0, 1, 2, ...: page 0 on top of the stack.
             for (int32_t page = shape.numPages - 1; page >= 0; --page)
             {
@@ -467,6 +478,7 @@ public:
                 return ModelOutcome::kOUT_OF_MEMORY;
             }
         }
+        expireRetention();
         // The new full pages' hashes, per entry, before any group registers them.
         std::vector<std::vector<rt::PageHash>> newHashes(static_cast<size_t>(count));
         for (int32_t i = 0; i < count && mPrefixCaching; ++i)
@@ -627,11 +639,14 @@ public:
     }
 
     //! setRetention(): every page the sequence holds with a token in [firstToken, endToken) gets `priority` when none
-    //! was set on it or it is higher.
-    ModelOutcome setRetention(rt::SequenceId id, int32_t firstToken, int32_t endToken, int32_t priority)
+    //! was set on it or it is higher; with a duration, as its timed priority, ending at now() + durationMs.
+    ModelOutcome setRetention(rt::SequenceId id, int32_t firstToken, int32_t endToken, int32_t priority,
+        int64_t durationMs = rt::PageManager::kNO_DURATION)
     {
         auto found = mSequences.find(id);
+        bool const timedSet = durationMs != rt::PageManager::kNO_DURATION;
         if (found == mSequences.end() || priority < 0 || priority > rt::PageManager::kMAX_RETENTION_PRIORITY
+            || (timedSet && (durationMs < 0 || durationMs > rt::PageManager::kMAX_RETENTION_DURATION_MS))
             || firstToken < 0 || firstToken > endToken || endToken > found->second.length)
         {
             return ModelOutcome::kINVALID_ARGUMENT;
@@ -641,14 +656,73 @@ public:
             for (size_t g = 0; g < mGroups.size(); ++g)
             {
                 int32_t const page = found->second.entries[g][static_cast<size_t>(token / mTokensPerPage)];
-                if (page != rt::kUNUSED_PAGE_ENTRY)
+                if (page == rt::kUNUSED_PAGE_ENTRY)
                 {
-                    int32_t& current = mGroups[g].priority[static_cast<size_t>(page)];
-                    current = current < 0 ? priority : std::max(current, priority);
+                    continue;
+                }
+                Group& group = mGroups[g];
+                size_t const at = static_cast<size_t>(page);
+                if (!timedSet)
+                {
+                    group.priority[at] = std::max(group.priority[at], priority);
+                }
+                else if (group.timed[at] < priority)
+                {
+                    group.timed[at] = priority;
+                    group.timedEnd[at] = mNow + durationMs;
+                }
+                else if (group.timed[at] == priority)
+                {
+                    group.timedEnd[at] = std::max(group.timedEnd[at], mNow + durationMs);
                 }
             }
         }
         return ModelOutcome::kOK;
+    }
+
+    //! The clock of retention durations (PageManagerOptions::clock), in milliseconds.
+    int64_t now() const
+    {
+        return mNow;
+    }
+    void setNow(int64_t ms)
+    {
+        mNow = ms;
+    }
+    //! Cached pages moved to another priority by a duration's end, since construction.
+    int64_t expiredMoves() const
+    {
+        return mExpiredMoves;
+    }
+    //! Drops the timed priorities that have ended, group by group, each group's by (end, page); a page on the list
+    //! whose priority that changes becomes the newest there.
+    void expireRetention()
+    {
+        for (Group& group : mGroups)
+        {
+            std::vector<std::pair<int64_t, int32_t>> ended;
+            for (int32_t page = 0; page < group.numPages; ++page)
+            {
+                size_t const at = static_cast<size_t>(page);
+                if (group.timed[at] >= 0 && group.timedEnd[at] <= mNow)
+                {
+                    ended.emplace_back(group.timedEnd[at], page);
+                }
+            }
+            std::sort(ended.begin(), ended.end());
+            for (auto const& [end, page] : ended)
+            {
+                int32_t const before = group.priorityOf(page);
+                group.timed[static_cast<size_t>(page)] = -1;
+                auto listed = std::find(group.lru.begin(), group.lru.end(), page);
+                if (listed != group.lru.end() && group.priorityOf(page) != before)
+                {
+                    group.lru.erase(listed);
+                    group.lru.push_back(page);
+                    ++mExpiredMoves;
+                }
+            }
+        }
     }
 
     //! evictCached(); `*dropped` receives the result.
@@ -662,6 +736,7 @@ public:
         {
             return ModelOutcome::kINVALID_ARGUMENT;
         }
+        expireRetention();
         Group& group = mGroups[static_cast<size_t>(g)];
         *dropped = 0;
         while (*dropped < count && !(group.lru.empty() && group.anchoredCached.empty()))
@@ -846,7 +921,7 @@ private:
             else
             {
                 group.freeStack.push_back(page);
-                group.priority[static_cast<size_t>(page)] = -1;
+                group.unsetPriority(page);
             }
         }
     }
@@ -865,7 +940,7 @@ private:
         }
         int32_t const page = *chosen;
         group.lru.erase(chosen);
-        group.priority[static_cast<size_t>(page)] = -1;
+        group.unsetPriority(page);
         rt::PageHash const hash = group.hash[static_cast<size_t>(page)];
         mEvictions.push_back(ModelEviction{g, page, hash});
         group.cache.erase(keyOf(hash));
@@ -1031,6 +1106,8 @@ private:
     bool mPrefixCaching;
     rt::PageHasher mHasher;
     std::vector<Group> mGroups;
+    int64_t mNow = 0;
+    int64_t mExpiredMoves = 0;
     std::map<rt::SequenceId, Sequence> mSequences;
     rt::PageManagerStats mStats;
     std::vector<ModelEviction> mEvictions;

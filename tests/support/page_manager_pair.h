@@ -23,8 +23,9 @@ namespace kvcache::test
 class PageManagerPair
 {
 public:
+    //! Retention durations run on the model's clock (model.setNow) unless `options` has a clock of its own.
     PageManagerPair(rt::KVCacheConfig const& config, rt::PageManagerOptions const& options)
-        : manager(config, options)
+        : manager(config, withModelClock(options))
         , model(shapesOf(manager.layout()), manager.layout().tokensPerPage, config.maxSequenceLength,
               manager.layout().maxTokensPerStep, manager.maxSequences(), options.enablePrefixCaching,
               rt::PageHasher(options.hashAlgorithm, *options.hashSeed))
@@ -33,6 +34,15 @@ public:
             [this](int32_t group, int32_t page, rt::PageHash hash) {
                 evicted.push_back({group, page, hash});
             });
+    }
+
+    rt::PageManagerOptions withModelClock(rt::PageManagerOptions options)
+    {
+        if (!options.clock)
+        {
+            options.clock = [this] { return model.now(); };
+        }
+        return options;
     }
 
     static std::vector<PageManagerModel::GroupShape> shapesOf(rt::KVCacheLayout const& layout)
@@ -111,10 +121,11 @@ public:
         expectMatch();
         return child;
     }
-    void retain(rt::SequenceId id, int32_t firstToken, int32_t endToken, int32_t priority)
+    void retain(rt::SequenceId id, int32_t firstToken, int32_t endToken, int32_t priority,
+        int64_t durationMs = rt::PageManager::kNO_DURATION)
     {
-        manager.setRetention(id, firstToken, endToken, priority);
-        EXPECT_EQ(model.setRetention(id, firstToken, endToken, priority), ModelOutcome::kOK);
+        manager.setRetention(id, firstToken, endToken, priority, durationMs);
+        EXPECT_EQ(model.setRetention(id, firstToken, endToken, priority, durationMs), ModelOutcome::kOK);
         expectMatch();
     }
     void free(rt::SequenceId id)

@@ -37,6 +37,10 @@ struct PageManagerOptions
     //! Whether the manager records KV events for takeEvents() (a cache-aware router learns what it holds from them);
     //! off, nothing is recorded and nothing is reserved.
     bool recordEvents = false;
+    //! The clock of retention durations (PageManager::setRetention), in milliseconds, never going back; empty: the
+    //! steady clock. Called by setRetention with a duration, and by step(), append() and evictCached() while a
+    //! duration is in force.
+    std::function<int64_t()> clock = {};
 };
 
 //! Mixes `key` (e.g. a multimodal item's hash) into the hash of the page that holds token `position`.
@@ -377,12 +381,25 @@ public:
     //! becomes free (released unregistered, or evicted). Cached pages are evicted lowest priority first, least recently
     //! released first within one priority (the class comment's order, level by level); in a windowed group of a hybrid
     //! cache, anchoring comes first: pages no cut needs go before anchored ones whatever their priorities, and a
-    //! dropped cut's pages go first within their priority. Throws InvalidArgumentError for an unknown sequence, a
-    //! priority outside [0, kMAX_RETENTION_PRIORITY], or a range not within [0, length(sequence)] (an empty range is
-    //! allowed and changes nothing); nothing changes then. Allocates nothing.
-    void setRetention(SequenceId sequence, int32_t firstToken, int32_t endToken, int32_t priority);
-    //! Returns the retention priority of `page` of `group` (see setRetention). Throws OutOfRangeError for a bad group
-    //! or page.
+    //! dropped cut's pages go first within their priority.
+    //!
+    //! With `durationMs` (>= 0, not kNO_DURATION) the priority holds for that many milliseconds of the options' clock
+    //! from this call, as TensorRT-LLM's durations do; then the page has the priority it would have without it. A page
+    //! keeps one such timed priority beside the others: the highest set (an equal one set later extends it; a lower one
+    //! set while a higher one holds is dropped). A duration's end takes effect at the start of the next step(),
+    //! append() or evictCached(): a cached page whose priority that changes moves to its new priority as the most
+    //! recently released there. Throws InvalidArgumentError for an unknown sequence, a priority outside [0,
+    //! kMAX_RETENTION_PRIORITY], a durationMs outside [0, kMAX_RETENTION_DURATION_MS] other than kNO_DURATION, or a
+    //! range not within [0, length(sequence)] (an empty range is allowed and changes nothing); nothing changes then.
+    //! Allocates nothing.
+    void setRetention(
+        SequenceId sequence, int32_t firstToken, int32_t endToken, int32_t priority, int64_t durationMs = kNO_DURATION);
+    //! setRetention's durationMs for a priority without an end.
+    static constexpr int64_t kNO_DURATION = -1;
+    //! The longest retention duration: a year.
+    static constexpr int64_t kMAX_RETENTION_DURATION_MS = int64_t{365} * 24 * 3600 * 1000;
+    //! Returns the retention priority of `page` of `group` (see setRetention; a duration that has ended counts until
+    //! the next step(), append() or evictCached()). Throws OutOfRangeError for a bad group or page.
     int32_t retentionPriority(int32_t group, int32_t page) const;
 
     //! Hands over the KV events recorded since the last call (PageManagerOptions::recordEvents; none otherwise): `out`

@@ -404,6 +404,7 @@ int32_t PageManager::evictCached(int32_t group, int32_t count)
     {
         s.events.reserveMore(1, static_cast<size_t>(std::min(count, pool.numCached())), 0, 0);
     }
+    s.expireRetention();
     int32_t evicted = 0;
     while (evicted < count && pool.numCached() > 0)
     {

@@ -134,10 +134,19 @@ void PageManager::State::checkGroupInvariants(int32_t g) const
         bool const isFree = refs == 0 && !kept;
         bool const isRegistered = prefix.isRegistered(g, p);
         bool const anchored = pool.anchored(p);
-        uint8_t const stored = pool.priority[i];
-        if ((stored > PagePool::kMAX_PRIORITY && stored != PagePool::kUNSET) || (isFree && stored != PagePool::kUNSET))
+        for (uint8_t const stored : {pool.priority[i], pool.timed[i]})
         {
-            fail(fmt::format("group {} page {} (free {}) has retention priority {}", g, p, isFree, int32_t{stored}));
+            if ((stored > PagePool::kMAX_PRIORITY && stored != PagePool::kUNSET)
+                || (isFree && stored != PagePool::kUNSET))
+            {
+                fail(
+                    fmt::format("group {} page {} (free {}) has retention priority {}", g, p, isFree, int32_t{stored}));
+            }
+        }
+        if ((pool.timed[i] != PagePool::kUNSET) != pool.expiries.contains(p))
+        {
+            fail(fmt::format("group {} page {}: timed priority {} and {} in the expiry heap", g, p,
+                int32_t{pool.timed[i]}, pool.expiries.contains(p) ? "" : "not"));
         }
         if (refs != holders[i])
         {

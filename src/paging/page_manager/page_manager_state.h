@@ -199,6 +199,13 @@ struct PageManager::State
     //! Hands the queued copies to the step being made (stateCopies), starts a new list, and frees the held rows.
     void takeStateCopies() noexcept;
 
+    // Retention durations (page_manager_retention.cpp) -----------------------------------------------------------
+
+    //! Returns the options' clock reading, in milliseconds.
+    int64_t now() const;
+    //! Drops the timed priorities whose end has come (PagePool::expireFirst), in every group.
+    void expireRetention();
+
     // KV events (page_manager_events.cpp) -----------------------------------------------------------------------
 
     bool recordsEvents() const noexcept

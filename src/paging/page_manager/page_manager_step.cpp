@@ -204,6 +204,9 @@ StepCopies PageManager::State::step(SequenceAppend const* appends, int32_t count
     {
         reserveStepEvents(appends, count);
     }
+    // Checked and reserved: from here the step runs to the end. Durations that have ended go first, so that this
+    // step's evictions see the priorities of now.
+    expireRetention();
     for (std::vector<PageCopy>& list : copies)
     {
         list.clear();

@@ -1,10 +1,12 @@
 #pragma once
 
 #include "paging/parts/cached_page_list.h"
+#include "paging/parts/expiry_heap.h"
 
 #include "kvcache/paging/page_allocator.h"
 #include "kvcache/paging/page_manager.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -20,8 +22,9 @@ namespace kvcache::rt
 //! list takes the pages no cut needs first; it joins the list when its last anchor goes (unanchor()).
 //!
 //! Every page has a retention priority: the highest its holders set (PageManager::setRetention), kDEFAULT_PRIORITY
-//! while none did. A cached page is on the list at the level of its priority, so the lowest priority goes first. A
-//! page is unset again when it becomes free (released unkept, or evicted).
+//! while none did. A priority set with a duration is kept apart (one per page, the highest in force) with the time it
+//! ends, in a heap by that time; expire() drops it then. A cached page is on the list at the level of its priority, so
+//! the lowest priority goes first. A page is unset again when it becomes free (released unkept, or evicted).
 struct PagePool
 {
     static constexpr int32_t kDEFAULT_PRIORITY = PageManager::kDEFAULT_RETENTION_PRIORITY;
@@ -39,8 +42,13 @@ struct PagePool
     int32_t numAnchoredCached = 0;
     //! Per-page scratch for step()'s exact page count; all zero between calls.
     mutable std::vector<int32_t> scratch;
-    //! Per page, its retention priority in [0, kMAX_PRIORITY], or kUNSET.
+    //! Per page, the highest retention priority its holders set without a duration, in [0, kMAX_PRIORITY], or kUNSET.
     std::vector<uint8_t> priority;
+    //! Per page, the highest priority set with a duration and still in force, or kUNSET; it ends at the page's time
+    //! in `expiries`.
+    std::vector<uint8_t> timed;
+    //! The pages with a timed priority, by the time it ends.
+    ExpiryHeap expiries;
 
     PagePool() = default;
     //! Returns a pool of `numPages` free pages; throws std::bad_alloc.
@@ -49,6 +57,8 @@ struct PagePool
         , cached(numPages, kMAX_PRIORITY + 1)
         , scratch(static_cast<size_t>(numPages), 0)
         , priority(static_cast<size_t>(numPages), kUNSET)
+        , timed(static_cast<size_t>(numPages), kUNSET)
+        , expiries(numPages)
     {
     }
 
@@ -122,11 +132,16 @@ struct PagePool
         }
     }
 
-    //! Returns the retention priority of `page`.
+    //! Returns the retention priority of `page`: the higher of the two it holds, kDEFAULT_PRIORITY when it holds none.
     int32_t priorityOf(int32_t page) const noexcept
     {
-        uint8_t const stored = priority[static_cast<size_t>(page)];
-        return stored == kUNSET ? kDEFAULT_PRIORITY : stored;
+        uint8_t const held = priority[static_cast<size_t>(page)];
+        uint8_t const limited = timed[static_cast<size_t>(page)];
+        if (limited == kUNSET)
+        {
+            return held == kUNSET ? kDEFAULT_PRIORITY : held;
+        }
+        return held == kUNSET ? limited : std::max(held, limited);
     }
     //! Sets the priority of the used `page` to `value` when no holder set one yet or `value` is higher (it is off the
     //! list: nothing moves).
@@ -137,6 +152,43 @@ struct PagePool
         {
             stored = static_cast<uint8_t>(value);
         }
+    }
+    //! Sets the timed priority of the used `page` to `value`, in force until `endMs`, when it has none or a lower one;
+    //! an equal one is extended to `endMs` if that is later, and a higher one stays as it is (it is off the list:
+    //! nothing moves).
+    void raiseTimedPriority(int32_t page, int32_t value, int64_t endMs) noexcept
+    {
+        uint8_t& stored = timed[static_cast<size_t>(page)];
+        if (stored == kUNSET || stored < value)
+        {
+            stored = static_cast<uint8_t>(value);
+            expiries.set(page, endMs);
+        }
+        else if (stored == value && expiries.timeOf(page) < endMs)
+        {
+            expiries.set(page, endMs);
+        }
+    }
+    //! Drops the timed priority that ends first; a cached page on the list whose priority that changes moves to its new
+    //! level as the newest there. The heap must not be empty.
+    void expireFirst() noexcept
+    {
+        int32_t const page = expiries.top();
+        int32_t const before = priorityOf(page);
+        expiries.remove(page);
+        timed[static_cast<size_t>(page)] = kUNSET;
+        if (pages.isKept(page) && !anchored(page) && priorityOf(page) != before)
+        {
+            cached.unlink(page);
+            listNewest(page);
+        }
+    }
+    //! Unsets both priorities of a page that becomes free.
+    void unsetPriority(int32_t page) noexcept
+    {
+        priority[static_cast<size_t>(page)] = kUNSET;
+        timed[static_cast<size_t>(page)] = kUNSET;
+        expiries.remove(page);
     }
     //! Puts the cached, unanchored `page` on the list as the newest of its priority.
     void listNewest(int32_t page) noexcept
@@ -152,7 +204,7 @@ struct PagePool
     int32_t popOldest() noexcept
     {
         int32_t const page = cached.popOldest();
-        priority[static_cast<size_t>(page)] = kUNSET;
+        unsetPriority(page);
         return page;
     }
 
@@ -180,7 +232,7 @@ struct PagePool
         }
         else if (count == 0)
         {
-            priority[static_cast<size_t>(page)] = kUNSET;
+            unsetPriority(page);
         }
     }
 };

@@ -239,6 +239,8 @@ private:
         o.maxSequences = kMAX_SEQUENCES;
         o.hashAlgorithm = mSpec.algorithm;
         o.hashSeed = seed();
+        // Retention durations run on the model's clock, which the operations move on.
+        o.clock = [this] { return mModel.now(); };
         return o;
     }
 
@@ -570,9 +572,11 @@ private:
         return failure;
     }
 
-    //! setRetention() of a random range (rarely past the sequence) and priority (rarely out of range).
+    //! setRetention() of a random range (rarely past the sequence) and priority (rarely out of range), half of them
+    //! with a duration (rarely out of range); the clock moves on by 0 to 20 ms first.
     std::string retention()
     {
+        mModel.setNow(mModel.now() + uniform(0, 20));
         SequenceId const id = pick();
         int32_t const length = mModel.contains(id) ? mModel.sequence(id).length : 0;
         int32_t const first = uniform(0, 29) == 0 ? -1 : uniform(0, length);
@@ -580,14 +584,22 @@ private:
         static int32_t const priorities[] = {0, 10, 35, 35, 50, 100};
         int32_t const priority =
             uniform(0, 29) == 0 ? (uniform(0, 1) == 0 ? -1 : 101) : priorities[static_cast<size_t>(uniform(0, 5))];
+        int64_t duration = PageManager::kNO_DURATION;
+        if (uniform(0, 1) == 0)
+        {
+            duration = uniform(0, 29) == 0 ? (uniform(0, 1) == 0 ? -5 : PageManager::kMAX_RETENTION_DURATION_MS + 1)
+                                           : uniform(0, 60);
+        }
         mLast = "setRetention(" + std::to_string(id) + ", " + std::to_string(first) + ", " + std::to_string(end) + ", "
-            + std::to_string(priority) + ")";
-        ModelOutcome const expected = mModel.setRetention(id, first, end, priority);
+            + std::to_string(priority) + ", " + std::to_string(duration) + ") at " + std::to_string(mModel.now());
+        ModelOutcome const expected = mModel.setRetention(id, first, end, priority, duration);
         if (expected == ModelOutcome::kOK && priority != PageManager::kDEFAULT_RETENTION_PRIORITY && first < end)
         {
-            ++mTally["retention raised"];
+            ++mTally[duration == PageManager::kNO_DURATION ? "retention raised" : "retention raised for a time"];
         }
-        return expectOutcome(expected, [&] { mManager.setRetention(id, first, end, priority); });
+        // The ends so far (they take effect in steps and evictions): how often a cached page changed priority.
+        mTally["cached pages moved at a duration's end"] = mModel.expiredMoves();
+        return expectOutcome(expected, [&] { mManager.setRetention(id, first, end, priority, duration); });
     }
 
     std::string evict()
@@ -765,6 +777,8 @@ TEST_P(PageManagerRandom, MatchesTheModel)
         if (GetParam().retentionPercent > 0)
         {
             EXPECT_GT(run.tally().count("retention raised"), 0u);
+            EXPECT_GT(run.tally().count("retention raised for a time"), 0u);
+            EXPECT_GT(run.tally().at("cached pages moved at a duration's end"), 0);
             EXPECT_GT(run.tally().count("cached pages of another priority"), 0u);
         }
         if (GetParam().config.layerConfigs.size() > 1)

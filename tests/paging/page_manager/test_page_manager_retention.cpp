@@ -178,6 +178,36 @@ TEST(Retention, AHybridCacheEvictsUnanchoredPagesFirstThenByPriority)
     EXPECT_EQ(evictedPages(pair, 0), (std::vector<int32_t>{fb[2], fb[1], fb[0], fa[2], fa[1], fa[0]}));
 }
 
+TEST(Retention, ADurationEndsAtTheNextEvictionAndTheCachedPageMovesToItsNewPriority)
+{
+    Pair pair(singleGroupConfig(), optionsWith(4));
+    SequenceId const a = pair.create();
+    pair.append(a, tokensFrom(0, 8)); // pages 0, 1
+    SequenceId const b = pair.create();
+    pair.append(b, tokensFrom(100, 8)); // pages 2, 3
+    pair.model.setNow(1000);
+    pair.retain(a, 0, 8, 80, 100); // until 1100
+    pair.retain(b, 0, 8, 60);
+    pair.retain(a, 0, 4, 70, 500); // lower than the 80 in force: dropped
+    pair.retain(a, 4, 8, 80, 50);  // equal, ending earlier: 1100 stays
+    EXPECT_EQ(prioritiesOf(pair.manager, 0, {0, 1, 2, 3}), (std::vector<int32_t>{80, 80, 60, 60}));
+    pair.free(a); // releases 1, then 0
+    pair.free(b); // 3, then 2
+
+    // Before the end nothing moves: the lowest priority is B's 60, its oldest page 3.
+    pair.model.setNow(1099);
+    EXPECT_EQ(pair.evict(0, 1), 1);
+    EXPECT_EQ(evictedPages(pair, 0), (std::vector<int32_t>{3}));
+    // The duration has ended, but a priority read still shows it until the next eviction or step.
+    pair.model.setNow(1100);
+    EXPECT_EQ(prioritiesOf(pair.manager, 0, {0, 1, 2}), (std::vector<int32_t>{80, 80, 60}));
+    // Now A's pages are at the default again, below B's 60, moved there in the order of their ends (page 0 first,
+    // ties by page id): 0, 1, then 2.
+    EXPECT_EQ(pair.evict(0, 3), 3);
+    EXPECT_EQ(evictedPages(pair, 0), (std::vector<int32_t>{3, 0, 1, 2}));
+    EXPECT_EQ(prioritiesOf(pair.manager, 0, {0, 1, 2, 3}), std::vector<int32_t>(4, kDEFAULT));
+}
+
 TEST(Retention, BadInputIsRefusedWithNamedErrorsAndChangesNothing)
 {
     Pair pair(singleGroupConfig(), optionsWith(4));
@@ -190,6 +220,11 @@ TEST(Retention, BadInputIsRefusedWithNamedErrorsAndChangesNothing)
 
     expectRejected<InvalidArgumentError>(pair, [&] { m.setRetention(a, 0, 4, 101); }, {"priority", "101", "100"});
     expectRejected<InvalidArgumentError>(pair, [&] { m.setRetention(a, 0, 4, -1); }, {"priority", "-1", "100"});
+    expectRejected<InvalidArgumentError>(
+        pair, [&] { m.setRetention(a, 0, 4, 90, -2); }, {"durationMs", "-2", "kNO_DURATION"});
+    expectRejected<InvalidArgumentError>(pair,
+        [&] { m.setRetention(a, 0, 4, 90, PageManager::kMAX_RETENTION_DURATION_MS + 1); },
+        {"durationMs", std::to_string(PageManager::kMAX_RETENTION_DURATION_MS + 1)});
     expectRejected<InvalidArgumentError>(
         pair, [&] { m.setRetention(a, 0, 11, 90); }, {"firstToken", "endToken", "11", "10"});
     expectRejected<InvalidArgumentError>(pair, [&] { m.setRetention(a, -1, 4, 90); }, {"firstToken", "-1"});
