@@ -21,6 +21,7 @@ namespace
 
 using RangeArray = nb::ndarray<nb::numpy, int64_t, nb::shape<-1, 3>>;
 using EndArray = nb::ndarray<nb::numpy, int64_t, nb::ndim<1>>;
+using BlockArray = nb::ndarray<nb::numpy, int64_t, nb::shape<-1, 5>>;
 
 //! Decodes the description bytes `value` (argument `field`).
 rt::TransferDescription description(nb::handle value, char const* field)
@@ -50,6 +51,35 @@ EndArray endArray(std::vector<int64_t> const& ends)
     std::copy(ends.begin(), ends.end(), data);
     nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<int64_t*>(p); });
     return EndArray(data, {ends.size()}, owner);
+}
+
+//! Returns `blocks` as an [n, 5] int64 NumPy array of (address, bytes, device, stride, count) rows, the strided form
+//! NIXL's prep_xfer_dlist takes (stride equal to bytes: the descriptors follow each other).
+BlockArray blockArray(std::vector<rt::DescriptorBlock> const& blocks)
+{
+    auto* data = new int64_t[blocks.size() * 5];
+    for (size_t i = 0; i < blocks.size(); ++i)
+    {
+        data[5 * i] = static_cast<int64_t>(blocks[i].address);
+        data[5 * i + 1] = static_cast<int64_t>(blocks[i].bytes);
+        data[5 * i + 2] = blocks[i].device;
+        data[5 * i + 3] = static_cast<int64_t>(blocks[i].bytes);
+        data[5 * i + 4] = blocks[i].count;
+    }
+    nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<int64_t*>(p); });
+    return BlockArray(data, {blocks.size(), size_t{5}}, owner);
+}
+
+//! Decodes every description of `remotes` (argument "remotes[i]").
+std::vector<rt::TransferDescription> descriptions(nb::list remotes)
+{
+    std::vector<rt::TransferDescription> result;
+    for (size_t i = 0; i < nb::len(remotes); ++i)
+    {
+        std::string const field = fmt::format("remotes[{}]", i);
+        result.push_back(description(remotes[i], field.c_str()));
+    }
+    return result;
 }
 
 } // namespace
@@ -93,12 +123,7 @@ void bindTransfer(nb::module_& m)
             PageIdsArgument const& remotePages, int32_t group, int32_t numTokens)
         {
             rt::TransferDescription const mine = description(local, "local");
-            std::vector<rt::TransferDescription> theirs;
-            for (size_t i = 0; i < nb::len(remotes); ++i)
-            {
-                std::string const field = fmt::format("remotes[{}]", i);
-                theirs.push_back(description(remotes[i], field.c_str()));
-            }
+            std::vector<rt::TransferDescription> const theirs = descriptions(remotes);
             std::vector<int32_t> localIds;
             std::vector<int32_t> remoteIds;
             hostPageIds(localPages, localIds);
@@ -126,6 +151,41 @@ void bindTransfer(nb::module_& m)
         "row i of the other, and per layer of the group the end of its rows. Page sizes may differ by a whole "
         "factor and heads by tensor-parallel slices (docs/transfer_descriptors.md). Raises InvalidArgumentError "
         "naming the first mismatch or bad argument, OutOfRangeError for a page id outside the pool.");
+    m.def(
+        "transfer_prepared_descriptors",
+        [](BytesArgument const& bytes, int32_t group, int32_t tokensPerDescriptor)
+        {
+            rt::PreparedDescriptors const prepared =
+                rt::preparedDescriptors(description(bytes, "description"), group, tokensPerDescriptor);
+            return nb::make_tuple(blockArray(prepared.blocks), endArray(prepared.layerEnds), prepared.numPages,
+                prepared.descriptorsPerPage);
+        },
+        nb::arg("description"), nb::arg("group"), nb::arg("tokens_per_descriptor"),
+        nb::sig("def transfer_prepared_descriptors(description: bytes, group: int, tokens_per_descriptor: int) -> "
+                "tuple[NDArray[Any], NDArray[Any], int, int]"),
+        "The prepared descriptor list of page group `group` of the cache `description` describes, "
+        "`tokens_per_descriptor` tokens a descriptor: a tuple (blocks, layer_ends, num_pages, descriptors_per_page). "
+        "blocks is an [n, 5] int64 array of (address, bytes, device, stride, count) rows, the strided form NIXL's "
+        "prep_xfer_dlist takes: per layer, per part (data, then page scales), per half (K, then V), num_pages * "
+        "descriptors_per_page descriptors, descriptor page * descriptors_per_page + s holding the s-th run of "
+        "tokens_per_descriptor tokens of page `page`. layer_ends gives, per layer, the end of its rows. Raises "
+        "OutOfRangeError for a group outside the description, InvalidArgumentError for a tokens_per_descriptor that "
+        "does not divide the group's tokens per page.");
+    m.def(
+        "transfer_prepared_plan",
+        [](BytesArgument const& local, nb::list remotes, int32_t group)
+        {
+            rt::PreparedPlan const plan = rt::preparedPlan(description(local, "local"), descriptions(remotes), group);
+            return nb::make_tuple(plan.tokensPerDescriptor, plan.layerSources);
+        },
+        nb::arg("local"), nb::arg("remotes"), nb::arg("group"),
+        nb::sig("def transfer_prepared_plan(local: bytes, remotes: collections.abc.Sequence[bytes], group: int) -> "
+                "tuple[int, list[int]]"),
+        "How page group `group` moves between the local cache and the remote ones through prepared descriptor "
+        "lists: a tuple (tokens_per_descriptor, layer_sources). tokens_per_descriptor is the smaller page size, "
+        "which both sides' transfer_prepared_descriptors use; layer_sources gives, per layer, the index in "
+        "`remotes` of the cache it comes from whole, or -1 where its heads come in tensor-parallel slices (then "
+        "only transfer_descriptors' ranges express it). Raises InvalidArgumentError as transfer_descriptors does.");
 }
 
 } // namespace kvcache::python
