@@ -3,14 +3,17 @@
 #include "typed_arguments.h"
 
 #include <kvcache/core/errors.h>
+#include <kvcache/dist/tensor_parallel.h>
 #include <kvcache/dist/transfer_descriptors.h>
 
 #include <fmt/format.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -89,19 +92,34 @@ void bindTransfer(nb::module_& m)
     m.def(
         "layout_transfer_description",
         [](rt::KVCacheLayout const& layout, std::vector<uint64_t> const& poolBases, int32_t device,
-            std::vector<rt::LayerScales> const& hostScales)
+            std::vector<rt::LayerScales> const& hostScales, std::optional<rt::KVCacheConfig> const& modelConfig,
+            int32_t tp, int32_t rank)
         {
-            std::vector<uint8_t> const bytes =
-                rt::encodeTransferDescription(rt::describeForTransfer(layout, poolBases, device, hostScales));
+            std::optional<rt::TensorParallelShard> shard;
+            if (modelConfig.has_value())
+            {
+                shard = rt::tensorParallelShard(*modelConfig, tp, rank);
+            }
+            else if (tp != 1 || rank != 0)
+            {
+                throw rt::InvalidArgumentError(
+                    fmt::format("layout_transfer_description: tp is {} and rank {}; with tensor parallelism give "
+                                "model_config, the whole model's config, so that the heads this rank holds are known",
+                        tp, rank));
+            }
+            std::vector<uint8_t> const bytes = rt::encodeTransferDescription(
+                rt::describeForTransfer(layout, poolBases, device, hostScales, shard.has_value() ? &*shard : nullptr));
             return nb::bytes(reinterpret_cast<char const*>(bytes.data()), bytes.size());
         },
         nb::arg("layout"), nb::arg("pool_bases"), nb::arg("device") = 0,
-        nb::arg("host_scales") = std::vector<rt::LayerScales>{},
+        nb::arg("host_scales") = std::vector<rt::LayerScales>{}, nb::arg("model_config") = nb::none(),
+        nb::arg("tp") = 1, nb::arg("rank") = 0,
         "The transfer description of memory laid out as `layout`'s cache whose pools start at `pool_bases` (per "
         "group, per part of its page: each layer's data, then each layer's page scales; the order of "
-        "transfer_registration's rows), on `device`, with `host_scales` (one per layer, or none): what "
-        "KVCacheManager.transfer_description gives for a cache, for pools the caller allocated itself (e.g. host "
-        "memory). Raises InvalidArgumentError for counts that do not match the layout.");
+        "transfer_registration's rows), on `device`, with `host_scales` (one per layer, or none) and, for rank "
+        "`rank` of `tp` (model_config: the whole model's Config; `layout` is then the rank's), the heads it holds: "
+        "what KVCacheManager.transfer_description gives for a cache, for pools the caller allocated itself (e.g. "
+        "host memory). Raises InvalidArgumentError for counts that do not match the layout.");
     m.def(
         "transfer_registration",
         [](BytesArgument const& bytes)
