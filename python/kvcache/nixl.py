@@ -93,6 +93,23 @@ def layer_indices(runs, blocks, descriptors_per_block):
     return (np.arange(blocks, dtype=np.int64)[:, None] * descriptors_per_block + runs).astype(np.int32).ravel()
 
 
+def joined_indices(layers, layer_starts, blocks_per_layer, shared):
+    """One int32 list of the indices of `layers` (in order) into a group's whole prepared list: layer l's are
+    layer_starts[l] (where its descriptors start) plus shared[blocks_per_layer[l]] (layer_indices for its block
+    count). Layers next to each other with the same block count are done in one step."""
+    pieces = []
+    start = 0
+    while start < len(layers):
+        end = start + 1
+        blocks = blocks_per_layer[layers[start]]
+        while end < len(layers) and blocks_per_layer[layers[end]] == blocks:
+            end += 1
+        offsets = np.array([layer_starts[layer] for layer in layers[start:end]], dtype=np.int32)
+        pieces.append((offsets[:, None] + shared[blocks][None, :]).ravel())
+        start = end
+    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
+
+
 def _page_lists(pages):
     """`pages` (a list of page lists or a [sequences, pages] array) as one int64 array, each sequence's start in it
     and its page count."""
@@ -119,6 +136,7 @@ class _PreparedList:
         ends = [int(end) for end in ends]
         starts = [0] + ends[:-1]
         self.layer_rows = list(zip(starts, ends))
+        self.layer_blocks = [end - start for start, end in self.layer_rows]
         self.per_block = self.num_pages * self.per_page  # descriptors of one block
         # Where each layer's descriptors start in the whole list.
         self.layer_starts = [start * self.per_block for start in starts]
@@ -235,14 +253,14 @@ class NixlPages:
         # A layer's index lists depend only on its block count (its parts and halves), so layers share them.
         local_indices, remote_indices = {}, {}
         for layer, r in enumerate(sources):
-            blocks = mine.layer_rows[layer][1] - mine.layer_rows[layer][0]
+            blocks = mine.layer_blocks[layer]
             if blocks not in local_indices:
                 local_indices[blocks] = layer_indices(local_runs, blocks, mine.per_block)
             if (r, blocks) not in remote_indices:
                 remote_indices[(r, blocks)] = layer_indices(remote_runs, blocks, theirs[r].per_block)
         if per_layer:
             for layer, r in enumerate(sources):
-                blocks = mine.layer_rows[layer][1] - mine.layer_rows[layer][0]
+                blocks = mine.layer_blocks[layer]
                 handle = self._start(peers[r], mine.layers[layer], local_indices[blocks], theirs[r].layers[layer],
                                      remote_indices[(r, blocks)])
                 transfers[layer].append((peers[r], handle))
@@ -250,12 +268,10 @@ class NixlPages:
         for r in sorted(set(sources)):
             layers = [layer for layer, source in enumerate(sources) if source == r]
             local_list, remote_list = mine.whole(), theirs[r].whole()
-            local = np.concatenate([mine.layer_starts[layer]
-                                    + local_indices[mine.layer_rows[layer][1] - mine.layer_rows[layer][0]]
-                                    for layer in layers])
-            remote = np.concatenate([theirs[r].layer_starts[layer]
-                                     + remote_indices[(r, mine.layer_rows[layer][1] - mine.layer_rows[layer][0])]
-                                     for layer in layers])
+            local = joined_indices(layers, mine.layer_starts, mine.layer_blocks,
+                                   {mine.layer_blocks[l]: local_indices[mine.layer_blocks[l]] for l in layers})
+            remote = joined_indices(layers, theirs[r].layer_starts, mine.layer_blocks,
+                                    {mine.layer_blocks[l]: remote_indices[(r, mine.layer_blocks[l])] for l in layers})
             handle = self._start(peers[r], local_list, local, remote_list, remote)
             for layer in range(num_layers):
                 transfers[layer].append((peers[r], handle))
