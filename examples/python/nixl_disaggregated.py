@@ -12,8 +12,9 @@ what the prefill process wrote. Then it notifies the prefill process, which exit
     python nixl_disaggregated.py --role prefill --exchange DIR &           # or each process alone
     python nixl_disaggregated.py --role decode --exchange DIR
 
-With --bench, it also times pulling eight interleaved sequences' pages against NIXL moving one contiguous buffer of
-the same bytes between the same two processes, and prints the ratio.
+With --bench, it also times pulling eight interleaved sequences' pages (one pull_many per group: its transfers name
+descriptors of lists each side prepared once) against NIXL moving one contiguous buffer of the same bytes between the
+same two processes, and prints the ratio and the host time to start the pulls.
 
 Needs torch with CUDA, kvcache and NIXL (pip install nixl-cu13; kvcache does not depend on it).
 """
@@ -148,10 +149,14 @@ def bench(args, pages, peer, record, cache, manager):
     local = [manager.create() for _ in record["pages"]]
     append_prompt(manager, local, record["tokens"])
 
+    def start_pulls(per_layer):
+        """One pull per group, of every sequence: the group's transfers name descriptors of the prepared lists."""
+        return [pages.pull_many([peer], [manager.pages(s, g)[0] for s in local],
+                                [remote[g] for remote in record["pages"]], g, record["tokens"], per_layer=per_layer)
+                for g in range(groups)]
+
     def pull_all(per_layer):
-        pulls = [pages.pull([peer], manager.pages(s, g)[0], remote[g], g, record["tokens"], per_layer=per_layer)
-                 for s, remote in zip(local, record["pages"]) for g in range(groups)]
-        for pull in pulls:
+        for pull in start_pulls(per_layer):
             pull.wait()
 
     moved = 0
@@ -195,14 +200,17 @@ def bench(args, pages, peer, record, cache, manager):
               f"in {pages_s * 1e3:.3f} ms ({moved / pages_s / 1e9:.1f} GB/s), one contiguous buffer in "
               f"{contiguous_s * 1e3:.3f} ms ({size / contiguous_s / 1e9:.1f} GB/s): "
               f"{(moved / pages_s) / (size / contiguous_s):.3f} of contiguous")
-    start = time.perf_counter()
-    count = 0
-    for s, remote in zip(local, record["pages"]):
-        for g in range(groups):
-            count += len(kvcache.transfer_descriptors(pages.description, manager.pages(s, g)[0],
-                                                      [pages._peers[peer]], remote[g], g, record["tokens"])[0][0])
-    print(f"bench: descriptors for {len(local)} sequences x {groups} groups ({count} ranges) built in "
-          f"{(time.perf_counter() - start) * 1e3:.3f} ms")
+    prepared = all(pages.uses_prepared_lists([peer], g) for g in range(groups))
+    for per_layer in (False, True):
+        start = time.perf_counter()
+        pulls = start_pulls(per_layer)
+        started = time.perf_counter() - start
+        for pull in pulls:
+            pull.wait()
+        how = "a transfer per layer" if per_layer else "a transfer per pull"
+        named = "named in prepared lists" if prepared else "built from ranges"
+        print(f"bench: {len(local)} sequences x {groups} groups: transfers ({how}) {named} and started in "
+              f"{started * 1e3:.3f} ms on the host")
 
 
 def decode(args):

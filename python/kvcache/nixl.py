@@ -13,13 +13,151 @@ The side that pulls (the decode engine) adds each peer and pulls a sequence's pa
     pull.wait_layer(0)      # layer 0 of the group has landed; attention over it may start
     pull.wait()             # every layer landed; the peers are notified (they may free their pages)
 
-The ranges come from ``kvcache.transfer_descriptors`` (docs/transfer_descriptors.md): page sizes may differ by a
-whole factor and tensor-parallel ranks may split heads differently.
+A pull names descriptors of lists each side prepares once per page group (NIXL's prep_xfer_dlist): one descriptor
+per page half of each layer, or per run of the smaller page size where the two sides' page sizes differ
+(``kvcache.transfer_prepared_descriptors``), the remote side's from the description the peer sent. A request then
+computes only which descriptors it moves (``descriptor_runs``) and makes its transfers from them (make_prepped_xfer).
+Where tensor-parallel ranks split a layer's heads differently, a head slice is one range per token; such pulls build
+``kvcache.transfer_descriptors``' ranges instead (docs/transfer_descriptors.md).
 """
 
 import time
 
+import numpy as np
+
 from . import _kvcache
+
+_LOCAL_AGENT = "NIXL_INIT_AGENT"  # the name prep_xfer_dlist takes for the initiator's own descriptors
+
+
+def descriptor_runs(local_pages, remote_pages, num_tokens, local_tokens_per_page, remote_tokens_per_page,
+                    local_num_pages, remote_num_pages):
+    """Which descriptors of one block of each side's prepared list (transfer_prepared_descriptors, at the smaller page
+    size a descriptor) move tokens [0, num_tokens[s]) of each sequence s: local_pages[s] and remote_pages[s] are its
+    page ids on each side, in its own page size (-1 for pages a window released; their tokens move nowhere). Returns
+    two int64 arrays of the same length (sequence by sequence, in token order): descriptor local[i] of a local block
+    and descriptor remote[i] of the remote block of the same layer, part and half hold the same bytes. The page lists
+    may be lists of lists or [sequences, pages] arrays; num_tokens an int for every sequence or one per sequence.
+    Raises InvalidArgumentError for a negative num_tokens or fewer pages than it needs, OutOfRangeError for a page id
+    outside [0, num_pages) that is not -1."""
+    run = min(local_tokens_per_page, remote_tokens_per_page)
+    local_flat, local_starts, local_counts = _page_lists(local_pages)
+    remote_flat, remote_starts, remote_counts = _page_lists(remote_pages)
+    sequences = len(local_starts)
+    if len(remote_starts) != sequences:
+        raise _kvcache.InvalidArgumentError(
+            f"local_pages holds {sequences} sequences and remote_pages {len(remote_starts)}; they must match")
+    tokens = np.broadcast_to(np.asarray(num_tokens, dtype=np.int64), (sequences,))
+    if sequences and tokens.min() < 0:
+        bad = int(np.argmin(tokens))
+        raise _kvcache.InvalidArgumentError(f"num_tokens[{bad}] is {int(tokens[bad])}; it must be >= 0")
+    for name, counts, tokens_per_page in (("local_pages", local_counts, local_tokens_per_page),
+                                          ("remote_pages", remote_counts, remote_tokens_per_page)):
+        needed = -(-tokens // tokens_per_page)
+        short = np.flatnonzero(counts < needed)
+        if short.size:
+            s = int(short[0])
+            raise _kvcache.InvalidArgumentError(
+                f"{name}[{s}] holds {int(counts[s])} pages; its {int(tokens[s])} tokens need {int(needed[s])}")
+    runs = -(-tokens // run)
+    total = int(runs.sum())
+    if sequences == 1:
+        sequence = np.zeros(total, dtype=np.int64)
+        index = np.arange(total, dtype=np.int64)
+    else:
+        sequence = np.repeat(np.arange(sequences, dtype=np.int64), runs)
+        index = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(runs) - runs, runs)
+    result = []
+    for name, flat, starts, tokens_per_page, num_pages in (
+            ("local_pages", local_flat, local_starts, local_tokens_per_page, local_num_pages),
+            ("remote_pages", remote_flat, remote_starts, remote_tokens_per_page, remote_num_pages)):
+        per_page = tokens_per_page // run
+        slot = index // per_page if per_page > 1 else index
+        pages = flat[starts[sequence] + slot]
+        bad = np.flatnonzero((pages < -1) | (pages >= num_pages))
+        if bad.size:
+            i = int(bad[0])
+            raise _kvcache.OutOfRangeError(f"{name}[{int(sequence[i])}][{int(slot[i])}] is page {int(pages[i])}, "
+                                           f"outside [0, {num_pages})")
+        result.append((pages, pages * per_page + index % per_page if per_page > 1 else pages))
+    (local_page, local), (remote_page, remote) = result
+    held = (local_page != _kvcache.UNUSED_PAGE_ENTRY) & (remote_page != _kvcache.UNUSED_PAGE_ENTRY)
+    if not held.all():
+        local, remote = local[held], remote[held]
+    return local, remote
+
+
+def layer_indices(runs, blocks, descriptors_per_block):
+    """The int32 indices into one layer's prepared list of `runs` (one side's descriptor_runs) in each of the layer's
+    `blocks` blocks (its parts and halves), block by block: the order of transfer_descriptors' ranges."""
+    return (np.arange(blocks, dtype=np.int64)[:, None] * descriptors_per_block + runs).astype(np.int32).ravel()
+
+
+def joined_indices(layers, layer_starts, blocks_per_layer, shared):
+    """One int32 list of the indices of `layers` (in order) into a group's whole prepared list: layer l's are
+    layer_starts[l] (where its descriptors start) plus shared[blocks_per_layer[l]] (layer_indices for its block
+    count). Layers next to each other with the same block count are done in one step."""
+    pieces = []
+    start = 0
+    while start < len(layers):
+        end = start + 1
+        blocks = blocks_per_layer[layers[start]]
+        while end < len(layers) and blocks_per_layer[layers[end]] == blocks:
+            end += 1
+        offsets = np.array([layer_starts[layer] for layer in layers[start:end]], dtype=np.int32)
+        pieces.append((offsets[:, None] + shared[blocks][None, :]).ravel())
+        start = end
+    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
+
+
+def _page_lists(pages):
+    """`pages` (a list of page lists or a [sequences, pages] array) as one int64 array, each sequence's start in it
+    and its page count."""
+    if isinstance(pages, np.ndarray) and pages.ndim == 2:
+        rows, width = pages.shape
+        return (pages.astype(np.int64, copy=False).ravel(), np.arange(rows, dtype=np.int64) * width,
+                np.full(rows, width, dtype=np.int64))
+    lists = [np.asarray(p, dtype=np.int64).ravel() for p in pages]
+    counts = np.array([len(p) for p in lists], dtype=np.int64)
+    flat = np.concatenate(lists) if lists else np.zeros(0, dtype=np.int64)
+    return flat, np.cumsum(counts) - counts, counts
+
+
+class _PreparedList:
+    """One side's prepared descriptor list of one page group, prepped with NIXL per layer (for a transfer per layer)
+    and, on first use, whole (for a transfer of every layer)."""
+
+    def __init__(self, agent, owner, description, group, tokens_per_descriptor, mem_type):
+        self.agent = agent
+        self.owner = owner
+        self.mem_type = mem_type
+        self.blocks, ends, self.num_pages, self.per_page = _kvcache.transfer_prepared_descriptors(
+            description, group, tokens_per_descriptor)
+        ends = [int(end) for end in ends]
+        starts = [0] + ends[:-1]
+        self.layer_rows = list(zip(starts, ends))
+        self.layer_blocks = [end - start for start, end in self.layer_rows]
+        self.per_block = self.num_pages * self.per_page  # descriptors of one block
+        # Where each layer's descriptors start in the whole list.
+        self.layer_starts = [start * self.per_block for start in starts]
+        self.layers = [agent.prep_xfer_dlist(owner, np.ascontiguousarray(self.blocks[start:end]), mem_type)
+                       for start, end in self.layer_rows]
+        self._whole = None
+
+    def whole(self):
+        if self._whole is None:
+            if len(self.blocks) * self.per_block > np.iinfo(np.int32).max:
+                raise _kvcache.InvalidArgumentError(
+                    f"the group's prepared list holds {len(self.blocks) * self.per_block} descriptors; NIXL indexes "
+                    f"at most {np.iinfo(np.int32).max}: pull with per_layer=True")
+            self._whole = self.agent.prep_xfer_dlist(self.owner, self.blocks, self.mem_type)
+        return self._whole
+
+    def release(self):
+        for handle in self.layers + ([self._whole] if self._whole is not None else []):
+            self.agent.release_dlist_handle(handle)
+        self.layers = []
+        self._whole = None
 
 
 class NixlPages:
@@ -35,6 +173,8 @@ class NixlPages:
         self._registration = agent.register_memory(
             [(int(address), int(size), int(device), "") for address, size, device in rows], mem_type)
         self._peers = {}
+        self._lists = {}  # (owner, group, tokens per descriptor) -> _PreparedList; owner "" for this cache
+        self._plans = {}  # (peers, group) -> (tokens per descriptor, per layer the peer it comes from whole, or -1)
 
     @classmethod
     def for_cache(cls, agent, cache, model_config=None, tp=1, rank=0):
@@ -64,27 +204,115 @@ class NixlPages:
         ones). With `per_layer`, one NIXL transfer per peer and layer, so that each layer can be waited on as it lands;
         without, one per peer (fewer transfers to start; a layer is done when all are). Returns a PagePull;
         `notification` goes to every peer once all its layers landed."""
-        ranges = _kvcache.transfer_descriptors(self.description, local_pages, [self._peers[p] for p in peers],
-                                               remote_pages, group, num_tokens)
-        num_layers = max((len(layer_ends) for _, _, layer_ends in ranges), default=0)
-        transfers = [[] for _ in range(num_layers)]  # per layer: the (peer, handle) pairs it waits on
-        for peer, (local, remote, layer_ends) in zip(peers, ranges):
-            ends = [int(end) for end in layer_ends] if per_layer else [len(local)]
-            start = 0
-            for index, end in enumerate(ends):
-                if end > start:
-                    handle = self.agent.initialize_xfer("READ", self.agent.get_xfer_descs(local[start:end], self.mem_type),
-                                                        self.agent.get_xfer_descs(remote[start:end], self.mem_type),
-                                                        peer)
-                    if self.agent.transfer(handle) == "ERR":
-                        raise RuntimeError(f"NIXL could not start a transfer from {peer}")
-                    for layer in ([index] if per_layer else range(num_layers)):
-                        transfers[layer].append((peer, handle))
-                start = end
-        return PagePull(self.agent, list(peers), transfers, notification)
+        return self.pull_many(peers, [local_pages], [remote_pages], group, [num_tokens], notification, per_layer)
+
+    def pull_many(self, peers, local_pages, remote_pages, group, num_tokens, notification=b"", per_layer=True):
+        """pull for several sequences at once, in the same transfers: local_pages[s], remote_pages[s] and
+        num_tokens[s] (or num_tokens for all) are sequence s's (lists of lists or [sequences, pages] arrays)."""
+        peers = list(peers)
+        tokens_per_descriptor, sources = self._plan(peers, group)
+        if min(sources, default=0) < 0:
+            transfers = self._ranges(peers, local_pages, remote_pages, group, num_tokens, per_layer)
+        else:
+            transfers = self._prepared_transfers(peers, local_pages, remote_pages, group, num_tokens, per_layer,
+                                                 tokens_per_descriptor, sources)
+        return PagePull(self.agent, peers, transfers, notification)
+
+    def uses_prepared_lists(self, peers, group):
+        """Whether pulls of `group` from `peers` name descriptors of prepared lists (False: some layer's heads come in
+        tensor-parallel slices, and its pulls build ranges)."""
+        return min(self._plan(list(peers), group)[1], default=0) >= 0
+
+    def _plan(self, peers, group):
+        key = (tuple(peers), group)
+        if key not in self._plans:
+            self._plans[key] = _kvcache.transfer_prepared_plan(self.description, [self._peers[p] for p in peers],
+                                                               group)
+        return self._plans[key]
+
+    def _list(self, owner, group, tokens_per_descriptor):
+        key = (owner, group, tokens_per_descriptor)
+        if key not in self._lists:
+            description = self.description if owner == "" else self._peers[owner]
+            self._lists[key] = _PreparedList(self.agent, owner or _LOCAL_AGENT, description, group,
+                                             tokens_per_descriptor, self.mem_type)
+        return self._lists[key]
+
+    def _prepared_transfers(self, peers, local_pages, remote_pages, group, num_tokens, per_layer,
+                            tokens_per_descriptor, sources):
+        mine = self._list("", group, tokens_per_descriptor)
+        theirs = {r: self._list(peers[r], group, tokens_per_descriptor) for r in set(sources)}
+        remote = theirs[sources[0]]
+        local_runs, remote_runs = descriptor_runs(
+            local_pages, remote_pages, num_tokens, mine.per_page * tokens_per_descriptor,
+            remote.per_page * tokens_per_descriptor, mine.num_pages, remote.num_pages)
+        num_layers = len(sources)
+        transfers = [[] for _ in range(num_layers)]
+        if local_runs.size == 0:
+            return transfers
+        # A layer's index lists depend only on its block count (its parts and halves), so layers share them.
+        local_indices, remote_indices = {}, {}
+        for layer, r in enumerate(sources):
+            blocks = mine.layer_blocks[layer]
+            if blocks not in local_indices:
+                local_indices[blocks] = layer_indices(local_runs, blocks, mine.per_block)
+            if (r, blocks) not in remote_indices:
+                remote_indices[(r, blocks)] = layer_indices(remote_runs, blocks, theirs[r].per_block)
+        if per_layer:
+            for layer, r in enumerate(sources):
+                blocks = mine.layer_blocks[layer]
+                handle = self._start(peers[r], mine.layers[layer], local_indices[blocks], theirs[r].layers[layer],
+                                     remote_indices[(r, blocks)])
+                transfers[layer].append((peers[r], handle))
+            return transfers
+        for r in sorted(set(sources)):
+            layers = [layer for layer, source in enumerate(sources) if source == r]
+            local_list, remote_list = mine.whole(), theirs[r].whole()
+            local = joined_indices(layers, mine.layer_starts, mine.layer_blocks,
+                                   {mine.layer_blocks[l]: local_indices[mine.layer_blocks[l]] for l in layers})
+            remote = joined_indices(layers, theirs[r].layer_starts, mine.layer_blocks,
+                                    {mine.layer_blocks[l]: remote_indices[(r, mine.layer_blocks[l])] for l in layers})
+            handle = self._start(peers[r], local_list, local, remote_list, remote)
+            for layer in range(num_layers):
+                transfers[layer].append((peers[r], handle))
+        return transfers
+
+    def _start(self, peer, local_list, local_indices, remote_list, remote_indices):
+        handle = self.agent.make_prepped_xfer("READ", local_list, local_indices, remote_list, remote_indices)
+        if self.agent.transfer(handle) == "ERR":
+            raise RuntimeError(f"NIXL could not start a transfer from {peer}")
+        return handle
+
+    def _ranges(self, peers, local_pages, remote_pages, group, num_tokens, per_layer):
+        """The transfers of a pull from transfer_descriptors' ranges, per sequence, joined per peer and layer."""
+        remotes = [self._peers[p] for p in peers]
+        tokens = np.broadcast_to(np.asarray(num_tokens, dtype=np.int64), (len(local_pages),))
+        per_sequence = [_kvcache.transfer_descriptors(self.description, mine, remotes, theirs, group, int(n))
+                        for mine, theirs, n in zip(local_pages, remote_pages, tokens)]
+        num_layers = max((len(ends) for ranges in per_sequence for _, _, ends in ranges), default=0)
+        transfers = [[] for _ in range(num_layers)]
+        spans = [(layer, layer) for layer in range(num_layers)] if per_layer else [(0, num_layers - 1)]
+        for r, peer in enumerate(peers):
+            rows = [(local, remote, [0] + [int(end) for end in ends])
+                    for local, remote, ends in (ranges[r] for ranges in per_sequence)]
+            for first, last in spans:
+                local = np.concatenate([mine[bounds[first]:bounds[last + 1]] for mine, _, bounds in rows])
+                if len(local) == 0:
+                    continue
+                remote = np.concatenate([theirs[bounds[first]:bounds[last + 1]] for _, theirs, bounds in rows])
+                handle = self.agent.initialize_xfer("READ", self.agent.get_xfer_descs(local, self.mem_type),
+                                                    self.agent.get_xfer_descs(remote, self.mem_type), peer)
+                if self.agent.transfer(handle) == "ERR":
+                    raise RuntimeError(f"NIXL could not start a transfer from {peer}")
+                for layer in range(first, last + 1):
+                    transfers[layer].append((peer, handle))
+        return transfers
 
     def close(self):
-        """Deregisters the memory; the agent stays the caller's."""
+        """Releases the prepared lists and deregisters the memory; the agent stays the caller's."""
+        for prepared in self._lists.values():
+            prepared.release()
+        self._lists = {}
         if self._registration is not None:
             self.agent.deregister_memory(self._registration)
             self._registration = None

@@ -2,8 +2,9 @@
 
 The caches' pools are NumPy buffers laid out as kvcache lays out a cache (layout_transfer_description), so these run
 without a GPU. The pulled bytes are checked against the documented layout (per pool half: [pages, tokens per page,
-bytes per token]), with the remote filled with distinct bytes and the local poisoned. The NIXL tests skip when nixl is
-not importable (the wheel is nixl-cu13, installed with --no-deps).
+heads, bytes per head]), with the remote filled with distinct bytes and the local poisoned. Pulls name descriptors of
+prepared lists, except where tensor-parallel ranks split a layer's heads differently (then ranges). The NIXL tests skip
+when nixl is not importable (the wheel is nixl-cu13, installed with --no-deps).
 """
 
 import time
@@ -14,22 +15,29 @@ import pytest
 import kvcache
 
 
-def _config(tokens_per_page, dtype=kvcache.DataType.FLOAT16):
-    return kvcache.Config(layer_configs=[(2, 16), (1, 32)], max_batch_size=2, max_sequence_length=256,
+LAYERS = [(2, 16), (1, 32)]  # (KV heads, head size) of the model
+
+
+def _config(tokens_per_page, dtype=kvcache.DataType.FLOAT16, layers=LAYERS, batch=2):
+    return kvcache.Config(layer_configs=layers, max_batch_size=batch, max_sequence_length=256,
                           tokens_per_page=tokens_per_page, kv_cache_type=dtype)
 
 
 class HostCache:
-    """A cache's pools as NumPy buffers and its transfer description."""
+    """A cache's pools as NumPy buffers and its transfer description; for rank `rank` of `tp`, `config` is the rank's
+    and `model` the whole model's."""
 
-    def __init__(self, config, fill):
+    def __init__(self, config, fill, model=None, tp=1, rank=0):
         self.layout = kvcache.compute_layout(config)
         self.config = config
-        sizes = kvcache.transfer_registration(kvcache.layout_transfer_description(self.layout, [0] * self._parts()))
+        shard = {"model_config": model, "tp": tp, "rank": rank}
+        sizes = kvcache.transfer_registration(
+            kvcache.layout_transfer_description(self.layout, [0] * self._parts(), **shard))
         rng = np.random.default_rng(fill)
         self.pools = [rng.integers(1, 255, size=int(size), dtype=np.uint8) if fill else np.full(int(size), 0xEE, np.uint8)
                       for _, size, _ in sizes]
-        self.description = kvcache.layout_transfer_description(self.layout, [p.ctypes.data for p in self.pools])
+        self.description = kvcache.layout_transfer_description(self.layout, [p.ctypes.data for p in self.pools],
+                                                               **shard)
 
     def _parts(self):
         return sum(len(group.layers) for group in self.layout.groups)
@@ -71,17 +79,86 @@ def test_descriptors_from_python_match_the_layout():
         kvcache.transfer_registration(b"not a description")
 
 
-@pytest.mark.parametrize("local_page, remote_page, per_layer", [(16, 16, True), (64, 16, True), (16, 64, False)])
-def test_nixl_pulls_pages_between_two_agents(local_page, remote_page, per_layer):
+def test_descriptor_runs_name_each_run_of_the_smaller_page():
+    from kvcache.nixl import descriptor_runs, layer_indices
+
+    # Local pages of 64 tokens, remote of 16: runs of 16 tokens, four per local page. 70 tokens are five runs.
+    local, remote = descriptor_runs([[5, 1]], [[30, 7, 8, 9, 10]], 70, 64, 16, 8, 40)
+    assert local.tolist() == [20, 21, 22, 23, 4]
+    assert remote.tolist() == [30, 7, 8, 9, 10]
+    # Two sequences; runs of a page a window released on either side move nothing.
+    local, remote = descriptor_runs([[2, 3], [-1, 4]], np.array([[6, 7, 0, 1], [5, 2, -1, 3]]), [32, 30], 16, 8,
+                                    8, 8)
+    assert local.tolist() == [4, 5, 6, 7, 9]
+    assert remote.tolist() == [6, 7, 0, 1, 3]
+    # Per block of a layer (here K, V of 10 descriptors each): the runs, then the runs again 10 further.
+    assert layer_indices(np.array([3, 1]), 2, 10).tolist() == [3, 1, 13, 11]
+    with pytest.raises(kvcache.InvalidArgumentError, match="num_tokens\\[0\\] is -1"):
+        descriptor_runs([[0]], [[0]], -1, 16, 16, 8, 8)
+    with pytest.raises(kvcache.InvalidArgumentError, match="remote_pages\\[0\\] holds 1 pages; its 20 tokens need 2"):
+        descriptor_runs([[0, 1]], [[0]], 20, 16, 16, 8, 8)
+    with pytest.raises(kvcache.OutOfRangeError, match="local_pages\\[1\\]\\[1\\] is page 8, outside \\[0, 8\\)"):
+        descriptor_runs([[0], [1, 8]], [[0], [1, 2]], [10, 20], 16, 16, 8, 8)
+
+
+def test_prepared_descriptors_from_python():
+    cache = HostCache(_config(16), 0)
+    pages = cache.layout.groups[0].num_pages
+    blocks, layer_ends, num_pages, per_page = kvcache.transfer_prepared_descriptors(cache.description, 0, 4)
+    assert (num_pages, per_page) == (pages, 4)
+    assert list(layer_ends) == [2, 4]
+    # Layer 0's V half: a quarter page (4 tokens x 2 heads x 16 x float16) a descriptor, four a page.
+    assert blocks[1].tolist() == [cache.pools[0].ctypes.data + pages * 1024, 256, 0, 256, 4 * pages]
+    assert kvcache.transfer_prepared_plan(cache.description, [HostCache(_config(64), 1).description], 0) == (16, [0, 0])
+    with pytest.raises(kvcache.InvalidArgumentError, match="tokensPerDescriptor is 5"):
+        kvcache.transfer_prepared_descriptors(cache.description, 0, 5)
+
+
+def _agents(name, local, remotes):
+    """A NixlPages per cache over DRAM, the local one with every remote added as a peer."""
     nixl_agent, nixl_agent_config = _nixl()
     from kvcache.nixl import NixlPages
 
+    config = nixl_agent_config(backends=["UCX"])
+    decode = NixlPages(nixl_agent(f"decode-{name}", config), local.description, "DRAM")
+    prefills = [NixlPages(nixl_agent(f"prefill-{name}-{i}", config), remote.description, "DRAM")
+                for i, remote in enumerate(remotes)]
+    peers = [decode.add_peer(*prefill.metadata()) for prefill in prefills]
+    return decode, prefills, peers
+
+
+def _assert_pulled(local, remote, local_pages, remote_pages, num_tokens):
+    """Checks every byte of the tokens both sides hold, and that tokens of pages released on the remote side stayed
+    poisoned on the local side."""
+    p, q = local.layout.tokens_per_page, remote.layout.tokens_per_page
+    held = np.array([local_pages[t // p] >= 0 and remote_pages[t // q] >= 0 for t in range(num_tokens)], dtype=bool)
+    mine = [max(page, 0) for page in local_pages]
+    for pool in range(len(local.pools)):
+        got = local.tokens(pool, mine, num_tokens)
+        expected = remote.tokens(pool, [max(page, 0) for page in remote_pages], num_tokens)
+        assert np.array_equal(got[:, held], expected[:, held]), f"pool {pool}"
+        released = [t for t in np.flatnonzero(~held) if local_pages[t // p] >= 0]
+        assert (got[:, released] == 0xEE).all(), f"pool {pool}: a released page's tokens were written"
+
+
+def _assert_head(local, remote, pool, local_head, remote_head, local_pages, remote_pages, num_tokens):
+    """Checks that head `local_head` of the local pool `pool` holds head `remote_head` of the remote's, every token."""
+    def head(cache, pages, index):
+        rows = cache.tokens(pool, pages, num_tokens)
+        heads = cache.config.layer_configs[pool].num_kv_heads  # one group; each layer's data is one pool
+        return rows.reshape(2, num_tokens, heads, -1)[:, :, index]
+
+    assert np.array_equal(head(local, local_pages, local_head), head(remote, remote_pages, remote_head)), \
+        f"pool {pool}: local head {local_head}"
+
+
+@pytest.mark.parametrize("per_layer", [True, False])
+@pytest.mark.parametrize("local_page, remote_page", [(16, 16), (64, 16), (16, 64)])
+def test_nixl_pulls_pages_between_two_agents(local_page, remote_page, per_layer):
     local = HostCache(_config(local_page), 0)
     remote = HostCache(_config(remote_page), 7)
-    config = nixl_agent_config(backends=["UCX"])
-    decode = NixlPages(nixl_agent(f"decode-{local_page}-{remote_page}", config), local.description, "DRAM")
-    prefill = NixlPages(nixl_agent(f"prefill-{local_page}-{remote_page}", config), remote.description, "DRAM")
-    peer = decode.add_peer(*prefill.metadata())
+    decode, [prefill], [peer] = _agents(f"{local_page}-{remote_page}-{per_layer}", local, [remote])
+    assert decode.uses_prepared_lists([peer], 0)
     num_tokens = 150
     local_pages = list(range(num_tokens // local_page + 1))[::-1]
     remote_pages = [(5 * i + 1) % remote.layout.groups[0].num_pages for i in range(num_tokens // remote_page + 1)]
@@ -90,13 +167,66 @@ def test_nixl_pulls_pages_between_two_agents(local_page, remote_page, per_layer)
     assert pull.num_layers == 2
     pull.wait_layer(1)
     pull.wait()
-    for pool in range(len(local.pools)):
-        got = local.tokens(pool, local_pages, num_tokens)
-        expected = remote.tokens(pool, remote_pages, num_tokens)
-        assert np.array_equal(got, expected), f"pool {pool}"
+    _assert_pulled(local, remote, local_pages, remote_pages, num_tokens)
     # The prefill side hears that the pull is over (the notification travels asynchronously: poll for it).
     deadline = time.monotonic() + 10
     while not prefill.agent.check_remote_xfer_done(decode.agent.name, b"request-1"):
         assert time.monotonic() < deadline, "the prefill side got no notification"
     decode.close()
     prefill.close()
+
+
+@pytest.mark.parametrize("per_layer", [True, False])
+def test_nixl_pulls_several_sequences_in_one_pull(per_layer):
+    local = HostCache(_config(64, batch=4), 0)
+    remote = HostCache(_config(16, batch=4), 3)
+    decode, [prefill], [peer] = _agents(f"many-{per_layer}", local, [remote])
+    # Three sequences: the second's first remote pages were released (a window), the third is shorter.
+    local_pages = [[4, 0], [1, 6, 2], [5]]
+    remote_pages = [[2, 9, 4, 11, 0, 30], [-1, -1, 5, 6, 7, 8, 12, 13, 14, 15], [40, 41, 42]]
+    num_tokens = [90, 150, 33]
+    pull = decode.pull_many([peer], local_pages, remote_pages, 0, num_tokens, per_layer=per_layer)
+    pull.wait()
+    for mine, theirs, n in zip(local_pages, remote_pages, num_tokens):
+        _assert_pulled(local, remote, mine, theirs, n)
+    decode.close()
+    prefill.close()
+
+
+def test_nixl_tensor_parallel_pulls():
+    model = _config(16)
+    rank_config = _config(16, layers=[(1, 16), (1, 32)])  # layer 0's two heads split, layer 1's one replicated
+    ranks = [HostCache(rank_config, 11 + rank, model, 2, rank) for rank in range(2)]
+    pages, remote_pages, n = [3, 1], [0, 2], 20
+
+    # tp 2 -> 1: layer 0 comes in one-head slices from both ranks: ranges, as transfer_descriptors gives them.
+    whole = HostCache(model, 0, model, 1, 0)
+    decode, prefills, peers = _agents("tp2-tp1", whole, ranks)
+    assert not decode.uses_prepared_lists(peers, 0)
+    decode.pull(peers, pages, remote_pages, 0, n).wait()
+    _assert_head(whole, ranks[0], 0, 0, 0, pages, remote_pages, n)
+    _assert_head(whole, ranks[1], 0, 1, 0, pages, remote_pages, n)
+    _assert_head(whole, ranks[0], 1, 0, 0, pages, remote_pages, n)  # replicated: from the first listed
+    for closing in [decode] + prefills:
+        closing.close()
+
+    # tp 1 -> 2: rank 1 takes model head 1 of layer 0 (a slice: ranges) and the replicated layer.
+    local = HostCache(rank_config, 0, model, 2, 1)
+    source = HostCache(model, 19, model, 1, 0)
+    decode, prefills, peers = _agents("tp1-tp2", local, [source])
+    assert not decode.uses_prepared_lists(peers, 0)
+    decode.pull(peers, pages, remote_pages, 0, n).wait()
+    _assert_head(local, source, 0, 0, 1, pages, remote_pages, n)
+    _assert_head(local, source, 1, 0, 0, pages, remote_pages, n)
+    for closing in [decode] + prefills:
+        closing.close()
+
+    # tp 2 -> 2, rank for rank: every layer whole from the rank holding the same heads: prepared lists.
+    local = HostCache(rank_config, 0, model, 2, 1)
+    decode, prefills, peers = _agents("tp2-tp2", local, ranks)
+    assert decode.uses_prepared_lists(peers, 0)
+    decode.pull(peers, pages, remote_pages, 0, n).wait()
+    _assert_head(local, ranks[1], 0, 0, 0, pages, remote_pages, n)
+    _assert_head(local, ranks[0], 1, 0, 0, pages, remote_pages, n)  # replicated: from the first listed
+    for closing in [decode] + prefills:
+        closing.close()

@@ -72,24 +72,78 @@ int32_t pagesFor(int64_t tokens, int32_t tokensPerPage)
     return static_cast<int32_t>((tokens + tokensPerPage - 1) / tokensPerPage);
 }
 
-} // namespace
-
-std::vector<TransferDescriptors> transferDescriptors(TransferDescription const& local, int32_t const* localPages,
-    int32_t numLocalPages, std::vector<TransferDescription> const& remotes, int32_t const* remotePages,
-    int32_t numRemotePages, int32_t group, int32_t numTokens)
+//! Throws InvalidArgumentError, naming `caller`, for no remotes, a remote whose pages of `group` cannot move to or from
+//! the local cache's (transferMismatch's reason), or remotes of different page sizes.
+void checkRemotes(char const* caller, TransferDescription const& local, std::vector<TransferDescription> const& remotes,
+    int32_t group)
 {
     if (remotes.empty())
     {
-        throw InvalidArgumentError("transferDescriptors: remotes is empty; give at least one remote cache");
+        throw InvalidArgumentError(fmt::format("{}: remotes is empty; give at least one remote cache", caller));
     }
     for (size_t r = 0; r < remotes.size(); ++r)
     {
         std::string const why = transferMismatch(local, remotes[r], group);
         if (!why.empty())
         {
-            throw InvalidArgumentError(fmt::format("transferDescriptors: remotes[{}]: {}", r, why));
+            throw InvalidArgumentError(fmt::format("{}: remotes[{}]: {}", caller, r, why));
         }
     }
+    int32_t const first = remotes.front().groups[static_cast<size_t>(group)].geometry.tokensPerPage;
+    for (TransferDescription const& remote : remotes)
+    {
+        int32_t const tokensPerPage = remote.groups[static_cast<size_t>(group)].geometry.tokensPerPage;
+        if (tokensPerPage != first)
+        {
+            throw InvalidArgumentError(fmt::format("{}: the remotes' tokensPerPage differ ({} and {}); "
+                                                   "one remote page list serves ranks of one page size",
+                caller, first, tokensPerPage));
+        }
+    }
+}
+
+//! Per layer of `group` and local head, the remote it comes from: the first in `remotes` that holds it. Throws
+//! InvalidArgumentError, naming `caller`, for a local head no remote holds.
+std::vector<std::vector<int32_t>> headSources(char const* caller, TransferDescription const& local,
+    std::vector<TransferDescription> const& remotes, int32_t group)
+{
+    TransferGroup const& mine = local.groups[static_cast<size_t>(group)];
+    size_t const numLayers = mine.geometry.layers.size();
+    std::vector<std::vector<int32_t>> source(numLayers);
+    for (size_t l = 0; l < numLayers; ++l)
+    {
+        int32_t const heads = mine.geometry.layers[l].numKVHeads;
+        source[l].assign(static_cast<size_t>(heads), -1);
+        for (int32_t h = 0; h < heads; ++h)
+        {
+            int64_t const head = int64_t{mine.layers[l].firstHead} + h;
+            for (size_t r = 0; r < remotes.size() && source[l][static_cast<size_t>(h)] < 0; ++r)
+            {
+                TransferGroup const& theirs = remotes[r].groups[static_cast<size_t>(group)];
+                int64_t const first = theirs.layers[l].firstHead;
+                if (head >= first && head < first + theirs.geometry.layers[l].numKVHeads)
+                {
+                    source[l][static_cast<size_t>(h)] = static_cast<int32_t>(r);
+                }
+            }
+            if (source[l][static_cast<size_t>(h)] < 0)
+            {
+                throw InvalidArgumentError(
+                    fmt::format("{}: group {} layer {}: no remote holds model head {}, which the local cache holds",
+                        caller, group, l, head));
+            }
+        }
+    }
+    return source;
+}
+
+} // namespace
+
+std::vector<TransferDescriptors> transferDescriptors(TransferDescription const& local, int32_t const* localPages,
+    int32_t numLocalPages, std::vector<TransferDescription> const& remotes, int32_t const* remotePages,
+    int32_t numRemotePages, int32_t group, int32_t numTokens)
+{
+    checkRemotes("transferDescriptors", local, remotes, group);
     if (numTokens < 0)
     {
         throw InvalidArgumentError(fmt::format("transferDescriptors: numTokens is {}; it must be >= 0", numTokens));
@@ -102,46 +156,11 @@ std::vector<TransferDescriptors> transferDescriptors(TransferDescription const& 
     checkPages("localPages", localPages, numLocalPages, pagesFor(numTokens, localTokensPerPage), mine.numPages);
     for (TransferDescription const& remote : remotes)
     {
-        TransferGroup const& theirs = remote.groups[static_cast<size_t>(group)];
-        if (theirs.geometry.tokensPerPage != remoteTokensPerPage)
-        {
-            throw InvalidArgumentError(
-                fmt::format("transferDescriptors: the remotes' tokensPerPage differ ({} and {}); "
-                            "one remote page list serves ranks of one page size",
-                    remoteTokensPerPage, theirs.geometry.tokensPerPage));
-        }
-        checkPages(
-            "remotePages", remotePages, numRemotePages, pagesFor(numTokens, remoteTokensPerPage), theirs.numPages);
+        checkPages("remotePages", remotePages, numRemotePages, pagesFor(numTokens, remoteTokensPerPage),
+            remote.groups[static_cast<size_t>(group)].numPages);
     }
-
-    // Which remote each local head comes from: the first in the list that holds it.
     size_t const numLayers = geometry.layers.size();
-    std::vector<std::vector<int32_t>> source(numLayers);
-    for (size_t l = 0; l < numLayers; ++l)
-    {
-        TransferLayer const& share = mine.layers[l];
-        int32_t const heads = geometry.layers[l].numKVHeads;
-        source[l].assign(static_cast<size_t>(heads), -1);
-        for (int32_t h = 0; h < heads; ++h)
-        {
-            int64_t const head = int64_t{share.firstHead} + h;
-            for (size_t r = 0; r < remotes.size() && source[l][static_cast<size_t>(h)] < 0; ++r)
-            {
-                TransferGroup const& theirs = remotes[r].groups[static_cast<size_t>(group)];
-                int64_t const first = theirs.layers[l].firstHead;
-                if (head >= first && head < first + theirs.geometry.layers[l].numKVHeads)
-                {
-                    source[l][static_cast<size_t>(h)] = static_cast<int32_t>(r);
-                }
-            }
-            if (source[l][static_cast<size_t>(h)] < 0)
-            {
-                throw InvalidArgumentError(fmt::format("transferDescriptors: group {} layer {}: no remote holds model "
-                                                       "head {}, which the local cache holds",
-                    group, l, head));
-            }
-        }
-    }
+    std::vector<std::vector<int32_t>> const source = headSources("transferDescriptors", local, remotes, group);
 
     int32_t const run = std::min(localTokensPerPage, remoteTokensPerPage);
     int64_t const runs = (int64_t{numTokens} + run - 1) / run;
@@ -280,6 +299,82 @@ std::vector<TransferDescriptors> transferDescriptors(TransferDescription const& 
         }
     }
     return result;
+}
+
+PreparedDescriptors preparedDescriptors(
+    TransferDescription const& description, int32_t group, int32_t tokensPerDescriptor)
+{
+    if (group < 0 || static_cast<size_t>(group) >= description.groups.size())
+    {
+        throw OutOfRangeError(fmt::format(
+            "preparedDescriptors: group {} is outside the description's {} groups", group, description.groups.size()));
+    }
+    TransferGroup const& mine = description.groups[static_cast<size_t>(group)];
+    int32_t const tokensPerPage = mine.geometry.tokensPerPage;
+    if (tokensPerDescriptor < 1 || tokensPerPage % tokensPerDescriptor != 0)
+    {
+        throw InvalidArgumentError(fmt::format(
+            "preparedDescriptors: tokensPerDescriptor is {}; it must be >= 1 and divide the group's tokensPerPage {}",
+            tokensPerDescriptor, tokensPerPage));
+    }
+    detail::PageAnatomy const anatomy = detail::pageAnatomy(mine.geometry);
+    if (mine.poolBases.size() != anatomy.entries.size())
+    {
+        throw InvalidArgumentError(
+            fmt::format("preparedDescriptors: group {} has {} pool bases; its pages have {} parts", group,
+                mine.poolBases.size(), anatomy.entries.size()));
+    }
+    PreparedDescriptors result;
+    result.numPages = mine.numPages;
+    result.descriptorsPerPage = tokensPerPage / tokensPerDescriptor;
+    int64_t const count = int64_t{mine.numPages} * result.descriptorsPerPage;
+    for (size_t l = 0; l < mine.geometry.layers.size(); ++l)
+    {
+        for (size_t e = 0; e < anatomy.entries.size(); ++e)
+        {
+            detail::PageEntry const& entry = anatomy.entries[e];
+            if (entry.layer != static_cast<int32_t>(l))
+            {
+                continue;
+            }
+            for (int32_t half = 0; half < entry.halves; ++half)
+            {
+                uint64_t const pool =
+                    mine.poolBases[e] + static_cast<uint64_t>(int64_t{half} * mine.numPages * entry.halfBytes);
+                result.blocks.push_back({pool, static_cast<uint64_t>(entry.halfBytes / result.descriptorsPerPage),
+                    description.device, count});
+            }
+        }
+        result.layerEnds.push_back(static_cast<int64_t>(result.blocks.size()));
+    }
+    return result;
+}
+
+PreparedPlan preparedPlan(
+    TransferDescription const& local, std::vector<TransferDescription> const& remotes, int32_t group)
+{
+    checkRemotes("preparedPlan", local, remotes, group);
+    std::vector<std::vector<int32_t>> const source = headSources("preparedPlan", local, remotes, group);
+    TransferGroup const& mine = local.groups[static_cast<size_t>(group)];
+    PreparedPlan plan;
+    plan.tokensPerDescriptor = std::min(
+        mine.geometry.tokensPerPage, remotes.front().groups[static_cast<size_t>(group)].geometry.tokensPerPage);
+    for (size_t l = 0; l < source.size(); ++l)
+    {
+        // Whole when one remote gives every head and holds no others: then its heads are the local ones, in order,
+        // and a page half's tokens are the same bytes on both sides.
+        int32_t const r = source[l].empty() ? -1 : source[l].front();
+        bool whole = r >= 0 && std::all_of(source[l].begin(), source[l].end(), [r](int32_t s) { return s == r; });
+        if (whole)
+        {
+            TransferLayer const& theirs = remotes[static_cast<size_t>(r)].groups[static_cast<size_t>(group)].layers[l];
+            int32_t const theirHeads =
+                remotes[static_cast<size_t>(r)].groups[static_cast<size_t>(group)].geometry.layers[l].numKVHeads;
+            whole = theirs.firstHead == mine.layers[l].firstHead && theirHeads == mine.geometry.layers[l].numKVHeads;
+        }
+        plan.layerSources.push_back(whole ? r : -1);
+    }
+    return plan;
 }
 
 } // namespace kvcache::rt

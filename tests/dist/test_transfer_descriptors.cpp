@@ -156,24 +156,21 @@ uint64_t offsetOf(
     return part.base - side.address + static_cast<uint64_t>(offset);
 }
 
-//! Moves tokens [0, numTokens) of group `group` from `remotes` into a poisoned `local` and checks every byte of every
-//! token a page on both sides holds; returns the ranges.
-std::vector<TransferDescriptors> moveAndCheck(Side& local, std::vector<Side> const& remotes,
-    std::vector<int32_t> const& localPages, std::vector<int32_t> const& remotePages, int32_t group, int32_t numTokens)
+std::vector<TransferDescription> descriptionsOf(std::vector<Side> const& remotes)
 {
     std::vector<TransferDescription> descriptions;
     for (Side const& remote : remotes)
     {
         descriptions.push_back(remote.description);
     }
-    std::vector<TransferDescriptors> const ranges =
-        transferDescriptors(local.description, localPages.data(), static_cast<int32_t>(localPages.size()), descriptions,
-            remotePages.data(), static_cast<int32_t>(remotePages.size()), group, numTokens);
-    EXPECT_EQ(ranges.size(), remotes.size());
-    for (size_t r = 0; r < ranges.size(); ++r)
-    {
-        apply(ranges[r], remotes[r], local);
-    }
+    return descriptions;
+}
+
+//! Checks, after tokens [0, numTokens) of group `group` moved from `remotes` into a poisoned `local`, every byte of
+//! every token a page on both sides holds, and that no other byte was written but a last run's tail.
+void checkMoved(Side const& local, std::vector<Side> const& remotes, std::vector<int32_t> const& localPages,
+    std::vector<int32_t> const& remotePages, int32_t group, int32_t numTokens)
+{
     std::vector<uint8_t> touched(local.memory.size(), 0);
     auto const& localParts = local.parts[static_cast<size_t>(group)];
     for (size_t i = 0; i < localParts.size(); ++i)
@@ -207,7 +204,7 @@ std::vector<TransferDescriptors> moveAndCheck(Side& local, std::vector<Side> con
                     if (from == nullptr)
                     {
                         ADD_FAILURE() << "no remote holds head " << modelHead;
-                        return ranges;
+                        return;
                     }
                     for (int64_t b = 0; b < part.unit; ++b)
                     {
@@ -220,7 +217,7 @@ std::vector<TransferDescriptors> moveAndCheck(Side& local, std::vector<Side> con
                             ADD_FAILURE()
                                 << "part " << i << " half " << half << " token " << t << " head " << h << " byte " << b
                                 << ": " << int{local.memory[at]} << ", expected " << int{expected};
-                            return ranges;
+                            return;
                         }
                     }
                 }
@@ -251,11 +248,106 @@ std::vector<TransferDescriptors> moveAndCheck(Side& local, std::vector<Side> con
             if (!inTail)
             {
                 ADD_FAILURE() << "byte " << i << " of the local memory was written; no moved token holds it";
-                return ranges;
+                return;
             }
         }
     }
+}
+
+//! Moves tokens [0, numTokens) of group `group` from `remotes` into a poisoned `local` by transferDescriptors' ranges
+//! and checks them (checkMoved); returns the ranges.
+std::vector<TransferDescriptors> moveAndCheck(Side& local, std::vector<Side> const& remotes,
+    std::vector<int32_t> const& localPages, std::vector<int32_t> const& remotePages, int32_t group, int32_t numTokens)
+{
+    std::vector<TransferDescriptors> const ranges =
+        transferDescriptors(local.description, localPages.data(), static_cast<int32_t>(localPages.size()),
+            descriptionsOf(remotes), remotePages.data(), static_cast<int32_t>(remotePages.size()), group, numTokens);
+    EXPECT_EQ(ranges.size(), remotes.size());
+    for (size_t r = 0; r < ranges.size(); ++r)
+    {
+        apply(ranges[r], remotes[r], local);
+    }
+    checkMoved(local, remotes, localPages, remotePages, group, numTokens);
     return ranges;
+}
+
+//! Descriptor `index` of the prepared list `prepared` as a range: descriptors run block after block, `count` each.
+MemoryRange descriptorAt(PreparedDescriptors const& prepared, int64_t index)
+{
+    for (DescriptorBlock const& block : prepared.blocks)
+    {
+        if (index < block.count)
+        {
+            return {block.address + static_cast<uint64_t>(index) * block.bytes, block.bytes, block.device};
+        }
+        index -= block.count;
+    }
+    ADD_FAILURE() << "descriptor index past the list's end";
+    return {};
+}
+
+//! Moves tokens [0, numTokens) of group `group` as a transfer through prepared lists would: both sides' lists from
+//! preparedDescriptors at the plan's granularity, and for each run of that many tokens, each layer and each block of
+//! the layer, descriptor page * descriptorsPerPage + (run % descriptorsPerPage) of that block on each side (the rule
+//! the header states). Then checks as checkMoved does; returns the plan.
+PreparedPlan movePreparedAndCheck(Side& local, std::vector<Side> const& remotes, std::vector<int32_t> const& localPages,
+    std::vector<int32_t> const& remotePages, int32_t group, int32_t numTokens)
+{
+    PreparedPlan const plan = preparedPlan(local.description, descriptionsOf(remotes), group);
+    int32_t const g = plan.tokensPerDescriptor;
+    PreparedDescriptors const mine = preparedDescriptors(local.description, group, g);
+    std::vector<PreparedDescriptors> theirs;
+    for (Side const& remote : remotes)
+    {
+        theirs.push_back(preparedDescriptors(remote.description, group, g));
+    }
+    std::vector<TransferDescriptors> moves(remotes.size());
+    for (size_t l = 0; l < plan.layerSources.size(); ++l)
+    {
+        int32_t const r = plan.layerSources[l];
+        if (r < 0)
+        {
+            ADD_FAILURE() << "layer " << l << " has no whole source";
+            return plan;
+        }
+        PreparedDescriptors const& other = theirs[static_cast<size_t>(r)];
+        int64_t const first = l == 0 ? 0 : mine.layerEnds[l - 1];
+        int64_t const otherFirst = l == 0 ? 0 : other.layerEnds[l - 1];
+        EXPECT_EQ(mine.layerEnds[l] - first, other.layerEnds[l] - otherFirst) << "layer " << l;
+        for (int64_t c = 0; c * g < numTokens; ++c)
+        {
+            int32_t const lp = localPages[static_cast<size_t>(c / mine.descriptorsPerPage)];
+            int32_t const rp = remotePages[static_cast<size_t>(c / other.descriptorsPerPage)];
+            if (lp == kUNUSED_PAGE_ENTRY || rp == kUNUSED_PAGE_ENTRY)
+            {
+                continue;
+            }
+            for (int64_t k = 0; k < mine.layerEnds[l] - first; ++k)
+            {
+                auto const start = [k](PreparedDescriptors const& p, int64_t firstBlock)
+                {
+                    int64_t index = 0;
+                    for (int64_t b = 0; b < firstBlock + k; ++b)
+                    {
+                        index += p.blocks[static_cast<size_t>(b)].count;
+                    }
+                    return index;
+                };
+                int64_t const li =
+                    start(mine, first) + int64_t{lp} * mine.descriptorsPerPage + c % mine.descriptorsPerPage;
+                int64_t const ri =
+                    start(other, otherFirst) + int64_t{rp} * other.descriptorsPerPage + c % other.descriptorsPerPage;
+                moves[static_cast<size_t>(r)].local.push_back(descriptorAt(mine, li));
+                moves[static_cast<size_t>(r)].remote.push_back(descriptorAt(other, ri));
+            }
+        }
+    }
+    for (size_t r = 0; r < remotes.size(); ++r)
+    {
+        apply(moves[r], remotes[r], local);
+    }
+    checkMoved(local, remotes, localPages, remotePages, group, numTokens);
+    return plan;
 }
 
 constexpr uint64_t kLOCAL = 0x7000'0000'0000;
@@ -533,6 +625,157 @@ TEST(TransferDescriptors, MismatchesAreRefusedByName)
     TensorParallelShard const rank0 = tensorParallelShard(model, 2, 0);
     Side const half = makeSide(rank0.config, kREMOTE, 0, 1, &rank0);
     EXPECT_TRUE(refused({half.description}, {"no remote holds model head 1"}));
+}
+
+TEST(PreparedDescriptors, OneDescriptorPerPageHalfInTheRangesOrder)
+{
+    KVCacheConfig const config =
+        ConfigBuilder({kvLayer(2, 8), kvLayer(1, 16)}).tokensPerPage(16).maxSequenceLength(64).maxBatchSize(4);
+    Side const side = makeSide(config, kLOCAL, 3, 0);
+    PreparedDescriptors const whole = preparedDescriptors(side.description, 0, 16);
+    // Per layer K then V; a page half is 16 tokens x 2 heads x 8 x 2 bytes = 512 in layer 0, 16 x 1 x 16 x 2 in 1.
+    int64_t const pages = side.numPages(0);
+    ASSERT_EQ(whole.blocks.size(), 4U);
+    EXPECT_EQ(whole.layerEnds, (std::vector<int64_t>{2, 4}));
+    EXPECT_EQ(whole.numPages, pages);
+    EXPECT_EQ(whole.descriptorsPerPage, 1);
+    EXPECT_EQ(whole.blocks[0].address, kLOCAL);
+    EXPECT_EQ(whole.blocks[0].bytes, 512U);
+    EXPECT_EQ(whole.blocks[0].count, pages);
+    EXPECT_EQ(whole.blocks[0].device, 3);
+    EXPECT_EQ(whole.blocks[1].address, kLOCAL + static_cast<uint64_t>(pages * 512));
+    EXPECT_EQ(whole.blocks[2].address, kLOCAL + static_cast<uint64_t>(2 * pages * 512));
+    EXPECT_EQ(whole.blocks[3].address, kLOCAL + static_cast<uint64_t>(2 * pages * 512 + pages * 512));
+    // Four descriptors per page at 4 tokens each: the same bytes, a quarter as long each.
+    PreparedDescriptors const fine = preparedDescriptors(side.description, 0, 4);
+    EXPECT_EQ(fine.descriptorsPerPage, 4);
+    EXPECT_EQ(fine.blocks[2].bytes, 128U);
+    EXPECT_EQ(fine.blocks[2].count, 4 * pages);
+    EXPECT_EQ(fine.blocks[2].address, whole.blocks[2].address);
+    // Every block lies in one registered pool.
+    for (DescriptorBlock const& block : fine.blocks)
+    {
+        int inside = 0;
+        for (MemoryRange const& pool : registrationRanges(side.description))
+        {
+            uint64_t const end = block.address + block.bytes * static_cast<uint64_t>(block.count);
+            inside += block.address >= pool.address && end <= pool.address + pool.bytes ? 1 : 0;
+        }
+        EXPECT_EQ(inside, 1);
+    }
+    EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
+        [&] { (void)preparedDescriptors(side.description, 0, 6); }, {"tokensPerDescriptor is 6", "tokensPerPage 16"}));
+    EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
+        [&] { (void)preparedDescriptors(side.description, 0, 0); }, {"tokensPerDescriptor is 0"}));
+    EXPECT_TRUE(throwsNaming<OutOfRangeError>(
+        [&] { (void)preparedDescriptors(side.description, 2, 16); }, {"group 2", "1 groups"}));
+}
+
+TEST(PreparedDescriptors, PagesMoveThroughPreparedListsWithPageSizesRemapped)
+{
+    auto const config = [](int32_t tokensPerPage)
+    {
+        return ConfigBuilder({kvLayer(2, 16), kvLayer(1, 32)})
+            .tokensPerPage(tokensPerPage)
+            .maxSequenceLength(256)
+            .maxBatchSize(2)
+            .build();
+    };
+    {
+        Side local = makeSide(config(16), kLOCAL, 0, 0);
+        std::vector<Side> const remotes{makeSide(config(16), kREMOTE, 0, 2)};
+        PreparedPlan const plan = movePreparedAndCheck(local, remotes, {3, 4, 5}, {9, 10, 2}, 0, 40);
+        EXPECT_EQ(plan.tokensPerDescriptor, 16);
+        EXPECT_EQ(plan.layerSources, (std::vector<int32_t>{0, 0}));
+    }
+    {
+        Side local = makeSide(config(64), kLOCAL, 0, 0);
+        std::vector<Side> const remotes{makeSide(config(16), kREMOTE, 0, 3)};
+        PreparedPlan const plan =
+            movePreparedAndCheck(local, remotes, {5, 1, 2}, {30, 7, 8, 9, 10, 0, 1, 2, 3, 11}, 0, 150);
+        EXPECT_EQ(plan.tokensPerDescriptor, 16);
+    }
+    {
+        Side local = makeSide(config(16), kLOCAL, 0, 0);
+        std::vector<Side> const remotes{makeSide(config(64), kREMOTE, 0, 5)};
+        movePreparedAndCheck(local, remotes, {30, 7, 8, 9, 10, 0, 1, 2, 3, 11}, {5, 1, 2}, 0, 150);
+    }
+}
+
+TEST(PreparedDescriptors, LatentQuantizedAndWindowedPagesMoveThroughPreparedLists)
+{
+    KVCacheConfig const latent = ConfigBuilder({KVLayerConfig{1, 64, 0, KVLayerKind::kLATENT}, kvLayer(2, 32)})
+                                     .tokensPerPage(8)
+                                     .maxSequenceLength(32)
+                                     .maxBatchSize(2)
+                                     .dataType(DataType::kFP8_E4M3)
+                                     .quantization(KVQuantization::kFP8_PER_TOKEN_HEAD);
+    {
+        Side local = makeSide(latent, kLOCAL, 0, 0);
+        std::vector<Side> const remotes{makeSide(latent, kREMOTE, 0, 19)};
+        movePreparedAndCheck(local, remotes, {1, 0, 7}, {2, 3, 4}, 0, 17);
+        // The latent layer: data K, scales K; the other: data K, V, scales K, V.
+        EXPECT_EQ(preparedDescriptors(local.description, 0, 8).layerEnds, (std::vector<int64_t>{2, 6}));
+    }
+    KVCacheConfig const nvfp4 = ConfigBuilder({kvLayer(2, 32), kvLayer(4, 16)})
+                                    .tokensPerPage(16)
+                                    .maxSequenceLength(64)
+                                    .maxBatchSize(2)
+                                    .dataType(DataType::kUINT8)
+                                    .quantization(KVQuantization::kNVFP4);
+    std::vector<LayerScales> const scales{{0.5F, 0.25F}, {2.0F, 4.0F}};
+    {
+        Side local = makeSide(nvfp4, kLOCAL, 0, 0, nullptr, scales);
+        std::vector<Side> const remotes{makeSide(nvfp4, kREMOTE, 0, 23, nullptr, scales)};
+        movePreparedAndCheck(local, remotes, {2, 5}, {0, 1}, 0, 32);
+    }
+    KVCacheConfig const windowed = ConfigBuilder({kvLayer(2, 8, 32), kvLayer(2, 8)})
+                                       .tokensPerPage(16)
+                                       .maxSequenceLength(128)
+                                       .maxBatchSize(2)
+                                       .maxTokensPerStep(16);
+    Side local = makeSide(windowed, kLOCAL, 0, 0);
+    std::vector<Side> const remotes{makeSide(windowed, kREMOTE, 0, 29)};
+    int32_t group = 0;
+    for (size_t g = 0; g < local.layout.groups.size(); ++g)
+    {
+        group = local.layout.groups[g].slidingWindow > 0 ? static_cast<int32_t>(g) : group;
+    }
+    movePreparedAndCheck(
+        local, remotes, {kUNUSED_PAGE_ENTRY, kUNUSED_PAGE_ENTRY, 3, 1}, {kUNUSED_PAGE_ENTRY, 4, 0, 2}, group, 60);
+}
+
+TEST(PreparedDescriptors, PlanTakesWholeLayersOnlyWhereTheHeadsMatch)
+{
+    KVCacheConfig const model = ConfigBuilder({kvLayer(4, 8), kvLayer(2, 16), kvLayer(1, 8)})
+                                    .tokensPerPage(16)
+                                    .maxSequenceLength(64)
+                                    .maxBatchSize(2);
+    TensorParallelShard const rank0 = tensorParallelShard(model, 2, 0);
+    TensorParallelShard const rank1 = tensorParallelShard(model, 2, 1);
+    TensorParallelShard const whole = tensorParallelShard(model, 1, 0);
+    Side const prefill0 = makeSide(rank0.config, kREMOTE, 0, 13, &rank0);
+    Side const prefill1 = makeSide(rank1.config, kREMOTE2, 1, 11, &rank1);
+    // tp 2 -> 1: the split layers come in slices; the replicated one-head layer whole from the first listed.
+    Side const decodeWhole = makeSide(model, kLOCAL, 0, 0, &whole);
+    EXPECT_EQ(preparedPlan(decodeWhole.description, {prefill1.description, prefill0.description}, 0).layerSources,
+        (std::vector<int32_t>{-1, -1, 0}));
+    // tp 1 -> 2: rank 1 holds a slice of the prefill's heads, but all of the replicated layer.
+    Side const decode1 = makeSide(rank1.config, kLOCAL, 0, 0, &rank1);
+    EXPECT_EQ(preparedPlan(decode1.description, {makeSide(model, kREMOTE, 0, 17, &whole).description}, 0).layerSources,
+        (std::vector<int32_t>{-1, -1, 0}));
+    // tp 2 -> 2, rank for rank: every layer whole, from the rank holding the same heads.
+    {
+        Side local = makeSide(rank1.config, kLOCAL, 0, 0, &rank1);
+        std::vector<Side> const remotes{prefill0, prefill1};
+        PreparedPlan const plan = movePreparedAndCheck(local, remotes, {0, 1}, {4, 5}, 0, 32);
+        EXPECT_EQ(plan.layerSources, (std::vector<int32_t>{1, 1, 0}));
+    }
+    EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
+        [&] { (void)preparedPlan(decodeWhole.description, {}, 0); }, {"preparedPlan", "remotes is empty"}));
+    EXPECT_TRUE(throwsNaming<InvalidArgumentError>([&]
+        { (void)preparedPlan(decodeWhole.description, {prefill0.description}, 0); },
+        {"preparedPlan", "no remote holds model head 2"}));
 }
 
 } // namespace

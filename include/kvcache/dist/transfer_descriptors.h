@@ -122,4 +122,51 @@ std::vector<TransferDescriptors> transferDescriptors(TransferDescription const& 
     int32_t numLocalPages, std::vector<TransferDescription> const& remotes, int32_t const* remotePages,
     int32_t numRemotePages, int32_t group, int32_t numTokens);
 
+//! `count` descriptors of `bytes` each, back to back from `address` on `device`: one run of a prepared descriptor list
+//! (NIXL's strided rows (address, bytes, device, stride, count) with stride equal to bytes).
+struct DescriptorBlock
+{
+    uint64_t address = 0;
+    uint64_t bytes = 0;
+    int32_t device = 0;
+    int64_t count = 0;
+};
+
+//! One side's pages of one group as a prepared descriptor list: one descriptor per tokensPerDescriptor tokens of each
+//! page half, in the order of transferDescriptors' ranges. blocks holds, per layer in the group's order, per part of
+//! the layer (data, then page scales), per half (K, then V), one block of numPages * descriptorsPerPage descriptors:
+//! descriptor page * descriptorsPerPage + s of a block is tokens [s, s + 1) * tokensPerDescriptor of page `page`.
+struct PreparedDescriptors
+{
+    std::vector<DescriptorBlock> blocks = {};
+    //! Per layer of the group, the end of its blocks: layer l's are [layerEnds[l - 1], layerEnds[l]) (from 0 for l 0).
+    std::vector<int64_t> layerEnds = {};
+    int32_t numPages = 0;
+    int32_t descriptorsPerPage = 0; //!< tokensPerPage / tokensPerDescriptor
+};
+
+//! Returns the prepared descriptor list of group `group` of `description`, tokensPerDescriptor tokens a descriptor.
+//! Throws OutOfRangeError for a group outside the description's groups and InvalidArgumentError, naming both values,
+//! for a tokensPerDescriptor < 1 or one that does not divide the group's tokensPerPage.
+PreparedDescriptors preparedDescriptors(
+    TransferDescription const& description, int32_t group, int32_t tokensPerDescriptor);
+
+//! How group `group`'s pages move between the local cache and `remotes` through prepared descriptor lists.
+struct PreparedPlan
+{
+    //! The smaller of the two sides' page sizes: both sides' lists use it (preparedDescriptors).
+    int32_t tokensPerDescriptor = 0;
+    //! Per layer of the group, the remote in `remotes` it comes from whole (every local head of the layer from that
+    //! remote, which holds exactly those heads), or -1 when its heads come in slices (tensor-parallel layouts that
+    //! differ): such a layer needs one range per token, which only transferDescriptors gives.
+    std::vector<int32_t> layerSources = {};
+};
+
+//! Returns the plan for moving group `group`'s pages between `local` and `remotes`, each head taken from the first
+//! remote that holds it (as transferDescriptors takes them). Throws what transferDescriptors throws for the
+//! descriptions: InvalidArgumentError with transferMismatch's reason, for no remotes, remotes of different page sizes
+//! or a local head no remote holds.
+PreparedPlan preparedPlan(
+    TransferDescription const& local, std::vector<TransferDescription> const& remotes, int32_t group);
+
 } // namespace kvcache::rt
