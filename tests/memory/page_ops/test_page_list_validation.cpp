@@ -500,6 +500,65 @@ std::vector<int32_t> randomResets(RandomLists& random, int32_t count, int32_t nu
     return ::testing::AssertionSuccess();
 }
 
+void checkStateCopies(std::vector<rt::StateSlotCopy> const& copies, int32_t numStateSlots)
+{
+    rt::detail::validateStateCopyList("copyStates", copies.data(), static_cast<int32_t>(copies.size()), numStateSlots);
+}
+
+TEST(PageListValidationTest, StateCopyListsInRangeAndDisjointAreAccepted)
+{
+    // Slot 0 read by two copies, the last slot (6 of 7) written; an empty list needs no state layers.
+    EXPECT_NO_THROW(checkStateCopies({{0, 3}, {2, 6}, {0, 5}}, 7));
+    rt::StateSlotCopy const copy{9, 9};
+    EXPECT_NO_THROW(rt::detail::validateStateCopyList("copyStates", nullptr, 0, 7));
+    EXPECT_NO_THROW(rt::detail::validateStateCopyList("copyStates", &copy, 0, 0));
+    EXPECT_NO_THROW(rt::detail::validateStateCopyList("copyStates", nullptr, 0, 0));
+}
+
+TEST(PageListValidationTest, StateCopyListsAreRefusedNamingTheFieldTheValueAndTheLimit)
+{
+    rt::StateSlotCopy const copy{0, 1};
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
+        [&] { rt::detail::validateStateCopyList("copyStates", &copy, -3, 7); }, {"copyStates", "count is -3", ">= 0"}));
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
+        [] { rt::detail::validateStateCopyList("copyStates", nullptr, 1, 7); }, {"copyStates", "null", "count is 1"}));
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
+        [] {
+            checkStateCopies({{0, 1}}, 0);
+        },
+        {"copyStates", "count is 1", "no state layers"}));
+    EXPECT_TRUE(throwsNaming<rt::OutOfRangeError>(
+        [] {
+            checkStateCopies({{0, 1}, {2, 7}}, 7);
+        },
+        {"copyStates", "copies[1].dst is slot 7", "[0, 7)"}));
+    EXPECT_TRUE(throwsNaming<rt::OutOfRangeError>(
+        [] {
+            checkStateCopies({{-1, 1}}, 7);
+        },
+        {"copies[0].src is slot -1", "[0, 7)"}));
+    EXPECT_TRUE(throwsNaming<rt::OutOfRangeError>(
+        [] {
+            checkStateCopies({{0, 1}, {kINT32_MIN, 2}}, 7);
+        },
+        {"copies[1].src", std::to_string(kINT32_MIN)}));
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
+        [] {
+            checkStateCopies({{0, 4}, {2, 3}, {1, 4}}, 7);
+        },
+        {"copyStates", "slot 4 is a destination more than once"}));
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
+        [] {
+            checkStateCopies({{0, 4}, {4, 5}}, 7);
+        },
+        {"copyStates", "slot 4 is both a source and a destination"}));
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
+        [] {
+            checkStateCopies({{3, 3}}, 7);
+        },
+        {"slot 3 is both a source and a destination"}));
+}
+
 TEST(PageListValidationTest, RandomListsGetTheVerdictOfASetBasedReference)
 {
     RandomLists random(20261130);
