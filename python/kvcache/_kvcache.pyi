@@ -714,6 +714,14 @@ class KVCacheManager:
         K and V views, each [max_batch_size, slot_tokens, H, D] (V empty for a latent layer).
         """
 
+    def state_view(self, layer: int, tensor: int | str) -> View:
+        """
+        Tensor `tensor` (its index in the layer, or its name) of state layer `layer`, zero-copy: [num_state_slots,
+        *shape], contiguous, in the tensor's dtype. Row n is state slot n (PageManager.state_slot): one sequence's
+        state, or a checkpoint's. State memory starts uninitialized. Raises OutOfRangeError for a bad layer or tensor
+        index, InvalidArgumentError naming the layer's tensors for an unknown name.
+        """
+
     def transfer_description(self, model_config: Config | None = None, tp: int = 1, rank: int = 0) -> bytes:
         """
         This cache's transfer description as bytes, to send to the other side of a page transfer: its device, pools, geometry and host-held scales, and for rank `rank` of `tp` (model_config: the whole model's Config) the heads it holds (docs/transfer_descriptors.md).
@@ -802,6 +810,10 @@ class KVCacheManager:
     def tokens_per_page(self) -> int: ...
 
     def num_groups(self) -> int: ...
+
+    def num_state_layers(self) -> int: ...
+
+    def num_state_slots(self) -> int: ...
 
     def is_uniform(self) -> bool: ...
 
