@@ -8,6 +8,9 @@ Shapes follow the state tensors a runtime declares (docs/layout.md, "State layer
 state [nheads, headdim, dstate].
 """
 
+# Where the layers' weights and inputs live.
+DEVICE = "cuda"
+
 
 def causal_conv1d(torch, x, weight, state):
     """Depthwise causal convolution of x [T, C] with weight [C, W], the window starting at the W - 1 inputs before x
@@ -61,8 +64,8 @@ class GatedDeltaNetLayer:
         self.torch = torch
         self.heads, self.key_dim, self.value_dim, self.width = heads, key_dim, value_dim, width
         self.channels = 2 * heads * key_dim + heads * value_dim
-        generator = torch.Generator(device="cuda").manual_seed(seed)
-        self.weight = torch.randn(self.channels, width, device="cuda", generator=generator) * 0.5
+        generator = torch.Generator(device=DEVICE).manual_seed(seed)
+        self.weight = torch.randn(self.channels, width, device=DEVICE, generator=generator) * 0.5
         self.scale = key_dim ** -0.5
 
     def state_shapes(self):
@@ -71,10 +74,10 @@ class GatedDeltaNetLayer:
     def inputs(self, length, seed):
         """Per-token inputs of a sequence: the convolution's input, the log decay and beta."""
         torch = self.torch
-        generator = torch.Generator(device="cuda").manual_seed(seed)
-        x = torch.randn(length, self.channels, device="cuda", generator=generator)
-        g = torch.nn.functional.logsigmoid(torch.randn(length, self.heads, device="cuda", generator=generator) + 2)
-        beta = torch.sigmoid(torch.randn(length, self.heads, device="cuda", generator=generator))
+        generator = torch.Generator(device=DEVICE).manual_seed(seed)
+        x = torch.randn(length, self.channels, device=DEVICE, generator=generator)
+        g = torch.nn.functional.logsigmoid(torch.randn(length, self.heads, device=DEVICE, generator=generator) + 2)
+        beta = torch.sigmoid(torch.randn(length, self.heads, device=DEVICE, generator=generator))
         return {"x": x, "g": g, "beta": beta}
 
     def run(self, inputs, state):
@@ -100,20 +103,20 @@ class Mamba2Layer:
         self.heads, self.head_dim, self.state_dim, self.groups, self.width = heads, head_dim, state_dim, groups, width
         self.inner = heads * head_dim
         self.channels = self.inner + 2 * groups * state_dim
-        generator = torch.Generator(device="cuda").manual_seed(seed)
-        self.weight = torch.randn(self.channels, width, device="cuda", generator=generator) * 0.5
-        self.a = -torch.exp(torch.rand(heads, device="cuda", generator=generator))
-        self.d = torch.randn(heads, device="cuda", generator=generator)
-        self.dt_bias = torch.randn(heads, device="cuda", generator=generator) * 0.1
+        generator = torch.Generator(device=DEVICE).manual_seed(seed)
+        self.weight = torch.randn(self.channels, width, device=DEVICE, generator=generator) * 0.5
+        self.a = -torch.exp(torch.rand(heads, device=DEVICE, generator=generator))
+        self.d = torch.randn(heads, device=DEVICE, generator=generator)
+        self.dt_bias = torch.randn(heads, device=DEVICE, generator=generator) * 0.1
 
     def state_shapes(self):
         return {"conv": [self.channels, self.width - 1], "ssm": [self.heads, self.head_dim, self.state_dim]}
 
     def inputs(self, length, seed):
         torch = self.torch
-        generator = torch.Generator(device="cuda").manual_seed(seed)
-        return {"xbc": torch.randn(length, self.channels, device="cuda", generator=generator),
-                "dt": torch.randn(length, self.heads, device="cuda", generator=generator) - 1}
+        generator = torch.Generator(device=DEVICE).manual_seed(seed)
+        return {"xbc": torch.randn(length, self.channels, device=DEVICE, generator=generator),
+                "dt": torch.randn(length, self.heads, device=DEVICE, generator=generator) - 1}
 
     def run(self, inputs, state):
         torch = self.torch

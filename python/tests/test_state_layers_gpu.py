@@ -8,10 +8,13 @@ continuations two independent runs, and the slots of every other sequence (and t
 with distinct non-zero values first, must keep them bit for bit. Each test takes the `torch` fixture: skipped without a
 GPU or torch, failed under KVCACHE_REQUIRE_GPU=1; the FLA tests skip when fla does not import."""
 
+import gc
+import weakref
+
 import pytest
 
 import kvcache
-from recurrent_reference import GatedDeltaNetLayer, Mamba2Layer, gated_delta_rule
+from recurrent_reference import DEVICE, GatedDeltaNetLayer, Mamba2Layer, gated_delta_rule
 
 BATCH = 4
 CHECKPOINTS = 1
@@ -26,11 +29,14 @@ def state_layer(shapes, dtypes=None):
                                      for name, shape in shapes.items()])
 
 
+def make_config(state_layers, checkpoints=CHECKPOINTS):
+    return kvcache.Config(layer_configs=[(1, 16)], max_batch_size=BATCH, max_sequence_length=MAX_LENGTH,
+                          tokens_per_page=TOKENS_PER_PAGE, state_layer_configs=state_layers,
+                          num_checkpoint_slots=checkpoints)
+
+
 def make_cache(torch, state_layers, checkpoints=CHECKPOINTS):
-    config = kvcache.Config(layer_configs=[(1, 16)], max_batch_size=BATCH, max_sequence_length=MAX_LENGTH,
-                            tokens_per_page=TOKENS_PER_PAGE, state_layer_configs=state_layers,
-                            num_checkpoint_slots=checkpoints)
-    return kvcache.KVCacheManager(config, torch.cuda.current_stream())
+    return kvcache.KVCacheManager(make_config(state_layers, checkpoints), torch.cuda.current_stream())
 
 
 def run_state_copies(torch, cache, views, pairs):
@@ -59,7 +65,7 @@ class StateRuntime:
         self.pages = kvcache.PageManager(self.cache)
         self.views = [{name: torch.from_dlpack(self.cache.state_view(index, name)) for name in layer.state_shapes()}
                       for index, layer in enumerate(layers)]
-        self.slot_table = torch.full((BATCH,), -1, dtype=torch.int32, device="cuda")
+        self.slot_table = torch.full((BATCH,), -1, dtype=torch.int32, device=DEVICE)
 
     def poison(self):
         """Fills every slot of every state tensor with values distinct per slot, tensor and layer, none zero; returns
@@ -69,7 +75,7 @@ class StateRuntime:
             for view in layer.values():
                 count = view[0].numel()
                 for slot in range(view.shape[0]):
-                    values = self.torch.arange(1, count + 1, device="cuda", dtype=self.torch.float32) / count
+                    values = self.torch.arange(1, count + 1, device=DEVICE, dtype=self.torch.float32) / count
                     view[slot].copy_((values + offset).view(view[slot].shape))
                     offset += 2.0
         return [{name: view.clone() for name, view in layer.items()} for layer in self.views]
@@ -87,7 +93,7 @@ class StateRuntime:
         count = len(chunks)
         self.slot_table[:count].copy_(torch.tensor(self.pages.state_slots([s for s, _ in chunks]), dtype=torch.int32))
         if new:
-            new_rows = torch.tensor(self.pages.state_slots(new), dtype=torch.int64, device="cuda")
+            new_rows = torch.tensor(self.pages.state_slots(new), dtype=torch.int64, device=DEVICE)
             for layer in self.views:
                 for view in layer.values():
                     view.index_fill_(0, new_rows, 0.0)
@@ -114,7 +120,7 @@ class StateRuntime:
 
 
 def zero_state(torch, layer):
-    return {name: torch.zeros(shape, device="cuda") for name, shape in layer.state_shapes().items()}
+    return {name: torch.zeros(shape, device=DEVICE) for name, shape in layer.state_shapes().items()}
 
 
 def slice_inputs(inputs, start, end):
@@ -161,12 +167,26 @@ def test_state_views_are_every_slot_of_each_tensor(torch):
     writer = torch.from_dlpack(cache.state_view(0, "recurrent"))
     writer[3].fill_(2.5)
     reader = torch.from_dlpack(cache.state_view(0, 1))
-    assert torch.equal(reader[3], torch.full((4, 64, 64), 2.5, device="cuda"))
+    assert torch.equal(reader[3], torch.full((4, 64, 64), 2.5, device=DEVICE))
     # The layers' allocations are distinct: filling one leaves the other as it was.
     other = torch.from_dlpack(cache.state_view(1, "ssm"))
     other.fill_(-1.0)
     writer.fill_(7.0)
     assert torch.equal(other, torch.full_like(other, -1.0))
+
+
+def test_state_views_keep_the_cache_alive(torch):
+    cache = make_cache(torch, [state_layer({"ssm": [2, 4, 4]})])
+    alive = weakref.ref(cache)
+    tensor = torch.from_dlpack(cache.state_view(0, "ssm"))
+    del cache
+    gc.collect()
+    assert alive() is not None
+    tensor.fill_(3.0)
+    assert tensor.sum().item() == 3.0 * SLOTS * 2 * 4 * 4
+    del tensor
+    gc.collect()
+    assert alive() is None
 
 
 def test_state_view_misuse_raises_naming_the_index_or_name(torch):
@@ -284,21 +304,21 @@ class FlaGatedDeltaRule:
 
     def inputs(self, length, seed):
         torch = self.torch
-        generator = torch.Generator(device="cuda").manual_seed(seed)
+        generator = torch.Generator(device=DEVICE).manual_seed(seed)
         q = torch.nn.functional.normalize(
-            torch.randn(length, HEADS, KEY_DIM, device="cuda", generator=generator), dim=-1)
+            torch.randn(length, HEADS, KEY_DIM, device=DEVICE, generator=generator), dim=-1)
         k = torch.nn.functional.normalize(
-            torch.randn(length, HEADS, KEY_DIM, device="cuda", generator=generator), dim=-1)
-        v = torch.randn(length, HEADS, VALUE_DIM, device="cuda", generator=generator)
-        g = torch.nn.functional.logsigmoid(torch.randn(length, HEADS, device="cuda", generator=generator) + 2)
-        beta = torch.sigmoid(torch.randn(length, HEADS, device="cuda", generator=generator))
+            torch.randn(length, HEADS, KEY_DIM, device=DEVICE, generator=generator), dim=-1)
+        v = torch.randn(length, HEADS, VALUE_DIM, device=DEVICE, generator=generator)
+        g = torch.nn.functional.logsigmoid(torch.randn(length, HEADS, device=DEVICE, generator=generator) + 2)
+        beta = torch.sigmoid(torch.randn(length, HEADS, device=DEVICE, generator=generator))
         return {"q": q, "k": k, "v": v, "g": g, "beta": beta}
 
     def run_batch(self, chunks, initial_state):
         """chunks: one inputs dict a sequence; initial_state [N, H, K, V]. Returns (outputs a sequence, states)."""
         torch = self.torch
         lengths = [chunk["q"].shape[0] for chunk in chunks]
-        cu_seqlens = torch.tensor([0] + lengths, device="cuda").cumsum(0)
+        cu_seqlens = torch.tensor([0] + lengths, device=DEVICE).cumsum(0)
         packed = {name: torch.cat([chunk[name] for chunk in chunks]).unsqueeze(0) for name in chunks[0]}
         out, final = self.kernel(packed["q"], packed["k"], packed["v"], packed["g"], packed["beta"], scale=self.scale,
                                  initial_state=initial_state, output_final_state=True, cu_seqlens=cu_seqlens)
@@ -320,7 +340,7 @@ class FlaGatedDeltaRule:
         torch = self.torch
         wide = {name: tensor.double() for name, tensor in inputs.items()}
         return gated_delta_rule(torch, wide["q"], wide["k"], wide["v"], wide["g"], wide["beta"],
-                                torch.zeros(HEADS, KEY_DIM, VALUE_DIM, device="cuda", dtype=torch.float64),
+                                torch.zeros(HEADS, KEY_DIM, VALUE_DIM, device=DEVICE, dtype=torch.float64),
                                 self.scale)
 
 
