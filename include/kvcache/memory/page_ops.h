@@ -29,6 +29,15 @@ struct HostTierEntry
     int32_t hostPage;
 };
 
+//! A copy of one sequence's state, in every state layer and tensor, from state slot `src` to state slot `dst`
+//! (kvcache/core/kv_cache_layout.h: a slot index means the same sequence in every state layer). PageManager queues
+//! them for forks (StepCopies::stateCopies()); copyStates runs them.
+struct StateSlotCopy
+{
+    int32_t src;
+    int32_t dst;
+};
+
 //! Which half of each layer a page operation touches.
 enum class KVHalf : int32_t
 {
@@ -102,8 +111,22 @@ void resetPagesDevice(KVCacheManager const& cache, int32_t const* devicePages, i
     int32_t const* deviceCount, cudaStream_t stream, uint32_t pattern = 0, PageOpTarget const& target = {},
     int32_t* deviceErrorCount = nullptr);
 
+//! Copies each listed sequence state from slot `src` to slot `dst` in every state layer and every tensor of it
+//! (KVCacheManager::stateView: slot n of a tensor is its slotBytes bytes at n * slotBytes), all copies and all state
+//! layers in one kernel launch per kMAX_INLINE_STATE_COPIES copies, stream-ordered on `stream`; never synchronises or
+//! allocates. The list travels as kernel parameters, so the call may be captured in a CUDA graph. A copy that writes
+//! more than 32 MiB reads its sources at L2 priority evict_last, as copyPages does. Throws, before launching anything:
+//! InvalidArgumentError for a negative count, a null list with a positive count or a cache without state layers with
+//! a positive count; OutOfRangeError for a slot outside [0, numStateSlots); InvalidArgumentError for a destination
+//! listed twice or a slot that is both a source and a destination. Zero copies is a no-op.
+void copyStates(KVCacheManager const& cache, StateSlotCopy const* copies, int32_t count, cudaStream_t stream);
+//! As above, for a std::vector of copies (StepCopies::stateCopies(), PageManager::pendingStateCopies()).
+void copyStates(KVCacheManager const& cache, std::vector<StateSlotCopy> const& copies, cudaStream_t stream);
+
 //! Host-listed pages one launch carries as kernel parameters; longer lists take several launches.
 inline constexpr int32_t kMAX_INLINE_PAGE_OPS = 256;
+//! State copies one copyStates launch carries as kernel parameters; longer lists take several launches.
+inline constexpr int32_t kMAX_INLINE_STATE_COPIES = 256;
 //! Device-list entries one launch covers (CUDA's grid limit); longer lists take several launches.
 inline constexpr int32_t kMAX_DEVICE_PAGE_OPS_PER_LAUNCH = 65535;
 

@@ -69,14 +69,6 @@ struct SequenceAppend
     int32_t numExtraKeys = 0;
 };
 
-//! A copy of one sequence's state, in every state layer and tensor, from state slot `src` to state slot `dst`
-//! (kvcache/core/kv_cache_layout.h: a slot index means the same sequence in every state layer).
-struct StateSlotCopy
-{
-    int32_t src;
-    int32_t dst;
-};
-
 //! The copies one step() or append() queued, one list per page group, in the order they must run (a page may be the
 //! destination of one copy and later the source of another only through distinct steps, never within one list), and
 //! the state slot copies of the forks made since the step before (stateCopies()). A view into buffers the PageManager

@@ -12,18 +12,42 @@ namespace
 constexpr int32_t kENTRIES_PER_UPLOAD = 64;
 
 //! Entries that travel as kernel parameters, so the upload needs no pageable host copy and no host sync.
+template <typename Entry>
 struct UploadBatch
 {
-    LayerTableEntry entries[kENTRIES_PER_UPLOAD];
+    Entry entries[kENTRIES_PER_UPLOAD];
     int32_t count;
 };
 
-__global__ void uploadLayerTableKernel(LayerTableEntry* dst, UploadBatch batch)
+template <typename Entry>
+__global__ void uploadTableKernel(Entry* dst, UploadBatch<Entry> batch)
 {
     if (static_cast<int32_t>(threadIdx.x) < batch.count)
     {
         dst[threadIdx.x] = batch.entries[threadIdx.x];
     }
+}
+
+//! Allocates a device table of `entries` on `stream` from `pool` and uploads them (an empty allocation for none).
+template <typename Entry>
+DeviceAllocation uploadTable(std::vector<Entry> const& entries, cudaStream_t stream, cudaMemPool_t pool)
+{
+    auto const count = static_cast<int32_t>(entries.size());
+    if (count == 0)
+    {
+        return {};
+    }
+    DeviceAllocation table(int64_t{count} * static_cast<int64_t>(sizeof(Entry)), stream, pool);
+    auto* const dst = static_cast<Entry*>(table.data());
+    for (int32_t first = 0; first < count; first += kENTRIES_PER_UPLOAD)
+    {
+        UploadBatch<Entry> batch{};
+        batch.count = std::min(kENTRIES_PER_UPLOAD, count - first);
+        std::copy(entries.begin() + first, entries.begin() + first + batch.count, batch.entries);
+        uploadTableKernel<Entry><<<1, kENTRIES_PER_UPLOAD, 0, stream>>>(dst + first, batch);
+        KVCACHE_CUDA_TRY(cudaGetLastError());
+    }
+    return table;
 }
 
 std::vector<LayerTableEntry> entriesOf(std::vector<DeviceAllocation> const& buffers,
@@ -77,23 +101,46 @@ DeviceAllocation makeLayerTable(std::vector<DeviceAllocation> const& buffers,
     std::vector<DeviceAllocation> const& scaleBuffers, KVCacheLayout const& layout, cudaStream_t stream,
     cudaMemPool_t pool)
 {
-    std::vector<LayerTableEntry> const entries = entriesOf(buffers, scaleBuffers, layout);
-    auto const count = static_cast<int32_t>(entries.size());
-    if (count == 0)
+    return uploadTable(entriesOf(buffers, scaleBuffers, layout), stream, pool);
+}
+
+std::vector<StateTableEntry> stateTableEntries(KVCacheLayout const& layout, std::vector<char*> const& stateBases)
+{
+    std::vector<StateTableEntry> entries;
+    int64_t chunks = 0;
+    for (size_t l = 0; l < layout.stateLayers.size(); ++l)
     {
-        return {};
+        for (StateTensorLayout const& tensor : layout.stateLayers[l].tensors)
+        {
+            entries.push_back(StateTableEntry{stateBases[l] + tensor.offsetBytes, tensor.slotBytes, chunks});
+            chunks += stateSlotChunks(tensor.slotBytes);
+        }
     }
-    DeviceAllocation table(int64_t{count} * static_cast<int64_t>(sizeof(LayerTableEntry)), stream, pool);
-    auto* const dst = static_cast<LayerTableEntry*>(table.data());
-    for (int32_t first = 0; first < count; first += kENTRIES_PER_UPLOAD)
+    return entries;
+}
+
+int64_t stateCopyChunks(KVCacheLayout const& layout)
+{
+    int64_t chunks = 0;
+    for (StateLayerLayout const& layer : layout.stateLayers)
     {
-        UploadBatch batch{};
-        batch.count = std::min(kENTRIES_PER_UPLOAD, count - first);
-        std::copy(entries.begin() + first, entries.begin() + first + batch.count, batch.entries);
-        uploadLayerTableKernel<<<1, kENTRIES_PER_UPLOAD, 0, stream>>>(dst + first, batch);
-        KVCACHE_CUDA_TRY(cudaGetLastError());
+        for (StateTensorLayout const& tensor : layer.tensors)
+        {
+            chunks += stateSlotChunks(tensor.slotBytes);
+        }
     }
-    return table;
+    return chunks;
+}
+
+DeviceAllocation makeStateTable(std::vector<DeviceAllocation> const& stateBuffers, KVCacheLayout const& layout,
+    cudaStream_t stream, cudaMemPool_t pool)
+{
+    std::vector<char*> bases;
+    for (DeviceAllocation const& buffer : stateBuffers)
+    {
+        bases.push_back(static_cast<char*>(buffer.data()));
+    }
+    return uploadTable(stateTableEntries(layout, bases), stream, pool);
 }
 
 } // namespace kvcache::rt::detail

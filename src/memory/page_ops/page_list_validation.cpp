@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <utility>
 #include <vector>
 
 namespace kvcache::rt::detail
@@ -88,7 +89,7 @@ void checkDisjoint(char const* what, int32_t writtenCount, WrittenAt writtenAt, 
         if (table[probe(id)] == id)
         {
             throw InvalidArgumentError(
-                fmt::format("{}: page {} is both a source and a destination in one call", what, id));
+                fmt::format("{}: {} {} is both a source and a destination in one call", what, noun, id));
         }
     }
 }
@@ -105,6 +106,32 @@ void validateCopyList(char const* what, PageCopy const* pairs, int32_t count, in
     }
     checkDisjoint(
         what, count, [pairs](int32_t i) { return pairs[i].dst; }, count, [pairs](int32_t i) { return pairs[i].src; });
+}
+
+void validateStateCopyList(char const* what, StateSlotCopy const* copies, int32_t count, int32_t numStateSlots)
+{
+    checkLength(what, "count", copies, count);
+    if (count > 0 && numStateSlots == 0)
+    {
+        throw InvalidArgumentError(
+            fmt::format("{}: count is {} but the cache has no state layers (KVCacheConfig::stateLayerConfigs is empty)",
+                what, count));
+    }
+    for (int32_t i = 0; i < count; ++i)
+    {
+        for (auto const& [field, slot] : {std::pair{"src", copies[i].src}, std::pair{"dst", copies[i].dst}})
+        {
+            if (slot < 0 || slot >= numStateSlots)
+            {
+                throw OutOfRangeError(fmt::format("{}: copies[{}].{} is slot {}; state slots must be in [0, {}) "
+                                                  "(numStateSlots)",
+                    what, i, field, slot, numStateSlots));
+            }
+        }
+    }
+    checkDisjoint(
+        what, count, [copies](int32_t i) { return copies[i].dst; }, count,
+        [copies](int32_t i) { return copies[i].src; }, "slot");
 }
 
 void validateResetList(char const* what, int32_t const* pages, int32_t count, int32_t numPages)

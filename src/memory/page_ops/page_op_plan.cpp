@@ -84,13 +84,7 @@ PageOpPlan planPageOp(
         throw InvalidArgumentError(
             fmt::format("{}: {} layer halves exceed one launch's grid ({})", what, gridZ, kMAX_GRID_YZ));
     }
-    int device = 0;
-    KVCACHE_CUDA_TRY(cudaGetDevice(&device));
-    if (device != cache.device())
-    {
-        throw InvalidArgumentError(
-            fmt::format("{}: the current device is {} but the cache lives on device {}", what, device, cache.device()));
-    }
+    checkCacheDevice(what, cache);
     int32_t const numPages = groupCount == 0 ? cache.numPages() : cache.group(groupIndex).numPages;
     return PageOpPlan{KVCacheManagerInternal::layerTable(cache, groupIndex), target.firstLayer, halfBits,
         target.half == KVHalf::kV ? 1 : 0, numPages, pattern, errorCount, maxPageBytes, bytesPerEntry,
@@ -98,16 +92,37 @@ PageOpPlan planPageOp(
         maxScalePageBytes};
 }
 
+void checkCacheDevice(char const* what, KVCacheManager const& cache)
+{
+    int device = 0;
+    KVCACHE_CUDA_TRY(cudaGetDevice(&device));
+    if (device != cache.device())
+    {
+        throw InvalidArgumentError(
+            fmt::format("{}: the current device is {} but the cache lives on device {}", what, device, cache.device()));
+    }
+}
+
+bool wideBlocksPay(int64_t wideBlocks)
+{
+    return wideBlocks > kMAX_WIDE_BLOCKS_FOR_NARROW;
+}
+
+bool keepsSourcesInL2(int64_t bytesPerEntry, int64_t entries)
+{
+    return bytesPerEntry > 0 && entries > kMIN_BYTES_TO_KEEP_SOURCES / bytesPerEntry;
+}
+
 bool usesWideBlocks(PageOpPlan const& plan, int32_t listSize)
 {
     int64_t const wideBlocks =
         int64_t{listSize} * chunksPerPage(plan.maxPageBytes, WideShape::kCHUNK_BYTES) * plan.gridZ;
-    return plan.samePageBytes && wideBlocks > kMAX_WIDE_BLOCKS_FOR_NARROW;
+    return plan.samePageBytes && wideBlocksPay(wideBlocks);
 }
 
 bool keepsSourcesInL2(PageOpPlan const& plan, int32_t listSize)
 {
-    return plan.bytesPerEntry > 0 && listSize > kMIN_BYTES_TO_KEEP_SOURCES / plan.bytesPerEntry;
+    return keepsSourcesInL2(plan.bytesPerEntry, listSize);
 }
 
 } // namespace kvcache::rt::detail

@@ -46,11 +46,21 @@ struct PageOpPlan
 PageOpPlan planPageOp(
     char const* what, KVCacheManager const& cache, PageOpTarget const& target, uint32_t pattern, int32_t* errorCount);
 
+//! Throws InvalidArgumentError naming `what` unless the current device is the one `cache` lives on.
+void checkCacheDevice(char const* what, KVCacheManager const& cache);
+
+//! Returns true when a grid of `wideBlocks` wide blocks with no idle block runs faster in wide blocks than in narrow.
+bool wideBlocksPay(int64_t wideBlocks);
+
+//! Returns true when a copy of `entries` entries of `bytesPerEntry` bytes each reads its sources at L2 priority
+//! evict_last: it writes more than the L2 of the GPUs kvcache targets holds (40 MiB and up), where the hint keeps
+//! write-backs in order.
+bool keepsSourcesInL2(int64_t bytesPerEntry, int64_t entries);
+
 //! Returns true when a list of `listSize` entries runs in wide blocks.
 bool usesWideBlocks(PageOpPlan const& plan, int32_t listSize);
 
-//! Returns true when a copy of `listSize` entries reads its sources at L2 priority evict_last: it writes more than
-//! the L2 of the GPUs kvcache targets holds (40 MiB and up), where the hint keeps write-backs in order.
+//! Returns true when a copy of `listSize` entries of `plan` reads its sources at L2 priority evict_last.
 bool keepsSourcesInL2(PageOpPlan const& plan, int32_t listSize);
 
 //! Returns the chunks of `pageBytes` for blocks whose chunks are `chunkBytes`.

@@ -105,18 +105,6 @@ void launchHostList(PageOpPlan const& plan, Item const* items, int32_t count, cu
     }
 }
 
-//! Returns `list.size()` as int32, or throws InvalidArgumentError naming `what`.
-template <typename Item>
-int32_t listCount(char const* what, std::vector<Item> const& list)
-{
-    if (list.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max()))
-    {
-        throw InvalidArgumentError(fmt::format(
-            "{}: the list has {} entries; the limit is {}", what, list.size(), std::numeric_limits<int32_t>::max()));
-    }
-    return static_cast<int32_t>(list.size());
-}
-
 } // namespace
 } // namespace detail
 
