@@ -27,6 +27,9 @@ DeviceArray = Any
 PagePairs = Union[Sequence[tuple[int, int]], Sequence[Sequence[int]], NDArray[Any], DeviceArray]
 """Page pairs (src, dst): a host sequence of pairs or [n, 2] int array, or a device int32 array ([n, 2] or [2n])."""
 
+StatePairs = Union[Sequence[tuple[int, int]], Sequence[Sequence[int]], NDArray[Any]]
+"""State slot pairs (src, dst): a host sequence of pairs or [n, 2] int array."""
+
 PageIds = Union[Sequence[int], NDArray[Any], DeviceArray]
 """Page ids: a host sequence of ints or 1-D int array, or a device int32 array."""
 
@@ -131,6 +134,8 @@ MAX_NUM_PAGES: int = 1073741823
 UNUSED_PAGE_ENTRY: int = -1
 
 MAX_INLINE_PAGE_OPS: int = 256
+
+MAX_INLINE_STATE_COPIES: int = 256
 
 class KVLayerConfig:
     """Shape of one attention layer's cache."""
@@ -795,6 +800,16 @@ class KVCacheManager:
         ([n, 2] or [2n], __dlpack__ or __cuda_array_interface__) read by the kernel, so a CUDA graph that captured
         the call replays with its current contents; count / error_count: optional one-element device int32 arrays
         (device lists only). stream: int handle or object with __cuda_stream__ / cuda_stream.
+        """
+
+    def copy_states(self, pairs: StatePairs, stream: StreamLike | None = None) -> None:
+        """
+        Copies each (src, dst) state slot in every state layer and tensor, all in one launch (per
+        MAX_INLINE_STATE_COPIES pairs), stream-ordered (default: the cache's stream): a fork's state copies
+        (PageManager.last_state_copies()) before the step's kernels. pairs: a host list (sequence of pairs, [n, 2]
+        int array), checked before anything is launched: OutOfRangeError for a slot outside [0, num_state_slots),
+        InvalidArgumentError for a destination listed twice, a slot both source and destination, a cache without state
+        layers or a device array. stream: int handle or object with __cuda_stream__ / cuda_stream.
         """
 
     def reset_pages(self, pages: PageIds, stream: StreamLike | None = None, *, pattern: int = 0, target: PageOpTarget | None = None, group: int | None = None, count: DeviceArray | None = None, error_count: DeviceArray | None = None) -> None:
@@ -1589,4 +1604,4 @@ __version__: str
 def gpu_unavailable_reason() -> str:
     """Returns why no GPU can be used here, or an empty string when one can."""
 
-__all__: list = ['InvalidArgumentError', 'InvalidConfigError', 'OutOfRangeError', 'OutOfMemoryError', 'CudaError', 'DataType', 'data_type_size', 'data_type_name', 'KVLayerKind', 'KVQuantization', 'NVFP4_BLOCK_VALUES', 'TOKENS_PER_PAGE', 'MAX_TOKENS_PER_PAGE', 'MAX_NUM_PAGES', 'UNUSED_PAGE_ENTRY', 'MAX_INLINE_PAGE_OPS', 'KVLayerConfig', 'LayerScales', 'MAX_STATE_DIMS', 'STATE_TENSOR_ALIGNMENT', 'StateTensorConfig', 'StateLayerConfig', 'Config', 'KVLayerLayout', 'KVPageGroupLayout', 'StateTensorLayout', 'StateLayerLayout', 'KVCacheLayout', 'BudgetSplit', 'compute_layout', 'max_pages_for_budget', 'split_budget', 'View', 'KVHalf', 'PageOpTarget', 'LayerRef', 'KVCacheManager', 'PageAllocator', 'PageTableBuffers', 'PageHashAlgorithm', 'PageGroupCounts', 'PageManagerStats', 'PageManager', 'write_tokens', 'write_tokens_paged', 'read_tokens', 'HOST_TIER_KERNEL_MAX_BYTES', 'HOST_TIER_MAX_SMS', 'HOST_TIER_MAX_CHUNKS', 'HostTierMethod', 'PageLayerGeometry', 'PageGeometry', 'page_geometry', 'HostTier', 'SEQUENCE_FILE_VERSION', 'SequenceFileInfo', 'save_sequence', 'load_sequence', 'read_sequence_file_info', 'write_sequence_file', 'read_sequence_file', 'TieredAdmission', 'TieredPrefixCacheStats', 'TieredPrefixCache', 'layout_transfer_description', 'transfer_registration', 'transfer_mismatch', 'transfer_descriptors', '__version__', 'gpu_unavailable_reason']
+__all__: list = ['InvalidArgumentError', 'InvalidConfigError', 'OutOfRangeError', 'OutOfMemoryError', 'CudaError', 'DataType', 'data_type_size', 'data_type_name', 'KVLayerKind', 'KVQuantization', 'NVFP4_BLOCK_VALUES', 'TOKENS_PER_PAGE', 'MAX_TOKENS_PER_PAGE', 'MAX_NUM_PAGES', 'UNUSED_PAGE_ENTRY', 'MAX_INLINE_PAGE_OPS', 'MAX_INLINE_STATE_COPIES', 'KVLayerConfig', 'LayerScales', 'MAX_STATE_DIMS', 'STATE_TENSOR_ALIGNMENT', 'StateTensorConfig', 'StateLayerConfig', 'Config', 'KVLayerLayout', 'KVPageGroupLayout', 'StateTensorLayout', 'StateLayerLayout', 'KVCacheLayout', 'BudgetSplit', 'compute_layout', 'max_pages_for_budget', 'split_budget', 'View', 'KVHalf', 'PageOpTarget', 'LayerRef', 'KVCacheManager', 'PageAllocator', 'PageTableBuffers', 'PageHashAlgorithm', 'PageGroupCounts', 'PageManagerStats', 'PageManager', 'write_tokens', 'write_tokens_paged', 'read_tokens', 'HOST_TIER_KERNEL_MAX_BYTES', 'HOST_TIER_MAX_SMS', 'HOST_TIER_MAX_CHUNKS', 'HostTierMethod', 'PageLayerGeometry', 'PageGeometry', 'page_geometry', 'HostTier', 'SEQUENCE_FILE_VERSION', 'SequenceFileInfo', 'save_sequence', 'load_sequence', 'read_sequence_file_info', 'write_sequence_file', 'read_sequence_file', 'TieredAdmission', 'TieredPrefixCacheStats', 'TieredPrefixCache', 'layout_transfer_description', 'transfer_registration', 'transfer_mismatch', 'transfer_descriptors', '__version__', 'gpu_unavailable_reason']

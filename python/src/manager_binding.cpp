@@ -98,6 +98,7 @@ public:
     //! Host lists are read into these, reused between calls so that a call allocates nothing in steady state.
     std::vector<rt::PageCopy> pairs;
     std::vector<int32_t> pages;
+    std::vector<rt::StateSlotCopy> states;
 
 private:
     HandleStream mStream;
@@ -240,6 +241,30 @@ void resetPages(CacheHandle& cache, PageIdsArgument const& pages, StreamArgument
     hostPageIds(pages, cache.pages);
     rt::resetPages(cache.manager(), cache.pages, call.stream, fill, call.target);
 }
+
+void copyStates(CacheHandle& cache, StatePairsArgument const& pairs, StreamArgument const& stream)
+{
+    cudaStream_t const onStream = streamArgument(stream, cache.stream());
+    char const* const expected = "a sequence of (src, dst) state slot pairs or an [n, 2] int array on the host";
+    if (deviceInt32Array(pairs, onStream, cache.manager().device(), "pairs").has_value())
+    {
+        throw rt::InvalidArgumentError(
+            fmt::format("copy_states: pairs is a device array; it takes {} (the list travels as kernel parameters, "
+                        "so a captured graph replays the pairs it was captured with)",
+                expected));
+    }
+    requireIterable(pairs, "pairs", expected);
+    hostInt32Pairs(pairs, cache.states, PairListName{"pairs", "state slots", "(src, dst)"});
+    rt::copyStates(cache.manager(), cache.states, onStream);
+}
+
+char const* const kCOPY_STATES_DOC =
+    "Copies each (src, dst) state slot in every state layer and tensor, all in one launch (per\n"
+    "MAX_INLINE_STATE_COPIES pairs), stream-ordered (default: the cache's stream): a fork's state copies\n"
+    "(PageManager.last_state_copies()) before the step's kernels. pairs: a host list (sequence of pairs, [n, 2]\n"
+    "int array), checked before anything is launched: OutOfRangeError for a slot outside [0, num_state_slots),\n"
+    "InvalidArgumentError for a destination listed twice, a slot both source and destination, a cache without state\n"
+    "layers or a device array. stream: int handle or object with __cuda_stream__ / cuda_stream.";
 
 char const* const kCOPY_PAGES_DOC =
     "Copies each (src, dst) page in every targeted layer and half, stream-ordered (default: the cache's stream).\n"
@@ -434,6 +459,7 @@ void bindManager(nb::module_& m)
         .def("copy_pages", &copyPages, nb::arg("pairs"), nb::arg("stream") = nb::none(), nb::kw_only(),
             nb::arg("target") = nb::none(), nb::arg("group") = nb::none(), nb::arg("count") = nb::none(),
             nb::arg("error_count") = nb::none(), kCOPY_PAGES_DOC)
+        .def("copy_states", &copyStates, nb::arg("pairs"), nb::arg("stream") = nb::none(), kCOPY_STATES_DOC)
         .def("reset_pages", &resetPages, nb::arg("pages"), nb::arg("stream") = nb::none(), nb::kw_only(),
             nb::arg("pattern") = 0, nb::arg("target") = nb::none(), nb::arg("group") = nb::none(),
             nb::arg("count") = nb::none(), nb::arg("error_count") = nb::none(), kRESET_PAGES_DOC);

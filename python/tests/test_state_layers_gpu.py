@@ -39,20 +39,6 @@ def make_cache(torch, state_layers, checkpoints=CHECKPOINTS):
     return kvcache.KVCacheManager(make_config(state_layers, checkpoints), torch.cuda.current_stream())
 
 
-def run_state_copies(torch, cache, views, pairs):
-    """Runs a step's state copies before its kernels: cache.copy_states when the binding has it, else one torch copy a
-    copy, layer and tensor."""
-    if not pairs:
-        return
-    if hasattr(cache, "copy_states"):
-        cache.copy_states(pairs)
-        return
-    for layer in views:
-        for view in layer.values():
-            for src, dst in pairs:
-                view[dst].copy_(view[src])
-
-
 class StateRuntime:
     """What a runtime does around a step's recurrent kernels: the PageManager step, its state copies, the slot table
     uploaded to a device buffer at a fixed address, initial (zero) states for sequences of length 0, then per layer
@@ -89,7 +75,7 @@ class StateRuntime:
         for group, pairs in enumerate(copies):
             if pairs:
                 self.cache.copy_pages(pairs, group=group)
-        run_state_copies(torch, self.cache, self.views, self.pages.last_state_copies())
+        self.cache.copy_states(self.pages.last_state_copies())
         count = len(chunks)
         self.slot_table[:count].copy_(torch.tensor(self.pages.state_slots([s for s, _ in chunks]), dtype=torch.int32))
         if new:
@@ -209,6 +195,71 @@ def test_state_view_misuse_raises_naming_the_index_or_name(torch):
     assert (plain.num_state_layers(), plain.num_state_slots()) == (0, 0)
     with pytest.raises(kvcache.OutOfRangeError, match=r"must be in \[0, 0\) \(num_state_layers\)"):
         plain.state_view(0, "conv")
+
+
+# --- copy_states ---------------------------------------------------------------------------------------------------
+
+
+def copy_states_runtime(torch):
+    """Two state layers of three tensors in three dtypes, every slot filled with distinct values."""
+    shapes = [{"conv": [96, 3], "recurrent": [2, 8, 8]}, {"ssm": [3, 5, 7]}]
+    dtypes = [{"conv": kvcache.DataType.BFLOAT16}, {}]
+    runtime = StateRuntime.__new__(StateRuntime)
+    runtime.torch = torch
+    runtime.cache = make_cache(torch, [state_layer(s, d) for s, d in zip(shapes, dtypes)])
+    runtime.views = [{name: torch.from_dlpack(runtime.cache.state_view(index, name)) for name in layer}
+                     for index, layer in enumerate(shapes)]
+    return runtime, runtime.poison()
+
+
+@pytest.mark.parametrize("form", ["list", "int32 array", "int64 array"])
+def test_copy_states_copies_each_slot_in_every_layer_and_tensor(torch, np, form):
+    runtime, before = copy_states_runtime(torch)
+    pairs = [(0, 3), (4, 1), (0, 2)]  # one source twice; slot 4 is the checkpoint slot
+    argument = {"list": pairs, "int32 array": np.array(pairs, dtype=np.int32),
+                "int64 array": np.array(pairs, dtype=np.int64)}[form]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    runtime.cache.copy_states(argument, stream)
+    torch.cuda.current_stream().wait_stream(stream)
+    expected_source = {3: 0, 1: 4, 2: 0}
+    for index, layer in enumerate(runtime.views):
+        for name, view in layer.items():
+            for slot in range(SLOTS):
+                source = expected_source.get(slot, slot)
+                assert torch.equal(view[slot], before[index][name][source]), \
+                    f"state layer {index} tensor {name!r}: slot {slot} should hold slot {source}'s values"
+    runtime.cache.copy_states([])  # no copies: nothing launched, nothing changed
+    runtime.cache.synchronize()
+
+
+def test_copy_states_misuse_raises_and_changes_nothing(torch, np):
+    runtime, before = copy_states_runtime(torch)
+    cache = runtime.cache
+    with pytest.raises(kvcache.OutOfRangeError, match=r"copies\[1\]\.dst is slot 5; state slots must be in \[0, 5\)"):
+        cache.copy_states([(0, 1), (2, 5)])
+    with pytest.raises(kvcache.OutOfRangeError, match=r"copies\[0\]\.src is slot -1"):
+        cache.copy_states([(-1, 1)])
+    with pytest.raises(kvcache.InvalidArgumentError, match="slot 3 is a destination more than once"):
+        cache.copy_states([(0, 3), (1, 3)])
+    with pytest.raises(kvcache.InvalidArgumentError, match="slot 1 is both a source and a destination"):
+        cache.copy_states([(0, 1), (1, 2)])
+    with pytest.raises(kvcache.InvalidArgumentError, match="pairs is a device array"):
+        cache.copy_states(torch.tensor([[0, 1]], dtype=torch.int32, device=DEVICE))
+    with pytest.raises(kvcache.InvalidArgumentError, match=r"pairs\[0\] is a int; expected a \(src, dst\) pair"):
+        cache.copy_states([0, 1])
+    with pytest.raises(TypeError, match="pairs is a float"):
+        cache.copy_states(1.5)
+    with pytest.raises(kvcache.InvalidArgumentError, match=r"pairs\[0\] is 2147483648; state slots must fit in int32"):
+        cache.copy_states([(2**31, 1)])
+    torch.cuda.synchronize()
+    for index, layer in enumerate(runtime.views):
+        for name, view in layer.items():
+            assert torch.equal(view, before[index][name]), f"state layer {index} tensor {name!r} changed"
+    plain = make_cache(torch, [], checkpoints=0)
+    plain.copy_states([])
+    with pytest.raises(kvcache.InvalidArgumentError, match="no state layers"):
+        plain.copy_states([(0, 1)])
 
 
 # --- torch references ----------------------------------------------------------------------------------------------
@@ -399,7 +450,8 @@ def test_fla_fork_continuations_equal_independent_runs(torch, fla_ops, kernel):
     layer.run_slots(runtime, rows, [slice_inputs(first, 0, prefix)])
     child = runtime.pages.fork(parent)
     rows = runtime.begin_step([(child, continuation), (parent, continuation)])
-    assert torch.equal(runtime.state_of(child, 0)["recurrent"], runtime.state_of(parent, 0)["recurrent"])
+    assert torch.equal(runtime.state_of(child, 0)["recurrent"], runtime.state_of(parent, 0)["recurrent"]), \
+        "the fork copy did not give the child the parent's state before the kernels"
     outs = layer.run_slots(runtime, rows, [slice_inputs(branch, prefix, prefix + continuation)
                                            for branch in (branches[1], branches[0])])
     for sequence, branch, out in ((child, branches[1], outs[0]), (parent, branches[0], outs[1])):
