@@ -5,7 +5,9 @@ Each attention layer gets its own device buffer; views of it implement the DLPac
 (``cache.copy_pages``, ``cache.reset_pages``) take host lists or device arrays and run across all layers in one launch.
 ``HostTier`` keeps pages of one page group in pinned host memory (offload, onboard); ``save_sequence`` and
 ``load_sequence`` write them to sequence files and read them back. ``TieredPrefixCache`` wires a ``PageManager`` to one
-host tier per page group: pages the device evicts go to the host, and ``admit`` brings a prompt's pages back.
+host tier per page group: pages the device evicts go to the host, and ``admit`` brings a prompt's pages back. The
+state layers of hybrid models keep one slot per sequence: ``cache.state_view(layer, name)`` is a tensor's every slot,
+and ``PageManager.state_slots`` the slot table of a batch.
 Importing this package needs neither torch nor NumPy.
 """
 

@@ -165,6 +165,7 @@ void bindConfig(nb::module_& m)
     m.attr("MAX_NUM_PAGES") = rt::kMAX_NUM_PAGES;
     m.attr("UNUSED_PAGE_ENTRY") = rt::kUNUSED_PAGE_ENTRY;
     m.attr("MAX_INLINE_PAGE_OPS") = rt::kMAX_INLINE_PAGE_OPS;
+    m.attr("MAX_INLINE_STATE_COPIES") = rt::kMAX_INLINE_STATE_COPIES;
 
     nb::class_<rt::KVLayerConfig> layer(m, "KVLayerConfig", "Shape of one attention layer's cache.");
     layer.def(

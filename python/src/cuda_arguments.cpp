@@ -372,6 +372,7 @@ void hostInt32Pairs(nb::handle list, std::vector<Pair>& pairs, PairListName name
 
 template void hostInt32Pairs<rt::PageCopy>(nb::handle, std::vector<rt::PageCopy>&, PairListName);
 template void hostInt32Pairs<rt::HostTierEntry>(nb::handle, std::vector<rt::HostTierEntry>&, PairListName);
+template void hostInt32Pairs<rt::StateSlotCopy>(nb::handle, std::vector<rt::StateSlotCopy>&, PairListName);
 
 void hostPagePairs(nb::handle list, std::vector<rt::PageCopy>& pairs)
 {

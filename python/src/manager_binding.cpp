@@ -19,6 +19,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 namespace kvcache::python
@@ -83,9 +84,21 @@ public:
         return static_cast<int32_t>(group);
     }
 
+    //! Returns `layer` as int32 when it indexes a state layer; throws OutOfRangeError naming the index and the count.
+    int32_t stateLayer(int64_t layer) const
+    {
+        if (layer < 0 || layer >= mManager->numStateLayers())
+        {
+            throw rt::OutOfRangeError(fmt::format("state layer index is {}; it must be in [0, {}) (num_state_layers)",
+                layer, mManager->numStateLayers()));
+        }
+        return static_cast<int32_t>(layer);
+    }
+
     //! Host lists are read into these, reused between calls so that a call allocates nothing in steady state.
     std::vector<rt::PageCopy> pairs;
     std::vector<int32_t> pages;
+    std::vector<rt::StateSlotCopy> states;
 
 private:
     HandleStream mStream;
@@ -128,6 +141,33 @@ DLPackView poolHalfView(Self self, int64_t layer, rt::KVHalf half)
         rt::Coords{sizes.numPages, manager.tokensPerPage(), sizes.numKVHeads, sizes.headDim}, manager.layout().dataType,
         rt::DeviceType::kGPU);
     return viewOf(self, pool);
+}
+
+//! Returns tensor `tensor` (its index, or its name) of state layer `layer` as a view [num_state_slots, ...shape] in
+//! the tensor's dtype. Throws OutOfRangeError for a bad layer or tensor index, InvalidArgumentError (naming the
+//! layer's tensors) for an unknown name and TypeError for a tensor that is neither an int nor a str.
+DLPackView stateTensorView(Self self, int64_t layer, nb::handle tensor)
+{
+    rt::KVCacheManager const& manager = self.p->manager();
+    int32_t const index = self.p->stateLayer(layer);
+    if (nb::isinstance<nb::str>(tensor))
+    {
+        return viewOf(self, manager.stateView(index, std::string_view(nb::borrow<nb::str>(tensor).c_str())));
+    }
+    if (nb::isinstance<nb::bool_>(tensor) || PyIndex_Check(tensor.ptr()) == 0)
+    {
+        throwTypeError(tensor, "tensor", "an int (the tensor's index in its layer) or a str (its name)");
+    }
+    int64_t const tensorIdx = intArgument(tensor, "tensor");
+    auto const numTensors =
+        static_cast<int64_t>(manager.layout().stateLayers[static_cast<size_t>(index)].tensors.size());
+    if (tensorIdx < 0 || tensorIdx >= numTensors)
+    {
+        throw rt::OutOfRangeError(
+            fmt::format("tensor index is {}; state layer {} has {} tensors, so it must be in [0, {})", tensorIdx, index,
+                numTensors, numTensors));
+    }
+    return viewOf(self, manager.stateView(index, static_cast<int32_t>(tensorIdx)));
 }
 
 rt::PageOpTarget targetOf(nb::handle target, nb::handle group)
@@ -202,6 +242,30 @@ void resetPages(CacheHandle& cache, PageIdsArgument const& pages, StreamArgument
     rt::resetPages(cache.manager(), cache.pages, call.stream, fill, call.target);
 }
 
+void copyStates(CacheHandle& cache, StatePairsArgument const& pairs, StreamArgument const& stream)
+{
+    cudaStream_t const onStream = streamArgument(stream, cache.stream());
+    char const* const expected = "a sequence of (src, dst) state slot pairs or an [n, 2] int array on the host";
+    if (deviceInt32Array(pairs, onStream, cache.manager().device(), "pairs").has_value())
+    {
+        throw rt::InvalidArgumentError(
+            fmt::format("copy_states: pairs is a device array; it takes {} (the list travels as kernel parameters, "
+                        "so a captured graph replays the pairs it was captured with)",
+                expected));
+    }
+    requireIterable(pairs, "pairs", expected);
+    hostInt32Pairs(pairs, cache.states, PairListName{"pairs", "state slots", "(src, dst)"});
+    rt::copyStates(cache.manager(), cache.states, onStream);
+}
+
+char const* const kCOPY_STATES_DOC =
+    "Copies each (src, dst) state slot in every state layer and tensor, all in one launch (per\n"
+    "MAX_INLINE_STATE_COPIES pairs), stream-ordered (default: the cache's stream): a fork's state copies\n"
+    "(PageManager.last_state_copies()) before the step's kernels. pairs: a host list (sequence of pairs, [n, 2]\n"
+    "int array), checked before anything is launched: OutOfRangeError for a slot outside [0, num_state_slots),\n"
+    "InvalidArgumentError for a destination listed twice, a slot both source and destination, a cache without state\n"
+    "layers or a device array. stream: int handle or object with __cuda_stream__ / cuda_stream.";
+
 char const* const kCOPY_PAGES_DOC =
     "Copies each (src, dst) page in every targeted layer and half, stream-ordered (default: the cache's stream).\n"
     "pairs: a host list (sequence of pairs, [n, 2] int array) validated before launch, or a device int32 array\n"
@@ -211,6 +275,12 @@ char const* const kCOPY_PAGES_DOC =
 char const* const kRESET_PAGES_DOC =
     "Fills each listed page with the 4-byte little-endian pattern (0 clears) in every targeted layer and half;\n"
     "pages as for copy_pages (host list or device int32 array).";
+
+char const* const kSTATE_VIEW_DOC =
+    "Tensor `tensor` (its index in the layer, or its name) of state layer `layer`, zero-copy: [num_state_slots,\n"
+    "*shape], contiguous, in the tensor's dtype. Row n is state slot n (PageManager.state_slot): one sequence's\n"
+    "state, or a checkpoint's. State memory starts uninitialized. Raises OutOfRangeError for a bad layer or tensor\n"
+    "index, InvalidArgumentError naming the layer's tensors for an unknown name.";
 
 char const* const kSCALE_POOL_VIEW_DOC =
     "Scale pool view of a layer, zero-copy, K scales then V scales (view[0], view[1]), as FlashInfer's kv_cache_sf:\n"
@@ -301,6 +371,11 @@ void bindManager(nb::module_& m)
             },
             nb::arg("layer"), "K and V views, each [max_batch_size, slot_tokens, H, D] (V empty for a latent layer).")
         .def(
+            "state_view",
+            [](Self self, int64_t layer, StateTensorArgument const& tensor)
+            { return stateTensorView(self, layer, tensor); },
+            nb::arg("layer"), nb::arg("tensor"), kSTATE_VIEW_DOC)
+        .def(
             "transfer_description",
             [](CacheHandle& c, std::optional<rt::KVCacheConfig> const& modelConfig, int32_t tp, int32_t rank)
             {
@@ -384,12 +459,14 @@ void bindManager(nb::module_& m)
         .def("copy_pages", &copyPages, nb::arg("pairs"), nb::arg("stream") = nb::none(), nb::kw_only(),
             nb::arg("target") = nb::none(), nb::arg("group") = nb::none(), nb::arg("count") = nb::none(),
             nb::arg("error_count") = nb::none(), kCOPY_PAGES_DOC)
+        .def("copy_states", &copyStates, nb::arg("pairs"), nb::arg("stream") = nb::none(), kCOPY_STATES_DOC)
         .def("reset_pages", &resetPages, nb::arg("pages"), nb::arg("stream") = nb::none(), nb::kw_only(),
             nb::arg("pattern") = 0, nb::arg("target") = nb::none(), nb::arg("group") = nb::none(),
             nb::arg("count") = nb::none(), nb::arg("error_count") = nb::none(), kRESET_PAGES_DOC);
     managerAccessors(cls, "num_layers", &rt::KVCacheManager::numLayers, "max_cap_padded",
         &rt::KVCacheManager::maxCapPadded, "tokens_per_page", &rt::KVCacheManager::tokensPerPage, "num_groups",
-        &rt::KVCacheManager::numGroups, "is_uniform", &rt::KVCacheManager::isUniform, "allocated_bytes",
+        &rt::KVCacheManager::numGroups, "num_state_layers", &rt::KVCacheManager::numStateLayers, "num_state_slots",
+        &rt::KVCacheManager::numStateSlots, "is_uniform", &rt::KVCacheManager::isUniform, "allocated_bytes",
         &rt::KVCacheManager::allocatedBytes);
 
     m.def(

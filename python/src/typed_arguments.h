@@ -31,6 +31,9 @@ KVCACHE_TYPED_ARGUMENT(StreamArgument, "StreamLike");
 KVCACHE_TYPED_ARGUMENT(DeviceArrayArgument, "DeviceArray");
 KVCACHE_TYPED_ARGUMENT(PagePairsArgument, "PagePairs");
 KVCACHE_TYPED_ARGUMENT(PageIdsArgument, "PageIds");
+KVCACHE_TYPED_ARGUMENT(StatePairsArgument, "StatePairs");
+//! A state tensor of a state layer: its index or its name.
+KVCACHE_TYPED_ARGUMENT(StateTensorArgument, "int | str");
 KVCACHE_TYPED_ARGUMENT(CacheArgument, "KVCacheManager");
 KVCACHE_TYPED_ARGUMENT(PageOpTargetArgument, "PageOpTarget");
 KVCACHE_TYPED_ARGUMENT(LayoutSourceArgument, "KVCacheManager | KVCacheLayout | Config");
