@@ -646,7 +646,7 @@ void randomRun(uint32_t seed, int32_t numSlots, int32_t intervalPages)
 {
     SCOPED_TRACE(::testing::Message() << "seed " << seed << ", " << numSlots << " slots, every " << intervalPages);
     constexpr int32_t kBATCH = 4;
-    PageManager manager(checkpointConfig(kBATCH, numSlots, 16384), options(intervalPages));
+    PageManager manager(checkpointConfig(kBATCH, numSlots, 4096), options(intervalPages));
     CheckpointModel model(numSlots, kBATCH, intervalPages);
     std::mt19937 random(seed);
     // Three families of 40 tokens: prompts share their prefixes; suffixes from 2 tokens often coincide too.
@@ -785,7 +785,7 @@ void randomRun(uint32_t seed, int32_t numSlots, int32_t intervalPages)
 
 TEST(StateCheckpoints, RandomRunsFollowTheModel)
 {
-    for (uint32_t seed = 1; seed <= 4; ++seed)
+    for (uint32_t seed = 1; seed <= 3; ++seed)
     {
         randomRun(seed, 3, 0);
         randomRun(seed + 100, 1, 2);
