@@ -7,14 +7,17 @@
 //   d. caching a prompt's full pages;
 //   e. a continuous-batching simulation: 256 sequences sharing a 2048-token prefix, one step() for every decode;
 //   f. (ours, no baseline) a serving workload with shared prefixes, repeats and follow-ups on hybrid models (sliding
-//      window and full attention) and their full-attention twins of the same device bytes (hybrid_serving_sim.cpp).
+//      window and full attention) and their full-attention twins of the same device bytes (hybrid_serving_sim.cpp);
+//   j. (ours) a serving workload on a recurrent hybrid model (Qwen3-Next-like) under state checkpoints, against its
+//      attention-only twin of the same bytes and vLLM's rule of a state per block (state_checkpoint_sim.cpp).
 // No GPU. Counters: ns_per_op (and ns_per_page) for a-d, ns_per_sequence_step and prefix_hit_rate for e, the hit rate
-// of each model of f; wall time from a steady clock. A case whose check fails stops with an error and makes the process
-// exit 1. See docs/benchmarks.md.
+// of each model of f and j; wall time from a steady clock. A case whose check fails stops with an error and makes the
+// process exit 1. See docs/benchmarks.md.
 
 #include "bench_main.h"
 #include "hybrid_serving_sim.h"
 #include "serving_workload.h"
+#include "state_checkpoint_sim.h"
 
 #include "kvcache/core/kv_cache_layout.h"
 #include "kvcache/paging/page_allocator.h"
@@ -685,6 +688,89 @@ void hybridPrefix(benchmark::State& state, HybridModelShape shape, HybridSplit s
         });
 }
 
+// Case j: a recurrent hybrid model under state checkpoints, its attention-only twin and vLLM's rule
+
+//! Seeds of case j: each iteration runs one.
+constexpr int32_t kCHECKPOINT_SEEDS = 3;
+//! The twin's pages (16 tokens each): the running batch fits at its largest and the cache churns.
+constexpr int32_t kCHECKPOINT_TWIN_PAGES = 16'384;
+
+//! state_prefix/SLOTS/INTERVAL: one iteration runs the workload of state_checkpoint_sim.cpp with one seed on the
+//! full-attention twin, on the attention-only cache, on the model with SLOTS checkpoint slots under PageManager's
+//! boundaries (and one every INTERVAL pages), and on the same model under vLLM's rule, all in the twin's bytes. Hit
+//! rates are adopted tokens over prompt tokens offered after warm-up, summed over the iterations; adopt_ns is the mean
+//! time of one adoptPrefix() call.
+void statePrefix(benchmark::State& state, int32_t checkpointSlots, int32_t intervalPages)
+{
+    guarded(state,
+        [&]
+        {
+            constexpr std::array<CheckpointRule, 4> kRULES = {CheckpointRule::kTWIN, CheckpointRule::kATTENTION_ONLY,
+                CheckpointRule::kKVCACHE, CheckpointRule::kVLLM_BLOCKS};
+            std::array<rt::KVCacheConfig, 4> configs;
+            for (size_t r = 0; r < kRULES.size(); ++r)
+            {
+                configs[r] = checkpointConfig(kRULES[r], checkpointSlots, kCHECKPOINT_TWIN_PAGES);
+            }
+            std::array<CheckpointRunResult, 4> totals{};
+            uint64_t seed = 1;
+            for (auto _ : state)
+            {
+                double nanoseconds = 0;
+                std::array<CheckpointRunResult, 4> runs{};
+                for (size_t r = 0; r < kRULES.size(); ++r)
+                {
+                    runs[r] = runCheckpointWorkload(configs[r], kRULES[r], intervalPages, seed);
+                    check(runs[r].offeredTokens == runs[0].offeredTokens && runs[r].admitted == runs[0].admitted,
+                        "the caches were offered different prompts");
+                    check(runs[r].bytes <= runs[0].bytes,
+                        "a cache takes " + std::to_string(runs[r].bytes) + " bytes, more than the twin's "
+                            + std::to_string(runs[0].bytes));
+                    CheckpointRunResult& total = totals[r];
+                    total.offeredTokens += runs[r].offeredTokens;
+                    total.adoptedTokens += runs[r].adoptedTokens;
+                    total.admitted += runs[r].admitted;
+                    total.adoptNanoseconds += runs[r].adoptNanoseconds;
+                    total.adoptCalls += runs[r].adoptCalls;
+                    total.checkpointsSaved += runs[r].checkpointsSaved;
+                    total.checkpointsRestored += runs[r].checkpointsRestored;
+                    total.checkpointsDropped += runs[r].checkpointsDropped;
+                    total.numPages = runs[r].numPages;
+                    nanoseconds += runs[r].adoptNanoseconds;
+                }
+                ++seed;
+                state.SetIterationTime(nanoseconds * 1e-9);
+            }
+            auto rate = [](CheckpointRunResult const& r) {
+                return static_cast<double>(r.adoptedTokens)
+                    / static_cast<double>(std::max<int64_t>(r.offeredTokens, 1));
+            };
+            auto adoptNs = [](CheckpointRunResult const& r)
+            { return r.adoptNanoseconds / static_cast<double>(std::max<int64_t>(r.adoptCalls, 1)); };
+            char const* const names[] = {"twin", "attention", "kvcache", "vllm"};
+            for (size_t r = 0; r < totals.size(); ++r)
+            {
+                std::string const name = names[r];
+                state.counters[name + "_hit_rate"] = rate(totals[r]);
+                state.counters[name + "_adopt_ns"] = adoptNs(totals[r]);
+                state.counters[name + "_pages"] = static_cast<double>(totals[r].numPages);
+                if (r > 0)
+                {
+                    state.counters[name + "_over_twin"] = rate(totals[r]) / std::max(rate(totals[0]), 1e-12);
+                }
+                if (r > 1)
+                {
+                    state.counters[name + "_saved"] = static_cast<double>(totals[r].checkpointsSaved);
+                    state.counters[name + "_restored"] = static_cast<double>(totals[r].checkpointsRestored);
+                    state.counters[name + "_dropped"] = static_cast<double>(totals[r].checkpointsDropped);
+                }
+            }
+            state.counters["kvcache_adopt_over_attention"] = adoptNs(totals[2]) / std::max(adoptNs(totals[1]), 1e-12);
+            state.counters["admitted"] = static_cast<double>(totals[0].admitted);
+            state.counters["vllm_block_tokens"] = static_cast<double>(vllmBlockTokens());
+        });
+}
+
 // Registration
 
 struct HashCase
@@ -748,6 +834,17 @@ void registerAll()
                     ->Iterations(kHYBRID_SEEDS)
                     ->Unit(benchmark::kMillisecond);
             }
+        }
+    }
+    for (int32_t const slots : {64, 128, 256, 384})
+    {
+        for (int32_t const interval : {0, 32})
+        {
+            std::string const name = "state_prefix/" + std::to_string(slots) + "/" + std::to_string(interval);
+            benchmark::RegisterBenchmark(name.c_str(), statePrefix, slots, interval)
+                ->UseManualTime()
+                ->Iterations(kCHECKPOINT_SEEDS)
+                ->Unit(benchmark::kMillisecond);
         }
     }
     benchmark::AddCustomContext("pool_pages", std::to_string(kPOOL_PAGES));

@@ -41,6 +41,9 @@ struct PageManagerOptions
     //! steady clock. Called by setRetention with a duration, and by step(), append() and evictCached() while a
     //! duration is in force.
     std::function<int64_t()> clock = {};
+    //! With state checkpoints (class comment, "State checkpoints"), ask for one every this many pages of a sequence
+    //! (checkpointBoundary()); 0 asks for none but the prompt's and the match's. Must be >= 0.
+    int32_t checkpointIntervalPages = 0;
 };
 
 //! Mixes `key` (e.g. a multimodal item's hash) into the hash of the page that holds token `position`.
@@ -102,8 +105,9 @@ public:
     bool empty() const noexcept;
     //! Returns the number of page copies, all groups (state copies not counted).
     int64_t size() const noexcept;
-    //! Returns the state slot copies the forks since the previous step queued, in the order they were queued; empty
-    //! without state layers. They run before the step's kernels, as the page copies do (PageManager, "State slots").
+    //! Returns the state slot copies queued since the previous step (forks, checkpoints saved, checkpoints restored),
+    //! in the order they were queued; empty without state layers. They run before the step's kernels, as the page
+    //! copies do, in any order (PageManager, "State slots" and "State checkpoints").
     std::vector<StateSlotCopy> const& stateCopies() const noexcept;
 
 private:
@@ -137,6 +141,11 @@ struct PageManagerStats
     int64_t evictedPages = 0;
     //! Copies queued because a sequence wrote to a page it shared, all groups.
     int64_t copyOnWritePages = 0;
+    //! State checkpoints made (a copy into a checkpoint slot queued), restored by adoptPrefix(), and dropped (their
+    //! carrier page evicted, or their slot reused for another).
+    int64_t checkpointsSaved = 0;
+    int64_t checkpointsRestored = 0;
+    int64_t checkpointsDropped = 0;
 };
 
 //! Prefix hits of one tenant: the sequences created with one salt (SequenceOptions), since construction (or
@@ -244,6 +253,25 @@ using EvictionCallback = std::function<void(int32_t group, int32_t page, PageHas
 //! pendingStateCopies() shows the list before the step. stateSlots() writes the slots of a batch, the per-row table
 //! (vLLM's state_indices) that batched recurrent kernels read.
 //!
+//! State checkpoints (state layers, numCheckpointSlots > 0, prefix caching on): with state layers a prefix of k whole
+//! pages is adoptable only when a checkpoint slot [maxBatchSize, numStateSlots) holds the state after its token
+//! k * tokensPerPage: a checkpoint, keyed by the hash of the prefix's page k - 1 (which chains the whole prefix and
+//! its salt) and carried by the page registered under that hash in the carrier group (the first full-attention group,
+//! else group 0). adoptPrefix() then gives the longest prefix every group can serve: its pages cached in every
+//! full-attention group, each windowed group's window before it, and an adoptable checkpoint at its end; it queues
+//! the restore (the checkpoint's slot to the sequence's) with the fork copies, and counts a hit on the checkpoint.
+//! Without checkpoint slots or with prefix caching off, a layout with state layers adopts nothing. The runtime saves
+//! checkpoints: checkpointBoundary() tells where the manager asks for one (the end of the prompt's last whole page
+//! before its last token, the end of the run of pages adoptPrefix() found cached past what it adopted, and every
+//! checkpointIntervalPages pages); the runtime ends a prefill chunk there, runs the step, and calls checkpointState(),
+//! which queues the copy of the sequence's slot (its source, when a fork or restore copy into it is still queued)
+//! into a checkpoint slot. A checkpoint is adoptable from the step that hands its copy out. Slots are reused by a
+//! clock: a hit raises the slot's count (at most 3), the hand lowers counts as it passes and reuses the first slot
+//! at 0, so checkpoints that are hit outlive those made and never hit; empty slots go first, lowest first, and a slot a
+//! queued copy reads or fills is never reused before the step. Evicting a checkpoint's carrier page drops it (its
+//! prefix is gone). Queued copies still never read a slot one fills; so an empty sequence whose slot a queued copy
+//! reads (forked since the last step) adopts nothing, and a restore into a fork child replaces the child's copy.
+//!
 //! Every call validates everything before it changes anything: a rejected call throws and leaves the state as it
 //! was. Not thread-safe: one owner at a time. Movable, not copyable.
 class PageManager
@@ -269,7 +297,8 @@ public:
     SequenceId create(SequenceOptions const& options = {});
 
     //! Gives the empty sequence `sequence` the longest cached prefix of `tokens[0, count)` (whole pages, at most
-    //! count - 1 tokens) and returns its length in tokens (0 when nothing is cached or prefix caching is off). The
+    //! count - 1 tokens; with state layers, one with a checkpoint, whose restore it queues: class comment, "State
+    //! checkpoints") and returns its length in tokens (0 when nothing is cached or prefix caching is off). The
     //! sequence then holds those pages and has that length; the runtime appends the remaining tokens. extraKeys are
     //! those of the prompt's pages (positions in [0, count)). Counts count query tokens and the result as hit tokens
     //! in stats(). Throws InvalidArgumentError for an unknown or non-empty sequence, count outside
@@ -337,9 +366,29 @@ public:
     //! negative count, null pointers with count > 0 or an unknown sequence (naming its index); `out` is then
     //! untouched.
     void stateSlots(SequenceId const* sequences, int32_t count, int32_t* out) const;
-    //! Returns the state copies queued by forks since the last successful step() or append(), which the next one
-    //! returns (StepCopies::stateCopies()); valid until the next fork(), free(), step() or append().
+    //! Returns the state copies queued by forks, checkpointState() and adoptPrefix() since the last successful step()
+    //! or append(), which the next one returns (StepCopies::stateCopies()); valid until the next call that queues or
+    //! drops one (fork(), free(), adoptPrefix(), checkpointState(), step(), append()).
     std::vector<StateSlotCopy> const& pendingStateCopies() const noexcept;
+
+    //! Returns the next length, greater than the sequence's, at which the manager asks for its state to be saved
+    //! (class comment, "State checkpoints"): a multiple of tokensPerPage within maxSequenceLength, or -1 when it asks
+    //! for none (always -1 without checkpoints). A runtime ends the sequence's prefill chunk there (or before it), runs
+    //! the step, and then calls checkpointState(). Throws InvalidArgumentError for an unknown sequence.
+    int32_t checkpointBoundary(SequenceId sequence) const;
+    //! Tells the manager that the sequence's state slot holds (or, once the queued copies into it ran, will hold) the
+    //! state after its length tokens, and asks it to keep that state as the checkpoint of the sequence's prefix: queues
+    //! the copy into a checkpoint slot (taking an empty one, else the clock's choice) for the next step. Returns true
+    //! when the prefix has a checkpoint now (made, or there already), false when none could be kept (no checkpoints,
+    //! the last page not registered in the carrier group, every checkpoint slot read or filled by a queued copy).
+    //! Throws InvalidArgumentError for an unknown sequence, a layout without state layers, or a length that is 0 or
+    //! not a multiple of tokensPerPage; nothing changes then.
+    bool checkpointState(SequenceId sequence);
+    //! Returns the state slot holding the checkpoint of the prefix whose last page has `hash` (adoptable or still
+    //! filling), or -1.
+    int32_t checkpointSlot(PageHash const& hash) const noexcept;
+    //! Returns the number of checkpoints held.
+    int32_t numCheckpoints() const noexcept;
 
     //! Returns whether `sequence` is alive.
     bool contains(SequenceId sequence) const noexcept;

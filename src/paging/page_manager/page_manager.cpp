@@ -50,6 +50,12 @@ KVCacheLayout const& checkedLayout(KVCacheLayout const& layout, PageManagerOptio
             "0, tokensPerPage a power of two (use computeLayout or KVCacheManager::layout())",
             layout.maxSequenceLength, layout.tokensPerPage, layout.maxTokensPerStep));
     }
+    if (options.checkpointIntervalPages < 0)
+    {
+        throw InvalidArgumentError(fmt::format(
+            "PageManager: options.checkpointIntervalPages is {}; it must be >= 0 (0: no periodic checkpoints)",
+            options.checkpointIntervalPages));
+    }
     if (options.maxSequences < 0)
     {
         throw InvalidArgumentError(fmt::format(
@@ -103,10 +109,13 @@ PageManager::State::State(KVCacheLayout const& source, PageManagerOptions const&
     setUpCuts(maxEntries);
     sequences = SequenceTable(maxSequences, maxEntries, numGroups(), tokensPerPage, cuts.enabled());
     stateSlots = !layout.stateLayers.empty();
+    setUpCheckpoints();
     if (stateSlots)
     {
-        pendingStateCopies.reserve(static_cast<size_t>(maxSequences));
-        stateCopies.reserve(static_cast<size_t>(maxSequences));
+        // One copy per live fork child or restored sequence, and one per checkpoint slot a save fills.
+        size_t const maxCopies = static_cast<size_t>(maxSequences) + static_cast<size_t>(checkpoints.size());
+        pendingStateCopies.reserve(maxCopies);
+        stateCopies.reserve(maxCopies);
     }
     setUpEvents(maxEntries);
     stepNeeded.assign(layout.groups.size(), 0);
@@ -437,7 +446,8 @@ PageGroupCounts PageManager::counts(int32_t group) const
 PageManagerStats PageManager::stats() const noexcept
 {
     State const& s = *mState;
-    return PageManagerStats{s.prefixQueryTokens, s.prefixHitTokens, s.prefix.evictedPages(), s.copyOnWritePages};
+    return PageManagerStats{s.prefixQueryTokens, s.prefixHitTokens, s.prefix.evictedPages(), s.copyOnWritePages,
+        s.checkpoints.saved, s.checkpoints.restored, s.checkpoints.dropped};
 }
 
 std::vector<PrefixTenantStats> PageManager::tenantStats() const
@@ -490,6 +500,9 @@ void PageManager::resetStats() noexcept
     mState->prefixQueryTokens = 0;
     mState->prefixHitTokens = 0;
     mState->copyOnWritePages = 0;
+    mState->checkpoints.saved = 0;
+    mState->checkpoints.restored = 0;
+    mState->checkpoints.dropped = 0;
     mState->prefix.resetEvictedPages();
 }
 

@@ -20,10 +20,14 @@ int32_t PageManager::State::evictOne(int32_t group)
         dropCut(cuts.order.oldest());
     }
     int32_t const page = prefix.evictOldest(group, pool);
+    // No adoptable prefix ends at this page any more: its cut's windows and its checkpoint serve nothing.
     if (group == cuts.fullGroup && cuts.cutPages[static_cast<size_t>(page)] != 0)
     {
-        // No adoptable prefix ends at this page any more: its cut's windows serve nothing.
         dropCut(page);
+    }
+    if (group == checkpoints.carrierGroup && checkpoints.byCarrier[static_cast<size_t>(page)] >= 0)
+    {
+        dropCheckpoint(checkpoints.byCarrier[static_cast<size_t>(page)]);
     }
     return page;
 }

@@ -74,9 +74,11 @@ public:
     //! adopted prefix's included, are released (before fresh pages are taken) and its entries before the window are
     //! kUNUSED_PAGE_ENTRY. The sequence then holds known.firstPage + pages whole pages; the cuts of a hybrid cache are
     //! made as adoptPrefix makes them. Returns false, changing nothing, when a group lacks the free and cached pages
-    //! for its fresh pages. Throws InvalidArgumentError, before changing anything, when prefix caching is off, when the
-    //! sequence does not hold exactly known.firstPage whole pages ending in known.parent's hash, or when pages is
-    //! outside [1, known.count]; after the change is complete, what the eviction callback throws.
+    //! for its fresh pages, or when the layout has state layers (checkpoints do not move between tiers, and pages
+    //! without the state at their end serve nothing). Throws InvalidArgumentError, before changing anything, when
+    //! prefix caching is off, when the sequence does not hold exactly known.firstPage whole pages ending in
+    //! known.parent's hash, or when pages is outside [1, known.count]; after the change is complete, what the eviction
+    //! callback throws.
     static bool adoptRun(
         PageManager& manager, NextPageHashes const& known, int32_t pages, std::vector<std::vector<FreshPage>>& fresh);
 };

@@ -39,6 +39,7 @@ void PageManager::State::checkInvariants() const
     }
     checkCutInvariants();
     checkSlotInvariants();
+    checkCheckpointInvariants();
 }
 
 void PageManager::State::checkGroupInvariants(int32_t g) const

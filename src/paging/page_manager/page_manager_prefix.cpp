@@ -97,15 +97,30 @@ int32_t PageManager::State::adoptPrefix(
         promptHashes.push_back(hash);
         parent = hash;
     }
-    int32_t const pages = windowedServedPages();
-    if (cuts.enabled())
+    int32_t const found = static_cast<int32_t>(promptHashes.size());
+    int32_t pages = 0;
+    int32_t checkpoint = -1;
+    if (!stateSlots)
     {
-        // Cuts where later requests are likeliest to resume: this prompt's own whole pages (a repeat of it) and the
-        // run the full-attention group has (a prefix others share), each once the sequence's pages reach it; the
-        // prefix adopted now is one too (below).
-        int32_t const found = static_cast<int32_t>(promptHashes.size());
+        pages = windowedServedPages();
+    }
+    else if (checkpoints.enabled()
+        && std::none_of(pendingStateCopies.begin(), pendingStateCopies.end(),
+            [row](StateSlotCopy const& copy) { return copy.src == row; }))
+    {
+        // The state must be restored too: the longest prefix with a checkpoint. Not into a slot a queued copy reads.
+        pages = checkpointedPages(found, checkpoint);
+    }
+    if (cuts.enabled() || checkpoints.enabled())
+    {
+        // Cuts and checkpoints where later requests are likeliest to resume: this prompt's own whole pages (a repeat
+        // of it) and the run the full-attention group has (a prefix others share), each once the sequence's pages
+        // reach it; the prefix adopted now is one too (below).
         sequence.promptCut = maxPages > pages ? maxPages : 0;
         sequence.matchCut = found > pages ? found : 0;
+    }
+    if (cuts.enabled())
+    {
         std::copy(promptHashes.begin(), promptHashes.begin() + pages, sequences.hashes(row));
     }
     if (pages == 0)
@@ -134,7 +149,31 @@ int32_t PageManager::State::adoptPrefix(
     prefixHitTokens += sequence.length;
     tenantStats(sequence.tenant).deviceHitTokens += sequence.length;
     makeCut(row, pages);
+    if (checkpoint >= 0)
+    {
+        restoreCheckpoint(row, checkpoint);
+    }
     return sequence.length;
+}
+
+bool PageManager::State::windowedServes(int32_t pages) const
+{
+    for (int32_t g = 0; g < numGroups(); ++g)
+    {
+        GroupPolicy const& policy = policies[static_cast<size_t>(g)];
+        if (!policy.windowed())
+        {
+            continue;
+        }
+        for (int32_t p = policy.firstAdopted(pages, tokensPerPage); p < pages; ++p)
+        {
+            if (prefix.find(g, promptHashes[static_cast<size_t>(p)]) == PageHashTable::kNONE_PAGE)
+            {
+                return false;
+            }
+        }
+    }
+    return true;
 }
 
 int32_t PageManager::State::windowedServedPages() const
@@ -142,25 +181,9 @@ int32_t PageManager::State::windowedServedPages() const
     // Windowed groups need only the pages covering the window before the first token to compute: the longest length
     // all of them can serve.
     int32_t pages = static_cast<int32_t>(promptHashes.size());
-    for (; pages > 0; --pages)
+    while (pages > 0 && !windowedServes(pages))
     {
-        bool served = true;
-        for (int32_t g = 0; g < numGroups() && served; ++g)
-        {
-            GroupPolicy const& policy = policies[static_cast<size_t>(g)];
-            if (!policy.windowed())
-            {
-                continue;
-            }
-            for (int32_t p = policy.firstAdopted(pages, tokensPerPage); p < pages && served; ++p)
-            {
-                served = prefix.find(g, promptHashes[static_cast<size_t>(p)]) != PageHashTable::kNONE_PAGE;
-            }
-        }
-        if (served)
-        {
-            break;
-        }
+        --pages;
     }
     return pages;
 }
@@ -168,6 +191,10 @@ int32_t PageManager::State::windowedServedPages() const
 bool PageManager::State::adoptRun(
     int32_t row, detail::NextPageHashes const& known, int32_t pages, std::vector<std::vector<detail::FreshPage>>& fresh)
 {
+    if (stateSlots)
+    {
+        return false;
+    }
     SequenceState& sequence = sequences[row];
     int32_t const first = known.firstPage;
     int32_t const end = first + pages;

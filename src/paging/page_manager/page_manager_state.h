@@ -2,6 +2,7 @@
 
 #include "paging/page_manager/page_manager_internal.h"
 #include "paging/page_manager/prefix_cuts.h"
+#include "paging/page_manager/state_checkpoints.h"
 #include "paging/parts/group_policy.h"
 #include "paging/parts/page_pool.h"
 #include "paging/parts/prefix_cache.h"
@@ -42,6 +43,8 @@ struct PageManager::State
     //! maxSequences copies (one per live fork child at most).
     std::vector<StateSlotCopy> pendingStateCopies;
     std::vector<StateSlotCopy> stateCopies;
+    //! The state checkpoints (state layers and checkpoint slots); each checkpoint slot adds room for one queued copy.
+    StateCheckpoints checkpoints;
     //! The step's page count per group (step(), pagesNeeded()).
     mutable std::vector<int64_t> stepNeeded;
     mutable std::vector<int64_t> stepReleased;
@@ -118,8 +121,10 @@ struct PageManager::State
         {
             return pool.pages.allocate();
         }
-        // A cache without cuts evicts the oldest cached page, inline: the path every step of such a cache takes.
-        int32_t const page = cuts.enabled() ? evictOne(group) : prefix.evictOldest(group, pool);
+        // A cache without cuts or checkpoints evicts the oldest cached page, inline: the path every step of such a
+        // cache takes.
+        int32_t const page =
+            cuts.enabled() || checkpoints.enabled() ? evictOne(group) : prefix.evictOldest(group, pool);
         pool.pages.hold(page);
         return page;
     }
@@ -134,8 +139,8 @@ struct PageManager::State
 
     //! Drops the content of the cached page of `group` that goes first and returns it, kept and unregistered: the
     //! oldest on the list, after dropping cuts (least recently made first) while the list is empty, which happens only
-    //! in a windowed group whose cached pages are all anchored; a full-attention page's cut goes with it. The group
-    //! must have a cached page.
+    //! in a windowed group whose cached pages are all anchored; a full-attention page's cut goes with it, and a carrier
+    //! page's checkpoint. The group must have a cached page.
     int32_t evictOne(int32_t group);
     //! Makes the cut of the first `pages` whole pages of the sequence in `row` (its hashes known), or makes it the most
     //! recent again when it exists; makes none when the full-attention page or a window page is not registered.
@@ -179,6 +184,8 @@ struct PageManager::State
     int32_t adoptPrefix(int32_t row, int32_t const* tokens, int32_t count, PageExtraKey const* keys, int32_t numKeys);
     //! Returns how many whole prompt pages (of promptHashes) every windowed group can serve.
     int32_t windowedServedPages() const;
+    //! Returns whether every windowed group can serve the first `pages` prompt pages (of promptHashes).
+    bool windowedServes(int32_t pages) const;
     //! detail::PageManagerInternal::adoptRun, its arguments checked; fresh[g] is cleared and filled.
     bool adoptRun(int32_t row, detail::NextPageHashes const& known, int32_t pages,
         std::vector<std::vector<detail::FreshPage>>& fresh);
@@ -198,6 +205,26 @@ struct PageManager::State
     bool freeState(int32_t row) noexcept;
     //! Hands the queued copies to the step being made (stateCopies), starts a new list, and frees the held rows.
     void takeStateCopies() noexcept;
+    //! Drops the queued copy into the slot of the waiting sequence in `row` (its stateSource) and clears its source.
+    void dropCopyInto(int32_t row) noexcept;
+
+    // State checkpoints (page_manager_checkpoints.cpp) -------------------------------------------------------------
+
+    //! Sets up the checkpoints when the layout has state layers and checkpoint slots; called once stateSlots is set.
+    void setUpCheckpoints();
+    //! Returns the longest prefix, at most `pages` pages of promptHashes, that every group can serve with an adoptable
+    //! checkpoint at its end, and writes that checkpoint to `index` (-1 with 0).
+    int32_t checkpointedPages(int32_t pages, int32_t& index) const;
+    //! Queues the restore of checkpoint `index` into the slot of the sequence in `row` and counts a hit on it.
+    void restoreCheckpoint(int32_t row, int32_t index) noexcept;
+    //! Returns an empty checkpoint slot (the lowest), else the one the clock reuses (its checkpoint dropped), or -1
+    //! when every slot is read or filled by a queued copy.
+    int32_t takeCheckpointSlot() noexcept;
+    //! Forgets checkpoint `index` (its carrier page evicted, or its slot reused); a queued copy into it still runs.
+    void dropCheckpoint(int32_t index) noexcept;
+    bool checkpointState(int32_t row);
+    int32_t checkpointBoundary(int32_t row) const;
+    void checkCheckpointInvariants() const;
 
     // Retention durations (page_manager_retention.cpp) -----------------------------------------------------------
 

@@ -22,22 +22,38 @@ void PageManager::State::queueForkCopy(int32_t parentRow, int32_t row) noexcept
     int32_t const parentSource = sequences[parentRow].stateSource;
     int32_t const source = parentSource >= 0 ? parentSource : parentRow;
     sequences[row].stateSource = source;
-    // Reserved for maxSequences: each copy fills a distinct live row.
+    int32_t const checkpoint = checkpoints.indexOfSlot(source);
+    if (checkpoint >= 0)
+    {
+        ++checkpoints.slots[static_cast<size_t>(checkpoint)].reads;
+    }
+    // Reserved for maxSequences + numCheckpointSlots: each copy fills a distinct live row or checkpoint slot.
     pendingStateCopies.push_back(StateSlotCopy{source, row});
+}
+
+void PageManager::State::dropCopyInto(int32_t row) noexcept
+{
+    auto const found = std::find_if(pendingStateCopies.begin(), pendingStateCopies.end(),
+        [row](StateSlotCopy const& copy) { return copy.dst == row; });
+    if (found != pendingStateCopies.end())
+    {
+        int32_t const checkpoint = checkpoints.indexOfSlot(found->src);
+        if (checkpoint >= 0)
+        {
+            --checkpoints.slots[static_cast<size_t>(checkpoint)].reads;
+        }
+        pendingStateCopies.erase(found);
+    }
+    sequences[row].stateSource = -1;
 }
 
 bool PageManager::State::freeState(int32_t row) noexcept
 {
     if (sequences[row].stateSource >= 0)
     {
-        // A waiting child: nothing reads its slot (forks of it read its source), so its copy goes and the row is free.
-        auto const found = std::find_if(pendingStateCopies.begin(), pendingStateCopies.end(),
-            [row](StateSlotCopy const& copy) { return copy.dst == row; });
-        if (found != pendingStateCopies.end())
-        {
-            pendingStateCopies.erase(found);
-        }
-        sequences[row].stateSource = -1;
+        // A waiting child: nothing reads its slot (forks and checkpoints of it read its source), so its copy goes and
+        // the row is free.
+        dropCopyInto(row);
         return false;
     }
     return std::any_of(pendingStateCopies.begin(), pendingStateCopies.end(),
@@ -48,7 +64,20 @@ void PageManager::State::takeStateCopies() noexcept
 {
     for (StateSlotCopy const& copy : pendingStateCopies)
     {
-        sequences[copy.dst].stateSource = -1;
+        int32_t const target = checkpoints.indexOfSlot(copy.dst);
+        if (target >= 0)
+        {
+            checkpoints.slots[static_cast<size_t>(target)].filling = false;
+        }
+        else
+        {
+            sequences[copy.dst].stateSource = -1;
+        }
+        int32_t const read = checkpoints.indexOfSlot(copy.src);
+        if (read >= 0)
+        {
+            --checkpoints.slots[static_cast<size_t>(read)].reads;
+        }
     }
     // Both reserved alike: the swap moves no element and keeps the capacities.
     stateCopies.swap(pendingStateCopies);
@@ -82,32 +111,44 @@ void PageManager::State::checkSlotInvariants() const
         fail(fmt::format("{} rows are free or held and {} sequences alive; maxSequences is {}", listed,
             sequences.numSequences(), maxSequences));
     }
-    // A live row's slot is its own, so slots are distinct. A copy fills a waiting child from a live sequence's slot
-    // or a held one, never from a slot a copy fills: the list may run in any order.
-    std::vector<uint8_t> fills(static_cast<size_t>(maxSequences), 0);
-    for (StateSlotCopy const& copy : pendingStateCopies)
-    {
-        if (copy.dst >= 0 && copy.dst < maxSequences && fills[static_cast<size_t>(copy.dst)]++ != 0)
-        {
-            fail(fmt::format("two queued state copies fill slot {}", copy.dst));
-        }
-    }
+    // A live row's slot is its own, so slots are distinct. A copy fills a waiting child (a fork or a restore) from a
+    // live sequence's slot, a held one or a checkpoint's, or a checkpoint slot (a save) from a sequence's; never from
+    // a slot a copy fills: the list may run in any order.
+    int32_t const numSlots = checkpoints.firstSlot + checkpoints.size();
+    auto const inRange = [&](int32_t slot)
+    { return (slot >= 0 && slot < maxSequences) || checkpoints.indexOfSlot(slot) >= 0; };
+    std::vector<uint8_t> fills(static_cast<size_t>(std::max(numSlots, maxSequences)), 0);
+    int32_t intoRows = 0;
     for (size_t c = 0; c < pendingStateCopies.size(); ++c)
     {
         StateSlotCopy const copy = pendingStateCopies[c];
-        if (!stateSlots || copy.src < 0 || copy.src >= maxSequences || copy.dst < 0 || copy.dst >= maxSequences)
+        if (!stateSlots || !inRange(copy.src) || !inRange(copy.dst))
         {
             fail(fmt::format("queued state copy {} ({} -> {}) is out of range or the layout has no state layers", c,
                 copy.src, copy.dst));
         }
-        SequenceState const& child = sequences[copy.dst];
-        bool const sourceHeld = state[static_cast<size_t>(copy.src)] == 2;
-        if (!child.alive || child.stateSource != copy.src || fills[static_cast<size_t>(copy.src)] != 0
-            || !(sequences[copy.src].alive || sourceHeld))
+        if (fills[static_cast<size_t>(copy.dst)]++ != 0)
         {
-            fail(fmt::format("queued state copy {} ({} -> {}) fills a free slot, disagrees with the child's source {}, "
-                             "or reads a slot a copy fills or that is free",
-                c, copy.src, copy.dst, child.stateSource));
+            fail(fmt::format("two queued state copies fill slot {}", copy.dst));
+        }
+        intoRows += copy.dst < maxSequences ? 1 : 0;
+    }
+    for (size_t c = 0; c < pendingStateCopies.size(); ++c)
+    {
+        StateSlotCopy const copy = pendingStateCopies[c];
+        int32_t const fromCheckpoint = checkpoints.indexOfSlot(copy.src);
+        int32_t const intoCheckpoint = checkpoints.indexOfSlot(copy.dst);
+        bool const sourceOk = fromCheckpoint >= 0
+            ? checkpoints.slots[static_cast<size_t>(fromCheckpoint)].pages > 0
+            : sequences[copy.src].alive || state[static_cast<size_t>(copy.src)] == 2;
+        bool const targetOk = intoCheckpoint >= 0
+            ? fromCheckpoint < 0
+            : sequences[copy.dst].alive && sequences[copy.dst].stateSource == copy.src;
+        if (!sourceOk || !targetOk || fills[static_cast<size_t>(copy.src)] != 0)
+        {
+            fail(fmt::format("queued state copy {} ({} -> {}) fills a free slot, disagrees with the child's source, "
+                             "reads a slot a copy fills or that is free, or copies a checkpoint into a checkpoint",
+                c, copy.src, copy.dst));
         }
     }
     int32_t waiting = 0;
@@ -115,10 +156,11 @@ void PageManager::State::checkSlotInvariants() const
     {
         waiting += sequences[row].alive && sequences[row].stateSource >= 0 ? 1 : 0;
     }
-    // Each waiting child has one copy: the copies fill distinct slots.
-    if (waiting != static_cast<int32_t>(pendingStateCopies.size()))
+    // Each waiting child has one copy: the copies into rows fill distinct slots.
+    if (waiting != intoRows)
     {
-        fail(fmt::format("{} sequences wait for a state copy; {} are queued", waiting, pendingStateCopies.size()));
+        fail(fmt::format(
+            "{} sequences wait for a state copy; {} copies into their slots are queued", waiting, intoRows));
     }
     if (!pendingStateCopies.empty() || !sequences.heldRows().empty())
     {

@@ -1,0 +1,340 @@
+// Case j: a serving workload on a Qwen3-Next-like model (state_checkpoint_sim.h) under two rules for what prefix a
+// request can resume from, against two caches without state layers.
+//
+// kRUNNING sequences run at once. Each step appends one decoded token to every running sequence; a sequence that has
+// produced its output (16 to 128 tokens) is freed and a request admitted in its place: create(), adoptPrefix(), then
+// the rest of the prompt in chunks of at most kCHUNK tokens. Requests come from a seeded generator that never looks at
+// the cache, so every rule sees the same requests. Prompts hold 100 to 2000 tokens:
+//   - 40% are new: the start of one of kFAMILIES shared prompts (64 to 1024 tokens) and user tokens;
+//   - 35% repeat the prompt of one of the last kHISTORY requests exactly;
+//   - 25% follow up one of the last kHISTORY finished conversations: its prompt and output plus 32 to 256 user tokens
+//     (a new request instead when that passes 2000 tokens).
+// The runtime of the two caches with state layers ends a prefill chunk at the boundary where a checkpoint is wanted and
+// calls checkpointState() after that step; in decode, after each step, for a sequence whose length is such a boundary.
+
+#include "state_checkpoint_sim.h"
+
+#include "serving_workload.h"
+
+#include "kvcache/core/kv_cache_layout.h"
+#include "kvcache/paging/page_manager.h"
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kvcache::bench
+{
+namespace
+{
+
+namespace rt = kvcache::rt;
+
+constexpr int32_t kRUNNING = 32;
+constexpr int32_t kMAX_LENGTH = 2304;
+constexpr int32_t kCHUNK = 2048;
+constexpr int32_t kMIN_PROMPT = 100;
+constexpr int32_t kMAX_PROMPT = 2000;
+constexpr int32_t kFAMILIES = 16;
+constexpr int32_t kHISTORY = 256;
+constexpr int32_t kWARM_STEPS = 1000;
+constexpr int32_t kMEASURED_STEPS = 4000;
+constexpr int32_t kVOCAB = 151'936;
+
+void check(bool condition, std::string const& message)
+{
+    if (!condition)
+    {
+        throw std::runtime_error("check failed: " + message);
+    }
+}
+
+struct Request
+{
+    std::vector<int32_t> prompt;
+    std::vector<int32_t> output;
+};
+
+class Requests
+{
+public:
+    explicit Requests(uint64_t seed)
+        : mRandom(seed)
+    {
+        SplitMix64 familyRandom(4242);
+        for (int32_t f = 0; f < kFAMILIES; ++f)
+        {
+            std::vector<int32_t>& family = mFamilies.emplace_back();
+            family.resize(static_cast<size_t>(familyRandom.between(64, 1024)));
+            for (int32_t& token : family)
+            {
+                token = familyRandom.between(0, kVOCAB - 1);
+            }
+        }
+    }
+
+    Request next()
+    {
+        Request request;
+        int32_t const kind = mRandom.between(0, 19);
+        if (kind < 7 && !mPrompts.empty())
+        {
+            request.prompt = mPrompts[static_cast<size_t>(mRandom.below(static_cast<int32_t>(mPrompts.size())))];
+        }
+        else if (kind < 12 && !mConversations.empty())
+        {
+            request.prompt =
+                mConversations[static_cast<size_t>(mRandom.below(static_cast<int32_t>(mConversations.size())))];
+            appendRandom(request.prompt, mRandom.between(32, 256));
+            if (static_cast<int32_t>(request.prompt.size()) > kMAX_PROMPT)
+            {
+                request.prompt.clear();
+            }
+        }
+        if (request.prompt.empty())
+        {
+            std::vector<int32_t> const& family = mFamilies[static_cast<size_t>(mRandom.below(kFAMILIES))];
+            int32_t const length = mRandom.between(kMIN_PROMPT, kMAX_PROMPT);
+            int32_t const shared = std::min(static_cast<int32_t>(family.size()), length - 16);
+            request.prompt.assign(family.begin(), family.begin() + shared);
+            appendRandom(request.prompt, length - shared);
+        }
+        appendRandom(request.output, mRandom.between(16, 128));
+        remember(mPrompts, mNextPrompt, request.prompt);
+        return request;
+    }
+
+    void finished(Request const& request)
+    {
+        std::vector<int32_t> conversation = request.prompt;
+        conversation.insert(conversation.end(), request.output.begin(), request.output.end());
+        remember(mConversations, mNextConversation, conversation);
+    }
+
+private:
+    void appendRandom(std::vector<int32_t>& tokens, int32_t count)
+    {
+        for (int32_t i = 0; i < count; ++i)
+        {
+            tokens.push_back(mRandom.between(0, kVOCAB - 1));
+        }
+    }
+    static void remember(std::vector<std::vector<int32_t>>& ring, size_t& next, std::vector<int32_t> const& tokens)
+    {
+        if (ring.size() < static_cast<size_t>(kHISTORY))
+        {
+            ring.push_back(tokens);
+            return;
+        }
+        ring[next] = tokens;
+        next = (next + 1) % ring.size();
+    }
+
+    SplitMix64 mRandom;
+    std::vector<std::vector<int32_t>> mFamilies;
+    std::vector<std::vector<int32_t>> mPrompts;
+    std::vector<std::vector<int32_t>> mConversations;
+    size_t mNextPrompt = 0;
+    size_t mNextConversation = 0;
+};
+
+//! The model's config: `attentionLayers` full-attention layers (2 KV heads of 256), and the 36 gated delta net layers
+//! with `checkpointSlots` checkpoint slots when `withState`.
+rt::KVCacheConfig modelConfig(int32_t attentionLayers, bool withState, int32_t checkpointSlots, int32_t numPages)
+{
+    rt::KVCacheConfig config;
+    config.numAttentionLayers = attentionLayers;
+    config.maxBatchSize = kRUNNING;
+    config.maxSequenceLength = kMAX_LENGTH;
+    config.tokensPerPage = QwenNextLike::kTOKENS_PER_PAGE;
+    config.maxTokensPerStep = kCHUNK;
+    config.numPages = numPages;
+    for (int32_t i = 0; i < attentionLayers; ++i)
+    {
+        config.layerConfigs.push_back({2, 256, 0});
+    }
+    if (withState)
+    {
+        for (int32_t i = 0; i < QwenNextLike::kSTATE_LAYERS; ++i)
+        {
+            config.stateLayerConfigs.push_back(
+                rt::StateLayerConfig{{rt::StateTensorConfig{"conv", {8192, 3}, rt::DataType::kBF16},
+                    rt::StateTensorConfig{"recurrent", {32, 128, 128}, rt::DataType::kBF16}}});
+        }
+        config.numCheckpointSlots = checkpointSlots;
+    }
+    return config;
+}
+
+rt::PageManagerOptions managerOptions(int32_t intervalPages)
+{
+    rt::PageManagerOptions o;
+    o.maxSequences = kRUNNING;
+    o.hashAlgorithm = rt::PageHashAlgorithm::kXXH3_128;
+    std::array<uint8_t, 32> seed{};
+    for (size_t i = 0; i < seed.size(); ++i)
+    {
+        seed[i] = static_cast<uint8_t>(i * 7 + 1);
+    }
+    o.hashSeed = seed;
+    o.checkpointIntervalPages = intervalPages;
+    return o;
+}
+
+} // namespace
+
+int32_t vllmBlockTokens()
+{
+    rt::KVCacheLayout const layout = rt::computeLayout(modelConfig(QwenNextLike::kFULL_LAYERS, true, 1, 0));
+    int64_t const stateLayerBytes = layout.stateLayers.at(0).slotBytes;
+    int64_t const tokenLayerBytes =
+        layout.groups.at(0).bytesPerPage / layout.tokensPerPage / QwenNextLike::kFULL_LAYERS;
+    int64_t const tokens = (stateLayerBytes + tokenLayerBytes - 1) / tokenLayerBytes;
+    return static_cast<int32_t>((tokens + 15) / 16 * 16);
+}
+
+rt::KVCacheConfig checkpointConfig(CheckpointRule rule, int32_t checkpointSlots, int32_t twinPages)
+{
+    constexpr int32_t kTWIN_LAYERS = QwenNextLike::kFULL_LAYERS + QwenNextLike::kSTATE_LAYERS;
+    if (rule == CheckpointRule::kTWIN)
+    {
+        return modelConfig(kTWIN_LAYERS, false, 0, twinPages);
+    }
+    int64_t const twinBytes = rt::computeLayout(modelConfig(kTWIN_LAYERS, false, 0, twinPages)).cacheBytes;
+    bool const withState = rule != CheckpointRule::kATTENTION_ONLY;
+    rt::KVCacheLayout const layout =
+        rt::computeLayout(modelConfig(QwenNextLike::kFULL_LAYERS, withState, checkpointSlots, 0));
+    int64_t const pages = (twinBytes - layout.stateBytes) / layout.groups.at(0).bytesPerPage;
+    check(pages >= layout.minPages,
+        std::to_string(checkpointSlots) + " checkpoint slots leave " + std::to_string(pages)
+            + " pages, below the running batch's " + std::to_string(layout.minPages));
+    return modelConfig(QwenNextLike::kFULL_LAYERS, withState, checkpointSlots, static_cast<int32_t>(pages));
+}
+
+CheckpointRunResult runCheckpointWorkload(
+    rt::KVCacheConfig const& config, CheckpointRule rule, int32_t intervalPages, uint64_t seed)
+{
+    rt::PageManager manager(config, managerOptions(rule == CheckpointRule::kKVCACHE ? intervalPages : 0));
+    int32_t const block = vllmBlockTokens();
+    // The length at which the runtime saves the sequence's state next, -1 for none.
+    auto const boundaryOf = [&](rt::SequenceId id) -> int32_t
+    {
+        switch (rule)
+        {
+        case CheckpointRule::kKVCACHE: return manager.checkpointBoundary(id);
+        case CheckpointRule::kVLLM_BLOCKS: return (manager.length(id) / block + 1) * block;
+        default: return -1;
+        }
+    };
+    struct Running
+    {
+        rt::SequenceId id = -1;
+        Request request;
+        int32_t produced = 0;
+        int32_t boundary = -1;
+    };
+    Requests source(seed);
+    std::vector<Running> running;
+    std::vector<Running> still;
+    std::vector<rt::SequenceAppend> appends;
+    CheckpointRunResult result;
+    bool measuring = false;
+    auto admit = [&]
+    {
+        Running entry;
+        entry.request = source.next();
+        std::vector<int32_t> const& prompt = entry.request.prompt;
+        int32_t const length = static_cast<int32_t>(prompt.size());
+        entry.id = manager.create();
+        auto const start = std::chrono::steady_clock::now();
+        int32_t const hit = manager.adoptPrefix(entry.id, prompt.data(), length);
+        double const nanoseconds =
+            std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count();
+        for (int32_t at = hit; at < length;)
+        {
+            int32_t const boundary = boundaryOf(entry.id);
+            int32_t end = std::min(length, at + kCHUNK);
+            end = boundary > at && boundary < end ? boundary : end;
+            rt::SequenceAppend const chunk{entry.id, prompt.data() + at, end - at};
+            manager.step(&chunk, 1);
+            at = end;
+            if (at == boundary)
+            {
+                manager.checkpointState(entry.id);
+            }
+        }
+        entry.produced = 1;
+        entry.boundary = boundaryOf(entry.id);
+        if (measuring)
+        {
+            result.offeredTokens += length;
+            result.adoptedTokens += hit;
+            result.adoptNanoseconds += nanoseconds;
+            ++result.adoptCalls;
+            ++result.admitted;
+        }
+        running.push_back(std::move(entry));
+    };
+    for (int32_t i = 0; i < kRUNNING; ++i)
+    {
+        admit();
+    }
+    rt::PageManagerStats before{};
+    for (int32_t step = 0; step < kWARM_STEPS + kMEASURED_STEPS; ++step)
+    {
+        if (step == kWARM_STEPS)
+        {
+            measuring = true;
+            before = manager.stats();
+        }
+        appends.clear();
+        for (Running& entry : running)
+        {
+            if (entry.produced < static_cast<int32_t>(entry.request.output.size()))
+            {
+                appends.push_back(rt::SequenceAppend{entry.id, entry.request.output.data() + entry.produced - 1, 1});
+            }
+        }
+        manager.step(appends.data(), static_cast<int32_t>(appends.size()));
+        still.clear();
+        for (Running& entry : running)
+        {
+            if (entry.produced < static_cast<int32_t>(entry.request.output.size()))
+            {
+                ++entry.produced;
+                if (manager.length(entry.id) == entry.boundary)
+                {
+                    manager.checkpointState(entry.id);
+                    entry.boundary = boundaryOf(entry.id);
+                }
+                still.push_back(std::move(entry));
+                continue;
+            }
+            int32_t const expected =
+                static_cast<int32_t>(entry.request.prompt.size() + entry.request.output.size()) - 1;
+            check(manager.length(entry.id) == expected, "a finished sequence holds other than its tokens");
+            manager.free(entry.id);
+            source.finished(entry.request);
+        }
+        running.swap(still);
+        while (static_cast<int32_t>(running.size()) < kRUNNING)
+        {
+            admit();
+        }
+    }
+    manager.checkInvariants();
+    rt::PageManagerStats const after = manager.stats();
+    result.checkpointsSaved = after.checkpointsSaved - before.checkpointsSaved;
+    result.checkpointsRestored = after.checkpointsRestored - before.checkpointsRestored;
+    result.checkpointsDropped = after.checkpointsDropped - before.checkpointsDropped;
+    rt::KVCacheLayout const& layout = manager.layout();
+    result.numPages = layout.numPages;
+    result.bytes = layout.cacheBytes + layout.stateBytes;
+    return result;
+}
+
+} // namespace kvcache::bench
