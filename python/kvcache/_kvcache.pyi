@@ -1090,9 +1090,9 @@ class PageManager:
         Drops up to `count` cached pages of `group`; returns how many. With a TieredPrefixCache serving the manager, its next call offloads them (or call its evict_cached).
         """
 
-    def set_retention(self, sequence: int, first_token: int, end_token: int, priority: int) -> None:
+    def set_retention(self, sequence: int, first_token: int, end_token: int, priority: int, duration_ms: int | None = None) -> None:
         """
-        Sets retention priority `priority` (0 to 100, default 35) on the pages `sequence` holds for tokens [first_token, end_token): a page's priority is the highest its holders set since it was last free, and cached pages are evicted lowest priority first, least recently released first within one. Raises InvalidArgumentError for an unknown sequence, a priority outside [0, 100] or a range past the sequence, changing nothing.
+        Sets retention priority `priority` (0 to 100, default 35) on the pages `sequence` holds for tokens [first_token, end_token): a page's priority is the highest its holders set since it was last free, and cached pages are evicted lowest priority first, least recently released first within one. With duration_ms the priority holds that many milliseconds (steady clock), taking effect at the next step, append or evict_cached after it ends. Raises InvalidArgumentError for an unknown sequence, a priority outside [0, 100], a duration outside [0, one year] or a range past the sequence, changing nothing.
         """
 
     def retention_priority(self, group: int, page: int) -> int:
@@ -1579,9 +1579,9 @@ class TieredPrefixCache:
         Raises RuntimeError naming the first broken rule of the bookkeeping (each group's hash -> host page map and its least recently used order; no host page left pinned between calls); linear time.
         """
 
-def layout_transfer_description(layout: KVCacheLayout, pool_bases: Sequence[int], device: int = 0, host_scales: Sequence[LayerScales] = []) -> bytes:
+def layout_transfer_description(layout: KVCacheLayout, pool_bases: Sequence[int], device: int = 0, host_scales: Sequence[LayerScales] = [], model_config: Config | None = None, tp: int = 1, rank: int = 0) -> bytes:
     """
-    The transfer description of memory laid out as `layout`'s cache whose pools start at `pool_bases` (per group, per part of its page: each layer's data, then each layer's page scales; the order of transfer_registration's rows), on `device`, with `host_scales` (one per layer, or none): what KVCacheManager.transfer_description gives for a cache, for pools the caller allocated itself (e.g. host memory). Raises InvalidArgumentError for counts that do not match the layout.
+    The transfer description of memory laid out as `layout`'s cache whose pools start at `pool_bases` (per group, per part of its page: each layer's data, then each layer's page scales; the order of transfer_registration's rows), on `device`, with `host_scales` (one per layer, or none) and, for rank `rank` of `tp` (model_config: the whole model's Config; `layout` is then the rank's), the heads it holds: what KVCacheManager.transfer_description gives for a cache, for pools the caller allocated itself (e.g. host memory). Raises InvalidArgumentError for counts that do not match the layout.
     """
 
 def transfer_registration(description: bytes) -> Annotated[NDArray[numpy.int64], dict(shape=(None, 3))]:
@@ -1599,9 +1599,66 @@ def transfer_descriptors(local: bytes, local_pages: PageIds, remotes: Sequence[b
     Per remote description in `remotes`, the ranges that move tokens [0, num_tokens) of one sequence in page group `group` between the remote pages `remote_pages` and the local pages `local_pages` (each in its own cache's page size, as PageManager.pages gives them; -1 for pages a window released): a tuple (local, remote, layer_ends) of two [n, 3] int64 arrays of (address, bytes, device) rows, row i of one moving to row i of the other, and per layer of the group the end of its rows. Page sizes may differ by a whole factor and heads by tensor-parallel slices (docs/transfer_descriptors.md). Raises InvalidArgumentError naming the first mismatch or bad argument, OutOfRangeError for a page id outside the pool.
     """
 
+def transfer_prepared_descriptors(description: bytes, group: int, tokens_per_descriptor: int) -> tuple[NDArray[Any], NDArray[Any], int, int]:
+    """
+    The prepared descriptor list of page group `group` of the cache `description` describes, `tokens_per_descriptor` tokens a descriptor: a tuple (blocks, layer_ends, num_pages, descriptors_per_page). blocks is an [n, 5] int64 array of (address, bytes, device, stride, count) rows, the strided form NIXL's prep_xfer_dlist takes: per layer, per part (data, then page scales), per half (K, then V), num_pages * descriptors_per_page descriptors, descriptor page * descriptors_per_page + s holding the s-th run of tokens_per_descriptor tokens of page `page`. layer_ends gives, per layer, the end of its rows. Raises OutOfRangeError for a group outside the description, InvalidArgumentError for a tokens_per_descriptor that does not divide the group's tokens per page.
+    """
+
+def transfer_prepared_plan(local: bytes, remotes: Sequence[bytes], group: int) -> tuple[int, list[int]]:
+    """
+    How page group `group` moves between the local cache and the remote ones through prepared descriptor lists: a tuple (tokens_per_descriptor, layer_sources). tokens_per_descriptor is the smaller page size, which both sides' transfer_prepared_descriptors use; layer_sources gives, per layer, the index in `remotes` of the cache it comes from whole, or -1 where its heads come in tensor-parallel slices (then only transfer_descriptors' ranges express it). Raises InvalidArgumentError as transfer_descriptors does.
+    """
+
+class KVEventPublisher:
+    """
+    Publishes KV events in vLLM's wire format over ZeroMQ (kvcache::events): three frames a message (topic, 8-byte big-endian sequence number, msgpack batch), an optional ROUTER replay socket, never blocking the caller (docs/kv_events.md). Needs a build with kvcache::events: see available().
+    """
+
+    def __init__(self, endpoint: str = 'tcp://*:5557', *, replay_endpoint: str = '', topic: str = '', encoding: str = 'map', data_parallel_rank: int | None = None, replay_batches: int = 10000, queue_batches: int = 4096, send_high_water_mark: int = 100000, linger_ms: int = 0) -> None:
+        """
+        Opens the sockets. endpoint is bound when it holds '*' or '::' or is ipc:// or inproc:// ('tcp://127.0.0.1:*' binds a free port: see endpoint), connected otherwise; replay_endpoint (bound) is empty for no replays; encoding 'map' (vLLM's current form) or 'array' (the older positional form); linger_ms: how long closing lets sent batches reach subscribers.
+        """
+
+    @staticmethod
+    def available() -> bool:
+        """
+        Whether this build has kvcache::events; without it, making a KVEventPublisher raises RuntimeError.
+        """
+
+    def publish(self, source: object) -> int:
+        """
+        Takes the events `source` (a PageManager or a TieredPrefixCache, made with record_events=True) recorded since its last take and queues them as one batch; returns its sequence number, or -1 when there were none. Call it once per step, after the step.
+        """
+
+    def flush(self, timeout_ms: int) -> bool:
+        """
+        Waits until every batch published so far is sent or dropped; False after timeout_ms.
+        """
+
+    def wait_for_subscriber(self, timeout_ms: int) -> bool:
+        """Returns True once a subscriber has subscribed, False after timeout_ms."""
+
+    def num_subscribers(self) -> int:
+        """
+        The subscriptions the PUB socket has seen (subscribes less unsubscribes).
+        """
+
+    @property
+    def endpoint(self) -> str:
+        """The PUB endpoint as bound or connected (a bound '*' port resolved)."""
+
+    @property
+    def replay_endpoint(self) -> str:
+        """The replay endpoint as bound; empty without one."""
+
+    def stats(self) -> dict:
+        """
+        Counters since construction as a dict: batches, events, dropped_batches, replays, bad_replay_requests.
+        """
+
 __version__: str
 
 def gpu_unavailable_reason() -> str:
     """Returns why no GPU can be used here, or an empty string when one can."""
 
-__all__: list = ['InvalidArgumentError', 'InvalidConfigError', 'OutOfRangeError', 'OutOfMemoryError', 'CudaError', 'DataType', 'data_type_size', 'data_type_name', 'KVLayerKind', 'KVQuantization', 'NVFP4_BLOCK_VALUES', 'TOKENS_PER_PAGE', 'MAX_TOKENS_PER_PAGE', 'MAX_NUM_PAGES', 'UNUSED_PAGE_ENTRY', 'MAX_INLINE_PAGE_OPS', 'MAX_INLINE_STATE_COPIES', 'KVLayerConfig', 'LayerScales', 'MAX_STATE_DIMS', 'STATE_TENSOR_ALIGNMENT', 'StateTensorConfig', 'StateLayerConfig', 'Config', 'KVLayerLayout', 'KVPageGroupLayout', 'StateTensorLayout', 'StateLayerLayout', 'KVCacheLayout', 'BudgetSplit', 'compute_layout', 'max_pages_for_budget', 'split_budget', 'View', 'KVHalf', 'PageOpTarget', 'LayerRef', 'KVCacheManager', 'PageAllocator', 'PageTableBuffers', 'PageHashAlgorithm', 'PageGroupCounts', 'PageManagerStats', 'PageManager', 'write_tokens', 'write_tokens_paged', 'read_tokens', 'HOST_TIER_KERNEL_MAX_BYTES', 'HOST_TIER_MAX_SMS', 'HOST_TIER_MAX_CHUNKS', 'HostTierMethod', 'PageLayerGeometry', 'PageGeometry', 'page_geometry', 'HostTier', 'SEQUENCE_FILE_VERSION', 'SequenceFileInfo', 'save_sequence', 'load_sequence', 'read_sequence_file_info', 'write_sequence_file', 'read_sequence_file', 'TieredAdmission', 'TieredPrefixCacheStats', 'TieredPrefixCache', 'layout_transfer_description', 'transfer_registration', 'transfer_mismatch', 'transfer_descriptors', '__version__', 'gpu_unavailable_reason']
+__all__: list = ['InvalidArgumentError', 'InvalidConfigError', 'OutOfRangeError', 'OutOfMemoryError', 'CudaError', 'DataType', 'data_type_size', 'data_type_name', 'KVLayerKind', 'KVQuantization', 'NVFP4_BLOCK_VALUES', 'TOKENS_PER_PAGE', 'MAX_TOKENS_PER_PAGE', 'MAX_NUM_PAGES', 'UNUSED_PAGE_ENTRY', 'MAX_INLINE_PAGE_OPS', 'MAX_INLINE_STATE_COPIES', 'KVLayerConfig', 'LayerScales', 'MAX_STATE_DIMS', 'STATE_TENSOR_ALIGNMENT', 'StateTensorConfig', 'StateLayerConfig', 'Config', 'KVLayerLayout', 'KVPageGroupLayout', 'StateTensorLayout', 'StateLayerLayout', 'KVCacheLayout', 'BudgetSplit', 'compute_layout', 'max_pages_for_budget', 'split_budget', 'View', 'KVHalf', 'PageOpTarget', 'LayerRef', 'KVCacheManager', 'PageAllocator', 'PageTableBuffers', 'PageHashAlgorithm', 'PageGroupCounts', 'PageManagerStats', 'PageManager', 'write_tokens', 'write_tokens_paged', 'read_tokens', 'HOST_TIER_KERNEL_MAX_BYTES', 'HOST_TIER_MAX_SMS', 'HOST_TIER_MAX_CHUNKS', 'HostTierMethod', 'PageLayerGeometry', 'PageGeometry', 'page_geometry', 'HostTier', 'SEQUENCE_FILE_VERSION', 'SequenceFileInfo', 'save_sequence', 'load_sequence', 'read_sequence_file_info', 'write_sequence_file', 'read_sequence_file', 'TieredAdmission', 'TieredPrefixCacheStats', 'TieredPrefixCache', 'layout_transfer_description', 'transfer_registration', 'transfer_mismatch', 'transfer_descriptors', 'transfer_prepared_descriptors', 'transfer_prepared_plan', 'KVEventPublisher', '__version__', 'gpu_unavailable_reason']
