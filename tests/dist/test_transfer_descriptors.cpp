@@ -354,6 +354,87 @@ constexpr uint64_t kLOCAL = 0x7000'0000'0000;
 constexpr uint64_t kREMOTE = 0x5000'0000'0000;
 constexpr uint64_t kREMOTE2 = 0x5800'0000'0000;
 
+//! A move from one remote cache into a local one of the same config, which both ways of moving pages are checked on.
+struct OneRemoteMove
+{
+    KVCacheConfig config;
+    std::vector<LayerScales> scales;
+    uint32_t remoteSeed = 0;
+    std::vector<int32_t> localPages;
+    std::vector<int32_t> remotePages;
+    int32_t numTokens = 0;
+    //! Moves the windowed group's pages rather than group 0's.
+    bool windowed = false;
+};
+
+//! A latent layer beside a K/V layer, FP8 with a scale per token and head: part of a page moves.
+OneRemoteMove latentFp8Move()
+{
+    OneRemoteMove move;
+    move.config = ConfigBuilder({KVLayerConfig{1, 64, 0, KVLayerKind::kLATENT}, kvLayer(2, 32)})
+                      .tokensPerPage(8)
+                      .maxSequenceLength(32)
+                      .maxBatchSize(2)
+                      .dataType(DataType::kFP8_E4M3)
+                      .quantization(KVQuantization::kFP8_PER_TOKEN_HEAD);
+    move.remoteSeed = 19;
+    move.localPages = {1, 0, 7};
+    move.remotePages = {2, 3, 4};
+    move.numTokens = 17;
+    return move;
+}
+
+//! NVFP4 pages with their scale parts, and per-layer scales in the descriptions.
+OneRemoteMove nvfp4Move()
+{
+    OneRemoteMove move;
+    move.config = ConfigBuilder({kvLayer(2, 32), kvLayer(4, 16)})
+                      .tokensPerPage(16)
+                      .maxSequenceLength(64)
+                      .maxBatchSize(2)
+                      .dataType(DataType::kUINT8)
+                      .quantization(KVQuantization::kNVFP4);
+    move.scales = {{0.5F, 0.25F}, {2.0F, 4.0F}};
+    move.remoteSeed = 23;
+    move.localPages = {2, 5};
+    move.remotePages = {0, 1};
+    move.numTokens = 32;
+    return move;
+}
+
+//! A windowed group whose released pages are unused entries on both sides: only the window's pages move.
+OneRemoteMove windowedMove()
+{
+    OneRemoteMove move;
+    move.config = ConfigBuilder({kvLayer(2, 8, 32), kvLayer(2, 8)})
+                      .tokensPerPage(16)
+                      .maxSequenceLength(128)
+                      .maxBatchSize(2)
+                      .maxTokensPerStep(16);
+    move.remoteSeed = 29;
+    move.localPages = {kUNUSED_PAGE_ENTRY, kUNUSED_PAGE_ENTRY, 3, 1};
+    move.remotePages = {kUNUSED_PAGE_ENTRY, 4, 0, 2};
+    move.numTokens = 60;
+    move.windowed = true;
+    return move;
+}
+
+//! Builds both sides of `move` (the local one poisoned) and moves its pages with `mover` (moveAndCheck or
+//! movePreparedAndCheck, which check every moved byte); returns the local side.
+template <typename Mover>
+Side moveOneRemote(OneRemoteMove const& move, Mover mover)
+{
+    Side local = makeSide(move.config, kLOCAL, 0, 0, nullptr, move.scales);
+    std::vector<Side> const remotes{makeSide(move.config, kREMOTE, 0, move.remoteSeed, nullptr, move.scales)};
+    int32_t group = 0;
+    for (size_t g = 0; g < local.layout.groups.size(); ++g)
+    {
+        group = move.windowed && local.layout.groups[g].slidingWindow > 0 ? static_cast<int32_t>(g) : group;
+    }
+    mover(local, remotes, move.localPages, move.remotePages, group, move.numTokens);
+    return local;
+}
+
 TEST(TransferDescriptors, SameGeometryMergesAdjacentPagesAndKeepsLayersApart)
 {
     KVCacheConfig const config =
@@ -454,45 +535,13 @@ TEST(TransferDescriptors, TensorParallelTwoToOneAndOneToTwo)
 
 TEST(TransferDescriptors, LatentLayersAndQuantizedPagesMoveEveryPart)
 {
-    KVCacheConfig latent = ConfigBuilder({KVLayerConfig{1, 64, 0, KVLayerKind::kLATENT}, kvLayer(2, 32)})
-                               .tokensPerPage(8)
-                               .maxSequenceLength(32)
-                               .maxBatchSize(2)
-                               .dataType(DataType::kFP8_E4M3)
-                               .quantization(KVQuantization::kFP8_PER_TOKEN_HEAD);
-    {
-        Side local = makeSide(latent, kLOCAL, 0, 0);
-        std::vector<Side> const remotes{makeSide(latent, kREMOTE, 0, 19)};
-        moveAndCheck(local, remotes, {1, 0, 7}, {2, 3, 4}, 0, 17);
-    }
-    KVCacheConfig const nvfp4 = ConfigBuilder({kvLayer(2, 32), kvLayer(4, 16)})
-                                    .tokensPerPage(16)
-                                    .maxSequenceLength(64)
-                                    .maxBatchSize(2)
-                                    .dataType(DataType::kUINT8)
-                                    .quantization(KVQuantization::kNVFP4);
-    std::vector<LayerScales> const scales{{0.5F, 0.25F}, {2.0F, 4.0F}};
-    Side local = makeSide(nvfp4, kLOCAL, 0, 0, nullptr, scales);
-    std::vector<Side> const remotes{makeSide(nvfp4, kREMOTE, 0, 23, nullptr, scales)};
-    moveAndCheck(local, remotes, {2, 5}, {0, 1}, 0, 32);
+    moveOneRemote(latentFp8Move(), moveAndCheck);
+    moveOneRemote(nvfp4Move(), moveAndCheck);
 }
 
 TEST(TransferDescriptors, WindowedGroupSkipsReleasedPages)
 {
-    KVCacheConfig const config = ConfigBuilder({kvLayer(2, 8, 32), kvLayer(2, 8)})
-                                     .tokensPerPage(16)
-                                     .maxSequenceLength(128)
-                                     .maxBatchSize(2)
-                                     .maxTokensPerStep(16);
-    Side local = makeSide(config, kLOCAL, 0, 0);
-    std::vector<Side> const remotes{makeSide(config, kREMOTE, 0, 29)};
-    int32_t windowed = 0;
-    for (size_t g = 0; g < local.layout.groups.size(); ++g)
-    {
-        windowed = local.layout.groups[g].slidingWindow > 0 ? static_cast<int32_t>(g) : windowed;
-    }
-    moveAndCheck(
-        local, remotes, {kUNUSED_PAGE_ENTRY, kUNUSED_PAGE_ENTRY, 3, 1}, {kUNUSED_PAGE_ENTRY, 4, 0, 2}, windowed, 60);
+    moveOneRemote(windowedMove(), moveAndCheck);
 }
 
 TEST(TransferDescriptors, DescriptionBytesRoundTripAndBadBytesAreRefused)
@@ -704,45 +753,11 @@ TEST(PreparedDescriptors, PagesMoveThroughPreparedListsWithPageSizesRemapped)
 
 TEST(PreparedDescriptors, LatentQuantizedAndWindowedPagesMoveThroughPreparedLists)
 {
-    KVCacheConfig const latent = ConfigBuilder({KVLayerConfig{1, 64, 0, KVLayerKind::kLATENT}, kvLayer(2, 32)})
-                                     .tokensPerPage(8)
-                                     .maxSequenceLength(32)
-                                     .maxBatchSize(2)
-                                     .dataType(DataType::kFP8_E4M3)
-                                     .quantization(KVQuantization::kFP8_PER_TOKEN_HEAD);
-    {
-        Side local = makeSide(latent, kLOCAL, 0, 0);
-        std::vector<Side> const remotes{makeSide(latent, kREMOTE, 0, 19)};
-        movePreparedAndCheck(local, remotes, {1, 0, 7}, {2, 3, 4}, 0, 17);
-        // The latent layer: data K, scales K; the other: data K, V, scales K, V.
-        EXPECT_EQ(preparedDescriptors(local.description, 0, 8).layerEnds, (std::vector<int64_t>{2, 6}));
-    }
-    KVCacheConfig const nvfp4 = ConfigBuilder({kvLayer(2, 32), kvLayer(4, 16)})
-                                    .tokensPerPage(16)
-                                    .maxSequenceLength(64)
-                                    .maxBatchSize(2)
-                                    .dataType(DataType::kUINT8)
-                                    .quantization(KVQuantization::kNVFP4);
-    std::vector<LayerScales> const scales{{0.5F, 0.25F}, {2.0F, 4.0F}};
-    {
-        Side local = makeSide(nvfp4, kLOCAL, 0, 0, nullptr, scales);
-        std::vector<Side> const remotes{makeSide(nvfp4, kREMOTE, 0, 23, nullptr, scales)};
-        movePreparedAndCheck(local, remotes, {2, 5}, {0, 1}, 0, 32);
-    }
-    KVCacheConfig const windowed = ConfigBuilder({kvLayer(2, 8, 32), kvLayer(2, 8)})
-                                       .tokensPerPage(16)
-                                       .maxSequenceLength(128)
-                                       .maxBatchSize(2)
-                                       .maxTokensPerStep(16);
-    Side local = makeSide(windowed, kLOCAL, 0, 0);
-    std::vector<Side> const remotes{makeSide(windowed, kREMOTE, 0, 29)};
-    int32_t group = 0;
-    for (size_t g = 0; g < local.layout.groups.size(); ++g)
-    {
-        group = local.layout.groups[g].slidingWindow > 0 ? static_cast<int32_t>(g) : group;
-    }
-    movePreparedAndCheck(
-        local, remotes, {kUNUSED_PAGE_ENTRY, kUNUSED_PAGE_ENTRY, 3, 1}, {kUNUSED_PAGE_ENTRY, 4, 0, 2}, group, 60);
+    Side const latent = moveOneRemote(latentFp8Move(), movePreparedAndCheck);
+    // The latent layer: data K, scales K; the other: data K, V, scales K, V.
+    EXPECT_EQ(preparedDescriptors(latent.description, 0, 8).layerEnds, (std::vector<int64_t>{2, 6}));
+    moveOneRemote(nvfp4Move(), movePreparedAndCheck);
+    moveOneRemote(windowedMove(), movePreparedAndCheck);
 }
 
 TEST(PreparedDescriptors, PlanTakesWholeLayersOnlyWhereTheHeadsMatch)
