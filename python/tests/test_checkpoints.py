@@ -1,7 +1,7 @@
-"""State checkpoints of a PageManager through Python (the "State checkpoints" paragraph of kvcache/paging/page_manager.h):
-the boundaries a prompt is checkpointed at, the save and restore copies (source slot, destination slot), the clock
-that reuses checkpoint slots, checkpoints dropped with their carrier page, and misuse refused with named errors. Every
-expected value is worked out by hand from the header's rules. No GPU.
+"""State checkpoints of a PageManager through Python (the "State checkpoints" paragraph of
+kvcache/paging/page_manager.h): the boundaries a prompt is checkpointed at, the save and restore copies (source slot,
+destination slot), the clock that reuses checkpoint slots, checkpoints dropped with their carrier page, and misuse
+refused with named errors. Every expected value is worked out by hand from the header's rules. No GPU.
 
 The managers here: one full-attention layer, 4 tokens a page, one state layer, max_batch_size 3, so sequences hold
 state slots 0 to 2 and checkpoint slots are 3 and up."""
