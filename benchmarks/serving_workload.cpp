@@ -5,13 +5,15 @@
 // prompt, then the tokens the cache did not hold in chunks of at most kSERVING_CHUNK tokens (a chunked prefill).
 // Requests come from a seeded generator that never looks at the cache, so every cache sees the same requests in the
 // same order:
-//   - half are new: one of kFAMILIES system prompts (256 to 2048 tokens) plus 64 to 1024 user tokens;
-//   - a quarter repeat the prompt of one of the last kHISTORY requests exactly;
-//   - a quarter follow up one of the last kHISTORY finished conversations: its prompt and output plus 32 to 256 user
-//     tokens (a new request instead when that would pass kMAX_FOLLOW_UP tokens).
+//   - half are new: one of 24 system prompts (256 to 2048 tokens) plus 64 to 1024 user tokens;
+//   - a quarter repeat the prompt of one of the last 512 requests exactly;
+//   - a quarter follow up one of the last 512 finished conversations: its prompt and output plus 32 to 256 user
+//     tokens (a new request instead when that would pass 6144 tokens).
 // Outputs are 16 to 256 tokens.
 
 #include "serving_workload.h"
+
+#include "request_stream.h"
 
 #include <algorithm>
 #include <chrono>
@@ -24,113 +26,30 @@ namespace kvcache::bench
 namespace
 {
 
-constexpr int32_t kFAMILIES = 24;
-constexpr int32_t kMIN_FAMILY_TOKENS = 256;
-constexpr int32_t kMAX_FAMILY_TOKENS = 2048;
-constexpr int32_t kMIN_USER_TOKENS = 64;
-constexpr int32_t kMAX_USER_TOKENS = 1024;
-constexpr int32_t kMIN_FOLLOW_UP_TOKENS = 32;
-constexpr int32_t kMAX_FOLLOW_UP_TOKENS = 256;
-constexpr int32_t kMAX_FOLLOW_UP = 6144;
-constexpr int32_t kMIN_OUTPUT = 16;
-constexpr int32_t kMAX_OUTPUT = 256;
-constexpr int32_t kHISTORY = 512;
-constexpr int32_t kVOCAB = 151'936;
-
-//! One request: its prompt and the output tokens it will produce.
-struct Request
+//! The stream's rules (see the top of this file).
+RequestShape servingShape()
 {
-    //! 0 new, 1 repeat, 2 follow-up.
-    int32_t kind = 0;
-    std::vector<int32_t> prompt;
-    std::vector<int32_t> output;
-};
-
-//! The request stream: depends on its seed only.
-class RequestSource
-{
-public:
-    explicit RequestSource(uint64_t seed)
-        : mRandom(seed)
-    {
-        SplitMix64 familyRandom(777);
-        for (int32_t f = 0; f < kFAMILIES; ++f)
-        {
-            std::vector<int32_t>& family = mFamilies.emplace_back();
-            family.resize(static_cast<size_t>(familyRandom.between(kMIN_FAMILY_TOKENS, kMAX_FAMILY_TOKENS)));
-            for (int32_t& token : family)
-            {
-                token = familyRandom.between(0, kVOCAB - 1);
-            }
-        }
-    }
-
-    Request next()
-    {
-        Request request;
-        int32_t const kind = mRandom.between(0, 3);
-        if (kind == 1 && !mPrompts.empty())
-        {
-            request.kind = 1;
-            request.prompt =
-                mPrompts[static_cast<size_t>(mRandom.between(0, static_cast<int32_t>(mPrompts.size()) - 1))];
-        }
-        else if (kind == 2 && !mConversations.empty())
-        {
-            request.prompt = mConversations[static_cast<size_t>(
-                mRandom.between(0, static_cast<int32_t>(mConversations.size()) - 1))];
-            appendRandom(request.prompt, mRandom.between(kMIN_FOLLOW_UP_TOKENS, kMAX_FOLLOW_UP_TOKENS));
-            request.kind = 2;
-            if (static_cast<int32_t>(request.prompt.size()) > kMAX_FOLLOW_UP)
-            {
-                request.prompt.clear();
-            }
-        }
-        if (request.prompt.empty())
-        {
-            request.kind = 0;
-            request.prompt = mFamilies[static_cast<size_t>(mRandom.between(0, kFAMILIES - 1))];
-            appendRandom(request.prompt, mRandom.between(kMIN_USER_TOKENS, kMAX_USER_TOKENS));
-        }
-        appendRandom(request.output, mRandom.between(kMIN_OUTPUT, kMAX_OUTPUT));
-        remember(mPrompts, mNextPrompt, request.prompt);
-        return request;
-    }
-
-    //! Records a finished request's prompt and output as a conversation a later request may follow up.
-    void finished(Request const& request)
-    {
-        std::vector<int32_t> conversation = request.prompt;
-        conversation.insert(conversation.end(), request.output.begin(), request.output.end());
-        remember(mConversations, mNextConversation, conversation);
-    }
-
-private:
-    void appendRandom(std::vector<int32_t>& tokens, int32_t count)
-    {
-        for (int32_t i = 0; i < count; ++i)
-        {
-            tokens.push_back(mRandom.between(0, kVOCAB - 1));
-        }
-    }
-    static void remember(std::vector<std::vector<int32_t>>& ring, size_t& next, std::vector<int32_t> const& tokens)
-    {
-        if (ring.size() < static_cast<size_t>(kHISTORY))
-        {
-            ring.push_back(tokens);
-            return;
-        }
-        ring[next] = tokens;
-        next = (next + 1) % ring.size();
-    }
-
-    SplitMix64 mRandom;
-    std::vector<std::vector<int32_t>> mFamilies;
-    std::vector<std::vector<int32_t>> mPrompts;
-    std::vector<std::vector<int32_t>> mConversations;
-    size_t mNextPrompt = 0;
-    size_t mNextConversation = 0;
-};
+    RequestShape shape;
+    shape.families = 24;
+    shape.minFamilyTokens = 256;
+    shape.maxFamilyTokens = 2048;
+    shape.familySeed = 777;
+    // Draws 0 and 3 are new requests, 1 a repeat, 2 a follow-up.
+    shape.kindDraws = 4;
+    shape.firstRepeatDraw = 1;
+    shape.repeatDraws = 1;
+    shape.followUpDraws = 1;
+    shape.minFollowUpTokens = 32;
+    shape.maxFollowUpTokens = 256;
+    shape.maxFollowUp = 6144;
+    shape.newLengthIsPrompt = false;
+    shape.minNewTokens = 64;
+    shape.maxNewTokens = 1024;
+    shape.minOutput = 16;
+    shape.maxOutput = 256;
+    shape.history = 512;
+    return shape;
+}
 
 } // namespace
 
@@ -142,7 +61,7 @@ ServingResult runServingWorkload(ServingCache& cache, uint64_t seed)
         Request request;
         int32_t produced = 0; //!< output tokens sampled; all but the last are appended
     };
-    RequestSource source(seed);
+    RequestStream source(servingShape(), seed);
     std::vector<Running> running;
     std::vector<Running> still;
     std::vector<rt::SequenceAppend> appends;

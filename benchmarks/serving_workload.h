@@ -5,6 +5,8 @@
 // cache behind ServingCache. The stream never looks at the cache, so every cache a case compares sees the same
 // requests in the same order. See serving_workload.cpp for the rules and docs/benchmarks.md for the figures.
 
+#include "split_mix64.h"
+
 #include "kvcache/paging/page_manager.h"
 
 #include <array>
@@ -23,37 +25,6 @@ inline constexpr int32_t kSERVING_CHUNK = 2048;
 //! Untimed warm-up steps, then measured ones.
 inline constexpr int32_t kSERVING_WARM_STEPS = 2000;
 inline constexpr int32_t kSERVING_MEASURED_STEPS = 8000;
-
-//! Random numbers drawn inside timed loops: SplitMix64 (Steele, Lea and Flood) and bounded draws by a 32x32-bit
-//! multiply (Lemire), a few instructions each (bias below 2^-32 for the bounds used here).
-class SplitMix64
-{
-public:
-    explicit SplitMix64(uint64_t seed)
-        : mState(seed)
-    {
-    }
-    uint64_t next() noexcept
-    {
-        uint64_t z = (mState += 0x9E3779B97F4A7C15ULL);
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-        return z ^ (z >> 31);
-    }
-    //! Returns a draw from [0, n), n > 0.
-    int32_t below(int32_t n) noexcept
-    {
-        return static_cast<int32_t>(((next() >> 32) * static_cast<uint64_t>(n)) >> 32);
-    }
-    //! Returns a draw from [low, high].
-    int32_t between(int32_t low, int32_t high) noexcept
-    {
-        return low + below(high - low + 1);
-    }
-
-private:
-    uint64_t mState;
-};
 
 //! Tokens a cache already held of one prompt when it was admitted, by where they came from.
 struct ServingHit

@@ -5,16 +5,16 @@
 // produced its output (16 to 128 tokens) is freed and a request admitted in its place: create(), adoptPrefix(), then
 // the rest of the prompt in chunks of at most kCHUNK tokens. Requests come from a seeded generator that never looks at
 // the cache, so every rule sees the same requests. Prompts hold 100 to 2000 tokens:
-//   - 40% are new: the start of one of kFAMILIES shared prompts (64 to 1024 tokens) and user tokens;
-//   - 35% repeat the prompt of one of the last kHISTORY requests exactly;
-//   - 25% follow up one of the last kHISTORY finished conversations: its prompt and output plus 32 to 256 user tokens
+//   - 40% are new: the start of one of 16 shared prompts (64 to 1024 tokens) and at least 16 user tokens;
+//   - 35% repeat the prompt of one of the last 256 requests exactly;
+//   - 25% follow up one of the last 256 finished conversations: its prompt and output plus 32 to 256 user tokens
 //     (a new request instead when that passes 2000 tokens).
 // The runtime of the two caches with state layers ends a prefill chunk at the boundary where a checkpoint is wanted and
 // calls checkpointState() after that step; in decode, after each step, for a sequence whose length is such a boundary.
 
 #include "state_checkpoint_sim.h"
 
-#include "serving_workload.h"
+#include "request_stream.h"
 
 #include "kvcache/core/kv_cache_layout.h"
 #include "kvcache/paging/page_manager.h"
@@ -37,13 +37,8 @@ namespace rt = kvcache::rt;
 constexpr int32_t kRUNNING = 32;
 constexpr int32_t kMAX_LENGTH = 2304;
 constexpr int32_t kCHUNK = 2048;
-constexpr int32_t kMIN_PROMPT = 100;
-constexpr int32_t kMAX_PROMPT = 2000;
-constexpr int32_t kFAMILIES = 16;
-constexpr int32_t kHISTORY = 256;
 constexpr int32_t kWARM_STEPS = 1000;
 constexpr int32_t kMEASURED_STEPS = 4000;
-constexpr int32_t kVOCAB = 151'936;
 
 void check(bool condition, std::string const& message)
 {
@@ -53,94 +48,31 @@ void check(bool condition, std::string const& message)
     }
 }
 
-struct Request
+//! The stream's rules (see the top of this file).
+RequestShape checkpointShape()
 {
-    std::vector<int32_t> prompt;
-    std::vector<int32_t> output;
-};
-
-class Requests
-{
-public:
-    explicit Requests(uint64_t seed)
-        : mRandom(seed)
-    {
-        SplitMix64 familyRandom(4242);
-        for (int32_t f = 0; f < kFAMILIES; ++f)
-        {
-            std::vector<int32_t>& family = mFamilies.emplace_back();
-            family.resize(static_cast<size_t>(familyRandom.between(64, 1024)));
-            for (int32_t& token : family)
-            {
-                token = familyRandom.between(0, kVOCAB - 1);
-            }
-        }
-    }
-
-    Request next()
-    {
-        Request request;
-        int32_t const kind = mRandom.between(0, 19);
-        if (kind < 7 && !mPrompts.empty())
-        {
-            request.prompt = mPrompts[static_cast<size_t>(mRandom.below(static_cast<int32_t>(mPrompts.size())))];
-        }
-        else if (kind < 12 && !mConversations.empty())
-        {
-            request.prompt =
-                mConversations[static_cast<size_t>(mRandom.below(static_cast<int32_t>(mConversations.size())))];
-            appendRandom(request.prompt, mRandom.between(32, 256));
-            if (static_cast<int32_t>(request.prompt.size()) > kMAX_PROMPT)
-            {
-                request.prompt.clear();
-            }
-        }
-        if (request.prompt.empty())
-        {
-            std::vector<int32_t> const& family = mFamilies[static_cast<size_t>(mRandom.below(kFAMILIES))];
-            int32_t const length = mRandom.between(kMIN_PROMPT, kMAX_PROMPT);
-            int32_t const shared = std::min(static_cast<int32_t>(family.size()), length - 16);
-            request.prompt.assign(family.begin(), family.begin() + shared);
-            appendRandom(request.prompt, length - shared);
-        }
-        appendRandom(request.output, mRandom.between(16, 128));
-        remember(mPrompts, mNextPrompt, request.prompt);
-        return request;
-    }
-
-    void finished(Request const& request)
-    {
-        std::vector<int32_t> conversation = request.prompt;
-        conversation.insert(conversation.end(), request.output.begin(), request.output.end());
-        remember(mConversations, mNextConversation, conversation);
-    }
-
-private:
-    void appendRandom(std::vector<int32_t>& tokens, int32_t count)
-    {
-        for (int32_t i = 0; i < count; ++i)
-        {
-            tokens.push_back(mRandom.between(0, kVOCAB - 1));
-        }
-    }
-    static void remember(std::vector<std::vector<int32_t>>& ring, size_t& next, std::vector<int32_t> const& tokens)
-    {
-        if (ring.size() < static_cast<size_t>(kHISTORY))
-        {
-            ring.push_back(tokens);
-            return;
-        }
-        ring[next] = tokens;
-        next = (next + 1) % ring.size();
-    }
-
-    SplitMix64 mRandom;
-    std::vector<std::vector<int32_t>> mFamilies;
-    std::vector<std::vector<int32_t>> mPrompts;
-    std::vector<std::vector<int32_t>> mConversations;
-    size_t mNextPrompt = 0;
-    size_t mNextConversation = 0;
-};
+    RequestShape shape;
+    shape.families = 16;
+    shape.minFamilyTokens = 64;
+    shape.maxFamilyTokens = 1024;
+    shape.familySeed = 4242;
+    // Draws 0 to 6 are repeats, 7 to 11 follow-ups, 12 to 19 new requests.
+    shape.kindDraws = 20;
+    shape.firstRepeatDraw = 0;
+    shape.repeatDraws = 7;
+    shape.followUpDraws = 5;
+    shape.minFollowUpTokens = 32;
+    shape.maxFollowUpTokens = 256;
+    shape.maxFollowUp = 2000;
+    shape.newLengthIsPrompt = true;
+    shape.minNewTokens = 100;
+    shape.maxNewTokens = 2000;
+    shape.minUserTokens = 16;
+    shape.minOutput = 16;
+    shape.maxOutput = 128;
+    shape.history = 256;
+    return shape;
+}
 
 //! The model's config: `attentionLayers` full-attention layers (2 KV heads of 256), and the 36 gated delta net layers
 //! with `checkpointSlots` checkpoint slots when `withState`.
@@ -237,7 +169,7 @@ CheckpointRunResult runCheckpointWorkload(
         int32_t produced = 0;
         int32_t boundary = -1;
     };
-    Requests source(seed);
+    RequestStream source(checkpointShape(), seed);
     std::vector<Running> running;
     std::vector<Running> still;
     std::vector<rt::SequenceAppend> appends;

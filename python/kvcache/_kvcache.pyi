@@ -998,14 +998,30 @@ class PageManagerStats:
     @property
     def copy_on_write_pages(self) -> int: ...
 
+    @property
+    def checkpoints_saved(self) -> int:
+        """
+        State checkpoints made: copies into a checkpoint slot queued by checkpoint_state.
+        """
+
+    @property
+    def checkpoints_restored(self) -> int:
+        """State checkpoints restored by adopt_prefix."""
+
+    @property
+    def checkpoints_dropped(self) -> int:
+        """
+        State checkpoints dropped: their slot reused, or their carrier page evicted.
+        """
+
 class PageManager:
     """
     The page lifecycle of one cache on the host: pages per sequence and group, forks with copy-on-write, prefix reuse through chained page hashes, LRU eviction. It never touches the GPU: run the copies step() returns with copy_pages before the step's kernels, and build PageTableBuffers from pages(sequence, group).
     """
 
-    def __init__(self, source: KVCacheManager | KVCacheLayout | Config, *, max_sequences: int = 0, enable_prefix_caching: bool = True, hash_algorithm: PageHashAlgorithm = PageHashAlgorithm.SHA256, hash_seed: bytes | None = None, record_events: bool = False) -> None:
+    def __init__(self, source: KVCacheManager | KVCacheLayout | Config, *, max_sequences: int = 0, enable_prefix_caching: bool = True, hash_algorithm: PageHashAlgorithm = PageHashAlgorithm.SHA256, hash_seed: bytes | None = None, record_events: bool = False, checkpoint_interval_pages: int = 0) -> None:
         """
-        Sized from `source`: a KVCacheManager (its layout()), a KVCacheLayout, or a Config (compute_layout); max_sequences 0 means the layout's max_batch_size; hash_seed: 32 bytes, or None for a random one; record_events: record KV events for take_events().
+        Sized from `source`: a KVCacheManager (its layout()), a KVCacheLayout, or a Config (compute_layout); max_sequences 0 means the layout's max_batch_size; hash_seed: 32 bytes, or None for a random one; record_events: record KV events for take_events(); checkpoint_interval_pages: with state checkpoints, also ask for one every this many pages of a sequence (checkpoint_boundary), 0 for none but the prompt's and the match's. Raises InvalidArgumentError for max_sequences or checkpoint_interval_pages below 0.
         """
 
     def create(self, salt: bytes | None = None) -> int:
@@ -1013,7 +1029,7 @@ class PageManager:
 
     def adopt_prefix(self, sequence: int, tokens: PageIds, extra_keys: Sequence[tuple[int, int, int]] | None = None) -> int:
         """
-        Gives an empty sequence the longest cached prefix of `tokens`; returns its length in tokens.
+        Gives an empty sequence the longest cached prefix of `tokens` (whole pages, at most len(tokens) - 1 tokens); returns its length in tokens. With state layers the prefix must also end at a state checkpoint, whose restore (checkpoint slot to the sequence's slot) it queues (pending_state_copies); without checkpoint slots such a layout adopts nothing.
         """
 
     def hash_next_pages(self, sequence: int, tokens: PageIds, extra_keys: Sequence[tuple[int, int, int]] | None = None) -> list[tuple[int, int]]:
@@ -1063,13 +1079,31 @@ class PageManager:
 
     def pending_state_copies(self) -> list[tuple[int, int]]:
         """
-        The state copies (source slot, destination slot) forks queued since the last step, which the next step hands out.
+        The state copies (source slot, destination slot) queued since the last step by fork, checkpoint_state (the sequence's slot into a checkpoint slot) and adopt_prefix (a checkpoint slot into the sequence's), which the next step hands out.
         """
 
     def last_state_copies(self) -> list[tuple[int, int]]:
         """
-        The state copies (source slot, destination slot) the latest step() or append() handed out: the forks since the step before. Run them, in any order, before the step's kernels, in every state layer and tensor (slot dst of each [num_state_slots, ...] tensor takes slot src's bytes).
+        The state copies (source slot, destination slot) the latest step() or append() handed out: the forks, checkpoint saves and restores since the step before. Run them, in any order, before the step's kernels, in every state layer and tensor (slot dst of each [num_state_slots, ...] tensor takes slot src's bytes).
         """
+
+    def checkpoint_boundary(self, sequence: int) -> int:
+        """
+        Returns the next length, above the sequence's, at which the manager asks for its state to be saved: the end of the prompt's last whole page before its last token, the end of the run of pages adopt_prefix found cached past what it adopted, or the next multiple of checkpoint_interval_pages pages; -1 for none (always -1 without state layers, checkpoint slots or prefix caching). End the prefill chunk there, run the step, then call checkpoint_state. Raises InvalidArgumentError for an unknown sequence.
+        """
+
+    def checkpoint_state(self, sequence: int) -> bool:
+        """
+        Keeps the sequence's state after its length tokens (in its state slot once the queued copies into it ran) as the checkpoint of its prefix: queues the copy of its slot into a checkpoint slot for the next step (pending_state_copies), an empty slot first, else the one a clock of hit counts picks. Returns True when the prefix has a checkpoint now (made, or there already), False when none could be kept (no checkpoint slots or prefix caching, its last page not registered, every checkpoint slot read or filled by a queued copy). Raises InvalidArgumentError for an unknown sequence, a layout without state layers, or a length that is 0 or not whole pages, changing nothing.
+        """
+
+    def checkpoint_slot(self, hash: tuple[int, int]) -> int:
+        """
+        Returns the state slot holding the checkpoint of the prefix whose last page has `hash` ((lo, hi), as hash_next_pages gives it), adoptable or still filling, or -1.
+        """
+
+    def num_checkpoints(self) -> int:
+        """Returns the number of state checkpoints held."""
 
     def contains(self, sequence: int) -> bool: ...
 

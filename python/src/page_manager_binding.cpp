@@ -17,6 +17,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -230,6 +231,16 @@ std::vector<std::vector<std::pair<int32_t, int32_t>>> copyLists(rt::StepCopies c
     return lists;
 }
 
+rt::PageHash hashArgument(nb::handle hash)
+{
+    std::tuple<uint64_t, uint64_t> value;
+    if (!nb::try_cast(hash, value))
+    {
+        throwTypeError(hash, "hash", "a (lo, hi) tuple of ints, lo and hi in [0, 2**64)");
+    }
+    return rt::PageHash{std::get<0>(value), std::get<1>(value)};
+}
+
 PageManagerHandle& pageManagerArgument(nb::handle pages, char const* field)
 {
     return *checkedCast<PageManagerHandle*>(pages, field, "a PageManager");
@@ -259,12 +270,13 @@ rt::KVCacheLayout layoutOf(nb::handle source)
 }
 
 //! Returns the options the constructor's keywords give.
-rt::PageManagerOptions optionsOf(
-    int64_t maxSequences, bool prefixCaching, rt::PageHashAlgorithm algorithm, nb::handle seed, bool recordEvents)
+rt::PageManagerOptions optionsOf(int64_t maxSequences, bool prefixCaching, rt::PageHashAlgorithm algorithm,
+    nb::handle seed, bool recordEvents, int64_t checkpointIntervalPages)
 {
     rt::PageManagerOptions options;
     options.recordEvents = recordEvents;
     options.maxSequences = toInt32(maxSequences, "max_sequences");
+    options.checkpointIntervalPages = toInt32(checkpointIntervalPages, "checkpoint_interval_pages");
     options.enablePrefixCaching = prefixCaching;
     options.hashAlgorithm = algorithm;
     if (!seed.is_none())
@@ -373,7 +385,13 @@ void bindPageManager(nb::module_& m)
         .def_ro("prefix_query_tokens", &rt::PageManagerStats::prefixQueryTokens)
         .def_ro("prefix_hit_tokens", &rt::PageManagerStats::prefixHitTokens)
         .def_ro("evicted_pages", &rt::PageManagerStats::evictedPages)
-        .def_ro("copy_on_write_pages", &rt::PageManagerStats::copyOnWritePages);
+        .def_ro("copy_on_write_pages", &rt::PageManagerStats::copyOnWritePages)
+        .def_ro("checkpoints_saved", &rt::PageManagerStats::checkpointsSaved,
+            "State checkpoints made: copies into a checkpoint slot queued by checkpoint_state.")
+        .def_ro("checkpoints_restored", &rt::PageManagerStats::checkpointsRestored,
+            "State checkpoints restored by adopt_prefix.")
+        .def_ro("checkpoints_dropped", &rt::PageManagerStats::checkpointsDropped,
+            "State checkpoints dropped: their slot reused, or their carrier page evicted.");
 
     nb::class_<PageManagerHandle>(m, "PageManager", nb::type_slots(gPageManagerSlots), nb::is_weak_referenceable(),
         "The page lifecycle of one cache on the host: pages per sequence and group, forks with copy-on-write, prefix "
@@ -382,17 +400,21 @@ void bindPageManager(nb::module_& m)
         .def(
             "__init__",
             [](PageManagerHandle* self, LayoutSourceArgument const& source, int64_t maxSequences, bool prefixCaching,
-                rt::PageHashAlgorithm algorithm, BytesArgument const& seed, bool recordEvents)
+                rt::PageHashAlgorithm algorithm, BytesArgument const& seed, bool recordEvents,
+                int64_t checkpointIntervalPages)
             {
-                new (self) PageManagerHandle(
-                    layoutOf(source), optionsOf(maxSequences, prefixCaching, algorithm, seed, recordEvents));
+                new (self) PageManagerHandle(layoutOf(source),
+                    optionsOf(maxSequences, prefixCaching, algorithm, seed, recordEvents, checkpointIntervalPages));
             },
             nb::arg("source"), nb::kw_only(), nb::arg("max_sequences") = 0, nb::arg("enable_prefix_caching") = true,
             nb::arg("hash_algorithm") = rt::PageHashAlgorithm::kSHA256, nb::arg("hash_seed") = nb::none(),
-            nb::arg("record_events") = false,
+            nb::arg("record_events") = false, nb::arg("checkpoint_interval_pages") = 0,
             "Sized from `source`: a KVCacheManager (its layout()), a KVCacheLayout, or a Config (compute_layout); "
             "max_sequences 0 means the layout's max_batch_size; hash_seed: 32 bytes, or None for a random one; "
-            "record_events: record KV events for take_events().")
+            "record_events: record KV events for take_events(); checkpoint_interval_pages: with state checkpoints, "
+            "also ask for one every this many pages of a sequence (checkpoint_boundary), 0 for none but the "
+            "prompt's and the match's. Raises InvalidArgumentError for max_sequences or checkpoint_interval_pages "
+            "below 0.")
         .def(
             "create",
             [](PageManagerHandle& h, BytesArgument const& salt)
@@ -418,7 +440,10 @@ void bindPageManager(nb::module_& m)
                     sequence, prompt.tokens, prompt.count, prompt.extraKeys, prompt.numExtraKeys);
             },
             nb::arg("sequence"), nb::arg("tokens"), nb::arg("extra_keys") = nb::none(),
-            "Gives an empty sequence the longest cached prefix of `tokens`; returns its length in tokens.")
+            "Gives an empty sequence the longest cached prefix of `tokens` (whole pages, at most len(tokens) - 1 "
+            "tokens); returns its length in tokens. With state layers the prefix must also end at a state "
+            "checkpoint, whose restore (checkpoint slot to the sequence's slot) it queues (pending_state_copies); "
+            "without checkpoint slots such a layout adopts nothing.")
         .def(
             "hash_next_pages",
             [](PageManagerHandle& h, int64_t sequence, PageIdsArgument const& tokens,
@@ -514,14 +539,46 @@ void bindPageManager(nb::module_& m)
         .def(
             "pending_state_copies",
             [](PageManagerHandle const& h) { return stateCopyList(h.manager.pendingStateCopies()); },
-            "The state copies (source slot, destination slot) forks queued since the last step, which the next step "
-            "hands out.")
+            "The state copies (source slot, destination slot) queued since the last step by fork, checkpoint_state "
+            "(the sequence's slot into a checkpoint slot) and adopt_prefix (a checkpoint slot into the sequence's), "
+            "which the next step hands out.")
         .def(
             "last_state_copies",
             [](PageManagerHandle const& h) { return stateCopyList(h.manager.lastCopies().stateCopies()); },
-            "The state copies (source slot, destination slot) the latest step() or append() handed out: the forks "
-            "since the step before. Run them, in any order, before the step's kernels, in every state layer and "
-            "tensor (slot dst of each [num_state_slots, ...] tensor takes slot src's bytes).")
+            "The state copies (source slot, destination slot) the latest step() or append() handed out: the forks, "
+            "checkpoint saves and restores since the step before. Run them, in any order, before the step's "
+            "kernels, in every state layer and tensor (slot dst of each [num_state_slots, ...] tensor takes slot "
+            "src's bytes).")
+        .def(
+            "checkpoint_boundary",
+            [](PageManagerHandle const& h, int64_t sequence) { return h.manager.checkpointBoundary(sequence); },
+            nb::arg("sequence"),
+            "Returns the next length, above the sequence's, at which the manager asks for its state to be saved: the "
+            "end of the prompt's last whole page before its last token, the end of the run of pages adopt_prefix "
+            "found cached past what it adopted, or the next multiple of checkpoint_interval_pages pages; -1 for none "
+            "(always -1 without state layers, checkpoint slots or prefix caching). End the prefill chunk there, run "
+            "the step, then call checkpoint_state. Raises InvalidArgumentError for an unknown sequence.")
+        .def(
+            "checkpoint_state",
+            [](PageManagerHandle& h, int64_t sequence) { return h.manager.checkpointState(sequence); },
+            nb::arg("sequence"),
+            "Keeps the sequence's state after its length tokens (in its state slot once the queued copies into it "
+            "ran) as the checkpoint of its prefix: queues the copy of its slot into a checkpoint slot for the next "
+            "step (pending_state_copies), an empty slot first, else the one a clock of hit counts picks. Returns "
+            "True when the prefix has a checkpoint now (made, or there already), False when none could be kept (no "
+            "checkpoint slots or prefix caching, its last page not registered, every checkpoint slot read or filled "
+            "by a queued copy). Raises InvalidArgumentError for an unknown sequence, a layout without state layers, "
+            "or a length that is 0 or not whole pages, changing nothing.")
+        .def(
+            "checkpoint_slot",
+            [](PageManagerHandle const& h, PageHashArgument const& hash)
+            { return h.manager.checkpointSlot(hashArgument(hash)); },
+            nb::arg("hash"),
+            "Returns the state slot holding the checkpoint of the prefix whose last page has `hash` ((lo, hi), as "
+            "hash_next_pages gives it), adoptable or still filling, or -1.")
+        .def(
+            "num_checkpoints", [](PageManagerHandle const& h) { return h.manager.numCheckpoints(); },
+            "Returns the number of state checkpoints held.")
         .def(
             "contains", [](PageManagerHandle const& h, int64_t sequence) { return h.manager.contains(sequence); },
             nb::arg("sequence"))

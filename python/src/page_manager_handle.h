@@ -44,6 +44,10 @@ struct PageManagerHandle
 //! Returns the PageManager object `pages` is; throws TypeError naming `field` otherwise.
 PageManagerHandle& pageManagerArgument(nb::handle pages, char const* field);
 
+//! Reads a page hash: a (lo, hi) tuple, as PageManager.hash_next_pages and the eviction callback give it. Throws
+//! TypeError naming `hash` otherwise.
+rt::PageHash hashArgument(nb::handle hash);
+
 //! Reads one append (sequence, tokens, extra_keys) into scratch slot `slot` of `handle`; the result points into the
 //! scratch lists and is valid until they are read into again. Throws TypeError / InvalidArgumentError naming the
 //! argument.

@@ -134,17 +134,6 @@ std::vector<int64_t> pagesPerGroupArgument(nb::handle numPages, char const* name
     return result;
 }
 
-//! Reads a page hash: a (lo, hi) tuple, as PageManager.hash_next_pages and the eviction callback give it.
-rt::PageHash hashArgument(nb::handle hash)
-{
-    std::tuple<uint64_t, uint64_t> value;
-    if (!nb::try_cast(hash, value))
-    {
-        throwTypeError(hash, "hash", "a (lo, hi) tuple of ints, lo and hi in [0, 2**64)");
-    }
-    return rt::PageHash{std::get<0>(value), std::get<1>(value)};
-}
-
 } // namespace
 
 void bindTieredPrefixCache(nb::module_& m)

@@ -1,5 +1,6 @@
 #include "kvcache/core/kv_cache_layout.h"
 
+#include "core/kv_cache_layout_internal.h"
 #include "core/scale_support.h"
 
 #include "kvcache/core/errors.h"
@@ -10,12 +11,14 @@
 #include <limits>
 #include <string>
 #include <string_view>
-#include <utility>
 
 namespace kvcache::rt
 {
 namespace
 {
+
+using detail::checkedAdd;
+using detail::checkedMul;
 
 std::string supportedTypeNames()
 {
@@ -27,32 +30,6 @@ std::string supportedTypeNames()
         names += dataTypeName(type);
     }
     return names;
-}
-
-//! Throws InvalidConfigError naming `what` and its operands when `a op b` left int64 (`overflowed`).
-void throwIfOverflowed(bool overflowed, std::string const& what, int64_t a, char op, int64_t b)
-{
-    if (overflowed)
-    {
-        throw InvalidConfigError(fmt::format("KVCacheConfig: {} = {} {} {} overflows 64-bit sizes (limit {})", what, a,
-            op, b, std::numeric_limits<int64_t>::max()));
-    }
-}
-
-//! a * b, or InvalidConfigError naming `what` when the product leaves int64.
-int64_t checkedMul(int64_t a, int64_t b, std::string const& what)
-{
-    int64_t product = 0;
-    throwIfOverflowed(__builtin_mul_overflow(a, b, &product), what, a, 'x', b);
-    return product;
-}
-
-//! a + b, or InvalidConfigError naming `what` when the sum leaves int64.
-int64_t checkedAdd(int64_t a, int64_t b, std::string const& what)
-{
-    int64_t sum = 0;
-    throwIfOverflowed(__builtin_add_overflow(a, b, &sum), what, a, '+', b);
-    return sum;
 }
 
 //! Throws InvalidConfigError when `config.quantization` is outside the enumeration, or when its storage type or a
@@ -97,112 +74,6 @@ void checkQuantization(KVCacheConfig const& config)
     throw InvalidConfigError(fmt::format("KVCacheConfig.quantization is {}; it must be kNONE (0), kFP8_PER_TENSOR (1), "
                                          "kFP8_PER_TOKEN_HEAD (2) or kNVFP4 (3)",
         static_cast<int32_t>(quantization)));
-}
-
-//! Validates the state tensor `tensor` of state layer `layerIndex` (tensor `tensorIndex`) and returns its layout for
-//! `numSlots` slots, offsetBytes aside.
-StateTensorLayout stateTensorLayout(
-    StateTensorConfig const& tensor, size_t layerIndex, size_t tensorIndex, int32_t numSlots)
-{
-    std::string const field = fmt::format("KVCacheConfig.stateLayerConfigs[{}].tensors[{}]", layerIndex, tensorIndex);
-    if (tensor.name.empty())
-    {
-        throw InvalidConfigError(fmt::format("{}.name is empty; a state tensor needs a name", field));
-    }
-    int64_t const elementBytes = dataTypeSize(tensor.dataType);
-    if (elementBytes == 0)
-    {
-        throw InvalidConfigError(fmt::format("{}.dataType (tensor \"{}\") is {}, which is not a DataType value", field,
-            tensor.name, static_cast<int32_t>(tensor.dataType)));
-    }
-    if (tensor.shape.empty() || tensor.shape.size() > static_cast<size_t>(kMAX_STATE_DIMS))
-    {
-        throw InvalidConfigError(fmt::format("{}.shape (tensor \"{}\") has {} dimensions; it must have 1 to {} "
-                                             "(kMAX_STATE_DIMS)",
-            field, tensor.name, tensor.shape.size(), kMAX_STATE_DIMS));
-    }
-    StateTensorLayout layout;
-    layout.name = tensor.name;
-    layout.shape = tensor.shape;
-    layout.dataType = tensor.dataType;
-    layout.slotElems = 1;
-    std::string const what = fmt::format("state layer {} tensor \"{}\" ", layerIndex, tensor.name);
-    for (size_t d = 0; d < tensor.shape.size(); ++d)
-    {
-        if (tensor.shape[d] <= 0)
-        {
-            throw InvalidConfigError(fmt::format(
-                "{}.shape[{}] (tensor \"{}\") is {}; it must be > 0", field, d, tensor.name, tensor.shape[d]));
-        }
-        layout.slotElems = checkedMul(layout.slotElems, tensor.shape[d], what + "elements per slot");
-    }
-    layout.slotBytes = checkedMul(layout.slotElems, elementBytes, what + "bytes per slot");
-    layout.bytes = checkedMul(numSlots, layout.slotBytes, what + "bytes");
-    return layout;
-}
-
-//! Validates the state layers and checkpoint slots of `config` and fills the state fields of `layout`.
-void addStateLayers(KVCacheConfig const& config, KVCacheLayout& layout)
-{
-    if (config.numCheckpointSlots < 0)
-    {
-        throw InvalidConfigError(
-            fmt::format("KVCacheConfig.numCheckpointSlots is {}; it must be >= 0", config.numCheckpointSlots));
-    }
-    layout.numCheckpointSlots = config.numCheckpointSlots;
-    if (config.stateLayerConfigs.empty())
-    {
-        if (config.numCheckpointSlots != 0)
-        {
-            throw InvalidConfigError(fmt::format("KVCacheConfig.numCheckpointSlots is {}; it must be 0 for a config "
-                                                 "without state layers (stateLayerConfigs is empty)",
-                config.numCheckpointSlots));
-        }
-        return;
-    }
-    int64_t const numSlots = int64_t{config.maxBatchSize} + config.numCheckpointSlots;
-    if (numSlots > std::numeric_limits<int32_t>::max())
-    {
-        throw InvalidConfigError(fmt::format("KVCacheConfig.numCheckpointSlots is {}; maxBatchSize ({}) + "
-                                             "numCheckpointSlots = {} state slots exceeds the int32 limit {}",
-            config.numCheckpointSlots, config.maxBatchSize, numSlots, std::numeric_limits<int32_t>::max()));
-    }
-    layout.numStateSlots = static_cast<int32_t>(numSlots);
-    layout.stateLayers.reserve(config.stateLayerConfigs.size());
-    for (size_t i = 0; i < config.stateLayerConfigs.size(); ++i)
-    {
-        StateLayerConfig const& layerConfig = config.stateLayerConfigs[i];
-        if (layerConfig.tensors.empty())
-        {
-            throw InvalidConfigError(fmt::format("KVCacheConfig.stateLayerConfigs[{}].tensors is empty; a state layer "
-                                                 "needs at least one state tensor",
-                i));
-        }
-        std::string const where = fmt::format("state layer {} ", i);
-        StateLayerLayout layer;
-        for (size_t t = 0; t < layerConfig.tensors.size(); ++t)
-        {
-            StateTensorLayout tensor = stateTensorLayout(layerConfig.tensors[t], i, t, layout.numStateSlots);
-            for (size_t earlier = 0; earlier < t; ++earlier)
-            {
-                if (layerConfig.tensors[earlier].name == tensor.name)
-                {
-                    throw InvalidConfigError(fmt::format("KVCacheConfig.stateLayerConfigs[{}].tensors[{}].name is "
-                                                         "\"{}\", the name of tensors[{}]; names must be unique "
-                                                         "within a layer",
-                        i, t, tensor.name, earlier));
-                }
-            }
-            int64_t const padded = checkedAdd(layer.layerBytes, kSTATE_TENSOR_ALIGNMENT - 1, where + "bytes");
-            tensor.offsetBytes = padded / kSTATE_TENSOR_ALIGNMENT * kSTATE_TENSOR_ALIGNMENT;
-            layer.layerBytes = checkedAdd(tensor.offsetBytes, tensor.bytes, where + "bytes");
-            layer.slotBytes = checkedAdd(layer.slotBytes, tensor.slotBytes, where + "bytes per slot");
-            layer.tensors.push_back(std::move(tensor));
-        }
-        layout.stateBytesPerSlot = checkedAdd(layout.stateBytesPerSlot, layer.slotBytes, "state bytes per slot");
-        layout.stateBytes = checkedAdd(layout.stateBytes, layer.layerBytes, "total state bytes");
-        layout.stateLayers.push_back(std::move(layer));
-    }
 }
 
 } // namespace
@@ -439,7 +310,7 @@ KVCacheLayout computeLayout(KVCacheConfig const& config)
         layout.bytesPerPage = checkedAdd(layout.bytesPerPage, layerPageBytes, "bytes per page");
         layout.layers.push_back(layer);
     }
-    addStateLayers(config, layout);
+    detail::addStateLayers(config, layout);
     return layout;
 }
 

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -354,6 +355,126 @@ constexpr uint64_t kLOCAL = 0x7000'0000'0000;
 constexpr uint64_t kREMOTE = 0x5000'0000'0000;
 constexpr uint64_t kREMOTE2 = 0x5800'0000'0000;
 
+//! Layers of 4, 2 and 1 KV heads (the last replicated at tp 2), and the model's shards at tp 2 and tp 1.
+struct ShardedModel
+{
+    KVCacheConfig model = ConfigBuilder({kvLayer(4, 8), kvLayer(2, 16), kvLayer(1, 8)})
+                              .tokensPerPage(16)
+                              .maxSequenceLength(64)
+                              .maxBatchSize(2);
+    TensorParallelShard rank0 = tensorParallelShard(model, 2, 0);
+    TensorParallelShard rank1 = tensorParallelShard(model, 2, 1);
+    TensorParallelShard whole = tensorParallelShard(model, 1, 0);
+};
+
+//! A move from one remote cache into a local one, which both ways of moving pages are checked on.
+struct OneRemoteMove
+{
+    KVCacheConfig config;
+    //! The remote's config where it differs from the local one's.
+    std::optional<KVCacheConfig> remoteConfig;
+    std::vector<LayerScales> scales;
+    uint32_t remoteSeed = 0;
+    std::vector<int32_t> localPages;
+    std::vector<int32_t> remotePages;
+    int32_t numTokens = 0;
+    //! Moves the windowed group's pages rather than group 0's.
+    bool windowed = false;
+};
+
+//! A latent layer beside a K/V layer, FP8 with a scale per token and head: part of a page moves.
+OneRemoteMove latentFp8Move()
+{
+    OneRemoteMove move;
+    move.config = ConfigBuilder({KVLayerConfig{1, 64, 0, KVLayerKind::kLATENT}, kvLayer(2, 32)})
+                      .tokensPerPage(8)
+                      .maxSequenceLength(32)
+                      .maxBatchSize(2)
+                      .dataType(DataType::kFP8_E4M3)
+                      .quantization(KVQuantization::kFP8_PER_TOKEN_HEAD);
+    move.remoteSeed = 19;
+    move.localPages = {1, 0, 7};
+    move.remotePages = {2, 3, 4};
+    move.numTokens = 17;
+    return move;
+}
+
+//! NVFP4 pages with their scale parts, and per-layer scales in the descriptions.
+OneRemoteMove nvfp4Move()
+{
+    OneRemoteMove move;
+    move.config = ConfigBuilder({kvLayer(2, 32), kvLayer(4, 16)})
+                      .tokensPerPage(16)
+                      .maxSequenceLength(64)
+                      .maxBatchSize(2)
+                      .dataType(DataType::kUINT8)
+                      .quantization(KVQuantization::kNVFP4);
+    move.scales = {{0.5F, 0.25F}, {2.0F, 4.0F}};
+    move.remoteSeed = 23;
+    move.localPages = {2, 5};
+    move.remotePages = {0, 1};
+    move.numTokens = 32;
+    return move;
+}
+
+//! A windowed group whose released pages are unused entries on both sides: only the window's pages move.
+OneRemoteMove windowedMove()
+{
+    OneRemoteMove move;
+    move.config = ConfigBuilder({kvLayer(2, 8, 32), kvLayer(2, 8)})
+                      .tokensPerPage(16)
+                      .maxSequenceLength(128)
+                      .maxBatchSize(2)
+                      .maxTokensPerStep(16);
+    move.remoteSeed = 29;
+    move.localPages = {kUNUSED_PAGE_ENTRY, kUNUSED_PAGE_ENTRY, 3, 1};
+    move.remotePages = {kUNUSED_PAGE_ENTRY, 4, 0, 2};
+    move.numTokens = 60;
+    move.windowed = true;
+    return move;
+}
+
+//! Two layers of 2 x 16 and 1 x 32, `tokensPerPage` tokens a page.
+KVCacheConfig remapConfig(int32_t tokensPerPage)
+{
+    return ConfigBuilder({kvLayer(2, 16), kvLayer(1, 32)})
+        .tokensPerPage(tokensPerPage)
+        .maxSequenceLength(256)
+        .maxBatchSize(2);
+}
+
+//! 150 tokens between pages of 64 tokens and pages of 16: 3 pages on one side, 10 on the other.
+OneRemoteMove remapMove(int32_t localTokensPerPage, int32_t remoteTokensPerPage)
+{
+    std::vector<int32_t> const large{5, 1, 2};
+    std::vector<int32_t> const small{30, 7, 8, 9, 10, 0, 1, 2, 3, 11};
+    bool const largeLocal = localTokensPerPage > remoteTokensPerPage;
+    OneRemoteMove move;
+    move.config = remapConfig(localTokensPerPage);
+    move.remoteConfig = remapConfig(remoteTokensPerPage);
+    move.remoteSeed = largeLocal ? 3 : 5;
+    move.localPages = largeLocal ? large : small;
+    move.remotePages = largeLocal ? small : large;
+    move.numTokens = 150;
+    return move;
+}
+
+//! Builds both sides of `move` (the local one poisoned) and moves its pages with `mover` (moveAndCheck or
+//! movePreparedAndCheck, which check every moved byte); returns what `mover` returns.
+template <typename Mover>
+auto moveOneRemote(OneRemoteMove const& move, Mover mover)
+{
+    Side local = makeSide(move.config, kLOCAL, 0, 0, nullptr, move.scales);
+    std::vector<Side> const remotes{
+        makeSide(move.remoteConfig.value_or(move.config), kREMOTE, 0, move.remoteSeed, nullptr, move.scales)};
+    int32_t group = 0;
+    for (size_t g = 0; g < local.layout.groups.size(); ++g)
+    {
+        group = move.windowed && local.layout.groups[g].slidingWindow > 0 ? static_cast<int32_t>(g) : group;
+    }
+    return mover(local, remotes, move.localPages, move.remotePages, group, move.numTokens);
+}
+
 TEST(TransferDescriptors, SameGeometryMergesAdjacentPagesAndKeepsLayersApart)
 {
     KVCacheConfig const config =
@@ -402,41 +523,19 @@ TEST(TransferDescriptors, RangesNeverCrossFromOnePoolIntoTheNext)
 
 TEST(TransferDescriptors, PageSizesThatDifferByAWholeFactorRemapBothWays)
 {
-    auto const config = [](int32_t tokensPerPage)
-    {
-        return ConfigBuilder({kvLayer(2, 16), kvLayer(1, 32)})
-            .tokensPerPage(tokensPerPage)
-            .maxSequenceLength(256)
-            .maxBatchSize(2)
-            .build();
-    };
-    {
-        Side local = makeSide(config(64), kLOCAL, 0, 0);
-        std::vector<Side> const remotes{makeSide(config(16), kREMOTE, 0, 3)};
-        moveAndCheck(local, remotes, {5, 1, 2}, {30, 7, 8, 9, 10, 0, 1, 2, 3, 11}, 0, 150);
-    }
-    {
-        Side local = makeSide(config(16), kLOCAL, 0, 0);
-        std::vector<Side> const remotes{makeSide(config(64), kREMOTE, 0, 5)};
-        auto const ranges = moveAndCheck(local, remotes, {30, 7, 8, 9, 10, 0, 1, 2, 3, 11}, {5, 1, 2}, 0, 150);
-        EXPECT_EQ(ranges[0].layerEnds.size(), 2U);
-    }
+    moveOneRemote(remapMove(64, 16), moveAndCheck);
+    auto const ranges = moveOneRemote(remapMove(16, 64), moveAndCheck);
+    EXPECT_EQ(ranges[0].layerEnds.size(), 2U);
 }
 
 TEST(TransferDescriptors, TensorParallelTwoToOneAndOneToTwo)
 {
-    KVCacheConfig const model = ConfigBuilder({kvLayer(4, 8), kvLayer(2, 16), kvLayer(1, 8)})
-                                    .tokensPerPage(16)
-                                    .maxSequenceLength(64)
-                                    .maxBatchSize(2);
-    TensorParallelShard const rank0 = tensorParallelShard(model, 2, 0);
-    TensorParallelShard const rank1 = tensorParallelShard(model, 2, 1);
-    TensorParallelShard const whole = tensorParallelShard(model, 1, 0);
+    ShardedModel const tp;
     {
         // Decode at tp 1 pulls from both prefill ranks; the replicated one-head layer comes from the first listed.
-        Side local = makeSide(model, kLOCAL, 0, 0, &whole);
-        std::vector<Side> const remotes{
-            makeSide(rank1.config, kREMOTE2, 1, 11, &rank1), makeSide(rank0.config, kREMOTE, 0, 13, &rank0)};
+        Side local = makeSide(tp.model, kLOCAL, 0, 0, &tp.whole);
+        std::vector<Side> const remotes{makeSide(tp.rank1.config, kREMOTE2, 1, 11, &tp.rank1),
+            makeSide(tp.rank0.config, kREMOTE, 0, 13, &tp.rank0)};
         auto const ranges = moveAndCheck(local, remotes, {2, 3}, {6, 1}, 0, 20);
         // The one-head layer (index 2) is replicated: rank 1, listed first, sends it and rank 0 sends none of it.
         EXPECT_EQ(ranges[1].layerEnds[2], ranges[1].layerEnds[1]);
@@ -444,8 +543,8 @@ TEST(TransferDescriptors, TensorParallelTwoToOneAndOneToTwo)
     }
     {
         // Decode rank 1 of tp 2 takes its heads from a tp-1 prefill: one range per token and layer half.
-        Side local = makeSide(rank1.config, kLOCAL, 0, 0, &rank1);
-        std::vector<Side> const remotes{makeSide(model, kREMOTE, 0, 17, &whole)};
+        Side local = makeSide(tp.rank1.config, kLOCAL, 0, 0, &tp.rank1);
+        std::vector<Side> const remotes{makeSide(tp.model, kREMOTE, 0, 17, &tp.whole)};
         auto const ranges = moveAndCheck(local, remotes, {0, 1}, {4, 5}, 0, 32);
         // Layer 0 (2 of 4 heads): 32 tokens x 2 halves; no two tokens' slices touch on the remote side.
         EXPECT_EQ(ranges[0].layerEnds[0], 64);
@@ -454,45 +553,13 @@ TEST(TransferDescriptors, TensorParallelTwoToOneAndOneToTwo)
 
 TEST(TransferDescriptors, LatentLayersAndQuantizedPagesMoveEveryPart)
 {
-    KVCacheConfig latent = ConfigBuilder({KVLayerConfig{1, 64, 0, KVLayerKind::kLATENT}, kvLayer(2, 32)})
-                               .tokensPerPage(8)
-                               .maxSequenceLength(32)
-                               .maxBatchSize(2)
-                               .dataType(DataType::kFP8_E4M3)
-                               .quantization(KVQuantization::kFP8_PER_TOKEN_HEAD);
-    {
-        Side local = makeSide(latent, kLOCAL, 0, 0);
-        std::vector<Side> const remotes{makeSide(latent, kREMOTE, 0, 19)};
-        moveAndCheck(local, remotes, {1, 0, 7}, {2, 3, 4}, 0, 17);
-    }
-    KVCacheConfig const nvfp4 = ConfigBuilder({kvLayer(2, 32), kvLayer(4, 16)})
-                                    .tokensPerPage(16)
-                                    .maxSequenceLength(64)
-                                    .maxBatchSize(2)
-                                    .dataType(DataType::kUINT8)
-                                    .quantization(KVQuantization::kNVFP4);
-    std::vector<LayerScales> const scales{{0.5F, 0.25F}, {2.0F, 4.0F}};
-    Side local = makeSide(nvfp4, kLOCAL, 0, 0, nullptr, scales);
-    std::vector<Side> const remotes{makeSide(nvfp4, kREMOTE, 0, 23, nullptr, scales)};
-    moveAndCheck(local, remotes, {2, 5}, {0, 1}, 0, 32);
+    moveOneRemote(latentFp8Move(), moveAndCheck);
+    moveOneRemote(nvfp4Move(), moveAndCheck);
 }
 
 TEST(TransferDescriptors, WindowedGroupSkipsReleasedPages)
 {
-    KVCacheConfig const config = ConfigBuilder({kvLayer(2, 8, 32), kvLayer(2, 8)})
-                                     .tokensPerPage(16)
-                                     .maxSequenceLength(128)
-                                     .maxBatchSize(2)
-                                     .maxTokensPerStep(16);
-    Side local = makeSide(config, kLOCAL, 0, 0);
-    std::vector<Side> const remotes{makeSide(config, kREMOTE, 0, 29)};
-    int32_t windowed = 0;
-    for (size_t g = 0; g < local.layout.groups.size(); ++g)
-    {
-        windowed = local.layout.groups[g].slidingWindow > 0 ? static_cast<int32_t>(g) : windowed;
-    }
-    moveAndCheck(
-        local, remotes, {kUNUSED_PAGE_ENTRY, kUNUSED_PAGE_ENTRY, 3, 1}, {kUNUSED_PAGE_ENTRY, 4, 0, 2}, windowed, 60);
+    moveOneRemote(windowedMove(), moveAndCheck);
 }
 
 TEST(TransferDescriptors, DescriptionBytesRoundTripAndBadBytesAreRefused)
@@ -673,100 +740,44 @@ TEST(PreparedDescriptors, OneDescriptorPerPageHalfInTheRangesOrder)
 
 TEST(PreparedDescriptors, PagesMoveThroughPreparedListsWithPageSizesRemapped)
 {
-    auto const config = [](int32_t tokensPerPage)
     {
-        return ConfigBuilder({kvLayer(2, 16), kvLayer(1, 32)})
-            .tokensPerPage(tokensPerPage)
-            .maxSequenceLength(256)
-            .maxBatchSize(2)
-            .build();
-    };
-    {
-        Side local = makeSide(config(16), kLOCAL, 0, 0);
-        std::vector<Side> const remotes{makeSide(config(16), kREMOTE, 0, 2)};
+        Side local = makeSide(remapConfig(16), kLOCAL, 0, 0);
+        std::vector<Side> const remotes{makeSide(remapConfig(16), kREMOTE, 0, 2)};
         PreparedPlan const plan = movePreparedAndCheck(local, remotes, {3, 4, 5}, {9, 10, 2}, 0, 40);
         EXPECT_EQ(plan.tokensPerDescriptor, 16);
         EXPECT_EQ(plan.layerSources, (std::vector<int32_t>{0, 0}));
     }
-    {
-        Side local = makeSide(config(64), kLOCAL, 0, 0);
-        std::vector<Side> const remotes{makeSide(config(16), kREMOTE, 0, 3)};
-        PreparedPlan const plan =
-            movePreparedAndCheck(local, remotes, {5, 1, 2}, {30, 7, 8, 9, 10, 0, 1, 2, 3, 11}, 0, 150);
-        EXPECT_EQ(plan.tokensPerDescriptor, 16);
-    }
-    {
-        Side local = makeSide(config(16), kLOCAL, 0, 0);
-        std::vector<Side> const remotes{makeSide(config(64), kREMOTE, 0, 5)};
-        movePreparedAndCheck(local, remotes, {30, 7, 8, 9, 10, 0, 1, 2, 3, 11}, {5, 1, 2}, 0, 150);
-    }
+    EXPECT_EQ(moveOneRemote(remapMove(64, 16), movePreparedAndCheck).tokensPerDescriptor, 16);
+    moveOneRemote(remapMove(16, 64), movePreparedAndCheck);
 }
 
 TEST(PreparedDescriptors, LatentQuantizedAndWindowedPagesMoveThroughPreparedLists)
 {
-    KVCacheConfig const latent = ConfigBuilder({KVLayerConfig{1, 64, 0, KVLayerKind::kLATENT}, kvLayer(2, 32)})
-                                     .tokensPerPage(8)
-                                     .maxSequenceLength(32)
-                                     .maxBatchSize(2)
-                                     .dataType(DataType::kFP8_E4M3)
-                                     .quantization(KVQuantization::kFP8_PER_TOKEN_HEAD);
-    {
-        Side local = makeSide(latent, kLOCAL, 0, 0);
-        std::vector<Side> const remotes{makeSide(latent, kREMOTE, 0, 19)};
-        movePreparedAndCheck(local, remotes, {1, 0, 7}, {2, 3, 4}, 0, 17);
-        // The latent layer: data K, scales K; the other: data K, V, scales K, V.
-        EXPECT_EQ(preparedDescriptors(local.description, 0, 8).layerEnds, (std::vector<int64_t>{2, 6}));
-    }
-    KVCacheConfig const nvfp4 = ConfigBuilder({kvLayer(2, 32), kvLayer(4, 16)})
-                                    .tokensPerPage(16)
-                                    .maxSequenceLength(64)
-                                    .maxBatchSize(2)
-                                    .dataType(DataType::kUINT8)
-                                    .quantization(KVQuantization::kNVFP4);
-    std::vector<LayerScales> const scales{{0.5F, 0.25F}, {2.0F, 4.0F}};
-    {
-        Side local = makeSide(nvfp4, kLOCAL, 0, 0, nullptr, scales);
-        std::vector<Side> const remotes{makeSide(nvfp4, kREMOTE, 0, 23, nullptr, scales)};
-        movePreparedAndCheck(local, remotes, {2, 5}, {0, 1}, 0, 32);
-    }
-    KVCacheConfig const windowed = ConfigBuilder({kvLayer(2, 8, 32), kvLayer(2, 8)})
-                                       .tokensPerPage(16)
-                                       .maxSequenceLength(128)
-                                       .maxBatchSize(2)
-                                       .maxTokensPerStep(16);
-    Side local = makeSide(windowed, kLOCAL, 0, 0);
-    std::vector<Side> const remotes{makeSide(windowed, kREMOTE, 0, 29)};
-    int32_t group = 0;
-    for (size_t g = 0; g < local.layout.groups.size(); ++g)
-    {
-        group = local.layout.groups[g].slidingWindow > 0 ? static_cast<int32_t>(g) : group;
-    }
-    movePreparedAndCheck(
-        local, remotes, {kUNUSED_PAGE_ENTRY, kUNUSED_PAGE_ENTRY, 3, 1}, {kUNUSED_PAGE_ENTRY, 4, 0, 2}, group, 60);
+    moveOneRemote(latentFp8Move(), movePreparedAndCheck);
+    // The latent layer: data K, scales K; the other: data K, V, scales K, V.
+    Side const latent = makeSide(latentFp8Move().config, kLOCAL, 0, 0);
+    EXPECT_EQ(preparedDescriptors(latent.description, 0, 8).layerEnds, (std::vector<int64_t>{2, 6}));
+    moveOneRemote(nvfp4Move(), movePreparedAndCheck);
+    moveOneRemote(windowedMove(), movePreparedAndCheck);
 }
 
 TEST(PreparedDescriptors, PlanTakesWholeLayersOnlyWhereTheHeadsMatch)
 {
-    KVCacheConfig const model = ConfigBuilder({kvLayer(4, 8), kvLayer(2, 16), kvLayer(1, 8)})
-                                    .tokensPerPage(16)
-                                    .maxSequenceLength(64)
-                                    .maxBatchSize(2);
-    TensorParallelShard const rank0 = tensorParallelShard(model, 2, 0);
-    TensorParallelShard const rank1 = tensorParallelShard(model, 2, 1);
-    TensorParallelShard const whole = tensorParallelShard(model, 1, 0);
-    Side const prefill0 = makeSide(rank0.config, kREMOTE, 0, 13, &rank0);
-    Side const prefill1 = makeSide(rank1.config, kREMOTE2, 1, 11, &rank1);
+    ShardedModel const tp;
+    Side const prefill0 = makeSide(tp.rank0.config, kREMOTE, 0, 13, &tp.rank0);
+    Side const prefill1 = makeSide(tp.rank1.config, kREMOTE2, 1, 11, &tp.rank1);
     // tp 2 -> 1: the split layers come in slices; the replicated one-head layer whole from the first listed.
-    Side const decodeWhole = makeSide(model, kLOCAL, 0, 0, &whole);
+    Side const decodeWhole = makeSide(tp.model, kLOCAL, 0, 0, &tp.whole);
     EXPECT_EQ(preparedPlan(decodeWhole.description, {prefill1.description, prefill0.description}, 0).layerSources,
         (std::vector<int32_t>{-1, -1, 0}));
     // tp 1 -> 2: rank 1 holds a slice of the prefill's heads, but all of the replicated layer.
-    Side const decode1 = makeSide(rank1.config, kLOCAL, 0, 0, &rank1);
-    EXPECT_EQ(preparedPlan(decode1.description, {makeSide(model, kREMOTE, 0, 17, &whole).description}, 0).layerSources,
+    Side const decode1 = makeSide(tp.rank1.config, kLOCAL, 0, 0, &tp.rank1);
+    EXPECT_EQ(
+        preparedPlan(decode1.description, {makeSide(tp.model, kREMOTE, 0, 17, &tp.whole).description}, 0).layerSources,
         (std::vector<int32_t>{-1, -1, 0}));
     // tp 2 -> 2, rank for rank: every layer whole, from the rank holding the same heads.
     {
-        Side local = makeSide(rank1.config, kLOCAL, 0, 0, &rank1);
+        Side local = makeSide(tp.rank1.config, kLOCAL, 0, 0, &tp.rank1);
         std::vector<Side> const remotes{prefill0, prefill1};
         PreparedPlan const plan = movePreparedAndCheck(local, remotes, {0, 1}, {4, 5}, 0, 32);
         EXPECT_EQ(plan.layerSources, (std::vector<int32_t>{1, 1, 0}));

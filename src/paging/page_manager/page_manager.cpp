@@ -126,43 +126,6 @@ PageManager::State::State(KVCacheLayout const& source, PageManagerOptions const&
     promptPages.reserve(static_cast<size_t>(maxEntries) * layout.groups.size());
 }
 
-void PageManager::State::setUpCuts(int32_t maxEntries)
-{
-    // Hybrid: prefix caching, and a full-attention group for the windowed groups' cuts to hang on (a cache of windowed
-    // groups only, or of one group, keeps plain per-group LRU).
-    int32_t full = -1;
-    std::vector<int32_t> windowed;
-    for (int32_t g = 0; g < numGroups(); ++g)
-    {
-        if (!policies[static_cast<size_t>(g)].windowed())
-        {
-            full = full < 0 ? g : full;
-        }
-        else
-        {
-            windowed.push_back(g);
-        }
-    }
-    if (!options.enablePrefixCaching || full < 0 || windowed.empty())
-    {
-        return;
-    }
-    int32_t const fullPages = pools[static_cast<size_t>(full)].pages.numPages();
-    cuts.fullGroup = full;
-    cuts.windowedGroups = windowed;
-    cuts.cutPages.assign(static_cast<size_t>(fullPages), 0);
-    cuts.order = CachedPageList(fullPages);
-    for (int32_t const g : windowed)
-    {
-        PagePool& pool = pools[static_cast<size_t>(g)];
-        pool.enableAnchors();
-        cuts.tail.emplace_back(static_cast<size_t>(fullPages), CachedPageList::kNONE);
-        cuts.previous.emplace_back(static_cast<size_t>(pool.pages.numPages()), CachedPageList::kNONE);
-    }
-    // A window has fewer pages than a sequence's entries.
-    cuts.window.reserve(static_cast<size_t>(maxEntries) * windowed.size());
-}
-
 void PageManager::State::checkGroup(int32_t group, char const* what) const
 {
     if (group < 0 || group >= numGroups())
@@ -441,69 +404,6 @@ PageGroupCounts PageManager::counts(int32_t group) const
     result.used = pool.pages.numUsed();
     result.shared = pool.numShared;
     return result;
-}
-
-PageManagerStats PageManager::stats() const noexcept
-{
-    State const& s = *mState;
-    return PageManagerStats{s.prefixQueryTokens, s.prefixHitTokens, s.prefix.evictedPages(), s.copyOnWritePages,
-        s.checkpoints.saved, s.checkpoints.restored, s.checkpoints.dropped};
-}
-
-std::vector<PrefixTenantStats> PageManager::tenantStats() const
-{
-    State const& s = *mState;
-    std::vector<PrefixTenantStats> result;
-    result.reserve(s.tenants.size() + 1);
-    for (State::Tenant const& tenant : s.tenants)
-    {
-        result.push_back(tenant.stats);
-    }
-    if (s.tenants.size() == static_cast<size_t>(kMAX_TENANTS))
-    {
-        result.push_back(s.otherTenant);
-    }
-    return result;
-}
-
-int32_t PageManager::State::tenantOf(PageHash root, void const* salt, size_t saltBytes)
-{
-    for (size_t t = 0; t < tenants.size(); ++t)
-    {
-        if (tenants[t].root == root)
-        {
-            return static_cast<int32_t>(t);
-        }
-    }
-    if (tenants.size() == static_cast<size_t>(kMAX_TENANTS))
-    {
-        return -1;
-    }
-    Tenant tenant;
-    tenant.root = root;
-    auto const* bytes = static_cast<uint8_t const*>(salt);
-    tenant.stats.salt.assign(bytes, bytes + saltBytes);
-    tenants.push_back(std::move(tenant));
-    return static_cast<int32_t>(tenants.size() - 1);
-}
-
-void PageManager::resetStats() noexcept
-{
-    for (State::Tenant& tenant : mState->tenants)
-    {
-        std::vector<uint8_t> salt = std::move(tenant.stats.salt);
-        tenant.stats = PrefixTenantStats{};
-        tenant.stats.salt = std::move(salt);
-    }
-    mState->otherTenant = PrefixTenantStats{};
-    mState->otherTenant.other = true;
-    mState->prefixQueryTokens = 0;
-    mState->prefixHitTokens = 0;
-    mState->copyOnWritePages = 0;
-    mState->checkpoints.saved = 0;
-    mState->checkpoints.restored = 0;
-    mState->checkpoints.dropped = 0;
-    mState->prefix.resetEvictedPages();
 }
 
 void PageManager::checkInvariants() const

@@ -1,5 +1,5 @@
-// The cuts of a hybrid cache (prefix_cuts.h): eviction across the groups, making and dropping cuts, and their
-// invariants.
+// The cuts of a hybrid cache (prefix_cuts.h): which caches make them, eviction across the groups, making and dropping
+// cuts, and their invariants.
 #include "paging/page_manager/page_manager_state.h"
 
 #include <fmt/format.h>
@@ -9,6 +9,43 @@
 
 namespace kvcache::rt
 {
+
+void PageManager::State::setUpCuts(int32_t maxEntries)
+{
+    // Hybrid: prefix caching, and a full-attention group for the windowed groups' cuts to hang on (a cache of windowed
+    // groups only, or of one group, keeps plain per-group LRU).
+    int32_t full = -1;
+    std::vector<int32_t> windowed;
+    for (int32_t g = 0; g < numGroups(); ++g)
+    {
+        if (!policies[static_cast<size_t>(g)].windowed())
+        {
+            full = full < 0 ? g : full;
+        }
+        else
+        {
+            windowed.push_back(g);
+        }
+    }
+    if (!options.enablePrefixCaching || full < 0 || windowed.empty())
+    {
+        return;
+    }
+    int32_t const fullPages = pools[static_cast<size_t>(full)].pages.numPages();
+    cuts.fullGroup = full;
+    cuts.windowedGroups = windowed;
+    cuts.cutPages.assign(static_cast<size_t>(fullPages), 0);
+    cuts.order = CachedPageList(fullPages);
+    for (int32_t const g : windowed)
+    {
+        PagePool& pool = pools[static_cast<size_t>(g)];
+        pool.enableAnchors();
+        cuts.tail.emplace_back(static_cast<size_t>(fullPages), CachedPageList::kNONE);
+        cuts.previous.emplace_back(static_cast<size_t>(pool.pages.numPages()), CachedPageList::kNONE);
+    }
+    // A window has fewer pages than a sequence's entries.
+    cuts.window.reserve(static_cast<size_t>(maxEntries) * windowed.size());
+}
 
 int32_t PageManager::State::evictOne(int32_t group)
 {

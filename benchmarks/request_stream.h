@@ -1,0 +1,87 @@
+#pragma once
+
+// A seeded stream of serving requests: prompts that share prefixes, repeat earlier prompts exactly and follow up
+// earlier conversations. The serving workload (serving_workload.cpp, cases f and g) and case j
+// (state_checkpoint_sim.cpp) draw their requests from it, each with its own lengths and shares. The stream never looks
+// at a cache, so every cache a case compares sees the same requests in the same order.
+
+#include "split_mix64.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace kvcache::bench
+{
+
+//! Token ids are drawn from [0, kREQUEST_VOCAB).
+inline constexpr int32_t kREQUEST_VOCAB = 151'936;
+
+//! The lengths and shares of a request stream. Each request draws a kind from [0, kindDraws): a draw in
+//! [firstRepeatDraw, firstRepeatDraw + repeatDraws) repeats one of the last `history` prompts, one of the next
+//! `followUpDraws` draws follows up one of the last `history` finished conversations, and any other draw (or a repeat
+//! or follow-up with nothing to draw on) makes a new prompt.
+struct RequestShape
+{
+    //! The shared prompts new requests start from: their count, their lengths and their own seed.
+    int32_t families = 0;
+    int32_t minFamilyTokens = 0;
+    int32_t maxFamilyTokens = 0;
+    uint64_t familySeed = 0;
+    int32_t kindDraws = 0;
+    int32_t firstRepeatDraw = 0;
+    int32_t repeatDraws = 0;
+    int32_t followUpDraws = 0;
+    //! A follow-up's prompt: the conversation and [minFollowUpTokens, maxFollowUpTokens] user tokens; a new request
+    //! instead when that passes maxFollowUp tokens.
+    int32_t minFollowUpTokens = 0;
+    int32_t maxFollowUpTokens = 0;
+    int32_t maxFollowUp = 0;
+    //! A new prompt, from one family. With newLengthIsPrompt, a length drawn from [minNewTokens, maxNewTokens]: the
+    //! family's start fills all but the last minUserTokens (the whole family when it is shorter) and user tokens the
+    //! rest (minUserTokens <= minNewTokens). Otherwise the whole family and [minNewTokens, maxNewTokens] user tokens.
+    bool newLengthIsPrompt = false;
+    int32_t minNewTokens = 0;
+    int32_t maxNewTokens = 0;
+    int32_t minUserTokens = 0;
+    //! Output tokens a request produces.
+    int32_t minOutput = 0;
+    int32_t maxOutput = 0;
+    //! Prompts and finished conversations kept for repeats and follow-ups.
+    int32_t history = 0;
+};
+
+//! One request: its prompt and the output tokens it will produce.
+struct Request
+{
+    //! 0 new, 1 repeat, 2 follow-up.
+    int32_t kind = 0;
+    std::vector<int32_t> prompt;
+    std::vector<int32_t> output;
+};
+
+//! The request stream of `shape`: depends on the shape and the seed only.
+class RequestStream
+{
+public:
+    RequestStream(RequestShape const& shape, uint64_t seed);
+
+    Request next();
+
+    //! Records a finished request's prompt and output as a conversation a later request may follow up.
+    void finished(Request const& request);
+
+private:
+    void appendRandom(std::vector<int32_t>& tokens, int32_t count);
+    void remember(std::vector<std::vector<int32_t>>& ring, size_t& next, std::vector<int32_t> const& tokens) const;
+
+    RequestShape mShape;
+    SplitMix64 mRandom;
+    std::vector<std::vector<int32_t>> mFamilies;
+    std::vector<std::vector<int32_t>> mPrompts;
+    std::vector<std::vector<int32_t>> mConversations;
+    size_t mNextPrompt = 0;
+    size_t mNextConversation = 0;
+};
+
+} // namespace kvcache::bench
