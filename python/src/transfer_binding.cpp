@@ -115,8 +115,8 @@ void bindTransfer(nb::module_& m)
         nb::arg("host_scales") = std::vector<rt::LayerScales>{}, nb::arg("model_config") = nb::none(),
         nb::arg("tp") = 1, nb::arg("rank") = 0,
         "The transfer description of memory laid out as `layout`'s cache whose pools start at `pool_bases` (per "
-        "group, per part of its page: each layer's data, then each layer's page scales, the order of "
-        "transfer_registration's rows), on `device`, with `host_scales` (one per layer, or none) and, for rank "
+        "group, per part of its page: each layer's data, then each layer's page scales; then per state layer the "
+        "start of its allocation: the order of transfer_registration's rows), on `device`, with `host_scales` (one per layer, or none) and, for rank "
         "`rank` of `tp` (model_config: the whole model's Config; `layout` is then the rank's), the heads it holds: "
         "what KVCacheManager.transfer_description gives for a cache, for pools the caller allocated itself (e.g. "
         "host memory). Raises InvalidArgumentError for counts that do not match the layout.");
