@@ -6,7 +6,9 @@ its cache with a NIXL agent and writes what the decode process needs (its agent 
 description, the prompt's pages per group, and the bytes it wrote, for the check) to a file. The decode process has
 pages of 64 tokens: it allocates the prompt's pages, pulls them from the prefill process through NIXL, layer by layer,
 and checks every byte of every token both sides hold (values and scales, K and V, a windowed group included) against
-what the prefill process wrote. Then it notifies the prefill process, which exits.
+what the prefill process wrote. Both caches also hold two recurrent state layers (a hybrid model's): the decode
+process pulls the prompt's state slot into its own sequence's slot and checks it byte for byte, and that no other
+slot changed. Then it notifies the prefill process, which exits.
 
     python nixl_disaggregated.py --quantization nvfp4                      # both processes, then the check
     python nixl_disaggregated.py --role prefill --exchange DIR &           # or each process alone
@@ -37,6 +39,10 @@ from kvcache.nixl import NixlPages
 LAYERS = [(8, 128), (8, 128, 96), (4, 64)]  # (KV heads, head size[, sliding window])
 PROMPT_TOKENS = 600
 CHUNK = 128  # tokens per step: the windowed group releases pages as the prompt grows
+# Two state layers, as a gated delta net keeps them: a short convolution's window and the recurrent state.
+STATE_LAYERS = [[("conv", [3, 1024], kvcache.DataType.BFLOAT16), ("recurrent", [8, 64, 128], kvcache.DataType.FLOAT32)],
+                [("conv", [3, 512], kvcache.DataType.BFLOAT16)]]
+POISON = 0xEE
 DTYPES = {"none": kvcache.DataType.FLOAT16, "fp8_per_token_head": kvcache.DataType.FP8_E4M3,
           "nvfp4": kvcache.DataType.UINT8}
 QUANTIZATIONS = {"none": kvcache.KVQuantization.NONE, "fp8_per_token_head": kvcache.KVQuantization.FP8_PER_TOKEN_HEAD,
@@ -44,9 +50,12 @@ QUANTIZATIONS = {"none": kvcache.KVQuantization.NONE, "fp8_per_token_head": kvca
 
 
 def make_cache(args, tokens_per_page, batch=8):
+    states = [kvcache.StateLayerConfig([kvcache.StateTensorConfig(name, shape, dtype) for name, shape, dtype in layer])
+              for layer in STATE_LAYERS]
     config = kvcache.Config(layer_configs=LAYERS, max_batch_size=batch, max_sequence_length=4096,
                             tokens_per_page=tokens_per_page, max_tokens_per_step=CHUNK,
-                            kv_cache_type=DTYPES[args.quantization], quantization=QUANTIZATIONS[args.quantization])
+                            kv_cache_type=DTYPES[args.quantization], quantization=QUANTIZATIONS[args.quantization],
+                            state_layer_configs=states)
     cache = kvcache.KVCacheManager(config)
     if args.quantization == "nvfp4":
         for layer in range(len(LAYERS)):
@@ -108,6 +117,16 @@ def write_prompt(cache, manager, sequence, steps, seed):
     torch.cuda.synchronize()
 
 
+def state_bytes(cache):
+    """Every state tensor as raw bytes [slots, bytes a slot], in state layer and tensor order."""
+    views = []
+    for layer, tensors in enumerate(STATE_LAYERS):
+        for tensor in range(len(tensors)):
+            view = torch.from_dlpack(cache.state_view(layer, tensor))
+            views.append(view.view(torch.uint8).reshape(view.shape[0], -1))
+    return views
+
+
 def agent(name):
     from nixl._api import nixl_agent, nixl_agent_config
     return nixl_agent(name, nixl_agent_config(backends=["UCX"]))
@@ -119,6 +138,9 @@ def prefill(args):
     steps = append_prompt(manager, sequences, PROMPT_TOKENS if not args.bench else 2048)
     for i, sequence in enumerate(sequences):
         write_prompt(cache, manager, sequence, steps, seed=100 + i)
+    for raw in state_bytes(cache):  # what a recurrent kernel would have left in every slot
+        raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, device="cuda"))
+    [state_slot] = manager.state_slots([sequences[0]])
     pages = NixlPages.for_cache(agent("prefill"), cache)
     if args.bench:  # registered before the metadata is taken: the metadata lists what the peer may read
         buffer = torch.randint(0, 255, (args.bench_bytes,), dtype=torch.uint8, device="cuda")
@@ -126,7 +148,8 @@ def prefill(args):
     metadata, description = pages.metadata()
     record = {"metadata": metadata, "description": description, "tokens": manager.length(sequences[0]),
               "pages": [[manager.pages(s, g)[0] for g in range(manager.num_groups())] for s in sequences],
-              "rows": [token_rows(cache, manager, sequences[0], layer) for layer in range(len(LAYERS))]}
+              "rows": [token_rows(cache, manager, sequences[0], layer) for layer in range(len(LAYERS))],
+              "state_slot": state_slot, "states": [raw[state_slot].cpu().numpy() for raw in state_bytes(cache)]}
     if args.bench:
         record["contiguous"] = (buffer.data_ptr(), buffer.numel(), buffer.device.index)
     exchange = Path(args.exchange)
@@ -224,8 +247,15 @@ def decode(args):
     cache, manager = make_cache(args, 64, batch=16)
     pages = NixlPages.for_cache(agent("decode"), cache)
     peer = pages.add_peer(record["metadata"], record["description"])
+    other = manager.create()  # holds slot 0, so the pulled state lands in another slot than it left
     sequence = manager.create()
-    append_prompt(manager, [sequence], record["tokens"])
+    append_prompt(manager, [other, sequence], record["tokens"])
+    states = state_bytes(cache)
+    for raw in states:
+        raw.fill_(POISON)
+    torch.cuda.synchronize()
+    [slot] = manager.state_slots([sequence])
+    state_pull = pages.pull_states(peer, [slot], [record["state_slot"]])
     for group in range(manager.num_groups()):
         mismatch = pages.mismatch(peer, group)
         assert mismatch == "", mismatch
@@ -234,8 +264,17 @@ def decode(args):
         for layer in range(pull.num_layers):
             pull.wait_layer(layer)  # a decode step could run this layer's attention now
         pull.wait()
+    state_pull.wait()
     torch.cuda.synchronize()
     checked = 0
+    for index, (raw, theirs) in enumerate(zip(states, record["states"])):
+        mine = raw.cpu().numpy()
+        if not np.array_equal(mine[slot], theirs):
+            sys.exit(f"decode: state tensor {index}: slot {slot} differs from the prefill's slot "
+                     f"{record['state_slot']}")
+        if not (np.delete(mine, slot, axis=0) == POISON).all():
+            sys.exit(f"decode: state tensor {index}: a slot other than {slot} was written")
+        checked += int(theirs.size)
     for layer in range(len(LAYERS)):
         rows, held = token_rows(cache, manager, sequence, layer)
         their_rows, their_held = record["rows"][layer]
@@ -247,7 +286,8 @@ def decode(args):
                 sys.exit(f"decode: layer {layer} part {part}: byte {tuple(bad)} differs")
             checked += int(mine[:, both].size)
     print(f"decode: {record['tokens']} tokens of {len(LAYERS)} layers ({args.quantization}) pulled from pages of 16 "
-          f"into pages of 64 tokens: {checked} bytes equal")
+          f"into pages of 64 tokens, and the state of {len(STATE_LAYERS)} state layers from slot "
+          f"{record['state_slot']} into slot {slot}: {checked} bytes equal")
     if args.bench:
         bench(args, pages, peer, record, cache, manager)
     pages.agent.send_notif(peer, b"pulled")

@@ -1615,7 +1615,7 @@ class TieredPrefixCache:
 
 def layout_transfer_description(layout: KVCacheLayout, pool_bases: Sequence[int], device: int = 0, host_scales: Sequence[LayerScales] = [], model_config: Config | None = None, tp: int = 1, rank: int = 0) -> bytes:
     """
-    The transfer description of memory laid out as `layout`'s cache whose pools start at `pool_bases` (per group, per part of its page: each layer's data, then each layer's page scales; the order of transfer_registration's rows), on `device`, with `host_scales` (one per layer, or none) and, for rank `rank` of `tp` (model_config: the whole model's Config; `layout` is then the rank's), the heads it holds: what KVCacheManager.transfer_description gives for a cache, for pools the caller allocated itself (e.g. host memory). Raises InvalidArgumentError for counts that do not match the layout.
+    The transfer description of memory laid out as `layout`'s cache whose pools start at `pool_bases` (per group, per part of its page: each layer's data, then each layer's page scales; then per state layer the start of its allocation: the order of transfer_registration's rows), on `device`, with `host_scales` (one per layer, or none) and, for rank `rank` of `tp` (model_config: the whole model's Config; `layout` is then the rank's), the heads it holds: what KVCacheManager.transfer_description gives for a cache, for pools the caller allocated itself (e.g. host memory). Raises InvalidArgumentError for counts that do not match the layout.
     """
 
 def transfer_registration(description: bytes) -> Annotated[NDArray[numpy.int64], dict(shape=(None, 3))]:
@@ -1641,6 +1641,21 @@ def transfer_prepared_descriptors(description: bytes, group: int, tokens_per_des
 def transfer_prepared_plan(local: bytes, remotes: Sequence[bytes], group: int) -> tuple[int, list[int]]:
     """
     How page group `group` moves between the local cache and the remote ones through prepared descriptor lists: a tuple (tokens_per_descriptor, layer_sources). tokens_per_descriptor is the smaller page size, which both sides' transfer_prepared_descriptors use; layer_sources gives, per layer, the index in `remotes` of the cache it comes from whole, or -1 where its heads come in tensor-parallel slices (then only transfer_descriptors' ranges express it). Raises InvalidArgumentError as transfer_descriptors does.
+    """
+
+def transfer_state_mismatch(local: bytes, remote: bytes) -> str:
+    """
+    "" when state slots can move between the caches the two descriptions describe, else the first reason they cannot, naming the field and both values: another tensor-parallel size or rank, another number of state layers or tensors, or a tensor of another data type or shape.
+    """
+
+def transfer_state_descriptors(local: bytes, local_slots: PageIds, remote: bytes, remote_slots: PageIds) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any]]:
+    """
+    The ranges that move the states of sequences, every state layer and tensor, between the remote slots `remote_slots[i]` and the local slots `local_slots[i]`: a tuple (local, remote, layer_ends) of two [n, 3] int64 arrays of (address, bytes, device) rows, row i of one moving to row i of the other, and per state layer the end of its rows. Raises InvalidArgumentError naming the mismatch (transfer_state_mismatch) or the bad argument, OutOfRangeError for a slot outside [0, num_state_slots).
+    """
+
+def transfer_prepared_state_descriptors(description: bytes) -> tuple[NDArray[Any], NDArray[Any], int]:
+    """
+    The state slots of the cache `description` describes as a prepared descriptor list: a tuple (blocks, layer_ends, num_state_slots). blocks is an [n, 5] int64 array of (address, bytes, device, stride, count) rows, one per state layer and tensor, each of num_state_slots descriptors: descriptor s of a block is slot s. layer_ends gives, per state layer, the end of its rows. Empty without state layers.
     """
 
 class KVEventPublisher:
@@ -1695,4 +1710,4 @@ __version__: str
 def gpu_unavailable_reason() -> str:
     """Returns why no GPU can be used here, or an empty string when one can."""
 
-__all__: list = ['InvalidArgumentError', 'InvalidConfigError', 'OutOfRangeError', 'OutOfMemoryError', 'CudaError', 'DataType', 'data_type_size', 'data_type_name', 'KVLayerKind', 'KVQuantization', 'NVFP4_BLOCK_VALUES', 'TOKENS_PER_PAGE', 'MAX_TOKENS_PER_PAGE', 'MAX_NUM_PAGES', 'UNUSED_PAGE_ENTRY', 'MAX_INLINE_PAGE_OPS', 'MAX_INLINE_STATE_COPIES', 'KVLayerConfig', 'LayerScales', 'MAX_STATE_DIMS', 'STATE_TENSOR_ALIGNMENT', 'StateTensorConfig', 'StateLayerConfig', 'Config', 'KVLayerLayout', 'KVPageGroupLayout', 'StateTensorLayout', 'StateLayerLayout', 'KVCacheLayout', 'BudgetSplit', 'compute_layout', 'max_pages_for_budget', 'split_budget', 'View', 'KVHalf', 'PageOpTarget', 'LayerRef', 'KVCacheManager', 'PageAllocator', 'PageTableBuffers', 'PageHashAlgorithm', 'PageGroupCounts', 'PageManagerStats', 'PageManager', 'write_tokens', 'write_tokens_paged', 'read_tokens', 'HOST_TIER_KERNEL_MAX_BYTES', 'HOST_TIER_MAX_SMS', 'HOST_TIER_MAX_CHUNKS', 'HostTierMethod', 'PageLayerGeometry', 'PageGeometry', 'page_geometry', 'HostTier', 'SEQUENCE_FILE_VERSION', 'SequenceFileInfo', 'save_sequence', 'load_sequence', 'read_sequence_file_info', 'write_sequence_file', 'read_sequence_file', 'TieredAdmission', 'TieredPrefixCacheStats', 'TieredPrefixCache', 'layout_transfer_description', 'transfer_registration', 'transfer_mismatch', 'transfer_descriptors', 'transfer_prepared_descriptors', 'transfer_prepared_plan', 'KVEventPublisher', '__version__', 'gpu_unavailable_reason']
+__all__: list = ['InvalidArgumentError', 'InvalidConfigError', 'OutOfRangeError', 'OutOfMemoryError', 'CudaError', 'DataType', 'data_type_size', 'data_type_name', 'KVLayerKind', 'KVQuantization', 'NVFP4_BLOCK_VALUES', 'TOKENS_PER_PAGE', 'MAX_TOKENS_PER_PAGE', 'MAX_NUM_PAGES', 'UNUSED_PAGE_ENTRY', 'MAX_INLINE_PAGE_OPS', 'MAX_INLINE_STATE_COPIES', 'KVLayerConfig', 'LayerScales', 'MAX_STATE_DIMS', 'STATE_TENSOR_ALIGNMENT', 'StateTensorConfig', 'StateLayerConfig', 'Config', 'KVLayerLayout', 'KVPageGroupLayout', 'StateTensorLayout', 'StateLayerLayout', 'KVCacheLayout', 'BudgetSplit', 'compute_layout', 'max_pages_for_budget', 'split_budget', 'View', 'KVHalf', 'PageOpTarget', 'LayerRef', 'KVCacheManager', 'PageAllocator', 'PageTableBuffers', 'PageHashAlgorithm', 'PageGroupCounts', 'PageManagerStats', 'PageManager', 'write_tokens', 'write_tokens_paged', 'read_tokens', 'HOST_TIER_KERNEL_MAX_BYTES', 'HOST_TIER_MAX_SMS', 'HOST_TIER_MAX_CHUNKS', 'HostTierMethod', 'PageLayerGeometry', 'PageGeometry', 'page_geometry', 'HostTier', 'SEQUENCE_FILE_VERSION', 'SequenceFileInfo', 'save_sequence', 'load_sequence', 'read_sequence_file_info', 'write_sequence_file', 'read_sequence_file', 'TieredAdmission', 'TieredPrefixCacheStats', 'TieredPrefixCache', 'layout_transfer_description', 'transfer_registration', 'transfer_mismatch', 'transfer_descriptors', 'transfer_prepared_descriptors', 'transfer_prepared_plan', 'transfer_state_mismatch', 'transfer_state_descriptors', 'transfer_prepared_state_descriptors', 'KVEventPublisher', '__version__', 'gpu_unavailable_reason']

@@ -19,6 +19,12 @@ per page half of each layer, or per run of the smaller page size where the two s
 computes only which descriptors it moves (``descriptor_runs``) and makes its transfers from them (make_prepped_xfer).
 Where tensor-parallel ranks split a layer's heads differently, a head slice is one range per token; such pulls build
 ``kvcache.transfer_descriptors``' ranges instead (docs/transfer_descriptors.md).
+
+A hybrid model's recurrent states move with ``pull_states``: one descriptor per state slot of each state layer's
+tensor, prepared once per side (``kvcache.transfer_prepared_state_descriptors``), a sequence's state named by its
+slot on each side (``PageManager.state_slots``)::
+
+    pull = pages.pull_states(peer, local_slots, remote_slots)
 """
 
 import time
@@ -160,6 +166,21 @@ class _PreparedList:
         self._whole = None
 
 
+class _PreparedStateList:
+    """One side's state slots as one prepared descriptor list: per state layer and tensor, a block of one descriptor
+    per slot."""
+
+    def __init__(self, agent, owner, description, mem_type):
+        self.agent = agent
+        self.blocks, _, self.num_slots = _kvcache.transfer_prepared_state_descriptors(description)
+        self.handle = agent.prep_xfer_dlist(owner, self.blocks, mem_type) if len(self.blocks) else None
+
+    def release(self):
+        if self.handle is not None:
+            self.agent.release_dlist_handle(self.handle)
+            self.handle = None
+
+
 class NixlPages:
     """A cache's memory registered with one NIXL agent, and the peers whose pages it pulls."""
 
@@ -173,7 +194,9 @@ class NixlPages:
         self._registration = agent.register_memory(
             [(int(address), int(size), int(device), "") for address, size, device in rows], mem_type)
         self._peers = {}
-        self._lists = {}  # (owner, group, tokens per descriptor) -> _PreparedList; owner "" for this cache
+        # (owner, group, tokens per descriptor) -> _PreparedList, (owner, "states") -> _PreparedStateList; owner ""
+        # for this cache
+        self._lists = {}
         self._plans = {}  # (peers, group) -> (tokens per descriptor, per layer the peer it comes from whole, or -1)
 
     @classmethod
@@ -218,6 +241,35 @@ class NixlPages:
                                                  tokens_per_descriptor, sources)
         return PagePull(self.agent, peers, transfers, notification)
 
+    def pull_states(self, peer, local_slots, remote_slots, notification=b""):
+        """Starts reading the states of sequences, every tensor of every state layer, from `peer`'s slots
+        `remote_slots[i]` into this cache's slots `local_slots[i]`, in one NIXL transfer. Returns a PagePull of one
+        step (wait_layer(0) or wait()). Raises InvalidArgumentError when the two caches' state layers differ
+        (transfer_state_mismatch) or the lists are not pairs, OutOfRangeError for a slot outside either side's
+        slots."""
+        reason = _kvcache.transfer_state_mismatch(self.description, self._peers[peer])
+        if reason:
+            raise _kvcache.InvalidArgumentError(f"pull_states: {reason}")
+        local_slots = np.asarray(local_slots, dtype=np.int64).ravel()
+        remote_slots = np.asarray(remote_slots, dtype=np.int64).ravel()
+        if local_slots.size != remote_slots.size:
+            raise _kvcache.InvalidArgumentError(
+                f"pull_states: local_slots holds {local_slots.size} slots and remote_slots {remote_slots.size}; "
+                f"they are pairs")
+        mine, theirs = self._state_list(""), self._state_list(peer)
+        for name, slots, prepared in (("local_slots", local_slots, mine), ("remote_slots", remote_slots, theirs)):
+            bad = np.flatnonzero((slots < 0) | (slots >= prepared.num_slots))
+            if bad.size:
+                raise _kvcache.OutOfRangeError(
+                    f"pull_states: {name}[{bad[0]}] is slot {slots[bad[0]]}, outside [0, {prepared.num_slots})")
+        if local_slots.size == 0 or mine.handle is None:
+            return PagePull(self.agent, [peer], [[]], notification)
+        blocks = np.arange(len(mine.blocks), dtype=np.int64)[:, None]
+        local = (blocks * mine.num_slots + local_slots).astype(np.int32).ravel()
+        remote = (blocks * theirs.num_slots + remote_slots).astype(np.int32).ravel()
+        handle = self._start(peer, mine.handle, local, theirs.handle, remote)
+        return PagePull(self.agent, [peer], [[(peer, handle)]], notification)
+
     def uses_prepared_lists(self, peers, group):
         """Whether pulls of `group` from `peers` name descriptors of prepared lists (False: some layer's heads come in
         tensor-parallel slices, and its pulls build ranges)."""
@@ -236,6 +288,13 @@ class NixlPages:
             description = self.description if owner == "" else self._peers[owner]
             self._lists[key] = _PreparedList(self.agent, owner or _LOCAL_AGENT, description, group,
                                              tokens_per_descriptor, self.mem_type)
+        return self._lists[key]
+
+    def _state_list(self, owner):
+        key = (owner, "states")
+        if key not in self._lists:
+            description = self.description if owner == "" else self._peers[owner]
+            self._lists[key] = _PreparedStateList(self.agent, owner or _LOCAL_AGENT, description, self.mem_type)
         return self._lists[key]
 
     def _prepared_transfers(self, peers, local_pages, remote_pages, group, num_tokens, per_layer,

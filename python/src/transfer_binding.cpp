@@ -115,8 +115,8 @@ void bindTransfer(nb::module_& m)
         nb::arg("host_scales") = std::vector<rt::LayerScales>{}, nb::arg("model_config") = nb::none(),
         nb::arg("tp") = 1, nb::arg("rank") = 0,
         "The transfer description of memory laid out as `layout`'s cache whose pools start at `pool_bases` (per "
-        "group, per part of its page: each layer's data, then each layer's page scales; the order of "
-        "transfer_registration's rows), on `device`, with `host_scales` (one per layer, or none) and, for rank "
+        "group, per part of its page: each layer's data, then each layer's page scales; then per state layer the "
+        "start of its allocation: the order of transfer_registration's rows), on `device`, with `host_scales` (one per layer, or none) and, for rank "
         "`rank` of `tp` (model_config: the whole model's Config; `layout` is then the rank's), the heads it holds: "
         "what KVCacheManager.transfer_description gives for a cache, for pools the caller allocated itself (e.g. "
         "host memory). Raises InvalidArgumentError for counts that do not match the layout.");
@@ -204,6 +204,55 @@ void bindTransfer(nb::module_& m)
         "which both sides' transfer_prepared_descriptors use; layer_sources gives, per layer, the index in "
         "`remotes` of the cache it comes from whole, or -1 where its heads come in tensor-parallel slices (then "
         "only transfer_descriptors' ranges express it). Raises InvalidArgumentError as transfer_descriptors does.");
+    m.def(
+        "transfer_state_mismatch",
+        [](BytesArgument const& local, BytesArgument const& remote)
+        { return rt::stateTransferMismatch(description(local, "local"), description(remote, "remote")); },
+        nb::arg("local"), nb::arg("remote"),
+        "\"\" when state slots can move between the caches the two descriptions describe, else the first reason "
+        "they cannot, naming the field and both values: another tensor-parallel size or rank, another number of "
+        "state layers or tensors, or a tensor of another data type or shape.");
+    m.def(
+        "transfer_state_descriptors",
+        [](BytesArgument const& local, nb::handle localSlots, BytesArgument const& remote, nb::handle remoteSlots)
+        {
+            std::vector<int32_t> mine;
+            std::vector<int32_t> theirs;
+            hostInt32s(localSlots, mine, "local_slots", "slots");
+            hostInt32s(remoteSlots, theirs, "remote_slots", "slots");
+            if (mine.size() != theirs.size())
+            {
+                throw rt::InvalidArgumentError(
+                    fmt::format("transfer_state_descriptors: local_slots holds {} slots and remote_slots {}; they "
+                                "are pairs",
+                        mine.size(), theirs.size()));
+            }
+            rt::TransferDescriptors const ranges = rt::stateTransferDescriptors(description(local, "local"),
+                mine.data(), description(remote, "remote"), theirs.data(), static_cast<int32_t>(mine.size()));
+            return nb::make_tuple(rangeArray(ranges.local), rangeArray(ranges.remote), endArray(ranges.layerEnds));
+        },
+        nb::arg("local"), nb::arg("local_slots"), nb::arg("remote"), nb::arg("remote_slots"),
+        nb::sig("def transfer_state_descriptors(local: bytes, local_slots: PageIds, remote: bytes, remote_slots: "
+                "PageIds) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any]]"),
+        "The ranges that move the states of sequences, every state layer and tensor, between the remote slots "
+        "`remote_slots[i]` and the local slots `local_slots[i]`: a tuple (local, remote, layer_ends) of two [n, 3] "
+        "int64 arrays of (address, bytes, device) rows, row i of one moving to row i of the other, and per state "
+        "layer the end of its rows. Raises InvalidArgumentError naming the mismatch (transfer_state_mismatch) or "
+        "the bad argument, OutOfRangeError for a slot outside [0, num_state_slots).");
+    m.def(
+        "transfer_prepared_state_descriptors",
+        [](BytesArgument const& bytes)
+        {
+            rt::PreparedDescriptors const prepared = rt::preparedStateDescriptors(description(bytes, "description"));
+            return nb::make_tuple(blockArray(prepared.blocks), endArray(prepared.layerEnds), prepared.numPages);
+        },
+        nb::arg("description"),
+        nb::sig("def transfer_prepared_state_descriptors(description: bytes) -> tuple[NDArray[Any], NDArray[Any], "
+                "int]"),
+        "The state slots of the cache `description` describes as a prepared descriptor list: a tuple (blocks, "
+        "layer_ends, num_state_slots). blocks is an [n, 5] int64 array of (address, bytes, device, stride, count) "
+        "rows, one per state layer and tensor, each of num_state_slots descriptors: descriptor s of a block is slot "
+        "s. layer_ends gives, per state layer, the end of its rows. Empty without state layers.");
 }
 
 } // namespace kvcache::python

@@ -40,7 +40,17 @@ class HostCache:
                                                                **shard)
 
     def _parts(self):
-        return sum(len(group.layers) for group in self.layout.groups)
+        """Pool bases the description takes: one per layer of each group (float16 pages have one part a layer), then
+        one per state layer."""
+        return sum(len(group.layers) for group in self.layout.groups) + len(self.layout.state_layers)
+
+    def state_slot(self, layer, tensor, slot):
+        """The bytes of `slot` of a state tensor, from the documented rule: tensor t of a state layer starts at its
+        offset_bytes (the end of the one before, rounded up to 256 bytes), slot n slot_bytes * n bytes into it."""
+        pool = self.pools[len(self.pools) - len(self.layout.state_layers) + layer]
+        t = self.layout.state_layers[layer].tensors[tensor]
+        start = t.offset_bytes + slot * t.slot_bytes
+        return pool[start:start + t.slot_bytes]
 
     def tokens(self, pool, pages, num_tokens):
         """Rows [num_tokens, bytes per token] of both halves of `pool` for a sequence on `pages`, from the layout
@@ -112,6 +122,63 @@ def test_prepared_descriptors_from_python():
     assert kvcache.transfer_prepared_plan(cache.description, [HostCache(_config(64), 1).description], 0) == (16, [0, 0])
     with pytest.raises(kvcache.InvalidArgumentError, match="tokensPerDescriptor is 5"):
         kvcache.transfer_prepared_descriptors(cache.description, 0, 5)
+
+
+def _state_config(ssm_type=kvcache.DataType.FLOAT32):
+    """Two state layers, 4 running sequences and 3 checkpoint slots: 7 slots. Per slot: conv 8 x 3 float16 (48
+    bytes), ssm 2 x 4 x 4 (128 bytes as float32); short_conv 33 int8."""
+    tensor = kvcache.StateTensorConfig
+    layers = [kvcache.StateLayerConfig([tensor("conv", [8, 3], kvcache.DataType.FLOAT16), tensor("ssm", [2, 4, 4], ssm_type)]),
+              kvcache.StateLayerConfig([tensor("short_conv", [33], kvcache.DataType.INT8)])]
+    return kvcache.Config(layer_configs=LAYERS, max_batch_size=4, max_sequence_length=256, tokens_per_page=16,
+                          state_layer_configs=layers, num_checkpoint_slots=3)
+
+
+STATE_TENSORS = [(0, 0), (0, 1), (1, 0)]  # (state layer, tensor)
+
+
+def _assert_states_moved(local, remote, local_slots, remote_slots):
+    """Every slot of every state tensor: a pulled slot holds the remote's, every other slot is still poisoned."""
+    for layer, tensor in STATE_TENSORS:
+        for slot in range(7):
+            got = local.state_slot(layer, tensor, slot)
+            if slot in local_slots:
+                source = remote_slots[local_slots.index(slot)]
+                assert np.array_equal(got, remote.state_slot(layer, tensor, source)), (layer, tensor, slot)
+            else:
+                assert (got == 0xEE).all(), (layer, tensor, slot)
+
+
+def test_state_descriptors_from_python():
+    local = HostCache(_state_config(), 0)
+    remote = HostCache(_state_config(), 4)
+    assert [(t.offset_bytes, t.slot_bytes) for t in local.layout.state_layers[0].tensors] == [(0, 48), (512, 128)]
+    assert kvcache.transfer_state_mismatch(local.description, remote.description) == ""
+    mine, theirs, layer_ends = kvcache.transfer_state_descriptors(local.description, [0, 5], remote.description, [6, 1])
+    assert list(layer_ends) == [4, 6]
+    ssm = local.pools[2].ctypes.data + 512
+    assert mine[2].tolist() == [ssm, 128, 0]
+    assert theirs[3].tolist() == [remote.pools[2].ctypes.data + 512 + 128, 128, 0]
+    # Apply the rows as a transfer library would: each row names bytes of one pool on each side.
+    for (to, size, _), (source, _, _) in zip(mine.tolist(), theirs.tolist()):
+        to_pool = next(p for p in local.pools if p.ctypes.data <= to < p.ctypes.data + p.size)
+        from_pool = next(p for p in remote.pools if p.ctypes.data <= source < p.ctypes.data + p.size)
+        offset, start = to - to_pool.ctypes.data, source - from_pool.ctypes.data
+        to_pool[offset:offset + size] = from_pool[start:start + size]
+    _assert_states_moved(local, remote, [0, 5], [6, 1])
+
+    blocks, ends, slots = kvcache.transfer_prepared_state_descriptors(local.description)
+    assert slots == 7 and list(ends) == [2, 3]
+    assert blocks[1].tolist() == [ssm, 128, 0, 128, 7]
+    other = HostCache(_state_config(kvcache.DataType.BFLOAT16), 1)
+    assert "state layer 0 tensor 1's dataType is float32" in kvcache.transfer_state_mismatch(local.description,
+                                                                                             other.description)
+    with pytest.raises(kvcache.InvalidArgumentError, match="dataType"):
+        kvcache.transfer_state_descriptors(local.description, [0], other.description, [0])
+    with pytest.raises(kvcache.OutOfRangeError, match="remoteSlots\\[1\\] is slot 7, outside \\[0, 7\\)"):
+        kvcache.transfer_state_descriptors(local.description, [0, 1], remote.description, [0, 7])
+    with pytest.raises(kvcache.InvalidArgumentError, match="local_slots holds 1 slots and remote_slots 2"):
+        kvcache.transfer_state_descriptors(local.description, [0], remote.description, [0, 1])
 
 
 def _agents(name, local, remotes):
@@ -230,3 +297,16 @@ def test_nixl_tensor_parallel_pulls():
     _assert_head(local, ranks[0], 1, 0, 0, pages, remote_pages, n)  # replicated: from the first listed
     for closing in [decode] + prefills:
         closing.close()
+
+
+def test_nixl_pulls_state_slots():
+    local = HostCache(_state_config(), 0)
+    remote = HostCache(_state_config(), 9)
+    decode, [prefill], [peer] = _agents("states", local, [remote])
+    pull = decode.pull_states(peer, [3, 0, 6], [1, 2, 5], notification=b"states-1")
+    pull.wait()
+    _assert_states_moved(local, remote, [3, 0, 6], [1, 2, 5])
+    with pytest.raises(kvcache.OutOfRangeError, match="local_slots\\[0\\] is slot 7"):
+        decode.pull_states(peer, [7], [0])
+    decode.close()
+    prefill.close()

@@ -21,7 +21,9 @@ namespace
 {
 
 constexpr uint32_t kMAGIC = 0x4454564B; // "KVTD" as little-endian bytes
-constexpr uint32_t kVERSION = 1;
+constexpr uint32_t kVERSION = 2;
+//! The version before state layers; read as a description without them.
+constexpr uint32_t kVERSION_WITHOUT_STATES = 1;
 
 //! The model's head count of a layer: what every rank's share adds up to.
 int64_t modelHeads(PageLayerGeometry const& layer, TransferLayer const& share, int32_t tp)
@@ -112,6 +114,57 @@ private:
     size_t mOffset = 0;
 };
 
+//! Reads the state layers that end a version 2 description.
+void readStateLayers(Reader& in, TransferDescription& description)
+{
+    constexpr int64_t kMAX_COUNT = std::numeric_limits<int32_t>::max();
+    description.numStateSlots = in.count("numStateSlots", kMAX_COUNT);
+    int32_t const numLayers = in.count("the number of state layers", static_cast<int64_t>(in.left()));
+    for (int32_t l = 0; l < numLayers; ++l)
+    {
+        TransferStateLayer layer;
+        int32_t const numTensors = in.count("the number of a state layer's tensors", static_cast<int64_t>(in.left()));
+        for (int32_t t = 0; t < numTensors; ++t)
+        {
+            TransferStateTensor tensor;
+            tensor.base = in.get<uint64_t>("a state tensor's base");
+            tensor.dataType = static_cast<DataType>(in.get<int32_t>("a state tensor's dataType"));
+            if (dataTypeSize(tensor.dataType) == 0)
+            {
+                throw InvalidArgumentError(fmt::format("decodeTransferDescription: state layer {} tensor {}'s "
+                                                       "dataType is {}, not a data type",
+                    l, t, static_cast<int32_t>(tensor.dataType)));
+            }
+            tensor.slotBytes = in.get<int64_t>("a state tensor's slotBytes");
+            int32_t const dims = in.count("a state tensor's number of dimensions", kMAX_STATE_DIMS);
+            int64_t elements = 1;
+            for (int32_t d = 0; d < dims; ++d)
+            {
+                auto const extent = in.get<int64_t>("a state tensor's extent");
+                // Bounded so that the product below cannot overflow.
+                if (extent < 1 || extent > kMAX_COUNT)
+                {
+                    throw InvalidArgumentError(fmt::format("decodeTransferDescription: state layer {} tensor {}'s "
+                                                           "extent {} is {}; it must be in [1, {}]",
+                        l, t, d, extent, kMAX_COUNT));
+                }
+                tensor.shape.push_back(extent);
+                // Both factors are at most 2^31 here, so the product fits; past the limit it stays there.
+                elements = std::min(elements * extent, kMAX_COUNT + 1);
+            }
+            if (dims == 0 || elements > kMAX_COUNT || tensor.slotBytes != elements * dataTypeSize(tensor.dataType))
+            {
+                throw InvalidArgumentError(fmt::format("decodeTransferDescription: state layer {} tensor {}'s "
+                                                       "slotBytes is {}; its {} extents of {} give {}",
+                    l, t, tensor.slotBytes, dims, dataTypeName(tensor.dataType),
+                    elements * dataTypeSize(tensor.dataType)));
+            }
+            layer.tensors.push_back(std::move(tensor));
+        }
+        description.stateLayers.push_back(std::move(layer));
+    }
+}
+
 uint32_t bitsOf(float value) noexcept
 {
     uint32_t bits = 0;
@@ -167,11 +220,24 @@ TransferDescription describeForTransfer(KVCacheLayout const& layout, std::vector
         base += parts;
         description.groups.push_back(std::move(group));
     }
-    if (base != poolBases.size())
+    size_t const expected = base + layout.stateLayers.size();
+    if (poolBases.size() != expected)
     {
-        throw InvalidArgumentError(
-            fmt::format("describeForTransfer: poolBases holds {} addresses; the layout's pages have {} parts",
-                poolBases.size(), base));
+        throw InvalidArgumentError(fmt::format("describeForTransfer: poolBases holds {} addresses; the layout's pages "
+                                               "have {} parts and it has {} state layers (one address each)",
+            poolBases.size(), base, layout.stateLayers.size()));
+    }
+    description.numStateSlots = layout.numStateSlots;
+    for (StateLayerLayout const& stateLayer : layout.stateLayers)
+    {
+        TransferStateLayer described;
+        for (StateTensorLayout const& tensor : stateLayer.tensors)
+        {
+            described.tensors.push_back({poolBases[base] + static_cast<uint64_t>(tensor.offsetBytes), tensor.dataType,
+                tensor.shape, tensor.slotBytes});
+        }
+        description.stateLayers.push_back(std::move(described));
+        ++base;
     }
     return description;
 }
@@ -186,6 +252,11 @@ TransferDescription describeForTransfer(KVCacheManager const& cache, TensorParal
         {
             bases.push_back(reinterpret_cast<uint64_t>(entry.kBase));
         }
+    }
+    for (int32_t l = 0; l < cache.numStateLayers(); ++l)
+    {
+        // Tensor 0 starts the layer's allocation (offsetBytes 0).
+        bases.push_back(reinterpret_cast<uint64_t>(cache.stateView(l, 0).rawPointer()));
     }
     std::vector<LayerScales> scales;
     if (detail::keepsHostScales(layout.quantization))
@@ -234,6 +305,23 @@ std::vector<uint8_t> encodeTransferDescription(TransferDescription const& descri
             out.put(base);
         }
     }
+    out.put(description.numStateSlots);
+    out.put(static_cast<int32_t>(description.stateLayers.size()));
+    for (TransferStateLayer const& layer : description.stateLayers)
+    {
+        out.put(static_cast<int32_t>(layer.tensors.size()));
+        for (TransferStateTensor const& tensor : layer.tensors)
+        {
+            out.put(tensor.base);
+            out.put(static_cast<int32_t>(tensor.dataType));
+            out.put(tensor.slotBytes);
+            out.put(static_cast<int32_t>(tensor.shape.size()));
+            for (int64_t const extent : tensor.shape)
+            {
+                out.put(extent);
+            }
+        }
+    }
     return out.bytes;
 }
 
@@ -253,10 +341,11 @@ TransferDescription decodeTransferDescription(uint8_t const* bytes, size_t size)
             magic, kMAGIC));
     }
     auto const version = in.get<uint32_t>("the version");
-    if (version != kVERSION)
+    if (version != kVERSION && version != kVERSION_WITHOUT_STATES)
     {
-        throw InvalidArgumentError(fmt::format(
-            "decodeTransferDescription: the version is {}; this library reads version {}", version, kVERSION));
+        throw InvalidArgumentError(
+            fmt::format("decodeTransferDescription: the version is {}; this library reads versions {} and {}", version,
+                kVERSION_WITHOUT_STATES, kVERSION));
     }
     TransferDescription description;
     description.device = in.get<int32_t>("device");
@@ -310,6 +399,10 @@ TransferDescription decodeTransferDescription(uint8_t const* bytes, size_t size)
         }
         description.groups.push_back(std::move(group));
     }
+    if (version != kVERSION_WITHOUT_STATES)
+    {
+        readStateLayers(in, description);
+    }
     if (in.left() != 0)
     {
         throw InvalidArgumentError(
@@ -330,6 +423,22 @@ std::vector<MemoryRange> registrationRanges(TransferDescription const& descripti
             auto const bytes = static_cast<uint64_t>(entry.halves * int64_t{group.numPages} * entry.halfBytes);
             ranges.push_back({group.poolBases[e], bytes, description.device});
         }
+    }
+    auto const slots = static_cast<uint64_t>(description.numStateSlots);
+    for (TransferStateLayer const& layer : description.stateLayers)
+    {
+        if (layer.tensors.empty())
+        {
+            continue;
+        }
+        uint64_t first = layer.tensors.front().base;
+        uint64_t end = first;
+        for (TransferStateTensor const& tensor : layer.tensors)
+        {
+            first = std::min(first, tensor.base);
+            end = std::max(end, tensor.base + slots * static_cast<uint64_t>(tensor.slotBytes));
+        }
+        ranges.push_back({first, end - first, description.device});
     }
     return ranges;
 }

@@ -7,6 +7,7 @@
 #include "kvcache/paging/page_table.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 
@@ -375,6 +376,125 @@ PreparedPlan preparedPlan(
         plan.layerSources.push_back(whole ? r : -1);
     }
     return plan;
+}
+
+std::string stateTransferMismatch(TransferDescription const& local, TransferDescription const& remote)
+{
+    if (local.tp != remote.tp || local.rank != remote.rank)
+    {
+        return fmt::format("the local cache is rank {} of tp {} and the remote cache rank {} of tp {}; state slots "
+                           "move only between the same rank of the same tensor-parallel size",
+            local.rank, local.tp, remote.rank, remote.tp);
+    }
+    if (local.stateLayers.size() != remote.stateLayers.size())
+    {
+        return fmt::format("the local cache has {} state layers and the remote cache {}", local.stateLayers.size(),
+            remote.stateLayers.size());
+    }
+    for (size_t l = 0; l < local.stateLayers.size(); ++l)
+    {
+        std::vector<TransferStateTensor> const& mine = local.stateLayers[l].tensors;
+        std::vector<TransferStateTensor> const& theirs = remote.stateLayers[l].tensors;
+        if (mine.size() != theirs.size())
+        {
+            return fmt::format("state layer {} has {} tensors in the local cache and {} in the remote cache", l,
+                mine.size(), theirs.size());
+        }
+        for (size_t t = 0; t < mine.size(); ++t)
+        {
+            if (mine[t].dataType != theirs[t].dataType)
+            {
+                return fmt::format("state layer {} tensor {}'s dataType is {} in the local cache and {} in the "
+                                   "remote cache",
+                    l, t, dataTypeName(mine[t].dataType), dataTypeName(theirs[t].dataType));
+            }
+            if (mine[t].shape != theirs[t].shape)
+            {
+                return fmt::format("state layer {} tensor {}'s shape is [{}] in the local cache and [{}] in the "
+                                   "remote cache",
+                    l, t, fmt::join(mine[t].shape, ", "), fmt::join(theirs[t].shape, ", "));
+            }
+        }
+    }
+    return {};
+}
+
+namespace
+{
+
+void checkSlots(char const* name, int32_t const* slots, int32_t count, int32_t numStateSlots)
+{
+    if (slots == nullptr && count > 0)
+    {
+        throw InvalidArgumentError(
+            fmt::format("stateTransferDescriptors: {} is null and the count {}", name, count));
+    }
+    for (int32_t i = 0; i < count; ++i)
+    {
+        if (slots[i] < 0 || slots[i] >= numStateSlots)
+        {
+            throw OutOfRangeError(fmt::format(
+                "stateTransferDescriptors: {}[{}] is slot {}, outside [0, {})", name, i, slots[i], numStateSlots));
+        }
+    }
+}
+
+} // namespace
+
+TransferDescriptors stateTransferDescriptors(TransferDescription const& local, int32_t const* localSlots,
+    TransferDescription const& remote, int32_t const* remoteSlots, int32_t count)
+{
+    std::string const mismatch = stateTransferMismatch(local, remote);
+    if (!mismatch.empty())
+    {
+        throw InvalidArgumentError("stateTransferDescriptors: " + mismatch);
+    }
+    if (count < 0)
+    {
+        throw InvalidArgumentError(fmt::format("stateTransferDescriptors: count is {}; it must be >= 0", count));
+    }
+    checkSlots("localSlots", localSlots, count, local.numStateSlots);
+    checkSlots("remoteSlots", remoteSlots, count, remote.numStateSlots);
+    TransferDescriptors result;
+    for (size_t l = 0; l < local.stateLayers.size(); ++l)
+    {
+        size_t const floor = result.local.size();
+        for (size_t t = 0; t < local.stateLayers[l].tensors.size(); ++t)
+        {
+            TransferStateTensor const& mine = local.stateLayers[l].tensors[t];
+            TransferStateTensor const& theirs = remote.stateLayers[l].tensors[t];
+            auto const bytes = static_cast<uint64_t>(mine.slotBytes);
+            for (int32_t i = 0; i < count; ++i)
+            {
+                appendRange(result, floor,
+                    {mine.base + static_cast<uint64_t>(localSlots[i]) * bytes, bytes, local.device},
+                    {theirs.base + static_cast<uint64_t>(remoteSlots[i]) * bytes, bytes, remote.device});
+            }
+        }
+        result.layerEnds.push_back(static_cast<int64_t>(result.local.size()));
+    }
+    return result;
+}
+
+PreparedDescriptors preparedStateDescriptors(TransferDescription const& description)
+{
+    PreparedDescriptors result;
+    if (description.stateLayers.empty())
+    {
+        return result;
+    }
+    result.numPages = description.numStateSlots;
+    result.descriptorsPerPage = 1;
+    for (TransferStateLayer const& layer : description.stateLayers)
+    {
+        for (TransferStateTensor const& tensor : layer.tensors)
+        {
+            result.blocks.push_back({tensor.base, static_cast<uint64_t>(tensor.slotBytes), description.device,
+                int64_t{description.numStateSlots}});
+        }
+        result.layerEnds.push_back(static_cast<int64_t>(result.blocks.size()));
+    }
+    return result;
 }
 
 } // namespace kvcache::rt

@@ -575,7 +575,7 @@ TEST(TransferDescriptors, DescriptionBytesRoundTripAndBadBytesAreRefused)
     std::vector<uint8_t> const bytes = encodeTransferDescription(side.description);
     ASSERT_GE(bytes.size(), 8U);
     EXPECT_EQ(std::string(bytes.begin(), bytes.begin() + 4), "KVTD");
-    EXPECT_EQ(bytes[4], 1);
+    EXPECT_EQ(bytes[4], 2);
     TransferDescription const back = decodeTransferDescription(bytes.data(), bytes.size());
     EXPECT_EQ(back.device, 3);
     EXPECT_EQ(back.tp, 2);
@@ -612,9 +612,9 @@ TEST(TransferDescriptors, DescriptionBytesRoundTripAndBadBytesAreRefused)
     EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
         [&] { (void)decodeTransferDescription(magic.data(), magic.size()); }, {"magic", "KVTD"}));
     std::vector<uint8_t> version = bytes;
-    version[4] = 2;
+    version[4] = 3;
     EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
-        [&] { (void)decodeTransferDescription(version.data(), version.size()); }, {"version is 2", "version 1"}));
+        [&] { (void)decodeTransferDescription(version.data(), version.size()); }, {"version is 3", "versions 1 and 2"}));
 }
 
 TEST(TransferDescriptors, RegistrationCoversEveryPoolOnce)

@@ -49,15 +49,34 @@ struct TransferGroup
     std::vector<uint64_t> poolBases = {};
 };
 
-//! What one side of a transfer holds and where: its device, its tensor-parallel position and, per page group, its
-//! geometry, pool addresses and host-held scales. Each side sends its own (encodeTransferDescription) before any page
-//! moves; the side that moves pages builds both sides' ranges from the two.
+//! One tensor of a state layer as a transfer sees it: slot n's state is slotBytes bytes at base + n * slotBytes.
+struct TransferStateTensor
+{
+    uint64_t base = 0; //!< the address of slot 0
+    DataType dataType = DataType::kFLOAT;
+    std::vector<int64_t> shape = {}; //!< one slot's extents (StateTensorConfig::shape)
+    int64_t slotBytes = 0;           //!< the product of shape times the element size
+};
+
+//! One state layer as a transfer sees it: its tensors in config order.
+struct TransferStateLayer
+{
+    std::vector<TransferStateTensor> tensors = {};
+};
+
+//! What one side of a transfer holds and where: its device, its tensor-parallel position, per page group its
+//! geometry, pool addresses and host-held scales, and its state layers' slots. Each side sends its own
+//! (encodeTransferDescription) before any page moves; the side that moves pages builds both sides' ranges from the
+//! two.
 struct TransferDescription
 {
     int32_t device = 0;
     int32_t tp = 1;   //!< ranks in the cache's tensor-parallel group
     int32_t rank = 0; //!< this cache's rank, in [0, tp)
     std::vector<TransferGroup> groups = {};
+    //! Slots of each state layer (KVCacheLayout::numStateSlots); 0 without state layers.
+    int32_t numStateSlots = 0;
+    std::vector<TransferStateLayer> stateLayers = {};
 };
 
 //! Returns the description of `cache`: its device, pools and host-held scales, and the heads `shard` says it holds
@@ -66,23 +85,25 @@ struct TransferDescription
 TransferDescription describeForTransfer(KVCacheManager const& cache, TensorParallelShard const* shard = nullptr);
 
 //! Returns the description of a cache of `layout` whose pools start at `poolBases` (per group in order, per part of
-//! its page in TransferGroup::poolBases' order), on `device`, with `hostScales` (one per layer of the layout, or empty
-//! for the defaults) and the heads `shard` says it holds (null: the whole model). This is what the other overload
-//! builds from a manager; it needs no GPU. Throws InvalidArgumentError naming the field for a base count that does not
-//! match the layout, a scale count that does not match its layers, or a shard that does not match it.
+//! its page in TransferGroup::poolBases' order, then per state layer the start of its allocation, its tensors at
+//! their StateTensorLayout::offsetBytes), on `device`, with `hostScales` (one per layer of the layout, or empty for
+//! the defaults) and the heads `shard` says it holds (null: the whole model). This is what the other overload builds
+//! from a manager; it needs no GPU. Throws InvalidArgumentError naming the field for a base count that does not match
+//! the layout, a scale count that does not match its layers, or a shard that does not match it.
 TransferDescription describeForTransfer(KVCacheLayout const& layout, std::vector<uint64_t> const& poolBases,
     int32_t device, std::vector<LayerScales> const& hostScales = {}, TensorParallelShard const* shard = nullptr);
 
-//! Returns `description` as bytes, little-endian: the magic "KVTD", version 1, then every field in declaration order
-//! (docs/transfer_descriptors.md).
+//! Returns `description` as bytes, little-endian: the magic "KVTD", version 2, then every field in declaration order
+//! (docs/transfer_descriptors.md). Version 2 added the state layers at the end; decodeTransferDescription reads both.
 std::vector<uint8_t> encodeTransferDescription(TransferDescription const& description);
 
 //! Returns the description `bytes[0, size)` encode. Throws InvalidArgumentError naming what is wrong for bytes that do
 //! not start with the magic, another version, a count out of its range or bytes that end early or run on.
 TransferDescription decodeTransferDescription(uint8_t const* bytes, size_t size);
 
-//! Returns the memory a transfer library must register to move `description`'s pages: per group, per part, one range
-//! from its K pool's first byte to its V pool's last.
+//! Returns the memory a transfer library must register to move `description`'s pages and states: per group, per
+//! part, one range from its K pool's first byte to its V pool's last; then per state layer one range from its first
+//! tensor's first slot to its last tensor's last slot.
 std::vector<MemoryRange> registrationRanges(TransferDescription const& description);
 
 //! Returns "" when pages of group `group` can move between `local` and `remote`, else the first reason they cannot,
@@ -168,5 +189,26 @@ struct PreparedPlan
 //! or a local head no remote holds.
 PreparedPlan preparedPlan(
     TransferDescription const& local, std::vector<TransferDescription> const& remotes, int32_t group);
+
+//! Returns "" when state slots can move between `local` and `remote`, else the first reason they cannot, naming the
+//! field and both values: another tensor-parallel size or rank (a rank's state layers hold that rank's heads, so each
+//! rank moves its own), another number of state layers, of tensors in a layer, or a tensor of another data type or
+//! shape.
+std::string stateTransferMismatch(TransferDescription const& local, TransferDescription const& remote);
+
+//! Returns the ranges that move the states of `count` sequences, every state layer and tensor, from the remote's
+//! slots `remoteSlots[i]` to the local slots `localSlots[i]` (or back: local[j] and remote[j] have the same bytes).
+//! Ranges are in one order: state layer by state layer, within a layer tensor by tensor, within a tensor pair by pair;
+//! ranges adjacent on both sides are merged. layerEnds gives the end of each state layer's ranges. Throws
+//! InvalidArgumentError with stateTransferMismatch's reason, for a negative count or null lists with count > 0, and
+//! OutOfRangeError naming the list, the index and the slot for a slot outside [0, numStateSlots).
+TransferDescriptors stateTransferDescriptors(TransferDescription const& local, int32_t const* localSlots,
+    TransferDescription const& remote, int32_t const* remoteSlots, int32_t count);
+
+//! Returns the state slots of `description` as a prepared descriptor list: per state layer, per tensor, one block of
+//! numStateSlots descriptors of the tensor's slotBytes, so descriptor n of a block is slot n. numPages is
+//! numStateSlots and descriptorsPerPage 1; layerEnds gives the end of each state layer's blocks. Empty without state
+//! layers.
+PreparedDescriptors preparedStateDescriptors(TransferDescription const& description);
 
 } // namespace kvcache::rt
