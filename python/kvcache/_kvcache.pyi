@@ -834,6 +834,16 @@ class KVCacheManager:
 
     def allocated_bytes(self) -> int: ...
 
+    def calibrate_layer_scales(self, layer: int, observed: LayerWriteCounters) -> None:
+        """
+        Sets the layer's host-held scales from `observed` (a LayerWriteCounters, e.g. WriteCounters.read()[layer]) by calibrated_scales; a latent layer's v is kept. Raises as calibrated_scales and set_layer_scales do; a refused call changes nothing.
+        """
+
+    def attention_arguments(self, layer: int) -> dict:
+        """
+        What an attention kernel takes for the layer's quantization, as a dict (docs/flashinfer.md): `quantization`; `k_scale` / `v_scale`, the factors every K / V value is multiplied by after its page scale (FP8_PER_TENSOR's scales, NVFP4's global scales; 1.0 otherwise and for a latent layer's V); `k_scale_pool` / `v_scale_pool`, the scale pool's K and V halves as zero-copy views (FlashInfer's kv_cache_sf; None without page scales, and V for a latent layer); `token_head_scales` (FlashInfer's use_token_head_sf); `tensor_core_decode`: only a tensor-core decode reads the page scales. The scales are a copy taken now. Raises OutOfRangeError for a bad index.
+        """
+
     def latent_pool_view(self, layer: int) -> View:
         """
         View [num_pages, tokens_per_page, head_dim] of latent layer `layer`'s pool, as MLA kernels take it: each token's kv_lora_rank values, then its rope part. Raises for a KV layer.
@@ -1137,12 +1147,12 @@ class PageManager:
 
     def num_sequences(self) -> int: ...
 
-def write_tokens(cache: KVCacheManager, layer: int, k: DeviceArray, v: DeviceArray | None, token_addresses: DeviceArray, stream: StreamLike | None = None, *, count: DeviceArray | None = None, error_count: DeviceArray | None = None, group: int = -1) -> None:
+def write_tokens(cache: KVCacheManager, layer: int, k: DeviceArray, v: DeviceArray | None, token_addresses: DeviceArray, stream: StreamLike | None = None, *, count: DeviceArray | None = None, error_count: DeviceArray | None = None, group: int = -1, counters: WriteCounters | None = None) -> None:
     """
-    Writes k and v ([n, num_kv_heads, head_dim] CUDA tensors of float32, float16 or bfloat16, any strides with the last dimension contiguous; v None for a latent layer) into layer `layer`'s pages at `token_addresses` (CUDA int64 [n]: page * tokens_per_page + offset; negative skips the token), converting to the cache's type (a quantized cache: quantized by docs/layout.md's rules, head_dim a multiple of 16, scales written where scale_pool_view shows them), in one launch on `stream` (default: the cache's). `count` (CUDA int32 [1]) limits the tokens on the device; `error_count` (CUDA int32 [1]) counts addresses past the layer's pages; `group` checks the addresses' page group. Graph-capturable.
+    Writes k and v ([n, num_kv_heads, head_dim] CUDA tensors of float32, float16 or bfloat16, any strides with the last dimension contiguous; v None for a latent layer) into layer `layer`'s pages at `token_addresses` (CUDA int64 [n]: page * tokens_per_page + offset; negative skips the token), converting to the cache's type (a quantized cache: quantized by docs/layout.md's rules, head_dim a multiple of 16, scales written where scale_pool_view shows them), in one launch on `stream` (default: the cache's). `count` (CUDA int32 [1]) limits the tokens on the device; `error_count` (CUDA int32 [1]) counts addresses past the layer's pages; `group` checks the addresses' page group; `counters` (a WriteCounters of this cache, quantized caches only) records the layer's amax and saturated values (docs/layout.md, "Calibration"). Graph-capturable.
     """
 
-def write_tokens_paged(cache: KVCacheManager, layer: int, k: DeviceArray, v: DeviceArray | None, indptr: DeviceArray, indices: DeviceArray, first_token: DeviceArray | None, positions: DeviceArray, stream: StreamLike | None = None, *, count: DeviceArray | None = None, error_count: DeviceArray | None = None, group: int = -1) -> None:
+def write_tokens_paged(cache: KVCacheManager, layer: int, k: DeviceArray, v: DeviceArray | None, indptr: DeviceArray, indices: DeviceArray, first_token: DeviceArray | None, positions: DeviceArray, stream: StreamLike | None = None, *, count: DeviceArray | None = None, error_count: DeviceArray | None = None, group: int = -1, counters: WriteCounters | None = None) -> None:
     """
     As write_tokens, each token placed by its (sequence, position) row of `positions` (CUDA int32 [n, 2]) in the CSR table indptr / indices / first_token of the layer's group (as PageTableBuffers builds them; first_token None means 0). Positions outside a row's pages are counted in error_count.
     """
@@ -1150,6 +1160,79 @@ def write_tokens_paged(cache: KVCacheManager, layer: int, k: DeviceArray, v: Dev
 def read_tokens(cache: KVCacheManager, layer: int, k: DeviceArray, v: DeviceArray | None, token_addresses: DeviceArray, stream: StreamLike | None = None, *, count: DeviceArray | None = None, error_count: DeviceArray | None = None) -> None:
     """
     Gathers the tokens at `token_addresses` of layer `layer` into k and v (contiguous CUDA tensors [n, num_kv_heads, head_dim] of float32, float16 or bfloat16; v None for a latent layer), converting from the cache's type (dequantizing a quantized cache's values), in one launch on `stream`. Rows of skipped or bad addresses are left as they were.
+    """
+
+class LayerWriteCounters:
+    """
+    A host copy of one layer's write counters (WriteCounters.read): the largest finite |value| written to K and V, and the values the encoding clipped (docs/layout.md, "Calibration").
+    """
+
+    @overload
+    def __init__(self) -> None: ...
+
+    @overload
+    def __init__(self, k_amax: float, v_amax: float, k_saturated: int = 0, v_saturated: int = 0) -> None: ...
+
+    @property
+    def k_amax(self) -> float:
+        """Largest finite |value| written to K (0: none)."""
+
+    @k_amax.setter
+    def k_amax(self, arg: float, /) -> None: ...
+
+    @property
+    def v_amax(self) -> float:
+        """Largest finite |value| written to V (0: none)."""
+
+    @v_amax.setter
+    def v_amax(self, arg: float, /) -> None: ...
+
+    @property
+    def k_saturated(self) -> int:
+        """K values the encoding clipped."""
+
+    @k_saturated.setter
+    def k_saturated(self, arg: int, /) -> None: ...
+
+    @property
+    def v_saturated(self) -> int:
+        """V values the encoding clipped."""
+
+    @v_saturated.setter
+    def v_saturated(self, arg: int, /) -> None: ...
+
+class WriteCounters:
+    """
+    Every layer's write counters of one cache, in device memory of their own, zeroed at creation. Pass them to write_tokens / write_tokens_paged (counters=): a write into a quantized cache raises its layer's amax and saturation counts on the device, with no sync; read them on a later step through amax() / saturated() (DLPack views) or read() (a host copy, which waits).
+    """
+
+    def __init__(self, cache: KVCacheManager) -> None:
+        """Counters for every layer of `cache` (a KVCacheManager)."""
+
+    @property
+    def num_layers(self) -> int: ...
+
+    def reset(self, stream: StreamLike | None = None) -> None:
+        """
+        Zeroes every layer's counters, stream-ordered (default: the cache's stream).
+        """
+
+    def amax(self) -> View:
+        """View float32 [num_layers, 2] (K, V) of the amax counters, zero-copy."""
+
+    def saturated(self) -> View:
+        """
+        View int64 [num_layers, 2] (K, V) of the saturation counts (unsigned 64-bit on the device), zero-copy.
+        """
+
+    def read(self, stream: StreamLike | None = None) -> list[LayerWriteCounters]:
+        """
+        A host copy of every layer's counters (list of LayerWriteCounters), after waiting for `stream` (default: the cache's stream).
+        """
+
+def calibrated_scales(quantization: KVQuantization, k_amax: float, v_amax: float, has_v: bool = True) -> LayerScales:
+    """
+    The host-held scales docs/layout.md's calibration gives for observed amax: amax / 448 (FP8_PER_TENSOR), amax / (448 * 6) (NVFP4 global scales). Raises InvalidArgumentError for another quantization, and for an amax that is not finite and > 0, naming it.
     """
 
 HOST_TIER_KERNEL_MAX_BYTES: int = 4194304
@@ -1661,4 +1744,4 @@ __version__: str
 def gpu_unavailable_reason() -> str:
     """Returns why no GPU can be used here, or an empty string when one can."""
 
-__all__: list = ['InvalidArgumentError', 'InvalidConfigError', 'OutOfRangeError', 'OutOfMemoryError', 'CudaError', 'DataType', 'data_type_size', 'data_type_name', 'KVLayerKind', 'KVQuantization', 'NVFP4_BLOCK_VALUES', 'TOKENS_PER_PAGE', 'MAX_TOKENS_PER_PAGE', 'MAX_NUM_PAGES', 'UNUSED_PAGE_ENTRY', 'MAX_INLINE_PAGE_OPS', 'MAX_INLINE_STATE_COPIES', 'KVLayerConfig', 'LayerScales', 'MAX_STATE_DIMS', 'STATE_TENSOR_ALIGNMENT', 'StateTensorConfig', 'StateLayerConfig', 'Config', 'KVLayerLayout', 'KVPageGroupLayout', 'StateTensorLayout', 'StateLayerLayout', 'KVCacheLayout', 'BudgetSplit', 'compute_layout', 'max_pages_for_budget', 'split_budget', 'View', 'KVHalf', 'PageOpTarget', 'LayerRef', 'KVCacheManager', 'PageAllocator', 'PageTableBuffers', 'PageHashAlgorithm', 'PageGroupCounts', 'PageManagerStats', 'PageManager', 'write_tokens', 'write_tokens_paged', 'read_tokens', 'HOST_TIER_KERNEL_MAX_BYTES', 'HOST_TIER_MAX_SMS', 'HOST_TIER_MAX_CHUNKS', 'HostTierMethod', 'PageLayerGeometry', 'PageGeometry', 'page_geometry', 'HostTier', 'SEQUENCE_FILE_VERSION', 'SequenceFileInfo', 'save_sequence', 'load_sequence', 'read_sequence_file_info', 'write_sequence_file', 'read_sequence_file', 'TieredAdmission', 'TieredPrefixCacheStats', 'TieredPrefixCache', 'layout_transfer_description', 'transfer_registration', 'transfer_mismatch', 'transfer_descriptors', 'transfer_prepared_descriptors', 'transfer_prepared_plan', 'KVEventPublisher', '__version__', 'gpu_unavailable_reason']
+__all__: list = ['InvalidArgumentError', 'InvalidConfigError', 'OutOfRangeError', 'OutOfMemoryError', 'CudaError', 'DataType', 'data_type_size', 'data_type_name', 'KVLayerKind', 'KVQuantization', 'NVFP4_BLOCK_VALUES', 'TOKENS_PER_PAGE', 'MAX_TOKENS_PER_PAGE', 'MAX_NUM_PAGES', 'UNUSED_PAGE_ENTRY', 'MAX_INLINE_PAGE_OPS', 'MAX_INLINE_STATE_COPIES', 'KVLayerConfig', 'LayerScales', 'MAX_STATE_DIMS', 'STATE_TENSOR_ALIGNMENT', 'StateTensorConfig', 'StateLayerConfig', 'Config', 'KVLayerLayout', 'KVPageGroupLayout', 'StateTensorLayout', 'StateLayerLayout', 'KVCacheLayout', 'BudgetSplit', 'compute_layout', 'max_pages_for_budget', 'split_budget', 'View', 'KVHalf', 'PageOpTarget', 'LayerRef', 'KVCacheManager', 'PageAllocator', 'PageTableBuffers', 'PageHashAlgorithm', 'PageGroupCounts', 'PageManagerStats', 'PageManager', 'write_tokens', 'write_tokens_paged', 'read_tokens', 'LayerWriteCounters', 'WriteCounters', 'calibrated_scales', 'HOST_TIER_KERNEL_MAX_BYTES', 'HOST_TIER_MAX_SMS', 'HOST_TIER_MAX_CHUNKS', 'HostTierMethod', 'PageLayerGeometry', 'PageGeometry', 'page_geometry', 'HostTier', 'SEQUENCE_FILE_VERSION', 'SequenceFileInfo', 'save_sequence', 'load_sequence', 'read_sequence_file_info', 'write_sequence_file', 'read_sequence_file', 'TieredAdmission', 'TieredPrefixCacheStats', 'TieredPrefixCache', 'layout_transfer_description', 'transfer_registration', 'transfer_mismatch', 'transfer_descriptors', 'transfer_prepared_descriptors', 'transfer_prepared_plan', 'KVEventPublisher', '__version__', 'gpu_unavailable_reason']

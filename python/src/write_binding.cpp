@@ -6,10 +6,9 @@
 #include "cuda_arguments.h"
 #include "typed_arguments.h"
 
+#include <kvcache/core/device_allocation.h>
 #include <kvcache/core/errors.h>
 #include <kvcache/memory/kv_write.h>
-
-#include <kvcache/core/device_allocation.h>
 
 #include <fmt/format.h>
 #include <nanobind/ndarray.h>
@@ -134,8 +133,8 @@ public:
     std::vector<rt::WriteCounters> read(cudaStream_t stream) const
     {
         std::vector<rt::WriteCounters> host(static_cast<size_t>(numLayers()));
-        KVCACHE_CUDA_TRY(cudaMemcpyAsync(host.data(), mMemory.data(), static_cast<size_t>(mMemory.size()),
-            cudaMemcpyDeviceToHost, stream));
+        KVCACHE_CUDA_TRY(cudaMemcpyAsync(
+            host.data(), mMemory.data(), static_cast<size_t>(mMemory.size()), cudaMemcpyDeviceToHost, stream));
         KVCACHE_CUDA_TRY(cudaStreamSynchronize(stream));
         return host;
     }
@@ -205,19 +204,20 @@ struct Call
 
 void writeTokens(CacheArgument const& cache, int64_t layer, DeviceArrayArgument const& k, DeviceArrayArgument const& v,
     DeviceArrayArgument const& tokenAddresses, StreamArgument const& stream, DeviceArrayArgument const& count,
-    DeviceArrayArgument const& errorCount, int64_t group, nb::handle counters)
+    DeviceArrayArgument const& errorCount, int64_t group, WriteCountersArgument const& counters)
 {
     Call const call(cache, k, v, stream, count, errorCount, group, layer, counters);
     int64_t const* addresses =
         deviceArgument<int64_t const>(tokenAddresses, call.device, call.capacity(), "token_addresses");
-    rt::writeTokens(*call.cache.manager, call.layerIdx, call.kTensor, call.vTensor, addresses, call.opStream,
-        call.options);
+    rt::writeTokens(
+        *call.cache.manager, call.layerIdx, call.kTensor, call.vTensor, addresses, call.opStream, call.options);
 }
 
 void writeTokensPaged(CacheArgument const& cache, int64_t layer, DeviceArrayArgument const& k,
     DeviceArrayArgument const& v, DeviceArrayArgument const& indptr, DeviceArrayArgument const& indices,
     DeviceArrayArgument const& firstToken, DeviceArrayArgument const& positions, StreamArgument const& stream,
-    DeviceArrayArgument const& count, DeviceArrayArgument const& errorCount, int64_t group, nb::handle counters)
+    DeviceArrayArgument const& count, DeviceArrayArgument const& errorCount, int64_t group,
+    WriteCountersArgument const& counters)
 {
     Call const call(cache, k, v, stream, count, errorCount, group, layer, counters);
     rt::DevicePageTable table;
@@ -233,8 +233,8 @@ void writeTokensPaged(CacheArgument const& cache, int64_t layer, DeviceArrayArgu
     // [capacity, 2] int32 pairs are TokenPosition's layout.
     auto const* pairs = reinterpret_cast<rt::TokenPosition const*>(
         deviceArgument<int32_t const>(positions, call.device, 2 * call.capacity(), "positions"));
-    rt::writeTokens(*call.cache.manager, call.layerIdx, call.kTensor, call.vTensor, table, pairs,
-        call.opStream, call.options);
+    rt::writeTokens(
+        *call.cache.manager, call.layerIdx, call.kTensor, call.vTensor, table, pairs, call.opStream, call.options);
 }
 
 void readTokens(CacheArgument const& cache, int64_t layer, DeviceArrayArgument const& k, DeviceArrayArgument const& v,
@@ -244,8 +244,8 @@ void readTokens(CacheArgument const& cache, int64_t layer, DeviceArrayArgument c
     Call const call(cache, k, v, stream, count, errorCount, -1, layer);
     int64_t const* addresses =
         deviceArgument<int64_t const>(tokenAddresses, call.device, call.capacity(), "token_addresses");
-    rt::readTokens(*call.cache.manager, call.layerIdx, call.kTensor, call.vTensor, addresses, call.opStream,
-        call.options);
+    rt::readTokens(
+        *call.cache.manager, call.layerIdx, call.kTensor, call.vTensor, addresses, call.opStream, call.options);
 }
 
 } // namespace
@@ -279,13 +279,15 @@ void bindWrite(nb::module_& m)
         "addresses are left as they were.");
 
     nb::class_<rt::WriteCounters>(m, "LayerWriteCounters",
-        "A host copy of one layer's write counters (WriteCounters.read): the largest finite |value| written to K and V, "
+        "A host copy of one layer's write counters (WriteCounters.read): the largest finite |value| written to K and "
+        "V, "
         "and the values the encoding clipped (docs/layout.md, \"Calibration\").")
         .def(nb::init<>())
         .def(
             "__init__",
-            [](rt::WriteCounters* self, float kAmax, float vAmax, uint64_t kSaturated, uint64_t vSaturated)
-            { new (self) rt::WriteCounters{kAmax, vAmax, kSaturated, vSaturated}; },
+            [](rt::WriteCounters* self, float kAmax, float vAmax, uint64_t kSaturated, uint64_t vSaturated) {
+                new (self) rt::WriteCounters{kAmax, vAmax, kSaturated, vSaturated};
+            },
             nb::arg("k_amax"), nb::arg("v_amax"), nb::arg("k_saturated") = 0, nb::arg("v_saturated") = 0)
         .def_rw("k_amax", &rt::WriteCounters::kAmax, "Largest finite |value| written to K (0: none).")
         .def_rw("v_amax", &rt::WriteCounters::vAmax, "Largest finite |value| written to V (0: none).")
@@ -297,15 +299,21 @@ void bindWrite(nb::module_& m)
         "write_tokens / write_tokens_paged (counters=): a write into a quantized cache raises its layer's amax and "
         "saturation counts on the device, with no sync; read them on a later step through amax() / saturated() "
         "(DLPack views) or read() (a host copy, which waits).")
-        .def(nb::init<nb::handle>(), nb::arg("cache"), "Counters for every layer of `cache` (a KVCacheManager).")
+        .def(
+            "__init__",
+            [](WriteCountersHandle* self, CacheArgument const& cache) { new (self) WriteCountersHandle(cache); },
+            nb::arg("cache"), "Counters for every layer of `cache` (a KVCacheManager).")
         .def_prop_ro("num_layers", &WriteCountersHandle::numLayers)
         .def(
             "reset",
             [](WriteCountersHandle& self, StreamArgument const& stream)
             { self.reset(streamArgument(stream, self.stream())); },
-            nb::arg("stream") = nb::none(), "Zeroes every layer's counters, stream-ordered (default: the cache's stream).")
+            nb::arg("stream") = nb::none(),
+            "Zeroes every layer's counters, stream-ordered (default: the cache's stream).")
         .def(
-            "amax", [](nb::handle self) { return nb::cast<WriteCountersHandle&>(self).fieldView(self, 0, rt::DataType::kFLOAT); },
+            "amax",
+            [](nb::handle self)
+            { return nb::cast<WriteCountersHandle&>(self).fieldView(self, 0, rt::DataType::kFLOAT); },
             "View float32 [num_layers, 2] (K, V) of the amax counters, zero-copy.")
         .def(
             "saturated",
@@ -335,7 +343,8 @@ void bindWrite(nb::module_& m)
                 rt::calibrateLayerScales(*cache.manager, toInt32(layer, "layer"), observed);
             },
             nb::is_method(), nb::scope(cls), nb::name("calibrate_layer_scales"), nb::arg("layer"), nb::arg("observed"),
-            "Sets the layer's host-held scales from `observed` (a LayerWriteCounters, e.g. WriteCounters.read()[layer]) "
+            "Sets the layer's host-held scales from `observed` (a LayerWriteCounters, e.g. "
+            "WriteCounters.read()[layer]) "
             "by calibrated_scales; a latent layer's v is kept. Raises as calibrated_scales and set_layer_scales do; a "
             "refused call changes nothing."));
     nb::setattr(cls, "attention_arguments",

@@ -1,10 +1,9 @@
 // Host-held scales from the amax the quantizing write observed (docs/layout.md, "Calibration").
 
-#include "kvcache/memory/kv_write.h"
-
 #include "core/scale_support.h"
 
 #include "kvcache/core/errors.h"
+#include "kvcache/memory/kv_write.h"
 
 #include <fmt/format.h>
 
@@ -22,16 +21,18 @@ float scaleFromAmax(char const* what, char const* field, KVQuantization quantiza
 {
     if (!std::isfinite(amax) || amax <= 0.0F)
     {
-        throw InvalidArgumentError(fmt::format("{}: {} is {}; it must be finite and > 0 (0 means no value was observed, "
-                                               "and a zero scale would store every value as zero)",
-            what, field, amax));
+        throw InvalidArgumentError(
+            fmt::format("{}: {} is {}; it must be finite and > 0 (0 means no value was observed, "
+                        "and a zero scale would store every value as zero)",
+                what, field, amax));
     }
     float const divisor = detail::calibrationDivisor(quantization);
     float const scale = amax / divisor;
     if (scale == 0.0F || !detail::isValidHostScale(quantization, scale))
     {
-        throw InvalidArgumentError(fmt::format(
-            "{}: {} is {}, and {} / {} underflows float32 to 0; the scale must be > 0", what, field, amax, amax, divisor));
+        throw InvalidArgumentError(
+            fmt::format("{}: {} is {}, and {} / {} underflows float32 to 0; the scale must be > 0", what, field, amax,
+                amax, divisor));
     }
     return scale;
 }
@@ -59,8 +60,8 @@ void calibrateLayerScales(KVCacheManager& cache, int32_t layerIdx, WriteCounters
 {
     if (layerIdx < 0 || layerIdx >= cache.numLayers())
     {
-        throw OutOfRangeError(fmt::format(
-            "calibrateLayerScales: layer index {} is out of range [0, {})", layerIdx, cache.numLayers()));
+        throw OutOfRangeError(
+            fmt::format("calibrateLayerScales: layer index {} is out of range [0, {})", layerIdx, cache.numLayers()));
     }
     bool const hasV = cache.getLayerConfig(layerIdx).kind != KVLayerKind::kLATENT;
     LayerScales scales = calibratedScales(cache.layout().quantization, observed.kAmax, observed.vAmax, hasV);

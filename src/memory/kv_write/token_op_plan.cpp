@@ -207,10 +207,11 @@ TokenOpPlan planTokenOp(char const* what, KVCacheLayout const& layout, int32_t l
         }
         if (!quantized)
         {
-            throw InvalidArgumentError(fmt::format("{}: options.deviceCounters is given for a cache of quantization {}; "
-                                                   "the counters are the quantizing write's (fp8_per_tensor, "
-                                                   "fp8_per_token_head, nvfp4)",
-                what, kvQuantizationName(layout.quantization)));
+            throw InvalidArgumentError(
+                fmt::format("{}: options.deviceCounters is given for a cache of quantization {}; "
+                            "the counters are the quantizing write's (fp8_per_tensor, "
+                            "fp8_per_token_head, nvfp4)",
+                    what, kvQuantizationName(layout.quantization)));
         }
         auto const address = reinterpret_cast<uintptr_t>(options.deviceCounters);
         if (address % alignof(WriteCounters) != 0)

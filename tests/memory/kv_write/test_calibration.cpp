@@ -64,8 +64,8 @@ TEST(Calibration, FormatsWithoutHostScalesAreRefusedNamingTheQuantization)
 {
     EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
         [] { rt::calibratedScales(Q::kNONE, 1.0F, 1.0F); }, {"calibratedScales", "none", "fp8_per_tensor and nvfp4"}));
-    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>([] { rt::calibratedScales(Q::kFP8_PER_TOKEN_HEAD, 1.0F, 1.0F); },
-        {"calibratedScales", "fp8_per_token_head"}));
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
+        [] { rt::calibratedScales(Q::kFP8_PER_TOKEN_HEAD, 1.0F, 1.0F); }, {"calibratedScales", "fp8_per_token_head"}));
 }
 
 TEST(Calibration, AmaxThatIsNotFiniteAndPositiveIsRefusedNamingTheField)
@@ -92,10 +92,10 @@ TEST(Calibration, AmaxThatIsNotFiniteAndPositiveIsRefusedNamingTheField)
 rt::KVCacheLayout layoutOf(Q quantization)
 {
     rt::DataType const storage = quantization == Q::kNVFP4 ? rt::DataType::kUINT8
-        : quantization == Q::kNONE                          ? rt::DataType::kHALF
-                                                            : rt::DataType::kFP8_E4M3;
-    return rt::KVCacheManager::validate(kvcache::test::ConfigBuilder({{2, 64}})
-                                            .maxBatchSize(2)
+        : quantization == Q::kNONE                         ? rt::DataType::kHALF
+                                                           : rt::DataType::kFP8_E4M3;
+    return rt::KVCacheManager::validate(kvcache::test::ConfigBuilder(
+        {{2, 64}}).maxBatchSize(2)
                                             .maxSequenceLength(64)
                                             .tokensPerPage(16)
                                             .dataType(storage)
@@ -116,17 +116,16 @@ TEST(Calibration, WriteCountersAreRefusedWhereNothingIsQuantized)
     rt::Tensor const k = tokens();
     rt::Tensor const v = tokens();
     // A quantized write takes them.
-    EXPECT_NO_THROW(detail::planTokenOp(
-        "writeTokens", layoutOf(Q::kNVFP4), 0, k, v, options, detail::TokenDirection::kWRITE));
+    EXPECT_NO_THROW(
+        detail::planTokenOp("writeTokens", layoutOf(Q::kNVFP4), 0, k, v, options, detail::TokenDirection::kWRITE));
     EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
-        [&]
-        {
+        [&] {
             detail::planTokenOp(
                 "readTokens", layoutOf(Q::kFP8_PER_TENSOR), 0, k, v, options, detail::TokenDirection::kREAD);
         },
         {"readTokens", "options.deviceCounters", "a read records nothing"}));
-    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
-        [&] { detail::planTokenOp("writeTokens", layoutOf(Q::kNONE), 0, k, v, options, detail::TokenDirection::kWRITE); },
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>([&]
+        { detail::planTokenOp("writeTokens", layoutOf(Q::kNONE), 0, k, v, options, detail::TokenDirection::kWRITE); },
         {"writeTokens", "options.deviceCounters", "quantization none"}));
     options.deviceCounters = reinterpret_cast<rt::WriteCounters*>(uintptr_t{0x20000004});
     EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(

@@ -85,8 +85,8 @@ float roundTo(rt::DataType type, float x)
 
 //! One input half [kTOKENS, heads, dim]: normal values times `magnitude`, the unwritten tokens 1e4 times larger, and
 //! NaN, +inf and -inf on the special token when `specials` (its first three values of head 0 for one head).
-std::vector<float> makeValues(rt::DataType type, int32_t heads, int32_t dim, float magnitude, bool specials,
-    uint64_t seed)
+std::vector<float> makeValues(
+    rt::DataType type, int32_t heads, int32_t dim, float magnitude, bool specials, uint64_t seed)
 {
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> normal(0.0F, 1.0F);
@@ -298,8 +298,9 @@ TEST_F(WriteCountersTest, CountersHoldTheAmaxAndTheSaturatedValuesWorkedOutOnThe
                 for (size_t t = 0; t < positions.size(); ++t)
                 {
                     int64_t const a = addresses[t];
-                    positions[t] = a < 0 ? rt::TokenPosition{-1, 0}
-                                         : rt::TokenPosition{static_cast<int32_t>(a / 64), static_cast<int32_t>(a % 64)};
+                    positions[t] = a < 0
+                        ? rt::TokenPosition{-1, 0}
+                        : rt::TokenPosition{static_cast<int32_t>(a / 64), static_cast<int32_t>(a % 64)};
                 }
                 ASSERT_EQ(ref.numPages, 8) << "the table's rows cover the pages";
                 DeviceArray<int32_t> const deviceIndptr(indptr, stream.get());

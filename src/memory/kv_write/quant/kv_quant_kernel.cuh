@@ -22,13 +22,13 @@ namespace kvcache::rt::detail
 struct QuantKernelParams
 {
     TokenKernelParams base;
-    float kScale;           //!< kFP8_PER_TENSOR: the layer's K scale; kNVFP4: its K global scale; else unused
-    float vScale;           //!< the same for V
-    float kScaleReciprocal; //!< 1 / kScale, rounded to nearest even, where isFastScale(kScale) holds; else 0
-    float vScaleReciprocal; //!< the same for V
-    bool vectors;           //!< the tensors' rows allow whole-chunk loads (and, reading, stores) of kV elements
-    bool codeVectors;       //!< a lane's codes start aligned to their size (up to 16 bytes) in every head
-    int32_t laneShift;      //!< log2 of the lanes a head takes
+    float kScale;            //!< kFP8_PER_TENSOR: the layer's K scale; kNVFP4: its K global scale; else unused
+    float vScale;            //!< the same for V
+    float kScaleReciprocal;  //!< 1 / kScale, rounded to nearest even, where isFastScale(kScale) holds; else 0
+    float vScaleReciprocal;  //!< the same for V
+    bool vectors;            //!< the tensors' rows allow whole-chunk loads (and, reading, stores) of kV elements
+    bool codeVectors;        //!< a lane's codes start aligned to their size (up to 16 bytes) in every head
+    int32_t laneShift;       //!< log2 of the lanes a head takes
     WriteCounters* counters; //!< the layer's counters, raised when the kernel counts (kCOUNT); else unused
 };
 
@@ -127,8 +127,8 @@ __device__ __forceinline__ void quantizeLane(LaneValues<TensorT, kV> const& lane
                     packed.set(at / 2, low | (high << 4));
                     if constexpr (kCOUNT)
                     {
-                        seen.saturated += saturates<kFORMAT>(storedQuotient(lane.value(at), divisor)) +
-                            saturates<kFORMAT>(storedQuotient(lane.value(at + 1), divisor));
+                        seen.saturated += saturates<kFORMAT>(storedQuotient(lane.value(at), divisor))
+                            + saturates<kFORMAT>(storedQuotient(lane.value(at + 1), divisor));
                     }
                 }
             }
