@@ -108,10 +108,15 @@ __device__ __forceinline__ void quantizeLane(LaneValues<TensorT, kV> const& lane
                 }
                 if constexpr (kCOUNT)
                 {
-#pragma unroll
-                    for (int32_t at = b * kPER_BLOCK; at < (b + 1) * kPER_BLOCK; ++at)
+                    // Division is monotonic: no value of the block clips unless its amax does, which is rare.
+                    if (saturates<kFORMAT>(divideByReciprocal(amax[b], divisor, reciprocal)))
                     {
-                        seen.saturated += saturates<kFORMAT>(divideByReciprocal(lane.value(at), divisor, reciprocal));
+#pragma unroll
+                        for (int32_t at = b * kPER_BLOCK; at < (b + 1) * kPER_BLOCK; ++at)
+                        {
+                            seen.saturated +=
+                                saturates<kFORMAT>(divideByReciprocal(lane.value(at), divisor, reciprocal));
+                        }
                     }
                 }
             }
