@@ -183,9 +183,17 @@ __device__ __forceinline__ void quantizeLane(LaneValues<TensorT, kV> const& lane
                 float2 const quotients = make_float2(divideByReciprocal(lane.value(i), divisor, reciprocal),
                     divideByReciprocal(lane.value(i + 1), divisor, reciprocal));
                 bytes.setPair(i, __nv_cvt_float2_to_fp8x2(quotients, __NV_SATFINITE, __NV_E4M3));
-                if constexpr (kCOUNT)
+            }
+            if constexpr (kCOUNT)
+            {
+                // Division is monotonic: no value of the lane clips unless its amax does, which is rare.
+                if (saturates<kFORMAT>(divideByReciprocal(bitsFloat(bits), divisor, reciprocal)))
                 {
-                    seen.saturated += saturates<kFORMAT>(quotients.x) + saturates<kFORMAT>(quotients.y);
+#pragma unroll
+                    for (int32_t i = 0; i < kV; ++i)
+                    {
+                        seen.saturated += saturates<kFORMAT>(divideByReciprocal(lane.value(i), divisor, reciprocal));
+                    }
                 }
             }
         }
