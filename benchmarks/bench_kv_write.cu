@@ -9,7 +9,10 @@
 //  - quantized: the prefill and decode writes into FP8 per token-head and NVFP4 caches (the write quantizes), the
 //    prefill against a contiguous copy moving as many bytes (float16 input read, codes and scales written: the rate
 //    column counts half of that traffic, as the copy's does), the decode against the unquantized decode write (each
-//    timed seven times in turn; the row gives the medians).
+//    timed seven times in turn; the row gives the medians);
+//  - counters: the prefill and decode writes into FP8 per tensor, FP8 per token-head and NVFP4 caches with write
+//    counters (TokenOpOptions::deviceCounters) against the same write without them, timed in turn seven times each
+//    (medians); the target is a ratio of at most 1.053 (the counted write at >= 95% of the uncounted one's speed).
 // Each unquantized write is checked once by reading it back (readTokens) before it is timed; the quantized ones are
 // checked bit for bit by tests/test_kv_write_quant.cu. Prints one table; exits 77 without a
 // GPU (1 under KVCACHE_REQUIRE_GPU=1). Flags: --reps=N (default 50) launches a timing; --smoke (5 reps, prefill and
@@ -147,9 +150,12 @@ struct WriteSetup
         }
     }
 
-    void write(cudaStream_t stream) const
+    //! Writes the tokens, counting into `counters` (device memory) unless it is nullptr.
+    void write(cudaStream_t stream, rt::WriteCounters* counters = nullptr) const
     {
-        rt::writeTokens(manager, 0, kTensor, vTensor, addresses.get(), stream);
+        rt::TokenOpOptions options;
+        options.deviceCounters = counters;
+        rt::writeTokens(manager, 0, kTensor, vTensor, addresses.get(), stream, options);
     }
     //! Bytes the write moves: K and V, each read once and written once.
     int64_t bytes() const
@@ -267,6 +273,26 @@ int run(bool smoke)
         }
         printRow("decode", name + " f16", median(quantizedTimes), quantizedDecode.trafficBytes() / 2,
             median(plainTimes), "(unquantized decode write, medians of turns)");
+    }
+    DeviceArray<rt::WriteCounters> counters(std::vector<rt::WriteCounters>{rt::WriteCounters{}}, s);
+    for (rt::KVQuantization const quantization :
+        {rt::KVQuantization::kFP8_PER_TENSOR, rt::KVQuantization::kFP8_PER_TOKEN_HEAD, rt::KVQuantization::kNVFP4})
+    {
+        std::string const name = std::string(rt::kvQuantizationName(quantization));
+        for (int64_t const tokens : {kPREFILL_TOKENS, kDECODE_TOKENS})
+        {
+            // Counted and uncounted writes timed in turn, so that clock drift between timings falls on both.
+            WriteSetup const setup(8, 128, tokens, s, quantization);
+            std::vector<double> countedTimes;
+            std::vector<double> plainTimes;
+            for (int32_t round = 0; round < kDECODE_ROUNDS; ++round)
+            {
+                countedTimes.push_back(secondsPerCall(s, [&] { setup.write(s, counters.get()); }));
+                plainTimes.push_back(secondsPerCall(s, [&] { setup.write(s); }));
+            }
+            printRow("counters", name + (tokens == kPREFILL_TOKENS ? " prefill" : " decode"), median(countedTimes),
+                setup.trafficBytes() / 2, median(plainTimes), "(the write without counters, medians; target <= 1.053)");
+        }
     }
     if (smoke)
     {

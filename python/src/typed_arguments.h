@@ -35,6 +35,7 @@ KVCACHE_TYPED_ARGUMENT(StatePairsArgument, "StatePairs");
 //! A state tensor of a state layer: its index or its name.
 KVCACHE_TYPED_ARGUMENT(StateTensorArgument, "int | str");
 KVCACHE_TYPED_ARGUMENT(CacheArgument, "KVCacheManager");
+KVCACHE_TYPED_ARGUMENT(WriteCountersArgument, "WriteCounters");
 KVCACHE_TYPED_ARGUMENT(PageOpTargetArgument, "PageOpTarget");
 KVCACHE_TYPED_ARGUMENT(LayoutSourceArgument, "KVCacheManager | KVCacheLayout | Config");
 KVCACHE_TYPED_ARGUMENT(LayerConfigsArgument, "collections.abc.Sequence[KVLayerConfig | tuple[typing.Any, ...]]");

@@ -8,7 +8,8 @@ history.
 
 Quantized pages, on FlashInfer's FA2 backend: FP8 E4M3 per tensor (the host-held layer scales as run's k_scale /
 v_scale), FP8 E4M3 per token and head (plan's use_token_head_sf, the float32 scale pool as run's kv_cache_sf) and NVFP4
-(uint8 codes, the FP8 block scales of the scale pool as kv_cache_sf, the host-held global scales as k_scale / v_scale).
+(uint8 codes, the FP8 block scales of the scale pool as kv_cache_sf, the host-held global scales as k_scale / v_scale),
+every argument taken from KVCacheManager.attention_arguments as docs/flashinfer.md shows.
 K and V of several sequences go into pages a PageManager hands out (the write quantizes); the decode (CUDA-core and
 tensor-core where FlashInfer has both) and prefill wrappers read the pool and scale pool views zero-copy. For each
 format:
@@ -67,7 +68,8 @@ STORAGE = {Q.FP8_PER_TENSOR: kvcache.DataType.FP8_E4M3, Q.FP8_PER_TOKEN_HEAD: kv
 # 11.3-13.5% for NVFP4 over five seeds. The bounds leave at least 1.5x over the model's worst and about 2x over the
 # measured errors; a misread scale, code or half (K's scales on V) costs tens of percent and more.
 QUANTIZED_TOLERANCE = {Q.FP8_PER_TENSOR: 0.06, Q.FP8_PER_TOKEN_HEAD: 0.06, Q.NVFP4: 0.20}
-# Decode paths: FP8 per tensor also on the CUDA-core kernel; per-token-head scales and NVFP4 are tensor-core only.
+# Decode paths: FP8 per tensor also on the CUDA-core kernel; per-token-head scales and NVFP4 are tensor-core only
+# (attention_arguments' tensor_core_decode, checked against this table).
 DECODE_TENSOR_CORES = {Q.FP8_PER_TENSOR: (False, True), Q.FP8_PER_TOKEN_HEAD: (True,), Q.NVFP4: (True,)}
 
 
@@ -212,19 +214,24 @@ def dequantized(torch, cache, quantization):
 
 
 def flashinfer_arguments(torch, cache, quantization):
-    """(kv_data_type, paged_kv_cache, plan's keyword arguments, run's keyword arguments) for the layer's pools."""
+    """(kv_data_type, paged_kv_cache, plan's keyword arguments, run's keyword arguments, the decode wrapper's
+    use_tensor_cores choices) for the layer's pools, from cache.attention_arguments as docs/flashinfer.md shows."""
     pool = torch.from_dlpack(cache.pool_view(0))
     kv_type = torch.uint8 if quantization == Q.NVFP4 else torch.float8_e4m3fn
     assert pool.dtype == kv_type
-    if quantization == Q.FP8_PER_TOKEN_HEAD:
-        scale_pool = torch.from_dlpack(cache.scale_pool_view(0))  # float32 [2, num_pages, P, H]
-        return kv_type, (pool[0], pool[1]), {"use_token_head_sf": True}, {"kv_cache_sf": (scale_pool[0], scale_pool[1])}
-    scales = cache.layer_scales(0)
-    run = {"k_scale": scales.k, "v_scale": scales.v}
-    if quantization == Q.NVFP4:
-        scale_pool = torch.from_dlpack(cache.scale_pool_view(0))  # float8_e4m3fn [2, num_pages, P, H, D / 16]
-        run["kv_cache_sf"] = (scale_pool[0], scale_pool[1])
-    return kv_type, (pool[0], pool[1]), {}, run
+    arguments = cache.attention_arguments(0)
+    assert arguments["quantization"] == quantization
+    plan, run = {}, {}
+    if arguments["token_head_scales"]:
+        # Every scale is in kv_cache_sf; k_scale and v_scale are 1.0 and left out.
+        plan["use_token_head_sf"] = True
+    else:
+        run["k_scale"], run["v_scale"] = arguments["k_scale"], arguments["v_scale"]
+    if arguments["k_scale_pool"] is not None:
+        run["kv_cache_sf"] = tuple(torch.from_dlpack(arguments[half]) for half in ("k_scale_pool", "v_scale_pool"))
+    decode_paths = (True,) if arguments["tensor_core_decode"] else (False, True)
+    assert decode_paths == DECODE_TENSOR_CORES[quantization]
+    return kv_type, (pool[0], pool[1]), plan, run, decode_paths
 
 
 def check_quantized(torch, out, q, queries, histories, held, quantization, name, record_property):
@@ -305,7 +312,7 @@ def test_flashinfer_reads_quantized_pages(torch, flashinfer, quantization, recor
     values_held = dequantized(torch, cache, quantization)
     held = [tuple(values_held[half][pages].reshape(-1, HEADS, QUANTIZED_DIM)[:length] for half in (0, 1))
             for pages, length in rows]
-    kv_type, paged_cache, plan_options, run_options = flashinfer_arguments(torch, cache, quantization)
+    kv_type, paged_cache, plan_options, run_options, decode_paths = flashinfer_arguments(torch, cache, quantization)
     workspace = torch.zeros(128 << 20, dtype=torch.uint8, device="cuda")
 
     def queries_for_rows(queries):
@@ -315,7 +322,7 @@ def test_flashinfer_reads_quantized_pages(torch, flashinfer, quantization, recor
 
     # Decode: one query a sequence at its last position.
     q = queries_for_rows(1)
-    for tensor_cores in DECODE_TENSOR_CORES[quantization]:
+    for tensor_cores in decode_paths:
         decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=tensor_cores,
                                                                backend="fa2")
         decode.plan(indptr, indices, last_page_len, QO_HEADS, HEADS, QUANTIZED_DIM, TOKENS, q_data_type=torch.float16,

@@ -65,3 +65,30 @@ def test_a_file_without_host_held_scales_records_none(tmp_path):
     path = tmp_path / "plain.kvseq"
     kvcache.write_sequence_file(path, geometry, 3, [bytes(geometry.bytes_per_page)])
     assert kvcache.read_sequence_file_info(path).layer_scales == []
+
+
+def test_calibrated_scales_put_the_amax_on_the_largest_code():
+    q = kvcache.KVQuantization
+    # amax / 448 (FP8 per tensor) and amax / (448 * 6) = amax / 2688 (NVFP4), worked by hand.
+    assert kvcache.calibrated_scales(q.FP8_PER_TENSOR, 448.0, 3.5) == kvcache.LayerScales(1.0, 0.0078125)
+    assert kvcache.calibrated_scales(q.NVFP4, 5376.0, 21.0) == kvcache.LayerScales(2.0, 0.0078125)
+    # A latent layer (has_v=False): v stays 1 and its amax is not looked at.
+    assert kvcache.calibrated_scales(q.NVFP4, 2688.0, float("nan"), has_v=False) == kvcache.LayerScales(1.0, 1.0)
+
+
+def test_calibrated_scales_refuse_what_gives_no_scale():
+    q = kvcache.KVQuantization
+    for quantization in (q.NONE, q.FP8_PER_TOKEN_HEAD):
+        with pytest.raises(kvcache.InvalidArgumentError, match=quantization.name.lower()):
+            kvcache.calibrated_scales(quantization, 1.0, 1.0)
+    with pytest.raises(kvcache.InvalidArgumentError, match="kAmax is 0.*no value was observed"):
+        kvcache.calibrated_scales(q.FP8_PER_TENSOR, 0.0, 1.0)
+    with pytest.raises(kvcache.InvalidArgumentError, match="vAmax is inf"):
+        kvcache.calibrated_scales(q.NVFP4, 1.0, float("inf"))
+
+
+def test_layer_write_counters_hold_what_a_read_returns():
+    observed = kvcache.LayerWriteCounters(1.5, 2.0, 3, 2**40)
+    assert (observed.k_amax, observed.v_amax, observed.k_saturated, observed.v_saturated) == (1.5, 2.0, 3, 2**40)
+    empty = kvcache.LayerWriteCounters()
+    assert (empty.k_amax, empty.v_amax, empty.k_saturated, empty.v_saturated) == (0.0, 0.0, 0, 0)

@@ -335,3 +335,114 @@ def test_a_sequence_file_records_the_set_scales(torch, tmp_path):
     for layer, scales in enumerate(recorded):  # the restore docs/layout.md describes
         fresh.set_layer_scales(layer, scales)
     assert kvcache.load_sequence(path, fresh_tier, [0]) == 10
+
+
+@pytest.mark.parametrize("quantization", list(STORAGE), ids=lambda quantization: quantization.name)
+def test_attention_arguments_carry_each_formats_scales(torch, quantization):
+    cache = make_cache(torch, quantization)
+    host_scales = quantization in (Q.FP8_PER_TENSOR, Q.NVFP4)
+    set_scales = [kvcache.LayerScales(0.25, 0.75), kvcache.LayerScales(0.5, 0.125), kvcache.LayerScales(2.0, 4.0)]
+    if host_scales:
+        for layer, scales in enumerate(set_scales):
+            cache.set_layer_scales(layer, scales)
+    for layer, (heads, dim, halves) in enumerate(LAYERS):
+        arguments = cache.attention_arguments(layer)
+        assert arguments["quantization"] == quantization
+        # What a kernel multiplies by: the host scales where the format has them (none for a latent layer's V).
+        k_scale = set_scales[layer].k if host_scales else 1.0
+        v_scale = set_scales[layer].v if host_scales and halves == 2 else 1.0
+        assert (arguments["k_scale"], arguments["v_scale"]) == (k_scale, v_scale)
+        assert arguments["token_head_scales"] == (quantization == Q.FP8_PER_TOKEN_HEAD)
+        assert arguments["tensor_core_decode"] == (quantization in (Q.FP8_PER_TOKEN_HEAD, Q.NVFP4))
+        if quantization not in (Q.FP8_PER_TOKEN_HEAD, Q.NVFP4):
+            assert arguments["k_scale_pool"] is None and arguments["v_scale_pool"] is None
+            continue
+        # The halves of the scale pool: K at its start, V one half (PAGES pages of TOKENS x heads scales) on.
+        shape = (PAGES, TOKENS, heads) if quantization == Q.FP8_PER_TOKEN_HEAD else (PAGES, TOKENS, heads, dim // 16)
+        half_bytes = math.prod(shape) * (4 if quantization == Q.FP8_PER_TOKEN_HEAD else 1)
+        base = torch.from_dlpack(cache.scale_pool_view(layer)).data_ptr()
+        k_pool = torch.from_dlpack(arguments["k_scale_pool"])
+        assert tuple(k_pool.shape) == shape and k_pool.data_ptr() == base
+        assert k_pool.dtype == (torch.float32 if quantization == Q.FP8_PER_TOKEN_HEAD else torch.float8_e4m3fn)
+        if halves == 1:
+            assert arguments["v_scale_pool"] is None
+        else:
+            v_pool = torch.from_dlpack(arguments["v_scale_pool"])
+            assert tuple(v_pool.shape) == shape and v_pool.data_ptr() == base + half_bytes
+    with pytest.raises(kvcache.OutOfRangeError, match="attentionArguments: layer index 3"):
+        cache.attention_arguments(3)
+
+
+def write_counted(torch, cache, layer, k, v, counters):
+    """Writes k and v at POSITIONS (token addresses from ROWS), counting into `counters`."""
+    _, _, addresses = placement(torch)
+    kvcache.write_tokens(cache, layer, k, v, addresses.cuda(), torch.cuda.current_stream(), counters=counters)
+
+
+@pytest.mark.parametrize("quantization", [Q.FP8_PER_TENSOR, Q.FP8_PER_TOKEN_HEAD, Q.NVFP4],
+                         ids=lambda quantization: quantization.name)
+def test_write_counters_record_the_amax_and_calibrate_the_scales(torch, quantization):
+    cache = make_cache(torch, quantization)
+    layer = 0
+    heads, dim, _ = LAYERS[layer]
+    k = token_values(torch, heads, dim, 11)
+    v = 3 * token_values(torch, heads, dim, 12)  # distinct halves, distinct amax
+    counters = kvcache.WriteCounters(cache)
+    assert counters.num_layers == 3
+    # Poisoned pages; counters starting from values that are not zero, so that a raise shows as one.
+    torch.from_dlpack(cache.pool_view(layer)).view(torch.uint8).fill_(POISON)
+    amax = torch.from_dlpack(counters.amax())
+    saturated = torch.from_dlpack(counters.saturated())
+    assert tuple(amax.shape) == (3, 2) and tuple(saturated.shape) == (3, 2)
+    amax.fill_(0.5)
+    saturated.fill_(7)
+    if quantization != Q.FP8_PER_TOKEN_HEAD:
+        # Scales four times too small: the largest values clip.
+        divisor = FP8_MAX if quantization == Q.FP8_PER_TENSOR else FP8_MAX * E2M1_MAX
+        cache.set_layer_scales(layer, kvcache.LayerScales(*(float(x.abs().max()) / divisor / 4 for x in (k, v))))
+    write_counted(torch, cache, layer, k, v, counters)
+    observed = counters.read()
+    assert len(observed) == 3
+    assert observed[layer].k_amax == float(k.abs().max()) and observed[layer].v_amax == float(v.abs().max())
+    assert (observed[1].k_amax, observed[1].k_saturated) == (0.5, 7)  # other layers untouched
+    assert torch.equal(amax[layer].cpu(), torch.tensor([observed[layer].k_amax, observed[layer].v_amax]))
+    if quantization == Q.FP8_PER_TENSOR:
+        # |x / s| > 464 clips (up to 464 rounds to 448): counted in torch from the inputs.
+        scales = cache.layer_scales(layer)
+        expected = [int((divide(torch, x.cpu(), s).abs() > 464).sum()) for x, s in ((k, scales.k), (v, scales.v))]
+        assert (observed[layer].k_saturated, observed[layer].v_saturated) == (7 + expected[0], 7 + expected[1])
+        assert expected[0] > 0 and expected[1] > 0
+    elif quantization == Q.FP8_PER_TOKEN_HEAD:
+        assert (observed[layer].k_saturated, observed[layer].v_saturated) == (7, 7)  # amax / 448 never clips
+    else:
+        assert observed[layer].k_saturated > 7 and observed[layer].v_saturated > 7
+    if quantization == Q.FP8_PER_TOKEN_HEAD:
+        with pytest.raises(kvcache.InvalidArgumentError, match="fp8_per_token_head"):
+            cache.calibrate_layer_scales(layer, observed[layer])
+        return
+    # Calibrated from the counters, the same values fit: nothing clips per tensor. NVFP4 still may clip in blocks
+    # whose scale is a subnormal E4M3 (a few steps of 2^-9, so rounding it may halve it), fewer than before.
+    cache.calibrate_layer_scales(layer, observed[layer])
+    assert cache.layer_scales(layer) == kvcache.calibrated_scales(quantization, observed[layer].k_amax,
+                                                                  observed[layer].v_amax)
+    counters.reset()
+    write_counted(torch, cache, layer, k, v, counters)
+    again = counters.read()[layer]
+    if quantization == Q.FP8_PER_TENSOR:
+        assert (again.k_saturated, again.v_saturated) == (0, 0)
+    else:
+        assert again.k_saturated < observed[layer].k_saturated - 7
+        assert again.v_saturated < observed[layer].v_saturated - 7
+
+
+def test_write_counters_are_refused_where_they_do_not_belong(torch):
+    plain = make_cache(torch, Q.NONE)
+    quantized = make_cache(torch, Q.NVFP4)
+    heads, dim, _ = LAYERS[0]
+    k = token_values(torch, heads, dim, 13)
+    with pytest.raises(kvcache.InvalidArgumentError, match="deviceCounters.*quantization none"):
+        write_counted(torch, plain, 0, k, k, kvcache.WriteCounters(plain))
+    with pytest.raises(kvcache.InvalidArgumentError, match="another KVCacheManager"):
+        write_counted(torch, quantized, 0, k, k, kvcache.WriteCounters(plain))
+    with pytest.raises(kvcache.InvalidArgumentError, match="counters must be a WriteCounters"):
+        write_counted(torch, quantized, 0, k, k, torch.zeros(6, device="cuda"))

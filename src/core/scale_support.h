@@ -42,6 +42,26 @@ constexpr bool keepsHostScales(KVQuantization quantization) noexcept
     return quantization == KVQuantization::kFP8_PER_TENSOR || quantization == KVQuantization::kNVFP4;
 }
 
+//! E4M3's largest finite magnitude: a per-token-head scale is the head's amax over it.
+inline constexpr float kE4M3_MAX = 448.0F;
+//! E2M1's largest magnitude: an NVFP4 block scale is the block's amax over it.
+inline constexpr float kE2M1_MAX = 6.0F;
+
+//! Returns the amax a host scale of `quantization` maps to the largest code, the divisor of its calibration
+//! (docs/layout.md, "Quantization rules"): 448 (kFP8_PER_TENSOR), 448 * 6 (kNVFP4 global scales); 0 for a quantization
+//! without host scales.
+constexpr float calibrationDivisor(KVQuantization quantization) noexcept
+{
+    switch (quantization)
+    {
+    case KVQuantization::kFP8_PER_TENSOR: return kE4M3_MAX;
+    case KVQuantization::kNVFP4: return kE4M3_MAX * kE2M1_MAX;
+    case KVQuantization::kNONE:
+    case KVQuantization::kFP8_PER_TOKEN_HEAD: break;
+    }
+    return 0.0F;
+}
+
 //! Returns true when `value` is a valid host scale of `quantization`: finite and >= 0 per tensor (0 stores every value
 //! as zero), finite and > 0 for NVFP4 (a block scale divides by it).
 bool isValidHostScale(KVQuantization quantization, float value) noexcept;

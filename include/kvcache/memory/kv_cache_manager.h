@@ -21,6 +21,32 @@ namespace detail
 class KVCacheManagerInternal;
 } // namespace detail
 
+//! What an attention kernel takes for one layer's quantization (docs/flashinfer.md shows FlashInfer's call for each
+//! format), so that a runtime passes it through without knowing each format's rules. A stored value `code` of K reads
+//! back as decode(code) * (its page scale, where the format has one) * kScale (docs/layout.md, "Quantization rules");
+//! the same for V. The views stay valid while the manager lives; the scales are a copy taken at the call.
+struct AttentionArguments
+{
+    //! The cache's format.
+    KVQuantization quantization = KVQuantization::kNONE;
+    //! The factor a kernel multiplies every K value by after any page scale: the per-tensor FP8 K scale
+    //! (kFP8_PER_TENSOR) or the K global scale (kNVFP4), FlashInfer's `k_scale`; 1 for the other formats.
+    float kScale = 1.0F;
+    //! The same for V (`v_scale`); 1 for a latent layer, which has no V.
+    float vScale = 1.0F;
+    //! K's page scales, FlashInfer's `kv_cache_sf[0]`: [numPages, tokensPerPage, H] float32, one a token and head
+    //! (kFP8_PER_TOKEN_HEAD), or [numPages, tokensPerPage, H, headDim / 16] FP8 E4M3, one a block of 16 values
+    //! (kNVFP4); empty (null data, no dimensions) for the other formats.
+    Tensor kScalePool{};
+    //! V's page scales, `kv_cache_sf[1]`, the same shape; empty where kScalePool is, and for a latent layer.
+    Tensor vScalePool{};
+    //! The page scales are one a token and head (kFP8_PER_TOKEN_HEAD): FlashInfer's `use_token_head_sf`.
+    bool tokenHeadScales = false;
+    //! Only a tensor-core decode reads this format's page scales (kFP8_PER_TOKEN_HEAD, kNVFP4): FlashInfer's decode
+    //! wrapper needs `use_tensor_cores=True`.
+    bool tensorCoreDecode = false;
+};
+
 //! Owns one device buffer per attention layer and hands out zero-copy views of it: the slot view
 //! [2, maxBatchSize, capPadded, H, D] and the pool view [2, numPages, tokensPerPage, H, D]. D in every data view is
 //! the stored elements of a head: headDim, or headDim / 2 bytes for kNVFP4 (two values a byte). State layers
@@ -85,6 +111,10 @@ public:
     //! Returns layer `layerIdx`'s host-held scales. Throws OutOfRangeError for a bad index and InvalidArgumentError,
     //! naming the quantization, unless it is kFP8_PER_TENSOR or kNVFP4. Both start at 1.
     LayerScales layerScales(int32_t layerIdx) const;
+    //! Returns what an attention kernel takes for layer `layerIdx`'s quantization: the host-held scales as kScale /
+    //! vScale (1 where the format has none) and the scale pool split into K and V views (empty where it has none).
+    //! Works for every format. Throws OutOfRangeError for a bad index.
+    AttentionArguments attentionArguments(int32_t layerIdx) const;
     //! Sets layer `layerIdx`'s host-held scales (kFP8_PER_TENSOR: finite, >= 0; kNVFP4: finite, > 0; a latent layer's
     //! v is unused and not checked, as sequence files record it as 0). Throws as layerScales does, and
     //! InvalidArgumentError naming the scale, its value and the limit; a throw changes nothing.

@@ -10,8 +10,28 @@
 namespace kvcache::rt
 {
 
-//! The optional parts of a token write or read: a device-side token count, a device error counter and the page group
-//! the caller's page ids belong to.
+//! What the quantizing write saw of one layer, per half (docs/layout.md, "Calibration"): device memory the caller owns
+//! and zeroes (cudaMemsetAsync) before the writes it should cover, read on a later step without a sync. A latent
+//! layer's V counters stay as they were.
+struct WriteCounters
+{
+    //! The largest finite |value| given to the writes for K, 0 before any: raised with atomicMax on the bits of the
+    //! float (a non-negative float's bits order as its value). NaN and infinities are left out, as a head's amax does.
+    float kAmax = 0.0F;
+    //! The same for V.
+    float vAmax = 0.0F;
+    //! K values the encoding clipped: finite or infinite values whose scaled magnitude lies past the largest code's
+    //! rounding interval (E4M3: |x / s| > 464, which rounds to 448 below; E2M1: |x / d| >= 7, which rounds to 6 below),
+    //! with s or d the decode scale the rules divide by. NaN never counts; a zero divisor counts only infinities.
+    unsigned long long kSaturated = 0;
+    //! The same for V.
+    unsigned long long vSaturated = 0;
+};
+
+static_assert(sizeof(WriteCounters) == 24, "WriteCounters is read as two floats and two 64-bit counts");
+
+//! The optional parts of a token write or read: a device-side token count, a device error counter, the page group
+//! the caller's page ids belong to and the write's counters.
 struct TokenOpOptions
 {
     //! Device int32: the tokens to move, read by the kernel (clamped to [0, capacity], capacity being the tensors'
@@ -22,6 +42,10 @@ struct TokenOpOptions
     int32_t* deviceErrorCount = nullptr;
     //! The page group the caller's page ids belong to; -1 skips the check, any other value must be the layer's group.
     int32_t group = -1;
+    //! Device counters of the written layer (8-byte aligned), raised by a write into a quantized cache (writeTokens,
+    //! either form) with the amax of the values it is given and the values that saturated; nullptr records nothing and
+    //! costs nothing. Only tokens that are written count. A read, or a cache that is not quantized, refuses them.
+    WriteCounters* deviceCounters = nullptr;
 };
 
 //! One token of a sequence in a page table: the table's row and the token's absolute position in the sequence.
@@ -84,5 +108,18 @@ void writeTokens(KVCacheManager const& cache, int32_t layerIdx, Tensor const& k,
 //! allocates. Throws as writeTokens does, and InvalidArgumentError for a non-contiguous output.
 void readTokens(KVCacheManager const& cache, int32_t layerIdx, Tensor const& k, Tensor const& v,
     int64_t const* deviceTokenAddresses, cudaStream_t stream, TokenOpOptions const& options = {});
+
+//! Returns the host-held scales that docs/layout.md's calibration gives for the observed amax of K and V in
+//! `quantization`: amax / 448 (kFP8_PER_TENSOR, so the largest value lands on E4M3's largest code) or amax / (448 * 6)
+//! (kNVFP4 global scales, so the largest block scale lands on 448), in float32. `hasV` false (a latent layer) leaves v
+//! at 1 and vAmax unchecked. Throws InvalidArgumentError, naming the quantization, unless it keeps host scales
+//! (kFP8_PER_TENSOR, kNVFP4), and naming the field and its value for an amax that is not finite or not > 0 (0: nothing
+//! was observed, and a zero scale would store every value as zero) or a scale that underflows to 0.
+LayerScales calibratedScales(KVQuantization quantization, float kAmax, float vAmax, bool hasV = true);
+
+//! Sets layer `layerIdx`'s host-held scales from `observed` (a host copy of its WriteCounters) by calibratedScales; a
+//! latent layer's v is kept. Throws OutOfRangeError for a bad index and as calibratedScales does; a throw changes
+//! nothing.
+void calibrateLayerScales(KVCacheManager& cache, int32_t layerIdx, WriteCounters const& observed);
 
 } // namespace kvcache::rt

@@ -1,5 +1,6 @@
 #include "kvcache/memory/kv_cache_manager.h"
 
+#include "memory/cache/attention_arguments.h"
 #include "memory/cache/layer_table.h"
 
 #include "kvcache/core/errors.h"
@@ -351,17 +352,19 @@ void KVCacheManager::checkScaledIndex(int32_t layerIdx, char const* what, bool p
 Tensor KVCacheManager::scalePoolView(int32_t layerIdx) const
 {
     checkScaledIndex(layerIdx, "KVCacheManager::scalePoolView", true);
-    KVLayerLayout const& layer = mLayout.layers[static_cast<size_t>(layerIdx)];
-    void* const base = mScaleBuffers[static_cast<size_t>(layerIdx)].data();
-    auto const tokensPerPage = int64_t{mLayout.tokensPerPage};
-    if (mLayout.quantization == KVQuantization::kFP8_PER_TOKEN_HEAD)
+    return detail::scalePoolTensor(mLayout, layerIdx, mScaleBuffers[static_cast<size_t>(layerIdx)].data());
+}
+
+AttentionArguments KVCacheManager::attentionArguments(int32_t layerIdx) const
+{
+    if (layerIdx < 0 || layerIdx >= numLayers())
     {
-        return Tensor(base, Coords{layer.numHalves, layer.numPages, tokensPerPage, layer.numKVHeads}, DataType::kFLOAT,
-            DeviceType::kGPU);
+        throw OutOfRangeError(fmt::format(
+            "KVCacheManager::attentionArguments: layer index {} is out of range [0, {})", layerIdx, numLayers()));
     }
-    int64_t const blocks = layer.scalePageBytes / (tokensPerPage * layer.numKVHeads);
-    return Tensor(base, Coords{layer.numHalves, layer.numPages, tokensPerPage, layer.numKVHeads, blocks},
-        DataType::kFP8_E4M3, DeviceType::kGPU);
+    auto const at = static_cast<size_t>(layerIdx);
+    return detail::attentionArgumentsOf(mLayout, layerIdx,
+        detail::keepsHostScales(mLayout.quantization) ? mLayerScales[at] : LayerScales{}, mScaleBuffers[at].data());
 }
 
 LayerScales KVCacheManager::layerScales(int32_t layerIdx) const

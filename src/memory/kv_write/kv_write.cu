@@ -81,11 +81,11 @@ void launchTokens(TokenOpPlan const& plan, KVCacheManager const& cache, int32_t 
             plan.quantization == KVQuantization::kFP8_PER_TOKEN_HEAD ? LayerScales{} : cache.layerScales(layerIdx);
         if constexpr (std::is_same_v<Source, TableSource>)
         {
-            launchQuantizedTokens(plan, params, scales, source, stream);
+            launchQuantizedTokens(plan, params, scales, options.deviceCounters, source, stream);
         }
         else
         {
-            launchQuantizedTokens<kWRITE>(plan, params, scales, source, stream);
+            launchQuantizedTokens<kWRITE>(plan, params, scales, options.deviceCounters, source, stream);
         }
         return;
     }

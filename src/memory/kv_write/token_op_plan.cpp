@@ -197,6 +197,29 @@ TokenOpPlan planTokenOp(char const* what, KVCacheLayout const& layout, int32_t l
                                                "nothing across groups)",
             what, options.group, layerIdx, layer.group));
     }
+    if (options.deviceCounters != nullptr)
+    {
+        if (direction == TokenDirection::kREAD)
+        {
+            throw InvalidArgumentError(fmt::format("{}: options.deviceCounters is given; a read records nothing (the "
+                                                   "counters are the quantizing write's)",
+                what));
+        }
+        if (!quantized)
+        {
+            throw InvalidArgumentError(
+                fmt::format("{}: options.deviceCounters is given for a cache of quantization {}; "
+                            "the counters are the quantizing write's (fp8_per_tensor, "
+                            "fp8_per_token_head, nvfp4)",
+                    what, kvQuantizationName(layout.quantization)));
+        }
+        auto const address = reinterpret_cast<uintptr_t>(options.deviceCounters);
+        if (address % alignof(WriteCounters) != 0)
+        {
+            throw InvalidArgumentError(fmt::format("{}: options.deviceCounters is at {:#x}; it must be {}-byte aligned",
+                what, address, alignof(WriteCounters)));
+        }
+    }
     checkTensor(what, "k", k, layer, layerIdx, direction);
     bool const hasV = layer.numHalves == 2;
     if (!hasV && (v.rawPointer() != nullptr || v.getShape().getNumDims() != 0))

@@ -22,14 +22,38 @@ namespace kvcache::rt::detail
 struct QuantKernelParams
 {
     TokenKernelParams base;
-    float kScale;           //!< kFP8_PER_TENSOR: the layer's K scale; kNVFP4: its K global scale; else unused
-    float vScale;           //!< the same for V
-    float kScaleReciprocal; //!< 1 / kScale, rounded to nearest even, where isFastScale(kScale) holds; else 0
-    float vScaleReciprocal; //!< the same for V
-    bool vectors;           //!< the tensors' rows allow whole-chunk loads (and, reading, stores) of kV elements
-    bool codeVectors;       //!< a lane's codes start aligned to their size (up to 16 bytes) in every head
-    int32_t laneShift;      //!< log2 of the lanes a head takes
+    float kScale;            //!< kFP8_PER_TENSOR: the layer's K scale; kNVFP4: its K global scale; else unused
+    float vScale;            //!< the same for V
+    float kScaleReciprocal;  //!< 1 / kScale, rounded to nearest even, where isFastScale(kScale) holds; else 0
+    float vScaleReciprocal;  //!< the same for V
+    bool vectors;            //!< the tensors' rows allow whole-chunk loads (and, reading, stores) of kV elements
+    bool codeVectors;        //!< a lane's codes start aligned to their size (up to 16 bytes) in every head
+    int32_t laneShift;       //!< log2 of the lanes a head takes
+    WriteCounters* counters; //!< the layer's counters, raised when the kernel counts (kCOUNT); else unused
 };
+
+//! What one lane saw of one half while the write counts: the largest finite |value| as float bits, and how many of its
+//! values saturated (WriteCounters).
+struct LaneSeen
+{
+    uint32_t amaxBits = 0;
+    uint32_t saturated = 0;
+};
+
+//! Whether a quotient lies past the largest code's rounding interval, so that the encoding clipped it: E4M3 rounds up
+//! to 464 down to 448 (a tie goes to its even code, 448), E2M1 below 7 down to 6 (7 ties to the even 8). NaN is never.
+template <KVQuantization kFORMAT>
+__device__ __forceinline__ bool saturates(float quotient)
+{
+    return kFORMAT == KVQuantization::kNVFP4 ? fabsf(quotient) >= 7.0F : fabsf(quotient) > 464.0F;
+}
+
+//! The quotient that store(x, divisor) encodes (docs/layout.md): x / divisor, or for a zero divisor x itself when it
+//! is not finite and a zero otherwise.
+__device__ __forceinline__ float storedQuotient(float x, float divisor)
+{
+    return divisor > 0.0F ? x / divisor : (isfinite(x) ? 0.0F : x);
+}
 
 //! Quantizes one lane's kV values of one head half into the page, of which `valid` (<= 0 for a lane past the head) lie
 //! inside the head: codes at `codes` (this lane's first byte), scales at `scales` (the head's first scale element).
@@ -40,9 +64,10 @@ struct QuantKernelParams
 //! fused multiply-adds (a zero divisor's reciprocal 0 gives each value's signed zero, as the rules do), E4M3 codes come
 //! two a conversion and E2M1 codes as the least of three rounded sums, eight a word (e2m1Word), with the same results
 //! as the rules' plain operations, which the other path applies (NaN, infinities, tiny or huge magnitudes).
-template <KVQuantization kFORMAT, int32_t kV, typename TensorT>
+//! With kCOUNT, `seen` takes the lane's largest finite |value| and its values that saturated.
+template <KVQuantization kFORMAT, int32_t kV, bool kCOUNT, typename TensorT>
 __device__ __forceinline__ void quantizeLane(LaneValues<TensorT, kV> const& lane, int32_t sub, int32_t lanes,
-    int32_t valid, float scale, float scaleReciprocal, uint8_t* codes, void* scales, bool codeVectors)
+    int32_t valid, float scale, float scaleReciprocal, uint8_t* codes, void* scales, bool codeVectors, LaneSeen& seen)
 {
     if constexpr (kFORMAT == KVQuantization::kNVFP4)
     {
@@ -58,6 +83,10 @@ __device__ __forceinline__ void quantizeLane(LaneValues<TensorT, kV> const& lane
             uint32_t const bits = magnitudeBits(lane, b * kPER_BLOCK, kPER_BLOCK, finite);
             amax[b] = bitsFloat(groupMaxBits(bits, kLANES));
             fast = fast && finite && isFastAmax(amax[b]);
+            if constexpr (kCOUNT)
+            {
+                seen.amaxBits = max(seen.amaxBits, bits);
+            }
         }
         fast = __all_sync(0xFFFFFFFFU, fast);
         CodeBytes<kV / 2> packed;
@@ -77,6 +106,19 @@ __device__ __forceinline__ void quantizeLane(LaneValues<TensorT, kV> const& lane
                 {
                     packed.words[at / 8] = e2m1Word(lane, at, divisor, reciprocal);
                 }
+                if constexpr (kCOUNT)
+                {
+                    // Division is monotonic: no value of the block clips unless its amax does, which is rare.
+                    if (saturates<kFORMAT>(divideByReciprocal(amax[b], divisor, reciprocal)))
+                    {
+#pragma unroll
+                        for (int32_t at = b * kPER_BLOCK; at < (b + 1) * kPER_BLOCK; ++at)
+                        {
+                            seen.saturated +=
+                                saturates<kFORMAT>(divideByReciprocal(lane.value(at), divisor, reciprocal));
+                        }
+                    }
+                }
             }
             else
             {
@@ -88,6 +130,11 @@ __device__ __forceinline__ void quantizeLane(LaneValues<TensorT, kV> const& lane
                     uint32_t const low = encodeScaled(lane.value(at), divisor, encodeE2M1);
                     uint32_t const high = encodeScaled(lane.value(at + 1), divisor, encodeE2M1);
                     packed.set(at / 2, low | (high << 4));
+                    if constexpr (kCOUNT)
+                    {
+                        seen.saturated += saturates<kFORMAT>(storedQuotient(lane.value(at), divisor))
+                            + saturates<kFORMAT>(storedQuotient(lane.value(at + 1), divisor));
+                    }
                 }
             }
             // The block's first lane writes its scale; a block past the head (headDim is a multiple of 16) is none.
@@ -102,6 +149,10 @@ __device__ __forceinline__ void quantizeLane(LaneValues<TensorT, kV> const& lane
     {
         bool finite = true;
         uint32_t const bits = magnitudeBits(lane, 0, kV, finite);
+        if constexpr (kCOUNT)
+        {
+            seen.amaxBits = max(seen.amaxBits, bits);
+        }
         float divisor = scale;
         bool fast = false;
         if constexpr (kFORMAT == KVQuantization::kFP8_PER_TOKEN_HEAD)
@@ -133,6 +184,18 @@ __device__ __forceinline__ void quantizeLane(LaneValues<TensorT, kV> const& lane
                     divideByReciprocal(lane.value(i + 1), divisor, reciprocal));
                 bytes.setPair(i, __nv_cvt_float2_to_fp8x2(quotients, __NV_SATFINITE, __NV_E4M3));
             }
+            if constexpr (kCOUNT)
+            {
+                // Division is monotonic: no value of the lane clips unless its amax does, which is rare.
+                if (saturates<kFORMAT>(divideByReciprocal(bitsFloat(bits), divisor, reciprocal)))
+                {
+#pragma unroll
+                    for (int32_t i = 0; i < kV; ++i)
+                    {
+                        seen.saturated += saturates<kFORMAT>(divideByReciprocal(lane.value(i), divisor, reciprocal));
+                    }
+                }
+            }
         }
         else
         {
@@ -140,9 +203,35 @@ __device__ __forceinline__ void quantizeLane(LaneValues<TensorT, kV> const& lane
             for (int32_t i = 0; i < kV; ++i)
             {
                 bytes.set(i, encodeScaled(lane.value(i), divisor, encodeE4M3));
+                if constexpr (kCOUNT)
+                {
+                    seen.saturated += saturates<kFORMAT>(storedQuotient(lane.value(i), divisor));
+                }
             }
         }
         storeCodes<kV>(codes, bytes, valid, codeVectors);
+    }
+}
+
+//! Adds a warp's LaneSeen of one half to its counters: the warp's maximum and sum, by its first lane, which skips the
+//! atomics that would change nothing (most of them, once the amax has settled and while nothing saturates). Every lane
+//! of the warp calls it.
+__device__ __forceinline__ void addSeen(LaneSeen seen, float* amax, unsigned long long* saturated)
+{
+    uint32_t const amaxBits = __reduce_max_sync(0xFFFFFFFFU, seen.amaxBits);
+    uint32_t const count = __reduce_add_sync(0xFFFFFFFFU, seen.saturated);
+    if (threadIdx.x == 0)
+    {
+        // A non-negative float's bits order as its value, so an unsigned maximum on them is the float maximum.
+        auto* const amaxWord = reinterpret_cast<unsigned int*>(amax);
+        if (amaxBits > __ldcg(amaxWord))
+        {
+            atomicMax(amaxWord, amaxBits);
+        }
+        if (count != 0)
+        {
+            atomicAdd(saturated, static_cast<unsigned long long>(count));
+        }
     }
 }
 
@@ -184,10 +273,12 @@ __device__ __forceinline__ void dequantizeLane(
 //! Moves tokens between the tensors (TensorT) and the pages of a quantized cache, kV values a lane; kWRITE quantizes
 //! tensor -> pages, else pages -> tensor. A head is 2^laneShift neighbouring lanes of a warp; a warp takes one token
 //! and 32 >> laneShift of its heads (grid y picks which), so that a decode step's few tokens still spread over the GPU
-//! and every lane loads a whole vector. Grid-strided over tokens in x.
-template <typename TensorT, KVQuantization kFORMAT, int32_t kV, bool kWRITE, typename Source>
+//! and every lane loads a whole vector. Grid-strided over tokens in x. kCOUNT (writes only) keeps each lane's amax and
+//! saturated values of the tokens it writes in registers and adds a warp's to params.counters once, at its end.
+template <typename TensorT, KVQuantization kFORMAT, int32_t kV, bool kWRITE, bool kCOUNT, typename Source>
 __global__ void __launch_bounds__(32 * kQUANT_WARPS_PER_BLOCK) quantTokenKernel(QuantKernelParams params, Source source)
 {
+    static_assert(kWRITE || !kCOUNT, "only the write counts");
     TokenKernelParams const& base = params.base;
     LayerRef const& layer = base.layer;
     // Compared where it is used, so that nothing waits for this load before the first token's loads are issued (t
@@ -210,6 +301,8 @@ __global__ void __launch_bounds__(32 * kQUANT_WARPS_PER_BLOCK) quantTokenKernel(
     bool const hasV = base.v.data != nullptr;
     bool const countsErrors = lane == 0 && blockIdx.y == 0 && base.errorCount != nullptr;
     int64_t const tokensPerGrid = int64_t{gridDim.x} * blockDim.y;
+    LaneSeen kSeen;
+    LaneSeen vSeen;
     // Tokens run to capacity, not count: a write loads a token's rows (which the tensors hold up to capacity) and its
     // address before the count, itself a load, says whether it moves, so the three loads' latencies overlap instead of
     // following one another.
@@ -260,12 +353,12 @@ __global__ void __launch_bounds__(32 * kQUANT_WARPS_PER_BLOCK) quantTokenKernel(
         auto* const vScales = hasV ? static_cast<uint8_t*>(layer.vScalePool) + scaleOffset : nullptr;
         if constexpr (kWRITE)
         {
-            quantizeLane<kFORMAT, kV>(kValues, sub, lanes, valid, params.kScale, params.kScaleReciprocal, kCodes,
-                kScales, params.codeVectors);
+            quantizeLane<kFORMAT, kV, kCOUNT>(kValues, sub, lanes, valid, params.kScale, params.kScaleReciprocal,
+                kCodes, kScales, params.codeVectors, kSeen);
             if (hasV)
             {
-                quantizeLane<kFORMAT, kV>(vValues, sub, lanes, valid, params.vScale, params.vScaleReciprocal, vCodes,
-                    vScales, params.codeVectors);
+                quantizeLane<kFORMAT, kV, kCOUNT>(vValues, sub, lanes, valid, params.vScale, params.vScaleReciprocal,
+                    vCodes, vScales, params.codeVectors, vSeen);
             }
         }
         else if (valid > 0)
@@ -278,6 +371,15 @@ __global__ void __launch_bounds__(32 * kQUANT_WARPS_PER_BLOCK) quantTokenKernel(
                 dequantizeLane<kFORMAT, kV>(sub, valid, params.vScale, vCodes, vScales, values);
                 storeValues<TensorT, kV>(vRow, first, layer.headDim, params.vectors, values);
             }
+        }
+    }
+    if constexpr (kCOUNT)
+    {
+        // A warp's lanes leave the loop together (they share a token), so every lane takes part.
+        addSeen(kSeen, &params.counters->kAmax, &params.counters->kSaturated);
+        if (hasV)
+        {
+            addSeen(vSeen, &params.counters->vAmax, &params.counters->vSaturated);
         }
     }
 }

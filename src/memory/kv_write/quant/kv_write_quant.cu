@@ -11,13 +11,13 @@ namespace
 {
 
 template <bool kWRITE, typename Source>
-void launchQuantized(TokenOpPlan const& plan, TokenKernelParams const& params, LayerScales scales, Source const& source,
-    cudaStream_t stream)
+void launchQuantized(TokenOpPlan const& plan, TokenKernelParams const& params, LayerScales scales,
+    WriteCounters* counters, Source const& source, cudaStream_t stream)
 {
     // A layer's scales are the same for every token, so their reciprocals are taken here, once.
     auto const reciprocal = [](float scale) { return isFastScale(scale) ? 1.0F / scale : 0.0F; };
     QuantKernelParams const quant{params, scales.k, scales.v, reciprocal(scales.k), reciprocal(scales.v),
-        plan.quantVectors, plan.codeVectors, plan.laneShift};
+        plan.quantVectors, plan.codeVectors, plan.laneShift, counters};
     switch (plan.quantization)
     {
     case KVQuantization::kFP8_PER_TENSOR:
@@ -35,20 +35,20 @@ void launchQuantized(TokenOpPlan const& plan, TokenKernelParams const& params, L
 
 template <bool kWRITE>
 void launchQuantizedTokens(TokenOpPlan const& plan, TokenKernelParams const& params, LayerScales scales,
-    AddressListSource const& source, cudaStream_t stream)
+    WriteCounters* counters, AddressListSource const& source, cudaStream_t stream)
 {
-    launchQuantized<kWRITE>(plan, params, scales, source, stream);
+    launchQuantized<kWRITE>(plan, params, scales, counters, source, stream);
 }
 
 template void launchQuantizedTokens<true>(
-    TokenOpPlan const&, TokenKernelParams const&, LayerScales, AddressListSource const&, cudaStream_t);
+    TokenOpPlan const&, TokenKernelParams const&, LayerScales, WriteCounters*, AddressListSource const&, cudaStream_t);
 template void launchQuantizedTokens<false>(
-    TokenOpPlan const&, TokenKernelParams const&, LayerScales, AddressListSource const&, cudaStream_t);
+    TokenOpPlan const&, TokenKernelParams const&, LayerScales, WriteCounters*, AddressListSource const&, cudaStream_t);
 
 void launchQuantizedTokens(TokenOpPlan const& plan, TokenKernelParams const& params, LayerScales scales,
-    TableSource const& source, cudaStream_t stream)
+    WriteCounters* counters, TableSource const& source, cudaStream_t stream)
 {
-    launchQuantized<true>(plan, params, scales, source, stream);
+    launchQuantized<true>(plan, params, scales, counters, source, stream);
 }
 
 } // namespace kvcache::rt::detail

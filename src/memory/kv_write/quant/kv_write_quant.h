@@ -21,13 +21,15 @@ void launchQuantFormat(
     TokenOpPlan const& plan, QuantKernelParams const& params, Source const& source, cudaStream_t stream);
 
 //! Quantizes tokens placed by a device list of token addresses into the pages (kWRITE), or reads them back
-//! dequantized; `scales` are the layer's host-held scales (per-tensor FP8 scales, NVFP4 global scales).
+//! dequantized; `scales` are the layer's host-held scales (per-tensor FP8 scales, NVFP4 global scales); `counters`
+//! (writes only; nullptr: none) the layer's WriteCounters.
 template <bool kWRITE>
 void launchQuantizedTokens(TokenOpPlan const& plan, TokenKernelParams const& params, LayerScales scales,
-    AddressListSource const& source, cudaStream_t stream);
+    WriteCounters* counters, AddressListSource const& source, cudaStream_t stream);
 
-//! Quantizes tokens placed by (sequence, position) pairs in a page table into the pages.
+//! Quantizes tokens placed by (sequence, position) pairs in a page table into the pages, counting into `counters`
+//! unless it is nullptr.
 void launchQuantizedTokens(TokenOpPlan const& plan, TokenKernelParams const& params, LayerScales scales,
-    TableSource const& source, cudaStream_t stream);
+    WriteCounters* counters, TableSource const& source, cudaStream_t stream);
 
 } // namespace kvcache::rt::detail

@@ -25,7 +25,17 @@ void launchQuantShaped(
     dim3 const block(static_cast<uint32_t>(plan.blockX), static_cast<uint32_t>(plan.blockY));
     // The kernel strides over tokens, so a grid capped at the hardware's limit covers any count.
     dim3 const grid(static_cast<uint32_t>(std::min<int64_t>(plan.gridX, INT32_MAX)), static_cast<uint32_t>(plan.gridY));
-    quantTokenKernel<TensorT, kFORMAT, kV, kWRITE><<<grid, block, 0, stream>>>(params, source);
+    // Counting is a kernel of its own, so that a write without counters runs the same code as before.
+    if constexpr (kWRITE)
+    {
+        if (params.counters != nullptr)
+        {
+            quantTokenKernel<TensorT, kFORMAT, kV, true, true><<<grid, block, 0, stream>>>(params, source);
+            KVCACHE_CUDA_TRY(cudaGetLastError());
+            return;
+        }
+    }
+    quantTokenKernel<TensorT, kFORMAT, kV, kWRITE, false><<<grid, block, 0, stream>>>(params, source);
     KVCACHE_CUDA_TRY(cudaGetLastError());
 }
 
