@@ -8,7 +8,6 @@
 
 #include <cstdint>
 #include <memory>
-#include <vector>
 
 namespace kvcache::rt
 {
@@ -16,6 +15,7 @@ namespace kvcache::rt
 namespace detail
 {
 struct StepArgumentShape;
+struct StepScratch;
 } // namespace detail
 
 //! Everything the write and the attention kernels of every page group take for one step, built from the step's
@@ -139,8 +139,8 @@ private:
 
     std::unique_ptr<detail::StepArgumentShape const> mShape;
     detail::StagedUpload mUpload;
-    //! Reused between builds: each group's page lists, so that a steady batch allocates nothing.
-    std::vector<SequencePages> mScratch;
+    //! Reused between builds, so that a steady batch allocates nothing.
+    std::unique_ptr<detail::StepScratch> mScratch;
     int32_t mCount{0};
     int32_t mTokenCount{0};
 };

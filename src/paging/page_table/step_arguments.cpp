@@ -29,7 +29,9 @@ StepArgumentBuffers::StepArgumentBuffers(
     upload.uploadFirst(
         (shape->groupOffsets[shape->groups.size() - 1] + last.indicesOffset()) * static_cast<int64_t>(sizeof(int32_t)),
         stream);
-    mScratch.reserve(static_cast<size_t>(maxBatchSize));
+    mScratch = std::make_unique<detail::StepScratch>();
+    mScratch->pages.reserve(static_cast<size_t>(maxBatchSize));
+    mScratch->lengths.reserve(static_cast<size_t>(maxBatchSize));
     mUpload = std::move(upload);
     mShape = std::move(shape);
 }
@@ -52,6 +54,7 @@ StepArgumentBuffers& StepArgumentBuffers::operator=(StepArgumentBuffers&& other)
     if (!mUpload.owns())
     {
         mShape.reset();
+        mScratch.reset();
         mCount = 0;
         mTokenCount = 0;
     }
@@ -62,7 +65,7 @@ void StepArgumentBuffers::build(
     PageManager const& manager, SequenceAppend const* entries, int32_t count, cudaStream_t stream)
 {
     auto* const region = static_cast<int32_t*>(mUpload.beginBuild(detail::kSTEP_BUILD, stream));
-    int64_t const elements = detail::buildStepArguments(*mShape, manager, entries, count, region, mScratch);
+    int64_t const elements = detail::buildStepArguments(*mShape, manager, entries, count, region, *mScratch);
     mUpload.finishBuild(elements * static_cast<int64_t>(sizeof(int32_t)), stream);
     mCount = count;
     mTokenCount = region[detail::StepArgumentShape::tokenCountOffset()];

@@ -59,9 +59,10 @@ void checkGroups(StepArgumentShape const& shape, PageManager const& manager)
     }
 }
 
-//! Throws unless the entries make a step of `shape` for `manager`; returns their tokens. Touches nothing.
-int64_t checkEntries(
-    StepArgumentShape const& shape, PageManager const& manager, SequenceAppend const* entries, int32_t count)
+//! Throws unless the entries make a step of `shape` for `manager`; returns their tokens. Touches nothing of the
+//! region; leaves each entry's group 0 page list and length in `scratch`.
+int64_t checkEntries(StepArgumentShape const& shape, PageManager const& manager, SequenceAppend const* entries,
+    int32_t count, StepScratch& scratch)
 {
     if (count < 0 || count > shape.maxBatchSize)
     {
@@ -74,6 +75,8 @@ int64_t checkEntries(
             "{}: entries is null with count {}; it must point to {} SequenceAppend", kSTEP_BUILD, count, count));
     }
     checkGroups(shape, manager);
+    scratch.pages.resize(static_cast<size_t>(count));
+    scratch.lengths.resize(static_cast<size_t>(count));
     int64_t tokens = 0;
     for (int32_t b = 0; b < count; ++b)
     {
@@ -84,7 +87,11 @@ int64_t checkEntries(
                                                    "(never created or freed)",
                 kSTEP_BUILD, b, entry.sequence));
         }
-        int32_t const length = manager.length(entry.sequence);
+        // Group 0's list gives the length too, and is the first group's list to build.
+        SequencePages const pages = manager.pages(entry.sequence, 0);
+        scratch.pages[static_cast<size_t>(b)] = pages;
+        scratch.lengths[static_cast<size_t>(b)] = pages.numTokens;
+        int32_t const length = pages.numTokens;
         if (entry.count < 0 || entry.count > length)
         {
             throw InvalidArgumentError(fmt::format("{}: entries[{}].count is {}; it must be in [0, {}] (the length of "
@@ -136,21 +143,20 @@ void writeEmptyStepArguments(StepArgumentShape const& shape, int32_t* region) no
 }
 
 int64_t buildStepArguments(StepArgumentShape const& shape, PageManager const& manager, SequenceAppend const* entries,
-    int32_t count, int32_t* region, std::vector<SequencePages>& scratch)
+    int32_t count, int32_t* region, StepScratch& scratch)
 {
-    int64_t const tokens = checkEntries(shape, manager, entries, count);
+    int64_t const tokens = checkEntries(shape, manager, entries, count, scratch);
     // The groups first: their page lists come from the manager, which keeps them within the tables' rules.
-    scratch.resize(static_cast<size_t>(count));
     int64_t elements = shape.groupOffsets.front();
     for (int32_t g = 0; g < shape.numGroups(); ++g)
     {
-        for (int32_t b = 0; b < count; ++b)
+        for (int32_t b = 0; g > 0 && b < count; ++b)
         {
-            scratch[static_cast<size_t>(b)] = manager.pages(entries[b].sequence, g);
+            scratch.pages[static_cast<size_t>(b)] = manager.pages(entries[b].sequence, g);
         }
         int64_t const offset = shape.groupOffsets[static_cast<size_t>(g)];
-        elements =
-            offset + buildPageTables(shape.groups[static_cast<size_t>(g)], scratch.data(), count, region + offset);
+        elements = offset
+            + buildPageTables(shape.groups[static_cast<size_t>(g)], scratch.pages.data(), count, region + offset);
     }
     // Positions: the rows this region's previous build used past this step's tokens go back to padding, so the rows
     // from the token count on are padding without rewriting them all.
@@ -163,7 +169,7 @@ int64_t buildStepArguments(StepArgumentShape const& shape, PageManager const& ma
     for (int32_t b = 0; b < count; ++b)
     {
         int32_t const appended = entries[b].count;
-        int32_t const first = manager.length(entries[b].sequence) - appended;
+        int32_t const first = scratch.lengths[static_cast<size_t>(b)] - appended;
         for (int32_t t = 0; t < appended; ++t)
         {
             positions[row + t] = TokenPosition{b, first + t};

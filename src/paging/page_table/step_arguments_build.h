@@ -54,6 +54,14 @@ struct StepArgumentShape
     }
 };
 
+//! What a build reuses from one call to the next, so that a steady batch allocates nothing: each entry's page list
+//! of one group at a time, and each entry's sequence length.
+struct StepScratch
+{
+    std::vector<SequencePages> pages;
+    std::vector<int32_t> lengths;
+};
+
 //! Returns the shape of step arguments for `manager`'s page groups; throws InvalidArgumentError naming the field, its
 //! value and the limit for a non-positive size or a group table of more than INT32_MAX entries.
 StepArgumentShape makeStepArgumentShape(PageManager const& manager, int32_t maxBatchSize, int32_t maxTokensPerStep);
@@ -63,10 +71,10 @@ void writeEmptyStepArguments(StepArgumentShape const& shape, int32_t* region) no
 
 //! Checks the step (the rules of StepArgumentBuffers::build) before writing anything, then writes its arguments into
 //! `region`, which holds arguments of `shape` as a previous build (or writeEmptyStepArguments) left them: only what
-//! differs from those is written. `scratch` is reused for the groups' page lists. Returns the elements one upload must
+//! differs from those is written. `scratch` is reused between calls. Returns the elements one upload must
 //! copy from the region's start (through the last group's indices in use). Throws InvalidArgumentError naming the
 //! field, the value and the limit, with `region` untouched.
 int64_t buildStepArguments(StepArgumentShape const& shape, PageManager const& manager, SequenceAppend const* entries,
-    int32_t count, int32_t* region, std::vector<SequencePages>& scratch);
+    int32_t count, int32_t* region, StepScratch& scratch);
 
 } // namespace kvcache::rt::detail

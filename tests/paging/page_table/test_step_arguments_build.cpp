@@ -213,7 +213,7 @@ struct StepsUnderTest
     rt::PageManager manager;
     rt::detail::StepArgumentShape shape;
     std::vector<int32_t> regions[2];
-    std::vector<rt::SequencePages> scratch;
+    rt::detail::StepScratch scratch;
     int32_t builds = 0;
 };
 
