@@ -1137,6 +1137,110 @@ class PageManager:
 
     def num_sequences(self) -> int: ...
 
+class StepArguments:
+    """
+    A step's kernel arguments for every page group (token positions, qo_indptr, the token count, and per group CSR indptr / indices / last_page_len / first_token / resident_tokens and the block table, windowed groups at their own width), built from the step's entries in one call and one upload, at device addresses that never change. Views of them keep this object alive; views are sized to the last build unless full=True.
+    """
+
+    def __init__(self, manager: PageManager, max_batch_size: int, max_tokens_per_step: int, stream: StreamLike | None = None) -> None:
+        """
+        Sizes the arguments for the manager's page groups and uploads those of an empty step.
+        """
+
+    def build(self, entries: Sequence[tuple[int, PageIds | int] | tuple[int, PageIds, Sequence[tuple[int, int, int]]]], stream: StreamLike | None = None) -> None:
+        """
+        Builds the arguments of the step `entries` (what PageManager.step took: (sequence, tokens[, extra_keys]), or (sequence, token count)), called after that step, and enqueues one upload on `stream` (default: the constructor's). Row b is entry b; an entry of 0 tokens has table rows and no query tokens. All or nothing (InvalidArgumentError).
+        """
+
+    def positions(self, *, full: bool = False) -> View:
+        """
+        Device view of the (row, position) pairs [token_count, 2] (int32) write_tokens_paged takes; full: [max_tokens_per_step, 2], rows past token_count (-1, 0), which the write skips.
+        """
+
+    def qo_indptr(self, *, full: bool = False) -> View:
+        """
+        Device view of qo_indptr [count + 1] (int32; full: max_batch_size + 1).
+        """
+
+    def token_count(self) -> View:
+        """
+        Device view of the step's token count [1] (int32), for write_tokens_paged's count.
+        """
+
+    def indptr(self, group: int, *, full: bool = False) -> View:
+        """
+        Device view of group `group`'s CSR row pointers [count + 1] (int32; full: max_batch_size + 1).
+        """
+
+    def indices(self, group: int, *, full: bool = False) -> View:
+        """
+        Device view of group `group`'s CSR page ids in use [indptr[count]] (int32; full: the whole room).
+        """
+
+    def last_page_len(self, group: int, *, full: bool = False) -> View:
+        """
+        Device view of group `group`'s tokens in each row's last page [count] (int32; full: max_batch_size).
+        """
+
+    def first_token(self, group: int, *, full: bool = False) -> View:
+        """
+        Device view of group `group`'s first token of each row [count] (int32; full: max_batch_size): the pages a window released times tokens_per_page.
+        """
+
+    def resident_tokens(self, group: int, *, full: bool = False) -> View:
+        """
+        Device view of group `group`'s tokens each row holds [count] (int32; full: max_batch_size): kernels' seq_lens / kv_len.
+        """
+
+    def block_table(self, group: int, *, full: bool = False) -> View:
+        """
+        Device view of group `group`'s dense block table [count, max_pages_per_sequence(group)] (int32, UNUSED_PAGE_ENTRY padding; full: max_batch_size rows).
+        """
+
+    def host_positions(self) -> list[int]:
+        """
+        A copy of the staged positions of the last build, flattened: 2 * max_tokens_per_step values.
+        """
+
+    def host_qo_indptr(self) -> list[int]:
+        """A copy of the staged qo_indptr of the last build [max_batch_size + 1]."""
+
+    def host_indptr(self, group: int) -> list[int]:
+        """A copy of group `group`'s staged indptr [max_batch_size + 1]."""
+
+    def host_last_page_len(self, group: int) -> list[int]:
+        """A copy of group `group`'s staged last-page lengths [max_batch_size]."""
+
+    def host_first_token(self, group: int) -> list[int]:
+        """A copy of group `group`'s staged first tokens [max_batch_size]."""
+
+    def host_resident_tokens(self, group: int) -> list[int]:
+        """
+        A copy of group `group`'s staged resident token counts [max_batch_size].
+        """
+
+    def host_indices(self, group: int) -> list[int]:
+        """A copy of group `group`'s staged page ids in use."""
+
+    def host_block_table(self, group: int) -> list[int]:
+        """A copy of group `group`'s staged block table, flattened row-major."""
+
+    def count(self) -> int: ...
+
+    def host_token_count(self) -> int: ...
+
+    def num_groups(self) -> int: ...
+
+    def max_batch_size(self) -> int: ...
+
+    def max_tokens_per_step(self) -> int: ...
+
+    def tokens_per_page(self) -> int: ...
+
+    def max_pages_per_sequence(self, group: int) -> int: ...
+
+    def upload_bytes(self) -> int: ...
+
 def write_tokens(cache: KVCacheManager, layer: int, k: DeviceArray, v: DeviceArray | None, token_addresses: DeviceArray, stream: StreamLike | None = None, *, count: DeviceArray | None = None, error_count: DeviceArray | None = None, group: int = -1) -> None:
     """
     Writes k and v ([n, num_kv_heads, head_dim] CUDA tensors of float32, float16 or bfloat16, any strides with the last dimension contiguous; v None for a latent layer) into layer `layer`'s pages at `token_addresses` (CUDA int64 [n]: page * tokens_per_page + offset; negative skips the token), converting to the cache's type (a quantized cache: quantized by docs/layout.md's rules, head_dim a multiple of 16, scales written where scale_pool_view shows them), in one launch on `stream` (default: the cache's). `count` (CUDA int32 [1]) limits the tokens on the device; `error_count` (CUDA int32 [1]) counts addresses past the layer's pages; `group` checks the addresses' page group. Graph-capturable.
@@ -1661,4 +1765,4 @@ __version__: str
 def gpu_unavailable_reason() -> str:
     """Returns why no GPU can be used here, or an empty string when one can."""
 
-__all__: list = ['InvalidArgumentError', 'InvalidConfigError', 'OutOfRangeError', 'OutOfMemoryError', 'CudaError', 'DataType', 'data_type_size', 'data_type_name', 'KVLayerKind', 'KVQuantization', 'NVFP4_BLOCK_VALUES', 'TOKENS_PER_PAGE', 'MAX_TOKENS_PER_PAGE', 'MAX_NUM_PAGES', 'UNUSED_PAGE_ENTRY', 'MAX_INLINE_PAGE_OPS', 'MAX_INLINE_STATE_COPIES', 'KVLayerConfig', 'LayerScales', 'MAX_STATE_DIMS', 'STATE_TENSOR_ALIGNMENT', 'StateTensorConfig', 'StateLayerConfig', 'Config', 'KVLayerLayout', 'KVPageGroupLayout', 'StateTensorLayout', 'StateLayerLayout', 'KVCacheLayout', 'BudgetSplit', 'compute_layout', 'max_pages_for_budget', 'split_budget', 'View', 'KVHalf', 'PageOpTarget', 'LayerRef', 'KVCacheManager', 'PageAllocator', 'PageTableBuffers', 'PageHashAlgorithm', 'PageGroupCounts', 'PageManagerStats', 'PageManager', 'write_tokens', 'write_tokens_paged', 'read_tokens', 'HOST_TIER_KERNEL_MAX_BYTES', 'HOST_TIER_MAX_SMS', 'HOST_TIER_MAX_CHUNKS', 'HostTierMethod', 'PageLayerGeometry', 'PageGeometry', 'page_geometry', 'HostTier', 'SEQUENCE_FILE_VERSION', 'SequenceFileInfo', 'save_sequence', 'load_sequence', 'read_sequence_file_info', 'write_sequence_file', 'read_sequence_file', 'TieredAdmission', 'TieredPrefixCacheStats', 'TieredPrefixCache', 'layout_transfer_description', 'transfer_registration', 'transfer_mismatch', 'transfer_descriptors', 'transfer_prepared_descriptors', 'transfer_prepared_plan', 'KVEventPublisher', '__version__', 'gpu_unavailable_reason']
+__all__: list = ['InvalidArgumentError', 'InvalidConfigError', 'OutOfRangeError', 'OutOfMemoryError', 'CudaError', 'DataType', 'data_type_size', 'data_type_name', 'KVLayerKind', 'KVQuantization', 'NVFP4_BLOCK_VALUES', 'TOKENS_PER_PAGE', 'MAX_TOKENS_PER_PAGE', 'MAX_NUM_PAGES', 'UNUSED_PAGE_ENTRY', 'MAX_INLINE_PAGE_OPS', 'MAX_INLINE_STATE_COPIES', 'KVLayerConfig', 'LayerScales', 'MAX_STATE_DIMS', 'STATE_TENSOR_ALIGNMENT', 'StateTensorConfig', 'StateLayerConfig', 'Config', 'KVLayerLayout', 'KVPageGroupLayout', 'StateTensorLayout', 'StateLayerLayout', 'KVCacheLayout', 'BudgetSplit', 'compute_layout', 'max_pages_for_budget', 'split_budget', 'View', 'KVHalf', 'PageOpTarget', 'LayerRef', 'KVCacheManager', 'PageAllocator', 'PageTableBuffers', 'PageHashAlgorithm', 'PageGroupCounts', 'PageManagerStats', 'PageManager', 'StepArguments', 'write_tokens', 'write_tokens_paged', 'read_tokens', 'HOST_TIER_KERNEL_MAX_BYTES', 'HOST_TIER_MAX_SMS', 'HOST_TIER_MAX_CHUNKS', 'HostTierMethod', 'PageLayerGeometry', 'PageGeometry', 'page_geometry', 'HostTier', 'SEQUENCE_FILE_VERSION', 'SequenceFileInfo', 'save_sequence', 'load_sequence', 'read_sequence_file_info', 'write_sequence_file', 'read_sequence_file', 'TieredAdmission', 'TieredPrefixCacheStats', 'TieredPrefixCache', 'layout_transfer_description', 'transfer_registration', 'transfer_mismatch', 'transfer_descriptors', 'transfer_prepared_descriptors', 'transfer_prepared_plan', 'KVEventPublisher', '__version__', 'gpu_unavailable_reason']
