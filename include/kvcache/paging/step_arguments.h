@@ -39,8 +39,8 @@ struct StepScratch;
 //! layout of PageTableBuffers, group by group, each array starting a multiple of 128 bytes from the start; the pinned
 //! staging has the same layout, two regions used in turn as PageTableBuffers uses them. build() enqueues ONE
 //! cudaMemcpyAsync of the staging's first bytes, up to the last group's last index in use (the earlier groups' unused
-//! index room travels too). Each part is rewritten on the host only where it differs from that region's previous
-//! build, as PageTableBuffers does.
+//! index room travels too). The tables are rewritten on the host only where they differ from that region's previous
+//! build, as PageTableBuffers does; position rows past the token count are reset only where that build used them.
 //!
 //! Ordering, streams and threads as PageTableBuffers: the upload is ordered on build()'s stream; kernels reading the
 //! buffers must be ordered after it, and those still reading the previous ones before it. The constructor's stream
