@@ -24,6 +24,7 @@
 #include "kvcache/paging/page_hash.h"
 #include "kvcache/paging/page_manager.h"
 #include "kvcache/paging/page_table.h"
+#include "kvcache/paging/step_arguments.h"
 // tiers: the pinned host tier and sequence files
 #include "kvcache/tiers/host_tier.h"
 #include "kvcache/tiers/prefix_counters.h"

@@ -33,6 +33,8 @@ void bindAllocator(nb::module_& m);
 void bindPageTable(nb::module_& m);
 //! Registers PageManager and its option, count and statistics types.
 void bindPageManager(nb::module_& m);
+//! Registers StepArguments (after bindPageManager: it takes a PageManager).
+void bindStepArguments(nb::module_& m);
 //! Registers HostTier, HostTierMethod and the page geometry types.
 void bindHostTier(nb::module_& m);
 //! Registers SequenceFileInfo and the sequence-file functions (after bindHostTier: they take its types).

@@ -21,6 +21,7 @@ NB_MODULE(_kvcache, m)
     kvcache::python::bindAllocator(m);
     kvcache::python::bindPageTable(m);
     kvcache::python::bindPageManager(m);
+    kvcache::python::bindStepArguments(m);
     kvcache::python::bindWrite(m);
     kvcache::python::bindPageTableTokenArrays(m);
     kvcache::python::bindHostTier(m);

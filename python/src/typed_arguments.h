@@ -47,6 +47,10 @@ KVCACHE_TYPED_ARGUMENT(EvictionCallbackArgument, "collections.abc.Callable[[int,
 KVCACHE_TYPED_ARGUMENT(AppendsArgument,
     "collections.abc.Sequence[tuple[int, PageIds] | tuple[int, PageIds, collections.abc.Sequence[tuple[int, int, "
     "int]]]]");
+//! StepArguments' entries: a step's appends, or (sequence, token count) pairs.
+KVCACHE_TYPED_ARGUMENT(StepEntriesArgument,
+    "collections.abc.Sequence[tuple[int, PageIds | int] | tuple[int, PageIds, collections.abc.Sequence[tuple[int, "
+    "int, int]]]]");
 //! TieredPrefixCache's appends: as PageManager's, with host token lists.
 KVCACHE_TYPED_ARGUMENT(HostAppendsArgument,
     "collections.abc.Sequence[tuple[int, HostIds] | tuple[int, HostIds, collections.abc.Sequence[tuple[int, int, "

@@ -10,7 +10,8 @@ Quantized pages, on FlashInfer's FA2 backend: FP8 E4M3 per tensor (the host-held
 v_scale), FP8 E4M3 per token and head (plan's use_token_head_sf, the float32 scale pool as run's kv_cache_sf) and NVFP4
 (uint8 codes, the FP8 block scales of the scale pool as kv_cache_sf, the host-held global scales as k_scale / v_scale),
 every argument taken from KVCacheManager.attention_arguments as docs/flashinfer.md shows.
-K and V of several sequences go into pages a PageManager hands out (the write quantizes); the decode (CUDA-core and
+K and V of several sequences go into pages a PageManager hands out (the write quantizes; its positions and tables
+are the step's StepArguments); the decode (CUDA-core and
 tensor-core where FlashInfer has both) and prefill wrappers read the pool and scale pool views zero-copy. For each
 format:
 - what the pages hold: the outputs against a float32 attention over K and V dequantized in torch from the pool views
@@ -181,16 +182,14 @@ def calibrate(cache, quantization, keys, values):
     cache.set_layer_scales(0, kvcache.LayerScales(*(float(x.abs().max().float() / divisor) for x in (keys, values))))
 
 
-def write_rows(torch, cache, rows, keys, values, positions):
-    """Writes keys / values [n, HEADS, QUANTIZED_DIM] at (row, position) pairs through the CSR table of `rows`
-    ((pages, length) each), into layer 0."""
+def write_step(torch, cache, arguments, entries, keys, values):
+    """Writes keys / values [n, HEADS, QUANTIZED_DIM], the new tokens of the step `entries` that manager.step() just
+    took, into layer 0: the step's positions and tables come from StepArguments, none built by hand."""
     stream = torch.cuda.current_stream()
-    tables = kvcache.PageTableBuffers(MAX_SEQUENCES, MAX_PAGES, TOKENS, stream)
-    tables.build(rows)
-    pairs = torch.tensor(positions, dtype=torch.int32, device="cuda")
+    arguments.build(entries, stream)
     errors = torch.zeros(1, dtype=torch.int32, device="cuda")
-    kvcache.write_tokens_paged(cache, 0, keys, values, tables.indptr(), tables.indices(), tables.first_token(), pairs,
-                               stream, error_count=errors)
+    kvcache.write_tokens_paged(cache, 0, keys, values, arguments.indptr(0), arguments.indices(0),
+                               arguments.first_token(0), arguments.positions(), stream, error_count=errors)
     torch.cuda.synchronize()
     assert errors.item() == 0
 
@@ -273,21 +272,24 @@ def test_flashinfer_reads_quantized_pages(torch, flashinfer, quantization, recor
     calibrate(cache, quantization, keys, values)
 
     manager = kvcache.PageManager(cache, enable_prefix_caching=False)
+    arguments = kvcache.StepArguments(manager, MAX_SEQUENCES, sum(QUANTIZED_LENGTHS), stream)
     sequences = [manager.create() for _ in QUANTIZED_LENGTHS]
-    assert manager.step([(s, list(range(n))) for s, n in zip(sequences, QUANTIZED_LENGTHS)]) == [[]]
+    prefill = [(s, list(range(n))) for s, n in zip(sequences, QUANTIZED_LENGTHS)]
+    assert manager.step(prefill) == [[]]
     rows = [manager.pages(s, 0) for s in sequences]
-    write_rows(torch, cache, rows, keys, values, [(r, p) for r, n in enumerate(QUANTIZED_LENGTHS) for p in range(n)])
+    write_step(torch, cache, arguments, prefill, keys, values)
 
     # A's pages, moved three ways. A fork shares them; the child's first token lands in the shared partly filled
     # page, which step() moves to a copy that copy_pages makes; the child's token then goes into the copy.
     a_pages, a_length = rows[0]
     child = manager.fork(sequences[0])
-    copies = manager.step([(child, [a_length])])
+    child_step = [(child, [a_length])]
+    copies = manager.step(child_step)
     child_pages, _ = manager.pages(child, 0)
     assert copies == [[(a_pages[-1], child_pages[-1])]] and child_pages[:-1] == a_pages[:-1]
     cache.copy_pages(copies[0], stream)
     extra = random(1, HEADS, QUANTIZED_DIM)
-    write_rows(torch, cache, [(child_pages, a_length + 1)], extra, 2 * extra, [(0, a_length)])
+    write_step(torch, cache, arguments, child_step, extra, 2 * extra)
     copied, onboarded = manager.create(), manager.create()
     manager.step([(copied, list(range(a_length))), (onboarded, list(range(a_length)))])
     copied_pages, _ = manager.pages(copied, 0)

@@ -283,6 +283,8 @@ inline constexpr int32_t kHOLE_INSIDE[] = {7, rt::kUNUSED_PAGE_ENTRY, 9};
 inline constexpr int32_t kRELEASED_THEN_HOLE[] = {rt::kUNUSED_PAGE_ENTRY, 8, rt::kUNUSED_PAGE_ENTRY};
 
 inline constexpr int32_t kALL_RELEASED[] = {rt::kUNUSED_PAGE_ENTRY, rt::kUNUSED_PAGE_ENTRY};
+//! Two released entries, then four pages: one resident page more than a row of kBAD_BUILD_SIZES holds.
+inline constexpr int32_t kRELEASED_THEN_FOUR[] = {rt::kUNUSED_PAGE_ENTRY, rt::kUNUSED_PAGE_ENTRY, 7, 8, 9, 10};
 
 inline constexpr int32_t kNEGATIVE_ID[] = {7, -7};
 
@@ -312,8 +314,13 @@ inline std::vector<BadBuild> badBuilds()
         {{one, one, one, one, one}, 5, {"build: count is 5", "[0, 4]", "maxBatchSize"}},
         {{one}, -1, {"build: count is -1", "[0, 4]"}},
         {{}, 2, {"build: sequences is null with count 2"}, true},
-        {{one, {kSOME_PAGES, 4, 50}}, 2, {"build: sequences[1].numPages is 4", "[0, 3]", "maxPagesPerSequence"}},
-        {{one, two, {kSOME_PAGES, -1, 0}}, 3, {"sequences[2].numPages is -1", "[0, 3]"}},
+        {{one, {kSOME_PAGES, 4, 50}}, 2,
+            {"build: sequences[1].numPages is 4 with 0 released", "4 resident pages", "at most 3",
+                "maxPagesPerSequence"}},
+        {{one, {kRELEASED_THEN_FOUR, 6, 90}}, 2,
+            {"build: sequences[1].numPages is 6 with 2 released", "4 resident pages", "at most 3",
+                "maxPagesPerSequence"}},
+        {{one, two, {kSOME_PAGES, -1, 0}}, 3, {"sequences[2].numPages is -1", ">= 0"}},
         {{two, {nullptr, 2, 20}}, 2, {"sequences[1].pages is null with numPages 2"}},
         {{one, {kSOME_PAGES, 2, 16}}, 2,
             {"sequences[1].numTokens is 16 with numPages 2 and tokensPerPage 16", "[17, 32]"}},

@@ -396,8 +396,9 @@ public:
     int32_t length(SequenceId sequence) const;
     //! Returns the sequence's page entries in `group` (its length's pages, kUNUSED_PAGE_ENTRY for those a window
     //! released) and its length, as PageTableBuffers::build takes them. Entries cover the whole length in every
-    //! group, so a table's maxPagesPerSequence must be ceil(maxSequenceLength / tokensPerPage) for windowed groups
-    //! too (not the group's pagesPerSequence). The pointer stays valid until the sequence
+    //! group, but a table counts only resident pages against its width, so the group's pagesPerSequence is wide
+    //! enough for a windowed group as for a full one (StepArgumentBuffers builds every group's table at that width).
+    //! The pointer stays valid until the sequence
     //! changes or is freed. Throws InvalidArgumentError for an unknown sequence, OutOfRangeError for a bad group.
     SequencePages pages(SequenceId sequence, int32_t group) const;
 

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 
 namespace kvcache::rt
@@ -18,11 +19,91 @@ struct SequencePages
     //! group's sequence may start with kUNUSED_PAGE_ENTRY entries (pages its window released, as
     //! PageManager::pages() gives them); every entry from the first resident page on must be a page id.
     int32_t const* pages = nullptr;
-    //! Pages the sequence has covered, released ones included: [0, maxPagesPerSequence].
+    //! Pages the sequence has covered, released ones included: any value >= 0 whose resident pages (numPages less the
+    //! leading kUNUSED_PAGE_ENTRY entries) are at most maxPagesPerSequence. A windowed group's table is therefore as
+    //! wide as the pages its window holds (the group's pagesPerSequence), however long the sequence.
     int32_t numPages = 0;
     //! Tokens of the sequence: [(numPages - 1) * tokensPerPage + 1, numPages * tokensPerPage], or 0 with 0 pages.
     int32_t numTokens = 0;
 };
+
+namespace detail
+{
+
+//! One device allocation and two pinned host staging regions of the same size, uploaded in turn with one
+//! cudaMemcpyAsync each: the buffers behind PageTableBuffers and StepArgumentBuffers. A build writes the region the
+//! last upload did not read (beginBuild(), which first waits on the host for that region's own upload, the one before
+//! the last, if it has not finished), then uploads a prefix of it (finishBuild()), which makes it the current region:
+//! the host copies. On a stream other than the last upload's, the upload is ordered after the last one on the device
+//! (cudaStreamWaitEvent, no host wait). The device memory is allocated stream-ordered on the constructor's stream and
+//! freed on it. Not thread-safe. Move-only.
+class StagedUpload
+{
+public:
+    static constexpr int32_t kREGIONS = 2;
+
+    //! Owns nothing: every pointer is null.
+    StagedUpload() noexcept = default;
+    //! Allocates `bytes` (> 0) of device memory on `stream`, two pinned regions of `bytes` and their events. Throws
+    //! OutOfMemoryError / CudaError from CUDA, having freed what it allocated.
+    StagedUpload(int64_t bytes, cudaStream_t stream);
+    //! Waits on the host for the last upload from each region, then frees everything; never throws.
+    ~StagedUpload() noexcept;
+    StagedUpload(StagedUpload const&) = delete;
+    StagedUpload& operator=(StagedUpload const&) = delete;
+    StagedUpload(StagedUpload&& other) noexcept;
+    StagedUpload& operator=(StagedUpload&& other) noexcept;
+
+    //! Throws InvalidArgumentError, naming `what`, when this object owns nothing or `stream` is capturing a graph;
+    //! otherwise waits for the upload that last read the next region and returns that region, for the caller to
+    //! write. Enqueues nothing.
+    void* beginBuild(char const* what, cudaStream_t stream);
+    //! Uploads the first `bytes` of the region beginBuild() returned on `stream` and makes it the current one.
+    //! Throws CudaError when CUDA fails (the current region is then still the previous one).
+    void finishBuild(int64_t bytes, cudaStream_t stream);
+    //! Uploads the first `bytes` of region 0 on `stream` and makes it the current one (the constructor's upload of
+    //! what the owner wrote into both regions).
+    void uploadFirst(int64_t bytes, cudaStream_t stream);
+
+    //! Returns the device allocation (null when owning nothing).
+    void* device() const noexcept
+    {
+        return mDevice.data();
+    }
+    //! Returns staging region `region` (null when owning nothing).
+    void* region(int32_t region) const noexcept;
+    //! Returns the region of the last upload: the host copies (null when owning nothing).
+    void* current() const noexcept
+    {
+        return region(mRegion);
+    }
+    //! Returns whether this object owns its buffers.
+    bool owns() const noexcept
+    {
+        return mStaging != nullptr;
+    }
+    //! Returns the bytes the last upload copied.
+    int64_t uploadBytes() const noexcept
+    {
+        return mUploadBytes;
+    }
+
+private:
+    void upload(int32_t region, int64_t bytes, cudaStream_t stream);
+    void release() noexcept;
+
+    DeviceAllocation mDevice;
+    //! kREGIONS regions of mBytes, one after the other.
+    std::byte* mStaging{nullptr};
+    int64_t mBytes{0};
+    //! Recorded after each region's last upload.
+    std::array<cudaEvent_t, kREGIONS> mUploaded{};
+    int32_t mRegion{0};
+    cudaStream_t mUploadStream{nullptr};
+    int64_t mUploadBytes{0};
+};
+
+} // namespace detail
 
 //! Device page tables for a batch of sequences of one page group, in the forms attention kernels read, at device
 //! addresses that never change (so a captured CUDA graph keeps reading them):
@@ -88,17 +169,17 @@ public:
     PageTableBuffers& operator=(PageTableBuffers&& other) noexcept;
 
     //! Builds the tables of `count` sequences and enqueues their upload on `stream`; never synchronises the device.
-    //! Throws InvalidArgumentError (count outside [0, maxBatchSize], a null list with count > 0, a sequence of numPages
-    //! outside [0, maxPagesPerSequence], numTokens inconsistent with numPages, a null pages pointer with numPages > 0,
-    //! a negative id after the leading kUNUSED_PAGE_ENTRY entries or a list of them alone, `stream` capturing a graph,
-    //! an object that owns nothing), naming the sequence index, the field (the entry, for an id), the value and the
-    //! limit; the previous tables (host and device) are then untouched and nothing is enqueued. Resident page ids are
-    //! copied as given (their range is the caller's: the tables do not know the pool). Of the two staging regions,
-    //! build() writes the one the last upload did not read, after waiting for the event of that region's own upload,
-    //! the one before the last (a host wait only if that copy has not finished yet), so an in-flight copy is never
-    //! overwritten. On a stream other than the last upload's, the upload is ordered after the last one on the device
-    //! (cudaStreamWaitEvent, no host wait). Throws CudaError when CUDA fails (the host copies then still show the
-    //! previous tables; the device may hold the new ones).
+    //! Throws InvalidArgumentError (count outside [0, maxBatchSize], a null list with count > 0, a sequence of negative
+    //! numPages or of more than maxPagesPerSequence resident pages, numTokens inconsistent with numPages, a null pages
+    //! pointer with numPages > 0, a negative id after the leading kUNUSED_PAGE_ENTRY entries or a list of them alone,
+    //! `stream` capturing a graph, an object that owns nothing), naming the sequence index, the field (the entry, for
+    //! an id), the value and the limit; the previous tables (host and device) are then untouched and nothing is
+    //! enqueued. Resident page ids are copied as given (their range is the caller's: the tables do not know the pool).
+    //! Of the two staging regions, build() writes the one the last upload did not read, after waiting for the event of
+    //! that region's own upload, the one before the last (a host wait only if that copy has not finished yet), so an
+    //! in-flight copy is never overwritten. On a stream other than the last upload's, the upload is ordered after the
+    //! last one on the device (cudaStreamWaitEvent, no host wait). Throws CudaError when CUDA fails (the host copies
+    //! then still show the previous tables; the device may hold the new ones).
     void build(SequencePages const* sequences, int32_t count, cudaStream_t stream);
 
     //! Returns the device CSR row pointers: maxBatchSize + 1 entries, indptr[0] = 0 (null when owning nothing).
@@ -136,7 +217,7 @@ public:
     {
         return mMaxBatchSize;
     }
-    //! Returns the most pages a sequence may hold: the block table's row length (0 when owning nothing).
+    //! Returns the most resident pages a sequence may hold: the block table's row length (0 when owning nothing).
     int32_t maxPagesPerSequence() const noexcept
     {
         return mMaxPagesPerSequence;
@@ -149,33 +230,18 @@ public:
     //! Returns the bytes the last upload copied to the device (the constructor's included).
     int64_t uploadBytes() const noexcept
     {
-        return mUploadBytes;
+        return mUpload.uploadBytes();
     }
 
 private:
-    static constexpr int32_t kSTAGING_REGIONS = 2;
-
     int32_t* deviceArray(int64_t offset) const noexcept;
     int32_t* hostArray(int64_t offset) const noexcept;
-    int32_t* stagingRegion(int32_t region) const noexcept;
-    void waitForUpload(int32_t region) const;
-    void upload(int32_t region, int64_t bytes, cudaStream_t stream);
-    void release() noexcept;
 
-    DeviceAllocation mDeviceTables;
-    //! kSTAGING_REGIONS regions of the tables' layout, one after the other.
-    int32_t* mStaging{nullptr};
-    //! Recorded after each region's last upload.
-    std::array<cudaEvent_t, kSTAGING_REGIONS> mUploaded{};
-    //! The region the last build wrote: the host copies.
-    int32_t mRegion{0};
-    //! The stream of the last upload.
-    cudaStream_t mUploadStream{nullptr};
+    detail::StagedUpload mUpload;
     int32_t mMaxBatchSize{0};
     int32_t mMaxPagesPerSequence{0};
     int32_t mTokensPerPage{0};
     int32_t mCount{0};
-    int64_t mUploadBytes{0};
 };
 
 } // namespace kvcache::rt

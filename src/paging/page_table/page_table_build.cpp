@@ -41,11 +41,18 @@ void checkCount(PageTableShape const& shape, SequencePages const* sequences, int
     }
 }
 
-[[noreturn]] void throwNumPages(int32_t index, int64_t numPages, int64_t most)
+[[noreturn]] void throwNumPages(int32_t index, int64_t numPages)
 {
     throw InvalidArgumentError(
-        fmt::format("{}: sequences[{}].numPages is {}; it must be in [0, {}] (maxPagesPerSequence)", kBUILD, index,
-            numPages, most));
+        fmt::format("{}: sequences[{}].numPages is {}; it must be >= 0", kBUILD, index, numPages));
+}
+
+[[noreturn]] void throwResidentPages(int32_t index, int64_t numPages, int64_t released, int64_t most)
+{
+    throw InvalidArgumentError(
+        fmt::format("{}: sequences[{}].numPages is {} with {} released: {} resident pages; resident pages (numPages "
+                    "less the leading kUNUSED_PAGE_ENTRY entries) must be at most {} (maxPagesPerSequence)",
+            kBUILD, index, numPages, released, numPages - released, most));
 }
 
 [[noreturn]] void throwNullPages(int32_t index, int64_t numPages)
@@ -69,9 +76,9 @@ void checkCount(PageTableShape const& shape, SequencePages const* sequences, int
 inline void checkSizes(PageTableShape const& shape, SequencePages const& sequence, int32_t index)
 {
     int64_t const numPages = sequence.numPages;
-    if (numPages < 0 || numPages > shape.maxPagesPerSequence)
+    if (numPages < 0)
     {
-        throwNumPages(index, numPages, shape.maxPagesPerSequence);
+        throwNumPages(index, numPages);
     }
     if (numPages > 0 && sequence.pages == nullptr)
     {
@@ -83,6 +90,16 @@ inline void checkSizes(PageTableShape const& shape, SequencePages const& sequenc
     if (sequence.numTokens < fewest || sequence.numTokens > most)
     {
         throwNumTokens(index, sequence.numTokens, numPages, tokensPerPage, fewest, most);
+    }
+}
+
+//! Throws unless the pages of `sequence` past its `released` leading entries fit a row of the table: a window's
+//! released pages take no room, so a long windowed sequence fits a table as wide as the pages its window holds.
+inline void checkResident(PageTableShape const& shape, SequencePages const& sequence, int32_t index, int64_t released)
+{
+    if (sequence.numPages - released > shape.maxPagesPerSequence)
+    {
+        throwResidentPages(index, sequence.numPages, released, shape.maxPagesPerSequence);
     }
 }
 
@@ -178,6 +195,7 @@ void validateSequences(PageTableShape const& shape, SequencePages const* sequenc
         SequencePages const& sequence = sequences[b];
         checkSizes(shape, sequence, b);
         int64_t const released = releasedPages(sequence);
+        checkResident(shape, sequence, b, released);
         checkIds(sequence, b, released, orOfIds(sequence.pages + released, sequence.numPages - released));
     }
 }
@@ -194,8 +212,8 @@ int64_t buildPageTables(PageTableShape const& shape, SequencePages const* sequen
     int64_t const width = shape.maxPagesPerSequence;
     int64_t const tokensPerPage = shape.tokensPerPage;
     // One pass: a sequence is checked as its row and its indices are written, so its list is read from memory once
-    // and is still in the cache when its indices are compared and copied. indptr[b + 1] is this region's previous build's until sequence b's turn, which
-    // reads it first: where row b's previous ids end.
+    // and is still in the cache when its indices are compared and copied. indptr[b + 1] is this region's previous
+    // build's until sequence b's turn, which reads it first: where row b's previous ids end.
     int64_t used = 0;
     int64_t heldEnd = indptr[0];
     // While every list so far repeats its row exactly, its indices are where and what they were (both arrays were
@@ -211,6 +229,7 @@ int64_t buildPageTables(PageTableShape const& shape, SequencePages const* sequen
             // Released pages are left out: rows start at the first resident page, and firstToken says which token
             // that is.
             int64_t const released = releasedPages(sequence);
+            checkResident(shape, sequence, static_cast<int32_t>(b), released);
             int64_t const pages = sequence.numPages - released;
             int32_t* const row = table + b * width;
             int32_t const* const resident = sequence.pages + released;

@@ -15,6 +15,13 @@ inline constexpr char const* kBUILD = "PageTableBuffers::build";
 //! read it with aligned vector loads and whole cache lines.
 inline constexpr int64_t kPAGE_TABLE_ALIGNMENT_BYTES = 128;
 
+//! Returns `elements` int32 rounded up to a multiple of kPAGE_TABLE_ALIGNMENT_BYTES: where the next array starts.
+constexpr int64_t alignedElements(int64_t elements) noexcept
+{
+    constexpr int64_t step = kPAGE_TABLE_ALIGNMENT_BYTES / static_cast<int64_t>(sizeof(int32_t));
+    return (elements + step - 1) / step * step;
+}
+
 //! The sizes of a page table region and where its six arrays sit, in int32 elements from its start: indptr,
 //! lastPageLen, firstToken, residentTokens, block table, indices (the order that lets one copy of a prefix move
 //! everything in use).
@@ -68,8 +75,7 @@ struct PageTableShape
 private:
     static int64_t aligned(int64_t elements) noexcept
     {
-        int64_t const step = kPAGE_TABLE_ALIGNMENT_BYTES / static_cast<int64_t>(sizeof(int32_t));
-        return (elements + step - 1) / step * step;
+        return alignedElements(elements);
     }
 };
 

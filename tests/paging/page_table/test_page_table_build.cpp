@@ -135,8 +135,17 @@ TEST(PageTableBuildTest, ARefusedSequenceLeavesTheEmptyTablesAndTheNextBuildIsEx
         }
         else if (rule == 1)
         {
-            bad.numPages = sizes.maxPagesPerSequence + 1;
-            named = ".numPages is " + std::to_string(bad.numPages);
+            // One resident page more than a row holds, after 0 to 2 released entries (which take no room).
+            int32_t const released = std::uniform_int_distribution<int32_t>(0, 2)(rng);
+            pages.assign(static_cast<size_t>(released), rt::kUNUSED_PAGE_ENTRY);
+            for (int32_t k = 0; k <= sizes.maxPagesPerSequence; ++k)
+            {
+                pages.push_back(1000 + k);
+            }
+            bad.pages = pages.data();
+            bad.numPages = static_cast<int32_t>(pages.size());
+            bad.numTokens = bad.numPages * sizes.tokensPerPage;
+            named = ".numPages is " + std::to_string(bad.numPages) + " with " + std::to_string(released) + " released";
         }
         else
         {
@@ -298,6 +307,49 @@ TEST(PageTableBuildTest, ReleasedPagesAreLeftOutAndFirstTokenSaysWhereEachRowSta
     EXPECT_EQ(actual.blockTable,
         (std::vector<int32_t>{5, 6, unused, unused, 7, 8, unused, unused, 9, unused, unused, unused}));
     EXPECT_EQ(elements, shape.indicesOffset() + 5);
+}
+
+TEST(PageTableBuildTest, ALongWindowedSequenceFitsATableAsWideAsItsResidentPages)
+{
+    // Rows of 3 pages, as a window that holds 3 pages needs, for sequences far longer than 3 pages: only resident
+    // pages count against the width. Each build is checked against the reference, and the first by hand.
+    Sizes const sizes{4, 3, 16};
+    rt::detail::PageTableShape const shape = rt::detail::makePageTableShape(4, 3, 16);
+    std::vector<int32_t> regions[2] = {emptyRegion(shape), emptyRegion(shape)};
+    int32_t const unused = rt::kUNUSED_PAGE_ENTRY;
+    // Sequence 0 covers 43 pages, 40 released; sequence 1 covers 9, 7 released; sequence 2 is short and whole.
+    Batch batch;
+    batch.pages = {std::vector<int32_t>(40, unused), std::vector<int32_t>(7, unused), {20, 21, 22}};
+    batch.pages[0].insert(batch.pages[0].end(), {30, 31, 32});
+    batch.pages[1].insert(batch.pages[1].end(), {40, 41});
+    batch.tokens = {43 * 16 - 5, 8 * 16 + 1, 3 * 16};
+    {
+        std::vector<rt::SequencePages> const sequences = batch.sequences();
+        rt::detail::buildPageTables(shape, sequences.data(), batch.count(), regions[0].data());
+        Tables const actual = readTables(regionViews(shape, regions[0]), sizes);
+        EXPECT_EQ(actual.indptr, (std::vector<int32_t>{0, 3, 5, 8, 8}));
+        EXPECT_EQ(actual.indices, (std::vector<int32_t>{30, 31, 32, 40, 41, 20, 21, 22}));
+        EXPECT_EQ(actual.firstToken, (std::vector<int32_t>{640, 112, 0, 0}));
+        EXPECT_EQ(actual.residentTokens, (std::vector<int32_t>{43 * 16 - 5 - 640, 8 * 16 + 1 - 112, 48, 0}));
+        EXPECT_EQ(actual.lastPageLen, (std::vector<int32_t>{11, 1, 16, 0}));
+        EXPECT_EQ(
+            actual.blockTable, (std::vector<int32_t>{30, 31, 32, 40, 41, unused, 20, 21, 22, unused, unused, unused}));
+        EXPECT_TRUE(sameTables(referenceTables(batch, sizes), actual));
+    }
+    // The window slides on: each build releases the first resident page of sequence 0 and takes a new one, in the
+    // two regions in turn.
+    for (int32_t build = 1; build <= 20; ++build)
+    {
+        std::vector<int32_t>& pages = batch.pages[0];
+        pages[pages.size() - 3] = unused;
+        pages.push_back(100 + build);
+        batch.tokens[0] = static_cast<int32_t>(pages.size()) * 16 - build % 16;
+        std::vector<rt::SequencePages> const sequences = batch.sequences();
+        std::vector<int32_t>& region = regions[build % 2];
+        rt::detail::buildPageTables(shape, sequences.data(), batch.count(), region.data());
+        ASSERT_TRUE(sameTables(referenceTables(batch, sizes), readTables(regionViews(shape, region), sizes)))
+            << "build " << build;
+    }
 }
 
 TEST(PageTableBuildTest, ReleasedPagesCountsTheLeadingUnusedEntriesOfEveryLength)

@@ -291,7 +291,7 @@ TEST_F(PageTableGpuTest, MovesHandOverTheSameDeviceTables)
     EXPECT_EQ(tut.tables.deviceIndptr(), nullptr);
     EXPECT_EQ(tut.tables.hostBlockTable(), nullptr);
     EXPECT_EQ(tut.tables.count(), 0);
-    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>([&] { tut.build(first); }, {"owns no tables"}));
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>([&] { tut.build(first); }, {"owns no buffers"}));
     EXPECT_EQ(moved.deviceBlockTable(), addresses.blockTable);
     EXPECT_EQ(moved.count(), 3);
 

@@ -95,7 +95,7 @@ TEST(PageTableBuffersTest, AnEmptyObjectOwnsNothingAndRefusesToBuild)
     EXPECT_EQ(empty.count(), 0);
     EXPECT_EQ(empty.uploadBytes(), 0);
     EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
-        [&] { empty.build(nullptr, 0, nullptr); }, {"build: this object owns no tables"}));
+        [&] { empty.build(nullptr, 0, nullptr); }, {"build: this object owns no buffers"}));
     rt::PageTableBuffers moved(std::move(empty));
     EXPECT_EQ(moved.hostIndptr(), nullptr);
 }
