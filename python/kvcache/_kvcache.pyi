@@ -834,6 +834,16 @@ class KVCacheManager:
 
     def allocated_bytes(self) -> int: ...
 
+    def calibrate_layer_scales(self, layer: int, observed: LayerWriteCounters) -> None:
+        """
+        Sets the layer's host-held scales from `observed` (a LayerWriteCounters, e.g. WriteCounters.read()[layer]) by calibrated_scales; a latent layer's v is kept. Raises as calibrated_scales and set_layer_scales do; a refused call changes nothing.
+        """
+
+    def attention_arguments(self, layer: int) -> dict:
+        """
+        What an attention kernel takes for the layer's quantization, as a dict (docs/flashinfer.md): `quantization`; `k_scale` / `v_scale`, the factors every K / V value is multiplied by after its page scale (FP8_PER_TENSOR's scales, NVFP4's global scales; 1.0 otherwise and for a latent layer's V); `k_scale_pool` / `v_scale_pool`, the scale pool's K and V halves as zero-copy views (FlashInfer's kv_cache_sf; None without page scales, and V for a latent layer); `token_head_scales` (FlashInfer's use_token_head_sf); `tensor_core_decode`: only a tensor-core decode reads the page scales. The scales are a copy taken now. Raises OutOfRangeError for a bad index.
+        """
+
     def latent_pool_view(self, layer: int) -> View:
         """
         View [num_pages, tokens_per_page, head_dim] of latent layer `layer`'s pool, as MLA kernels take it: each token's kv_lora_rank values, then its rope part. Raises for a KV layer.
@@ -998,14 +1008,30 @@ class PageManagerStats:
     @property
     def copy_on_write_pages(self) -> int: ...
 
+    @property
+    def checkpoints_saved(self) -> int:
+        """
+        State checkpoints made: copies into a checkpoint slot queued by checkpoint_state.
+        """
+
+    @property
+    def checkpoints_restored(self) -> int:
+        """State checkpoints restored by adopt_prefix."""
+
+    @property
+    def checkpoints_dropped(self) -> int:
+        """
+        State checkpoints dropped: their slot reused, or their carrier page evicted.
+        """
+
 class PageManager:
     """
     The page lifecycle of one cache on the host: pages per sequence and group, forks with copy-on-write, prefix reuse through chained page hashes, LRU eviction. It never touches the GPU: run the copies step() returns with copy_pages before the step's kernels, and build PageTableBuffers from pages(sequence, group).
     """
 
-    def __init__(self, source: KVCacheManager | KVCacheLayout | Config, *, max_sequences: int = 0, enable_prefix_caching: bool = True, hash_algorithm: PageHashAlgorithm = PageHashAlgorithm.SHA256, hash_seed: bytes | None = None, record_events: bool = False) -> None:
+    def __init__(self, source: KVCacheManager | KVCacheLayout | Config, *, max_sequences: int = 0, enable_prefix_caching: bool = True, hash_algorithm: PageHashAlgorithm = PageHashAlgorithm.SHA256, hash_seed: bytes | None = None, record_events: bool = False, checkpoint_interval_pages: int = 0) -> None:
         """
-        Sized from `source`: a KVCacheManager (its layout()), a KVCacheLayout, or a Config (compute_layout); max_sequences 0 means the layout's max_batch_size; hash_seed: 32 bytes, or None for a random one; record_events: record KV events for take_events().
+        Sized from `source`: a KVCacheManager (its layout()), a KVCacheLayout, or a Config (compute_layout); max_sequences 0 means the layout's max_batch_size; hash_seed: 32 bytes, or None for a random one; record_events: record KV events for take_events(); checkpoint_interval_pages: with state checkpoints, also ask for one every this many pages of a sequence (checkpoint_boundary), 0 for none but the prompt's and the match's. Raises InvalidArgumentError for max_sequences or checkpoint_interval_pages below 0.
         """
 
     def create(self, salt: bytes | None = None) -> int:
@@ -1013,7 +1039,7 @@ class PageManager:
 
     def adopt_prefix(self, sequence: int, tokens: PageIds, extra_keys: Sequence[tuple[int, int, int]] | None = None) -> int:
         """
-        Gives an empty sequence the longest cached prefix of `tokens`; returns its length in tokens.
+        Gives an empty sequence the longest cached prefix of `tokens` (whole pages, at most len(tokens) - 1 tokens); returns its length in tokens. With state layers the prefix must also end at a state checkpoint, whose restore (checkpoint slot to the sequence's slot) it queues (pending_state_copies); without checkpoint slots such a layout adopts nothing.
         """
 
     def hash_next_pages(self, sequence: int, tokens: PageIds, extra_keys: Sequence[tuple[int, int, int]] | None = None) -> list[tuple[int, int]]:
@@ -1063,13 +1089,31 @@ class PageManager:
 
     def pending_state_copies(self) -> list[tuple[int, int]]:
         """
-        The state copies (source slot, destination slot) forks queued since the last step, which the next step hands out.
+        The state copies (source slot, destination slot) queued since the last step by fork, checkpoint_state (the sequence's slot into a checkpoint slot) and adopt_prefix (a checkpoint slot into the sequence's), which the next step hands out.
         """
 
     def last_state_copies(self) -> list[tuple[int, int]]:
         """
-        The state copies (source slot, destination slot) the latest step() or append() handed out: the forks since the step before. Run them, in any order, before the step's kernels, in every state layer and tensor (slot dst of each [num_state_slots, ...] tensor takes slot src's bytes).
+        The state copies (source slot, destination slot) the latest step() or append() handed out: the forks, checkpoint saves and restores since the step before. Run them, in any order, before the step's kernels, in every state layer and tensor (slot dst of each [num_state_slots, ...] tensor takes slot src's bytes).
         """
+
+    def checkpoint_boundary(self, sequence: int) -> int:
+        """
+        Returns the next length, above the sequence's, at which the manager asks for its state to be saved: the end of the prompt's last whole page before its last token, the end of the run of pages adopt_prefix found cached past what it adopted, or the next multiple of checkpoint_interval_pages pages; -1 for none (always -1 without state layers, checkpoint slots or prefix caching). End the prefill chunk there, run the step, then call checkpoint_state. Raises InvalidArgumentError for an unknown sequence.
+        """
+
+    def checkpoint_state(self, sequence: int) -> bool:
+        """
+        Keeps the sequence's state after its length tokens (in its state slot once the queued copies into it ran) as the checkpoint of its prefix: queues the copy of its slot into a checkpoint slot for the next step (pending_state_copies), an empty slot first, else the one a clock of hit counts picks. Returns True when the prefix has a checkpoint now (made, or there already), False when none could be kept (no checkpoint slots or prefix caching, its last page not registered, every checkpoint slot read or filled by a queued copy). Raises InvalidArgumentError for an unknown sequence, a layout without state layers, or a length that is 0 or not whole pages, changing nothing.
+        """
+
+    def checkpoint_slot(self, hash: tuple[int, int]) -> int:
+        """
+        Returns the state slot holding the checkpoint of the prefix whose last page has `hash` ((lo, hi), as hash_next_pages gives it), adoptable or still filling, or -1.
+        """
+
+    def num_checkpoints(self) -> int:
+        """Returns the number of state checkpoints held."""
 
     def contains(self, sequence: int) -> bool: ...
 
@@ -1241,12 +1285,12 @@ class StepArguments:
 
     def upload_bytes(self) -> int: ...
 
-def write_tokens(cache: KVCacheManager, layer: int, k: DeviceArray, v: DeviceArray | None, token_addresses: DeviceArray, stream: StreamLike | None = None, *, count: DeviceArray | None = None, error_count: DeviceArray | None = None, group: int = -1) -> None:
+def write_tokens(cache: KVCacheManager, layer: int, k: DeviceArray, v: DeviceArray | None, token_addresses: DeviceArray, stream: StreamLike | None = None, *, count: DeviceArray | None = None, error_count: DeviceArray | None = None, group: int = -1, counters: WriteCounters | None = None) -> None:
     """
-    Writes k and v ([n, num_kv_heads, head_dim] CUDA tensors of float32, float16 or bfloat16, any strides with the last dimension contiguous; v None for a latent layer) into layer `layer`'s pages at `token_addresses` (CUDA int64 [n]: page * tokens_per_page + offset; negative skips the token), converting to the cache's type (a quantized cache: quantized by docs/layout.md's rules, head_dim a multiple of 16, scales written where scale_pool_view shows them), in one launch on `stream` (default: the cache's). `count` (CUDA int32 [1]) limits the tokens on the device; `error_count` (CUDA int32 [1]) counts addresses past the layer's pages; `group` checks the addresses' page group. Graph-capturable.
+    Writes k and v ([n, num_kv_heads, head_dim] CUDA tensors of float32, float16 or bfloat16, any strides with the last dimension contiguous; v None for a latent layer) into layer `layer`'s pages at `token_addresses` (CUDA int64 [n]: page * tokens_per_page + offset; negative skips the token), converting to the cache's type (a quantized cache: quantized by docs/layout.md's rules, head_dim a multiple of 16, scales written where scale_pool_view shows them), in one launch on `stream` (default: the cache's). `count` (CUDA int32 [1]) limits the tokens on the device; `error_count` (CUDA int32 [1]) counts addresses past the layer's pages; `group` checks the addresses' page group; `counters` (a WriteCounters of this cache, quantized caches only) records the layer's amax and saturated values (docs/layout.md, "Calibration"). Graph-capturable.
     """
 
-def write_tokens_paged(cache: KVCacheManager, layer: int, k: DeviceArray, v: DeviceArray | None, indptr: DeviceArray, indices: DeviceArray, first_token: DeviceArray | None, positions: DeviceArray, stream: StreamLike | None = None, *, count: DeviceArray | None = None, error_count: DeviceArray | None = None, group: int = -1) -> None:
+def write_tokens_paged(cache: KVCacheManager, layer: int, k: DeviceArray, v: DeviceArray | None, indptr: DeviceArray, indices: DeviceArray, first_token: DeviceArray | None, positions: DeviceArray, stream: StreamLike | None = None, *, count: DeviceArray | None = None, error_count: DeviceArray | None = None, group: int = -1, counters: WriteCounters | None = None) -> None:
     """
     As write_tokens, each token placed by its (sequence, position) row of `positions` (CUDA int32 [n, 2]) in the CSR table indptr / indices / first_token of the layer's group (as PageTableBuffers builds them; first_token None means 0). Positions outside a row's pages are counted in error_count.
     """
@@ -1254,6 +1298,79 @@ def write_tokens_paged(cache: KVCacheManager, layer: int, k: DeviceArray, v: Dev
 def read_tokens(cache: KVCacheManager, layer: int, k: DeviceArray, v: DeviceArray | None, token_addresses: DeviceArray, stream: StreamLike | None = None, *, count: DeviceArray | None = None, error_count: DeviceArray | None = None) -> None:
     """
     Gathers the tokens at `token_addresses` of layer `layer` into k and v (contiguous CUDA tensors [n, num_kv_heads, head_dim] of float32, float16 or bfloat16; v None for a latent layer), converting from the cache's type (dequantizing a quantized cache's values), in one launch on `stream`. Rows of skipped or bad addresses are left as they were.
+    """
+
+class LayerWriteCounters:
+    """
+    A host copy of one layer's write counters (WriteCounters.read): the largest finite |value| written to K and V, and the values the encoding clipped (docs/layout.md, "Calibration").
+    """
+
+    @overload
+    def __init__(self) -> None: ...
+
+    @overload
+    def __init__(self, k_amax: float, v_amax: float, k_saturated: int = 0, v_saturated: int = 0) -> None: ...
+
+    @property
+    def k_amax(self) -> float:
+        """Largest finite |value| written to K (0: none)."""
+
+    @k_amax.setter
+    def k_amax(self, arg: float, /) -> None: ...
+
+    @property
+    def v_amax(self) -> float:
+        """Largest finite |value| written to V (0: none)."""
+
+    @v_amax.setter
+    def v_amax(self, arg: float, /) -> None: ...
+
+    @property
+    def k_saturated(self) -> int:
+        """K values the encoding clipped."""
+
+    @k_saturated.setter
+    def k_saturated(self, arg: int, /) -> None: ...
+
+    @property
+    def v_saturated(self) -> int:
+        """V values the encoding clipped."""
+
+    @v_saturated.setter
+    def v_saturated(self, arg: int, /) -> None: ...
+
+class WriteCounters:
+    """
+    Every layer's write counters of one cache, in device memory of their own, zeroed at creation. Pass them to write_tokens / write_tokens_paged (counters=): a write into a quantized cache raises its layer's amax and saturation counts on the device, with no sync; read them on a later step through amax() / saturated() (DLPack views) or read() (a host copy, which waits).
+    """
+
+    def __init__(self, cache: KVCacheManager) -> None:
+        """Counters for every layer of `cache` (a KVCacheManager)."""
+
+    @property
+    def num_layers(self) -> int: ...
+
+    def reset(self, stream: StreamLike | None = None) -> None:
+        """
+        Zeroes every layer's counters, stream-ordered (default: the cache's stream).
+        """
+
+    def amax(self) -> View:
+        """View float32 [num_layers, 2] (K, V) of the amax counters, zero-copy."""
+
+    def saturated(self) -> View:
+        """
+        View int64 [num_layers, 2] (K, V) of the saturation counts (unsigned 64-bit on the device), zero-copy.
+        """
+
+    def read(self, stream: StreamLike | None = None) -> list[LayerWriteCounters]:
+        """
+        A host copy of every layer's counters (list of LayerWriteCounters), after waiting for `stream` (default: the cache's stream).
+        """
+
+def calibrated_scales(quantization: KVQuantization, k_amax: float, v_amax: float, has_v: bool = True) -> LayerScales:
+    """
+    The host-held scales docs/layout.md's calibration gives for observed amax: amax / 448 (FP8_PER_TENSOR), amax / (448 * 6) (NVFP4 global scales). Raises InvalidArgumentError for another quantization, and for an amax that is not finite and > 0, naming it.
     """
 
 HOST_TIER_KERNEL_MAX_BYTES: int = 4194304
@@ -1685,7 +1802,7 @@ class TieredPrefixCache:
 
 def layout_transfer_description(layout: KVCacheLayout, pool_bases: Sequence[int], device: int = 0, host_scales: Sequence[LayerScales] = [], model_config: Config | None = None, tp: int = 1, rank: int = 0) -> bytes:
     """
-    The transfer description of memory laid out as `layout`'s cache whose pools start at `pool_bases` (per group, per part of its page: each layer's data, then each layer's page scales; the order of transfer_registration's rows), on `device`, with `host_scales` (one per layer, or none) and, for rank `rank` of `tp` (model_config: the whole model's Config; `layout` is then the rank's), the heads it holds: what KVCacheManager.transfer_description gives for a cache, for pools the caller allocated itself (e.g. host memory). Raises InvalidArgumentError for counts that do not match the layout.
+    The transfer description of memory laid out as `layout`'s cache whose pools start at `pool_bases` (per group, per part of its page: each layer's data, then each layer's page scales; then per state layer the start of its allocation: the order of transfer_registration's rows), on `device`, with `host_scales` (one per layer, or none) and, for rank `rank` of `tp` (model_config: the whole model's Config; `layout` is then the rank's), the heads it holds: what KVCacheManager.transfer_description gives for a cache, for pools the caller allocated itself (e.g. host memory). Raises InvalidArgumentError for counts that do not match the layout.
     """
 
 def transfer_registration(description: bytes) -> Annotated[NDArray[numpy.int64], dict(shape=(None, 3))]:
@@ -1711,6 +1828,21 @@ def transfer_prepared_descriptors(description: bytes, group: int, tokens_per_des
 def transfer_prepared_plan(local: bytes, remotes: Sequence[bytes], group: int) -> tuple[int, list[int]]:
     """
     How page group `group` moves between the local cache and the remote ones through prepared descriptor lists: a tuple (tokens_per_descriptor, layer_sources). tokens_per_descriptor is the smaller page size, which both sides' transfer_prepared_descriptors use; layer_sources gives, per layer, the index in `remotes` of the cache it comes from whole, or -1 where its heads come in tensor-parallel slices (then only transfer_descriptors' ranges express it). Raises InvalidArgumentError as transfer_descriptors does.
+    """
+
+def transfer_state_mismatch(local: bytes, remote: bytes) -> str:
+    """
+    "" when state slots can move between the caches the two descriptions describe, else the first reason they cannot, naming the field and both values: another tensor-parallel size or rank, another number of state layers or tensors, or a tensor of another data type or shape.
+    """
+
+def transfer_state_descriptors(local: bytes, local_slots: PageIds, remote: bytes, remote_slots: PageIds) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any]]:
+    """
+    The ranges that move the states of sequences, every state layer and tensor, between the remote slots `remote_slots[i]` and the local slots `local_slots[i]`: a tuple (local, remote, layer_ends) of two [n, 3] int64 arrays of (address, bytes, device) rows, row i of one moving to row i of the other, and per state layer the end of its rows. Raises InvalidArgumentError naming the mismatch (transfer_state_mismatch) or the bad argument, OutOfRangeError for a slot outside [0, num_state_slots).
+    """
+
+def transfer_prepared_state_descriptors(description: bytes) -> tuple[NDArray[Any], NDArray[Any], int]:
+    """
+    The state slots of the cache `description` describes as a prepared descriptor list: a tuple (blocks, layer_ends, num_state_slots). blocks is an [n, 5] int64 array of (address, bytes, device, stride, count) rows, one per state layer and tensor, each of num_state_slots descriptors: descriptor s of a block is slot s. layer_ends gives, per state layer, the end of its rows. Empty without state layers.
     """
 
 class KVEventPublisher:
@@ -1765,4 +1897,4 @@ __version__: str
 def gpu_unavailable_reason() -> str:
     """Returns why no GPU can be used here, or an empty string when one can."""
 
-__all__: list = ['InvalidArgumentError', 'InvalidConfigError', 'OutOfRangeError', 'OutOfMemoryError', 'CudaError', 'DataType', 'data_type_size', 'data_type_name', 'KVLayerKind', 'KVQuantization', 'NVFP4_BLOCK_VALUES', 'TOKENS_PER_PAGE', 'MAX_TOKENS_PER_PAGE', 'MAX_NUM_PAGES', 'UNUSED_PAGE_ENTRY', 'MAX_INLINE_PAGE_OPS', 'MAX_INLINE_STATE_COPIES', 'KVLayerConfig', 'LayerScales', 'MAX_STATE_DIMS', 'STATE_TENSOR_ALIGNMENT', 'StateTensorConfig', 'StateLayerConfig', 'Config', 'KVLayerLayout', 'KVPageGroupLayout', 'StateTensorLayout', 'StateLayerLayout', 'KVCacheLayout', 'BudgetSplit', 'compute_layout', 'max_pages_for_budget', 'split_budget', 'View', 'KVHalf', 'PageOpTarget', 'LayerRef', 'KVCacheManager', 'PageAllocator', 'PageTableBuffers', 'PageHashAlgorithm', 'PageGroupCounts', 'PageManagerStats', 'PageManager', 'StepArguments', 'write_tokens', 'write_tokens_paged', 'read_tokens', 'HOST_TIER_KERNEL_MAX_BYTES', 'HOST_TIER_MAX_SMS', 'HOST_TIER_MAX_CHUNKS', 'HostTierMethod', 'PageLayerGeometry', 'PageGeometry', 'page_geometry', 'HostTier', 'SEQUENCE_FILE_VERSION', 'SequenceFileInfo', 'save_sequence', 'load_sequence', 'read_sequence_file_info', 'write_sequence_file', 'read_sequence_file', 'TieredAdmission', 'TieredPrefixCacheStats', 'TieredPrefixCache', 'layout_transfer_description', 'transfer_registration', 'transfer_mismatch', 'transfer_descriptors', 'transfer_prepared_descriptors', 'transfer_prepared_plan', 'KVEventPublisher', '__version__', 'gpu_unavailable_reason']
+__all__: list = ['InvalidArgumentError', 'InvalidConfigError', 'OutOfRangeError', 'OutOfMemoryError', 'CudaError', 'DataType', 'data_type_size', 'data_type_name', 'KVLayerKind', 'KVQuantization', 'NVFP4_BLOCK_VALUES', 'TOKENS_PER_PAGE', 'MAX_TOKENS_PER_PAGE', 'MAX_NUM_PAGES', 'UNUSED_PAGE_ENTRY', 'MAX_INLINE_PAGE_OPS', 'MAX_INLINE_STATE_COPIES', 'KVLayerConfig', 'LayerScales', 'MAX_STATE_DIMS', 'STATE_TENSOR_ALIGNMENT', 'StateTensorConfig', 'StateLayerConfig', 'Config', 'KVLayerLayout', 'KVPageGroupLayout', 'StateTensorLayout', 'StateLayerLayout', 'KVCacheLayout', 'BudgetSplit', 'compute_layout', 'max_pages_for_budget', 'split_budget', 'View', 'KVHalf', 'PageOpTarget', 'LayerRef', 'KVCacheManager', 'PageAllocator', 'PageTableBuffers', 'PageHashAlgorithm', 'PageGroupCounts', 'PageManagerStats', 'PageManager', 'StepArguments', 'write_tokens', 'write_tokens_paged', 'read_tokens', 'LayerWriteCounters', 'WriteCounters', 'calibrated_scales', 'HOST_TIER_KERNEL_MAX_BYTES', 'HOST_TIER_MAX_SMS', 'HOST_TIER_MAX_CHUNKS', 'HostTierMethod', 'PageLayerGeometry', 'PageGeometry', 'page_geometry', 'HostTier', 'SEQUENCE_FILE_VERSION', 'SequenceFileInfo', 'save_sequence', 'load_sequence', 'read_sequence_file_info', 'write_sequence_file', 'read_sequence_file', 'TieredAdmission', 'TieredPrefixCacheStats', 'TieredPrefixCache', 'layout_transfer_description', 'transfer_registration', 'transfer_mismatch', 'transfer_descriptors', 'transfer_prepared_descriptors', 'transfer_prepared_plan', 'transfer_state_mismatch', 'transfer_state_descriptors', 'transfer_prepared_state_descriptors', 'KVEventPublisher', '__version__', 'gpu_unavailable_reason']
