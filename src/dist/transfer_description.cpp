@@ -1,6 +1,8 @@
 // Transfer descriptions: what a cache holds and where, as bytes a peer can read, and whether two caches' pages can
 // move between them. The parts of a page come from the page anatomy; nothing here writes their order out again.
 
+#include "transfer_bits.h"
+
 #include "kvcache/core/errors.h"
 #include "kvcache/dist/transfer_descriptors.h"
 #include "kvcache/memory/kv_cache_manager.h"
@@ -24,12 +26,6 @@ constexpr uint32_t kMAGIC = 0x4454564B; // "KVTD" as little-endian bytes
 constexpr uint32_t kVERSION = 2;
 //! The version before state layers; read as a description without them.
 constexpr uint32_t kVERSION_WITHOUT_STATES = 1;
-
-//! The model's head count of a layer: what every rank's share adds up to.
-int64_t modelHeads(PageLayerGeometry const& layer, TransferLayer const& share, int32_t tp)
-{
-    return int64_t{layer.numKVHeads} * tp / share.replicas;
-}
 
 void checkShard(KVCacheLayout const& layout, TensorParallelShard const& shard)
 {
@@ -165,13 +161,6 @@ void readStateLayers(Reader& in, TransferDescription& description)
     }
 }
 
-uint32_t bitsOf(float value) noexcept
-{
-    uint32_t bits = 0;
-    std::memcpy(&bits, &value, sizeof(bits));
-    return bits;
-}
-
 } // namespace
 
 TransferDescription describeForTransfer(KVCacheLayout const& layout, std::vector<uint64_t> const& poolBases,
@@ -296,8 +285,8 @@ std::vector<uint8_t> encodeTransferDescription(TransferDescription const& descri
             TransferLayer const share = i < group.layers.size() ? group.layers[i] : TransferLayer{};
             out.put(share.firstHead);
             out.put(share.replicas);
-            out.put(bitsOf(share.hostScales.k));
-            out.put(bitsOf(share.hostScales.v));
+            out.put(detail::bitsOf(share.hostScales.k));
+            out.put(detail::bitsOf(share.hostScales.v));
         }
         out.put(static_cast<int32_t>(group.poolBases.size()));
         for (uint64_t const base : group.poolBases)
@@ -441,75 +430,6 @@ std::vector<MemoryRange> registrationRanges(TransferDescription const& descripti
         ranges.push_back({first, end - first, description.device});
     }
     return ranges;
-}
-
-std::string transferMismatch(TransferDescription const& local, TransferDescription const& remote, int32_t group)
-{
-    auto const groups = [](TransferDescription const& d) { return static_cast<int32_t>(d.groups.size()); };
-    if (group < 0 || group >= groups(local) || group >= groups(remote))
-    {
-        return fmt::format("group {} is outside the local cache's {} groups or the remote cache's {}", group,
-            groups(local), groups(remote));
-    }
-    TransferGroup const& mine = local.groups[static_cast<size_t>(group)];
-    TransferGroup const& theirs = remote.groups[static_cast<size_t>(group)];
-    if (mine.layers.size() != mine.geometry.layers.size() || theirs.layers.size() != theirs.geometry.layers.size())
-    {
-        return fmt::format("group {} describes {} and {} layers' shares for {} and {} layers", group,
-            mine.layers.size(), theirs.layers.size(), mine.geometry.layers.size(), theirs.geometry.layers.size());
-    }
-    for (auto const* side : {&mine, &theirs})
-    {
-        size_t const parts = detail::pageAnatomy(side->geometry).entries.size();
-        if (side->poolBases.size() != parts)
-        {
-            return fmt::format("group {} of the {} cache has {} pool bases; its pages have {} parts", group,
-                side == &mine ? "local" : "remote", side->poolBases.size(), parts);
-        }
-    }
-    // Compare what the pages mean with the page size and the heads held set aside: those may differ and are remapped.
-    auto const comparable = [](TransferDescription const& side, TransferGroup const& g)
-    {
-        PageGeometry geometry = g.geometry;
-        geometry.tokensPerPage = 0;
-        geometry.bytesPerPage = 0;
-        for (size_t i = 0; i < geometry.layers.size(); ++i)
-        {
-            geometry.layers[i].numKVHeads = static_cast<int32_t>(modelHeads(geometry.layers[i], g.layers[i], side.tp));
-        }
-        return geometry;
-    };
-    std::string const difference = pageGeometryDifference(
-        comparable(local, mine), comparable(remote, theirs), "the local cache", "the remote cache");
-    if (!difference.empty())
-    {
-        return difference + " (model heads: heads held times tp over replicas)";
-    }
-    int32_t const a = mine.geometry.tokensPerPage;
-    int32_t const b = theirs.geometry.tokensPerPage;
-    if (a < 1 || b < 1 || std::max(a, b) % std::min(a, b) != 0)
-    {
-        return fmt::format("tokensPerPage is {} in the local cache and {} in the remote cache; one must be a whole "
-                           "multiple of the other",
-            a, b);
-    }
-    if (detail::keepsHostScales(mine.geometry.quantization))
-    {
-        for (size_t i = 0; i < mine.layers.size(); ++i)
-        {
-            bool const hasV = mine.geometry.layers[i].kind != KVLayerKind::kLATENT;
-            LayerScales const x = mine.layers[i].hostScales;
-            LayerScales const y = theirs.layers[i].hostScales;
-            if (bitsOf(x.k) != bitsOf(y.k) || (hasV && bitsOf(x.v) != bitsOf(y.v)))
-            {
-                return fmt::format(
-                    "group {} layer {}'s host-held scales are k {} v {} in the local cache and k {} v {} "
-                    "in the remote cache",
-                    group, i, x.k, x.v, y.k, y.v);
-            }
-        }
-    }
-    return {};
 }
 
 } // namespace kvcache::rt

@@ -378,47 +378,6 @@ PreparedPlan preparedPlan(
     return plan;
 }
 
-std::string stateTransferMismatch(TransferDescription const& local, TransferDescription const& remote)
-{
-    if (local.tp != remote.tp || local.rank != remote.rank)
-    {
-        return fmt::format("the local cache is rank {} of tp {} and the remote cache rank {} of tp {}; state slots "
-                           "move only between the same rank of the same tensor-parallel size",
-            local.rank, local.tp, remote.rank, remote.tp);
-    }
-    if (local.stateLayers.size() != remote.stateLayers.size())
-    {
-        return fmt::format("the local cache has {} state layers and the remote cache {}", local.stateLayers.size(),
-            remote.stateLayers.size());
-    }
-    for (size_t l = 0; l < local.stateLayers.size(); ++l)
-    {
-        std::vector<TransferStateTensor> const& mine = local.stateLayers[l].tensors;
-        std::vector<TransferStateTensor> const& theirs = remote.stateLayers[l].tensors;
-        if (mine.size() != theirs.size())
-        {
-            return fmt::format("state layer {} has {} tensors in the local cache and {} in the remote cache", l,
-                mine.size(), theirs.size());
-        }
-        for (size_t t = 0; t < mine.size(); ++t)
-        {
-            if (mine[t].dataType != theirs[t].dataType)
-            {
-                return fmt::format("state layer {} tensor {}'s dataType is {} in the local cache and {} in the "
-                                   "remote cache",
-                    l, t, dataTypeName(mine[t].dataType), dataTypeName(theirs[t].dataType));
-            }
-            if (mine[t].shape != theirs[t].shape)
-            {
-                return fmt::format("state layer {} tensor {}'s shape is [{}] in the local cache and [{}] in the "
-                                   "remote cache",
-                    l, t, fmt::join(mine[t].shape, ", "), fmt::join(theirs[t].shape, ", "));
-            }
-        }
-    }
-    return {};
-}
-
 namespace
 {
 
@@ -426,8 +385,7 @@ void checkSlots(char const* name, int32_t const* slots, int32_t count, int32_t n
 {
     if (slots == nullptr && count > 0)
     {
-        throw InvalidArgumentError(
-            fmt::format("stateTransferDescriptors: {} is null and the count {}", name, count));
+        throw InvalidArgumentError(fmt::format("stateTransferDescriptors: {} is null and the count {}", name, count));
     }
     for (int32_t i = 0; i < count; ++i)
     {
