@@ -371,8 +371,10 @@ class FlaGatedDeltaRule:
         lengths = [chunk["q"].shape[0] for chunk in chunks]
         cu_seqlens = torch.tensor([0] + lengths, device=DEVICE).cumsum(0)
         packed = {name: torch.cat([chunk[name] for chunk in chunks]).unsqueeze(0) for name in chunks[0]}
-        out, final = self.kernel(packed["q"], packed["k"], packed["v"], packed["g"], packed["beta"], scale=self.scale,
-                                 initial_state=initial_state, output_final_state=True, cu_seqlens=cu_seqlens)
+        # By keyword: the fused recurrent kernel takes gk and gv between g and beta.
+        out, final = self.kernel(packed["q"], packed["k"], packed["v"], g=packed["g"], beta=packed["beta"],
+                                 scale=self.scale, initial_state=initial_state, output_final_state=True,
+                                 cu_seqlens=cu_seqlens)
         return list(out[0].split(lengths)), final
 
     def run(self, inputs, state):
