@@ -4,7 +4,9 @@
 # isolation) into build/python-gpu/site, then runs the pytest suite with KVCACHE_REQUIRE_GPU=1 (a GPU test that cannot
 # run fails), the example and the overhead benchmark. Logs go to $OUT when it is set, else to build/python-gpu/logs.
 # KVCACHE_PYTHON overrides the interpreter. KVCACHE_PYTHON_STEPS picks the steps after the build (default: pytest
-# example bench nixl). The nixl step runs examples/python/nixl_disaggregated.py (two processes, pages pulled through
+# example serve bench nixl). The serve step runs examples/python/serve_transformers.py (a transformers model served
+# over kvcache and FlashInfer in every format, then NVFP4 again under memcheck) when transformers and flashinfer
+# import, and is skipped with the reason otherwise. The nixl step runs examples/python/nixl_disaggregated.py (two processes, pages pulled through
 # NIXL: float16, FP8 per token-head and NVFP4, the decode process once under memcheck, and the benchmark) when nixl
 # imports, and is skipped with the reason otherwise. Prints a summary table last; exits non-zero on any failure.
 set -uo pipefail
@@ -31,7 +33,7 @@ record()
     results+=("$2")
     [[ $2 == pass || $2 == skipped* ]] || failed=1
 }
-wanted=" ${KVCACHE_PYTHON_STEPS:-pytest example bench nixl} "
+wanted=" ${KVCACHE_PYTHON_STEPS:-pytest example serve bench nixl} "
 wants() { [[ ${wanted} == *" $1 "* ]]; }
 summary()
 {
@@ -96,6 +98,30 @@ else
     record "example paged_attention" fail
 fi
 cat "${log_dir}/example.log"
+fi
+
+if wants serve; then
+    if reason=$("${python}" -c "import transformers, flashinfer" 2>&1); then
+        echo "+ examples/python/serve_transformers.py > ${log_dir}/serve.log"
+        if "${python}" examples/python/serve_transformers.py >"${log_dir}/serve.log" 2>&1; then
+            record "example serve_transformers" pass
+        else
+            record "example serve_transformers" fail
+        fi
+        grep -E '^[A-Z0-9_]+ +[0-9]+ positions|FAILED' "${log_dir}/serve.log"
+        echo "+ the same, NVFP4, under compute-sanitizer memcheck > ${log_dir}/serve_memcheck.log"
+        # torch and FlashInfer's JIT make CUDA calls that are expected to fail; only memory errors count here.
+        if compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 "${python}" \
+            examples/python/serve_transformers.py --quantization nvfp4 >"${log_dir}/serve_memcheck.log" 2>&1; then
+            record "serve_transformers memcheck" pass
+        else
+            record "serve_transformers memcheck" fail
+        fi
+        grep -E 'positions|ERROR SUMMARY' "${log_dir}/serve_memcheck.log"
+    else
+        echo "serve: skipped: ${reason##*$'\n'}"
+        record "example serve_transformers" "skipped (transformers or flashinfer does not import)"
+    fi
 fi
 
 if wants bench; then
