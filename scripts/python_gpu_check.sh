@@ -4,9 +4,10 @@
 # isolation) into build/python-gpu/site, then runs the pytest suite with KVCACHE_REQUIRE_GPU=1 (a GPU test that cannot
 # run fails), the example and the overhead benchmark. Logs go to $OUT when it is set, else to build/python-gpu/logs.
 # KVCACHE_PYTHON overrides the interpreter. KVCACHE_PYTHON_STEPS picks the steps after the build (default: pytest
-# example serve bench nixl). The serve step runs examples/python/serve_transformers.py (a transformers model served
-# over kvcache and FlashInfer in every format, then NVFP4 again under memcheck) when transformers and flashinfer
-# import, and is skipped with the reason otherwise. The nixl step runs examples/python/nixl_disaggregated.py (two processes, pages pulled through
+# example serve bench nixl). The serve step runs examples/python/serve_hybrid.py (a hybrid transformers model whose
+# attention pages and recurrent states live in kvcache) when transformers imports, and
+# examples/python/serve_transformers.py (a transformers model served over kvcache and FlashInfer in every format,
+# then NVFP4 again under memcheck) when flashinfer imports too; each is skipped with the reason otherwise. The nixl step runs examples/python/nixl_disaggregated.py (two processes, pages pulled through
 # NIXL: float16, FP8 per token-head and NVFP4, the decode process once under memcheck, and the benchmark) when nixl
 # imports, and is skipped with the reason otherwise. Prints a summary table last; exits non-zero on any failure.
 set -uo pipefail
@@ -101,6 +102,18 @@ cat "${log_dir}/example.log"
 fi
 
 if wants serve; then
+    if reason=$("${python}" -c "import transformers" 2>&1); then
+        echo "+ examples/python/serve_hybrid.py > ${log_dir}/serve_hybrid.log"
+        if "${python}" examples/python/serve_hybrid.py >"${log_dir}/serve_hybrid.log" 2>&1; then
+            record "example serve_hybrid" pass
+        else
+            record "example serve_hybrid" fail
+        fi
+        tail -n 3 "${log_dir}/serve_hybrid.log"
+    else
+        echo "serve_hybrid: skipped: ${reason##*$'\n'}"
+        record "example serve_hybrid" "skipped (transformers does not import)"
+    fi
     if reason=$("${python}" -c "import transformers, flashinfer" 2>&1); then
         echo "+ examples/python/serve_transformers.py > ${log_dir}/serve.log"
         if "${python}" examples/python/serve_transformers.py >"${log_dir}/serve.log" 2>&1; then
