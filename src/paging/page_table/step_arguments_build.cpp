@@ -183,7 +183,7 @@ int64_t buildStepArguments(StepArgumentShape const& shape, PageManager const& ma
         qoIndptr[b + 1] = static_cast<int32_t>(row);
     }
     std::fill(qoIndptr + count + 1, qoIndptr + shape.maxBatchSize + 1, static_cast<int32_t>(tokens));
-    // Like qoIndptr, written whole: maxBatchSize entries cost less than tracking which rows the previous build used.
+    // Like qoIndptr, written whole (maxBatchSize entries): no record of the rows the previous build used is needed.
     // stateSlot() cannot throw here: checkEntries found every sequence.
     int32_t* const stateSlots = region + shape.stateSlotsOffset();
     for (int32_t b = 0; b < count; ++b)
