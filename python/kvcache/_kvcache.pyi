@@ -1183,7 +1183,7 @@ class PageManager:
 
 class StepArguments:
     """
-    A step's kernel arguments for every page group (token positions, qo_indptr, the token count, and per group CSR indptr / indices / last_page_len / first_token / resident_tokens and the block table, windowed groups at their own width), built from the step's entries in one call and one upload, at device addresses that never change. Views of them keep this object alive; views are sized to the last build unless full=True.
+    A step's kernel arguments for every page group (token positions, qo_indptr, the token count, each entry's state slot, and per group CSR indptr / indices / last_page_len / first_token / resident_tokens and the block table, windowed groups at their own width), built from the step's entries in one call and one upload, at device addresses that never change. Views of them keep this object alive; views are sized to the last build unless full=True.
     """
 
     def __init__(self, manager: PageManager, max_batch_size: int, max_tokens_per_step: int, stream: StreamLike | None = None) -> None:
@@ -1209,6 +1209,11 @@ class StepArguments:
     def token_count(self) -> View:
         """
         Device view of the step's token count [1] (int32), for write_tokens_paged's count.
+        """
+
+    def state_slots(self, *, full: bool = False) -> View:
+        """
+        Device view of each entry's state slot [count] (int32; full: max_batch_size, rows past count -1): PageManager.state_slot of the entry's sequence, the state_indices of batched recurrent kernels. -1 in every row for a layout without state layers.
         """
 
     def indptr(self, group: int, *, full: bool = False) -> View:
@@ -1248,6 +1253,11 @@ class StepArguments:
 
     def host_qo_indptr(self) -> list[int]:
         """A copy of the staged qo_indptr of the last build [max_batch_size + 1]."""
+
+    def host_state_slots(self) -> list[int]:
+        """
+        A copy of the staged state slots of the last build [max_batch_size], -1 past count.
+        """
 
     def host_indptr(self, group: int) -> list[int]:
         """A copy of group `group`'s staged indptr [max_batch_size + 1]."""

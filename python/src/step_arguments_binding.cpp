@@ -115,7 +115,8 @@ int32_t groupArgument(rt::StepArgumentBuffers const& a, int64_t group)
 void bindStepArguments(nb::module_& m)
 {
     auto cls = nb::class_<StepArgumentsHandle>(m, "StepArguments",
-        "A step's kernel arguments for every page group (token positions, qo_indptr, the token count, and per group "
+        "A step's kernel arguments for every page group (token positions, qo_indptr, the token count, each entry's "
+        "state slot, and per group "
         "CSR indptr / indices / last_page_len / first_token / resident_tokens and the block table, windowed groups at "
         "their own width), built from the step's entries in one call and one upload, at device addresses that never "
         "change. Views of them keep this object alive; views are sized to the last build unless full=True.");
@@ -160,6 +161,17 @@ void bindStepArguments(nb::module_& m)
         "token_count",
         [](Self self) { return argumentView(self, self.p->arguments().deviceTokenCount(), rt::Coords{1}); },
         "Device view of the step's token count [1] (int32), for write_tokens_paged's count.");
+    cls.def(
+        "state_slots",
+        [](Self self, bool full)
+        {
+            rt::StepArgumentBuffers const& a = self.p->arguments();
+            return argumentView(self, a.deviceStateSlots(), rt::Coords{rows(a, full)});
+        },
+        nb::kw_only(), nb::arg("full") = false,
+        "Device view of each entry's state slot [count] (int32; full: max_batch_size, rows past count -1): "
+        "PageManager.state_slot of the entry's sequence, the state_indices of batched recurrent kernels. -1 in every "
+        "row for a layout without state layers.");
     cls.def(
         "indptr",
         [](Self self, int64_t group, bool full)
@@ -224,6 +236,11 @@ void bindStepArguments(nb::module_& m)
         [](StepArgumentsHandle& h)
         { return hostCopy(h.arguments().hostQoIndptr(), int64_t{h.arguments().maxBatchSize()} + 1); },
         "A copy of the staged qo_indptr of the last build [max_batch_size + 1].");
+    cls.def(
+        "host_state_slots",
+        [](StepArgumentsHandle& h)
+        { return hostCopy(h.arguments().hostStateSlots(), int64_t{h.arguments().maxBatchSize()}); },
+        "A copy of the staged state slots of the last build [max_batch_size], -1 past count.");
     auto const hostPerGroup = [&](char const* name, int32_t const* (rt::StepArgumentBuffers::*array)(int32_t) const,
                                   int32_t extra, char const* doc)
     {

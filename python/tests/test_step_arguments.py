@@ -1,5 +1,5 @@
 """StepArguments: a step's kernel arguments for every page group in one call, checked against an independent
-construction from PageManager.pages() and length(). Construction allocates pinned and device memory, so all but the
+construction from PageManager.pages(), length() and state_slot(). Construction allocates pinned and device memory, so all but the
 size checks take the `torch` fixture (skipped without a GPU)."""
 
 import pytest
@@ -12,10 +12,12 @@ MAX_BATCH = 4
 MAX_TOKENS = 16
 
 
-def make_manager():
+def make_manager(state_layers=False):
     # Full attention (24 pages a sequence) and a window of 6 tokens: ceil((6 - 1 + 16) / 4) + 1 = 7 pages a sequence.
+    conv = kvcache.StateTensorConfig("conv", [8, 3], kvcache.DataType.FLOAT16)
     config = kvcache.Config(layer_configs=[(1, 8), (1, 8, 6)], max_batch_size=MAX_BATCH, max_sequence_length=96,
-                            tokens_per_page=P, max_tokens_per_step=MAX_TOKENS)
+                            tokens_per_page=P, max_tokens_per_step=MAX_TOKENS,
+                            state_layer_configs=[kvcache.StateLayerConfig([conv])] if state_layers else [])
     return kvcache.PageManager(config)
 
 
@@ -104,3 +106,35 @@ def test_bad_entries_are_refused_and_change_nothing(torch):
     with pytest.raises(kvcache.OutOfRangeError):
         arguments.indptr(2)
     assert arguments.host_positions() == before
+
+
+def test_state_slots_are_each_entry_s_slot_and_minus_one_past_count(torch):
+    manager = make_manager(state_layers=True)
+    arguments = kvcache.StepArguments(manager, MAX_BATCH, MAX_TOKENS, torch.cuda.current_stream())
+    a, b, c = manager.create(), manager.create(), manager.create()
+    d = manager.fork(a)
+    manager.free(b)
+    e = manager.create()
+    # By hand: a, b, c took slots 0, 1, 2; the fork d the unused 3; e the freed b's 1.
+    steps = [[(a, [1, 2]), (c, [3])], [(d, [4]), (e, [5, 6]), (a, [7]), (c, [])], [(e, [8])]]
+    by_hand = [[0, 2], [3, 1, 0, 2], [1]]
+    for entries, slots in zip(steps, by_hand):
+        manager.step(entries)
+        arguments.build(entries)
+        torch.cuda.synchronize()
+        assert [manager.state_slot(sequence) for sequence, _ in entries] == slots
+        padded = slots + [-1] * (MAX_BATCH - len(slots))
+        assert arguments.host_state_slots() == padded
+        assert torch.from_dlpack(arguments.state_slots()).tolist() == slots
+        assert torch.from_dlpack(arguments.state_slots(full=True)).tolist() == padded
+
+
+def test_state_slots_without_state_layers_are_minus_one(torch):
+    manager = make_manager()
+    arguments = kvcache.StepArguments(manager, MAX_BATCH, MAX_TOKENS, torch.cuda.current_stream())
+    a, b = manager.create(), manager.create()
+    manager.step([(a, [1]), (b, [2, 3])])
+    arguments.build([(a, [1]), (b, [2, 3])])
+    torch.cuda.synchronize()
+    assert arguments.host_state_slots() == [-1] * MAX_BATCH
+    assert torch.from_dlpack(arguments.state_slots()).tolist() == [-1, -1]

@@ -28,19 +28,24 @@ struct StepScratch;
 //!  - qoIndptr [maxBatchSize + 1]: qoIndptr[b] is the first token row of entry b (FlashInfer's qo_indptr), entries
 //!    from `count` on empty (qoIndptr[b] = tokenCount() for b > count);
 //!  - tokenCount: one device int32, the step's tokens, for TokenOpOptions::deviceCount;
+//!  - stateSlots [maxBatchSize]: row b is the state slot of entry b's sequence (PageManager::stateSlot, "State
+//!    slots" in PageManager's comment; vLLM's state_indices), where batched recurrent kernels find its state; rows
+//!    from `count` on are -1, padding a kernel skips. A layout without state layers keeps the array, -1 in every row
+//!    (as PageManager::stateSlots writes then), so kernels and captured graphs read one address either way;
 //!  - per page group, the tables PageTableBuffers describes (CSR indptr, indices, lastPageLen, firstToken,
 //!    residentTokens and the dense block table), row b for entry b's sequence, each group at its own width: the
 //!    group's pagesPerSequence (a windowed group counts only the pages its window holds).
 //!
 //! An entry of 0 tokens still gets its table rows (its sequence's pages, for a kernel that reads them) and no query
-//! tokens: qoIndptr[b + 1] = qoIndptr[b]. A sequence listed twice gets two rows.
+//! tokens: qoIndptr[b + 1] = qoIndptr[b]. A sequence listed twice gets two rows (of one state slot).
 //!
-//! Layout: one device allocation holds the token count, qoIndptr, the positions, then each group's tables in the
-//! layout of PageTableBuffers, group by group, each array starting a multiple of 128 bytes from the start; the pinned
-//! staging has the same layout, two regions used in turn as PageTableBuffers uses them. build() enqueues ONE
-//! cudaMemcpyAsync of the staging's first bytes, up to the last group's last index in use (the earlier groups' unused
-//! index room travels too). The tables are rewritten on the host only where they differ from that region's previous
-//! build, as PageTableBuffers does; position rows past the token count are reset only where that build used them.
+//! Layout: one device allocation holds the token count, qoIndptr, the state slots, the positions, then each group's
+//! tables in the layout of PageTableBuffers, group by group, each array starting a multiple of 128 bytes from the
+//! start; the pinned staging has the same layout, two regions used in turn as PageTableBuffers uses them. build()
+//! enqueues ONE cudaMemcpyAsync of the staging's first bytes, up to the last group's last index in use (the earlier
+//! groups' unused index room travels too). The tables are rewritten on the host only where they differ from that
+//! region's previous build, as PageTableBuffers does; position rows past the token count are reset only where that
+//! build used them; qoIndptr and the state slots (maxBatchSize entries each) are written whole.
 //!
 //! Ordering, streams and threads as PageTableBuffers: the upload is ordered on build()'s stream; kernels reading the
 //! buffers must be ordered after it, and those still reading the previous ones before it. The constructor's stream
@@ -79,10 +84,14 @@ public:
     int32_t const* deviceQoIndptr() const noexcept;
     //! Returns the device token count: one int32, for TokenOpOptions::deviceCount.
     int32_t const* deviceTokenCount() const noexcept;
+    //! Returns the device state slots: maxBatchSize entries, -1 from count() on (and everywhere without state layers).
+    int32_t const* deviceStateSlots() const noexcept;
     //! Returns the staging copy of devicePositions() as last built (valid until the build after next).
     TokenPosition const* hostPositions() const noexcept;
     //! Returns the staging copy of deviceQoIndptr() as last built (valid until the build after next).
     int32_t const* hostQoIndptr() const noexcept;
+    //! Returns the staging copy of deviceStateSlots() as last built (valid until the build after next).
+    int32_t const* hostStateSlots() const noexcept;
 
     //! Returns group `group`'s CSR page table for writeTokens: its indptr, indices and firstToken, maxBatchSize rows.
     //! Throws OutOfRangeError for a group outside [0, numGroups()).

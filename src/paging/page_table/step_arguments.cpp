@@ -86,6 +86,11 @@ int32_t const* StepArgumentBuffers::deviceTokenCount() const noexcept
     return deviceArray(detail::StepArgumentShape::tokenCountOffset());
 }
 
+int32_t const* StepArgumentBuffers::deviceStateSlots() const noexcept
+{
+    return mShape == nullptr ? nullptr : deviceArray(mShape->stateSlotsOffset());
+}
+
 TokenPosition const* StepArgumentBuffers::hostPositions() const noexcept
 {
     return mShape == nullptr ? nullptr : reinterpret_cast<TokenPosition const*>(hostArray(mShape->positionsOffset()));
@@ -94,6 +99,11 @@ TokenPosition const* StepArgumentBuffers::hostPositions() const noexcept
 int32_t const* StepArgumentBuffers::hostQoIndptr() const noexcept
 {
     return hostArray(detail::StepArgumentShape::qoIndptrOffset());
+}
+
+int32_t const* StepArgumentBuffers::hostStateSlots() const noexcept
+{
+    return mShape == nullptr ? nullptr : hostArray(mShape->stateSlotsOffset());
 }
 
 DevicePageTable StepArgumentBuffers::table(int32_t group) const

@@ -19,6 +19,8 @@ static_assert(sizeof(TokenPosition) == 2 * sizeof(int32_t) && alignof(TokenPosit
 
 //! The row writeTokens skips.
 constexpr TokenPosition kPADDING_POSITION{-1, 0};
+//! The state slot of a row past the step's entries, and of every row without state layers: a kernel skips it.
+constexpr int32_t kPADDING_STATE_SLOT = -1;
 
 void checkPositive(char const* field, int32_t value)
 {
@@ -134,6 +136,8 @@ StepArgumentShape makeStepArgumentShape(PageManager const& manager, int32_t maxB
 void writeEmptyStepArguments(StepArgumentShape const& shape, int32_t* region) noexcept
 {
     std::fill(region, region + shape.groupOffsets.front(), 0);
+    int32_t* const stateSlots = region + shape.stateSlotsOffset();
+    std::fill(stateSlots, stateSlots + shape.maxBatchSize, kPADDING_STATE_SLOT);
     TokenPosition* const positions = positionsOf(shape, region);
     std::fill(positions, positions + shape.maxTokensPerStep, kPADDING_POSITION);
     for (int32_t g = 0; g < shape.numGroups(); ++g)
@@ -179,6 +183,14 @@ int64_t buildStepArguments(StepArgumentShape const& shape, PageManager const& ma
         qoIndptr[b + 1] = static_cast<int32_t>(row);
     }
     std::fill(qoIndptr + count + 1, qoIndptr + shape.maxBatchSize + 1, static_cast<int32_t>(tokens));
+    // Like qoIndptr, written whole (maxBatchSize entries): no record of the rows the previous build used is needed.
+    // stateSlot() cannot throw here: checkEntries found every sequence.
+    int32_t* const stateSlots = region + shape.stateSlotsOffset();
+    for (int32_t b = 0; b < count; ++b)
+    {
+        stateSlots[b] = manager.stateSlot(entries[b].sequence);
+    }
+    std::fill(stateSlots + count, stateSlots + shape.maxBatchSize, kPADDING_STATE_SLOT);
     if (previousTokens > tokens)
     {
         std::fill(positions + tokens, positions + previousTokens, kPADDING_POSITION);

@@ -15,8 +15,8 @@ namespace kvcache::rt::detail
 inline constexpr char const* kSTEP_BUILD = "StepArgumentBuffers::build";
 
 //! The sizes of a step argument region and where its parts sit, in int32 elements from its start: the token count,
-//! qoIndptr, the positions (two int32 a TokenPosition), then each group's page table region (PageTableShape) in group
-//! order, each part starting a multiple of kPAGE_TABLE_ALIGNMENT_BYTES from the start.
+//! qoIndptr, the state slots, the positions (two int32 a TokenPosition), then each group's page table region
+//! (PageTableShape) in group order, each part starting a multiple of kPAGE_TABLE_ALIGNMENT_BYTES from the start.
 struct StepArgumentShape
 {
     int32_t maxBatchSize = 0;
@@ -37,10 +37,15 @@ struct StepArgumentShape
     {
         return alignedElements(1);
     }
+    //! Returns the offset of the state slots (maxBatchSize entries).
+    int64_t stateSlotsOffset() const noexcept
+    {
+        return qoIndptrOffset() + alignedElements(int64_t{maxBatchSize} + 1);
+    }
     //! Returns the offset of the positions (2 * maxTokensPerStep elements).
     int64_t positionsOffset() const noexcept
     {
-        return qoIndptrOffset() + alignedElements(int64_t{maxBatchSize} + 1);
+        return stateSlotsOffset() + alignedElements(maxBatchSize);
     }
     //! Returns the number of page groups.
     int32_t numGroups() const noexcept

@@ -1,8 +1,9 @@
 // The step argument building (src/paging/page_table/step_arguments_build.h, no GPU) against an independent
-// construction from PageManager::pages() and length(): steps of prefill and decode entries, a full and a windowed
-// group (the windowed group's rows as wide as its pagesPerSequence, far fewer than its sequences' pages), forks,
-// entries of 0 tokens, two staging regions in turn; and the refusals, which name the field, the value and the limit
-// and leave the region as it was.
+// construction from PageManager::pages(), length() and stateSlot(): steps of prefill and decode entries, a full and a
+// windowed group (the windowed group's rows as wide as its pagesPerSequence, far fewer than its sequences' pages),
+// forks, entries of 0 tokens, two staging regions in turn, state slots with and without state layers (with them also
+// by hand, from the slot order of PageManager's comment); and the refusals, which name the field, the value and the
+// limit and leave the region as it was.
 
 #include "paging/page_table/step_arguments_build.h"
 
@@ -47,6 +48,23 @@ rt::KVCacheConfig twoGroups()
         .numPagesPerGroup({200, 60});
 }
 
+//! twoGroups() with a Mamba2-like state layer (a conv and an SSM state) and 2 checkpoint slots: state slots
+//! [0, kMAX_BATCH) for the sequences.
+rt::KVCacheConfig twoGroupsWithState()
+{
+    std::vector<rt::StateLayerConfig> const stateLayers{
+        rt::StateLayerConfig{{rt::StateTensorConfig{"conv", {8, 3}, rt::DataType::kHALF},
+            rt::StateTensorConfig{"ssm", {2, 4, 4}, rt::DataType::kFLOAT}}}};
+    return ConfigBuilder({{1, 8}, {1, 8, 6}})
+        .maxBatchSize(kMAX_BATCH)
+        .maxSequenceLength(kMAX_LENGTH)
+        .tokensPerPage(kTOKENS_PER_PAGE)
+        .maxTokensPerStep(kMAX_TOKENS)
+        .numPagesPerGroup({200, 60})
+        .stateLayers(stateLayers)
+        .numCheckpointSlots(2);
+}
+
 //! A step entry as the test holds it: the sequence and its new tokens.
 struct Entry
 {
@@ -70,6 +88,8 @@ struct Expected
 {
     int32_t tokenCount = 0;
     std::vector<int32_t> qoIndptr;
+    //! maxBatchSize rows: each entry's stateSlot(), then -1.
+    std::vector<int32_t> stateSlots;
     //! Two int32 a row (sequence, position), maxTokensPerStep rows.
     std::vector<int32_t> positions;
     std::vector<Tables> groups;
@@ -90,8 +110,10 @@ Expected expectedArguments(rt::PageManager const& manager, std::vector<Entry> co
         }
         expected.tokenCount += appended;
         expected.qoIndptr.push_back(expected.tokenCount);
+        expected.stateSlots.push_back(manager.stateSlot(entries[b].sequence));
     }
     expected.qoIndptr.resize(kMAX_BATCH + 1, expected.tokenCount);
+    expected.stateSlots.resize(kMAX_BATCH, -1);
     while (expected.positions.size() < 2 * size_t{kMAX_TOKENS})
     {
         expected.positions.push_back(-1);
@@ -120,6 +142,8 @@ Expected readArguments(rt::detail::StepArgumentShape const& shape, std::vector<i
     actual.tokenCount = region[static_cast<size_t>(shape.tokenCountOffset())];
     int32_t const* const qoIndptr = region.data() + shape.qoIndptrOffset();
     actual.qoIndptr.assign(qoIndptr, qoIndptr + shape.maxBatchSize + 1);
+    int32_t const* const stateSlots = region.data() + shape.stateSlotsOffset();
+    actual.stateSlots.assign(stateSlots, stateSlots + shape.maxBatchSize);
     int32_t const* const positions = region.data() + shape.positionsOffset();
     actual.positions.assign(positions, positions + 2 * int64_t{shape.maxTokensPerStep});
     for (int32_t g = 0; g < shape.numGroups(); ++g)
@@ -145,6 +169,10 @@ Expected readArguments(rt::detail::StepArgumentShape const& shape, std::vector<i
     if (expected.qoIndptr != actual.qoIndptr)
     {
         return ::testing::AssertionFailure() << "qoIndptr differs";
+    }
+    if (expected.stateSlots != actual.stateSlots)
+    {
+        return ::testing::AssertionFailure() << "state slots differ";
     }
     if (expected.positions != actual.positions)
     {
@@ -184,18 +212,28 @@ std::vector<int32_t> someTokens(int32_t count, int32_t first)
 //! Drives a manager through steps and builds each step's arguments into two regions in turn, as the staging does.
 struct StepsUnderTest
 {
-    StepsUnderTest()
-        : manager(twoGroups(), kvcache::test::seededOptions(8, 3))
+    //! Without state layers: 8 sequences; with them, kMAX_BATCH (their state slots).
+    explicit StepsUnderTest(bool withState = false)
+        : manager(
+            withState ? twoGroupsWithState() : twoGroups(), kvcache::test::seededOptions(withState ? kMAX_BATCH : 8, 3))
         , shape(rt::detail::makeStepArgumentShape(manager, kMAX_BATCH, kMAX_TOKENS))
         , regions{emptyStepRegion(shape), emptyStepRegion(shape)}
     {
     }
 
-    //! Runs `entries` as a step, builds their arguments and checks them against the independent construction.
+    //! Runs `entries` as a step, then build(entries).
     ::testing::AssertionResult step(std::vector<Entry> const& entries)
     {
         std::vector<rt::SequenceAppend> const appends = appendsOf(entries);
         manager.step(appends.data(), static_cast<int32_t>(appends.size()));
+        return build(entries);
+    }
+
+    //! Builds the arguments of `entries` (appended already) into the next region and checks them against the
+    //! independent construction.
+    ::testing::AssertionResult build(std::vector<Entry> const& entries)
+    {
+        std::vector<rt::SequenceAppend> const appends = appendsOf(entries);
         std::vector<int32_t>& region = regions[builds++ % 2];
         int64_t const elements = rt::detail::buildStepArguments(
             shape, manager, appends.data(), static_cast<int32_t>(appends.size()), region.data(), scratch);
@@ -225,11 +263,12 @@ TEST(StepArgumentsBuildTest, TheShapeLaysOutEachGroupAtItsOwnWidth)
     // Full attention: 96 / 4 = 24 pages; the window: ceil((6 - 1 + 16) / 4) + 1 = 7.
     EXPECT_EQ(shape.groups[0].maxPagesPerSequence, 24);
     EXPECT_EQ(shape.groups[1].maxPagesPerSequence, 7);
-    // 128-byte parts (32 int32): the count, qoIndptr (5), positions (32), then the groups.
+    // 128-byte parts (32 int32): the count, qoIndptr (5), the state slots (4), positions (32), then the groups.
     EXPECT_EQ(shape.qoIndptrOffset(), 32);
-    EXPECT_EQ(shape.positionsOffset(), 64);
-    EXPECT_EQ(shape.groupOffsets[0], 96);
-    EXPECT_EQ(shape.groupOffsets[1], 96 + shape.groups[0].elements());
+    EXPECT_EQ(shape.stateSlotsOffset(), 64);
+    EXPECT_EQ(shape.positionsOffset(), 96);
+    EXPECT_EQ(shape.groupOffsets[0], 128);
+    EXPECT_EQ(shape.groupOffsets[1], 128 + shape.groups[0].elements());
     EXPECT_EQ(shape.elements(), shape.groupOffsets[1] + shape.groups[1].elements());
 }
 
@@ -276,6 +315,59 @@ TEST(StepArgumentsBuildTest, StepsOfPrefillDecodeForksAndEmptyEntriesGiveTheInde
     ASSERT_TRUE(sut.step({{a, {1}}, {d, {2}}, {c, {}}, {b, {3}}}));
     manager.free(d);
     ASSERT_TRUE(sut.step({{b, {4}}}));
+}
+
+TEST(StepArgumentsBuildTest, StateSlotsFollowForksAndReusedSlotsAndPadWithMinusOne)
+{
+    StepsUnderTest sut(true);
+    rt::PageManager& manager = sut.manager;
+    rt::detail::StepArgumentShape const& shape = sut.shape;
+    auto const slotsOf = [&](int32_t region)
+    {
+        int32_t const* const slots = sut.regions[region].data() + shape.stateSlotsOffset();
+        return std::vector<int32_t>(slots, slots + kMAX_BATCH);
+    };
+    rt::SequenceId const a = manager.create();
+    rt::SequenceId const b = manager.create();
+    rt::SequenceId const c = manager.create();
+    ASSERT_TRUE(sut.step({{a, someTokens(5, 1)}, {b, someTokens(3, 10)}, {c, someTokens(2, 20)}}));
+    // By hand: slots 0, 1, 2 in creation order; row 3 padding (region 0).
+    EXPECT_EQ(slotsOf(0), (std::vector<int32_t>{0, 1, 2, -1}));
+    // A fork of a takes the unused slot 3; b freed, e takes b's slot 1 (the most recently freed first).
+    rt::SequenceId const d = manager.fork(a);
+    manager.free(b);
+    rt::SequenceId const e = manager.create();
+    ASSERT_EQ(manager.stateSlot(e), 1);
+    // Rows in an order unlike the slots', one entry of 0 tokens (region 1).
+    ASSERT_TRUE(sut.step({{d, {7}}, {e, someTokens(4, 30)}, {a, {8}}, {c, {}}}));
+    EXPECT_EQ(slotsOf(1), (std::vector<int32_t>{3, 1, 0, 2}));
+    ASSERT_TRUE(sut.step({{c, {1}}, {d, {2}}, {e, {3}}, {a, {4}}}));
+    EXPECT_EQ(slotsOf(0), (std::vector<int32_t>{2, 3, 1, 0}));
+    // A smaller build into each region puts -1 back where the larger one wrote slots.
+    ASSERT_TRUE(sut.step({{e, {5}}}));
+    EXPECT_EQ(slotsOf(1), (std::vector<int32_t>{1, -1, -1, -1}));
+    ASSERT_TRUE(sut.step({}));
+    EXPECT_EQ(slotsOf(0), (std::vector<int32_t>{-1, -1, -1, -1}));
+    // A sequence listed twice (a build of arguments only: a step appends to a sequence once): two rows of its slot.
+    ASSERT_TRUE(sut.build({{d, {}}, {a, {}}, {d, {}}}));
+    EXPECT_EQ(slotsOf(1), (std::vector<int32_t>{3, 0, 3, -1}));
+}
+
+TEST(StepArgumentsBuildTest, WithoutStateLayersEveryStateSlotRowIsMinusOne)
+{
+    StepsUnderTest sut;
+    rt::PageManager& manager = sut.manager;
+    ASSERT_TRUE(manager.layout().stateLayers.empty());
+    rt::SequenceId const a = manager.create();
+    rt::SequenceId const b = manager.create();
+    ASSERT_TRUE(sut.step({{a, someTokens(5, 1)}, {b, someTokens(3, 10)}}));
+    ASSERT_TRUE(sut.step({{b, {1}}, {a, {2}}}));
+    ASSERT_TRUE(sut.build({{b, {1}}, {a, {2}}, {b, {}}, {a, {}}}));
+    for (std::vector<int32_t> const& region : sut.regions)
+    {
+        int32_t const* const slots = region.data() + sut.shape.stateSlotsOffset();
+        EXPECT_EQ((std::vector<int32_t>(slots, slots + kMAX_BATCH)), (std::vector<int32_t>(kMAX_BATCH, -1)));
+    }
 }
 
 TEST(StepArgumentsBuildTest, APrefillOfMaxTokensPerStepFillsEveryPositionRow)
@@ -366,6 +458,8 @@ TEST(StepArgumentsBuildTest, AnEmptyObjectOwnsNothingAndRefusesToBuild)
     EXPECT_EQ(arguments.maxBatchSize(), 0);
     EXPECT_EQ(arguments.devicePositions(), nullptr);
     EXPECT_EQ(arguments.hostQoIndptr(), nullptr);
+    EXPECT_EQ(arguments.deviceStateSlots(), nullptr);
+    EXPECT_EQ(arguments.hostStateSlots(), nullptr);
     EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
         [&] { arguments.build(manager, nullptr, 0, nullptr); }, {"StepArgumentBuffers::build", "owns no buffers"}));
     EXPECT_THROW(static_cast<void>(arguments.table(0)), rt::OutOfRangeError);

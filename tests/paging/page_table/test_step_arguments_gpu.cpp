@@ -1,7 +1,8 @@
-// StepArgumentBuffers on a GPU: one upload a build lands every argument (positions, qoIndptr, the token count and
-// each group's tables, the windowed one at its own width) at addresses that never change; refused builds and builds
-// inside a capture leave host and device as they were. The host fill is tested against an independent construction
-// in test_step_arguments_build.cpp; here the device copies are checked against the host copies and by hand.
+// StepArgumentBuffers on a GPU: one upload a build lands every argument (positions, qoIndptr, the token count, the
+// state slots and each group's tables, the windowed one at its own width) at addresses that never change; refused
+// builds and builds inside a capture leave host and device as they were. The host fill is tested against an independent
+// construction in test_step_arguments_build.cpp; here the device copies are checked against the host copies and by
+// hand.
 
 #include "kvcache/core/errors.h"
 #include "kvcache/paging/page_manager.h"
@@ -32,7 +33,8 @@ class StepArgumentsGpuTest : public kvcache::test::GpuTest
 {
 };
 
-//! Every array of the arguments, flattened: the token count, qoIndptr, positions, then each group's six arrays.
+//! Every array of the arguments, flattened: the token count, qoIndptr, the state slots, positions, then each group's
+//! six arrays.
 std::vector<int32_t> everything(rt::StepArgumentBuffers const& arguments, bool device, cudaStream_t stream)
 {
     auto const read = [&](int32_t const* host, int32_t const* deviceArray, int64_t count)
@@ -46,6 +48,7 @@ std::vector<int32_t> everything(rt::StepArgumentBuffers const& arguments, bool d
     int32_t const hostCount = arguments.tokenCount();
     add(device ? downloadInts(arguments.deviceTokenCount(), 1, stream) : std::vector<int32_t>{hostCount});
     add(read(arguments.hostQoIndptr(), arguments.deviceQoIndptr(), rows + 1));
+    add(read(arguments.hostStateSlots(), arguments.deviceStateSlots(), rows));
     add(read(reinterpret_cast<int32_t const*>(arguments.hostPositions()),
         reinterpret_cast<int32_t const*>(arguments.devicePositions()), 2 * int64_t{arguments.maxTokensPerStep()}));
     for (int32_t g = 0; g < arguments.numGroups(); ++g)
@@ -130,6 +133,44 @@ TEST_F(StepArgumentsGpuTest, OneUploadABuildLandsEveryArgumentAtAddressesThatNev
     EXPECT_EQ(moved.devicePositions(), positions);
     EXPECT_EQ(arguments.devicePositions(), nullptr); // NOLINT(bugprone-use-after-move): the moved-from state
     EXPECT_EQ(everything(moved, true, stream.get()), before);
+}
+
+TEST_F(StepArgumentsGpuTest, TheStateSlotsOfEachBuildReachTheDevice)
+{
+    kvcache::test::CudaStream stream;
+    std::vector<rt::StateLayerConfig> const stateLayers{
+        rt::StateLayerConfig{{rt::StateTensorConfig{"conv", {8, 3}, rt::DataType::kHALF}}}};
+    rt::PageManager manager(
+        ConfigBuilder({{1, 8}}).maxBatchSize(4).maxSequenceLength(64).tokensPerPage(4).maxTokensPerStep(8).stateLayers(
+            stateLayers),
+        kvcache::test::seededOptions(4, 5));
+    rt::StepArgumentBuffers arguments(manager, 4, 8, stream.get());
+    int32_t const* const slots = arguments.deviceStateSlots();
+    // Before any build: the empty step's -1 everywhere.
+    EXPECT_EQ(downloadInts(slots, 4, stream.get()), (std::vector<int32_t>(4, -1)));
+
+    rt::SequenceId const a = manager.create();
+    rt::SequenceId const b = manager.create();
+    rt::SequenceId const c = manager.create();
+    rt::SequenceId const d = manager.fork(a);
+    int32_t const token = 1;
+    // By hand: a, b, c in slots 0, 1, 2, the fork d in 3; rows in another order.
+    std::vector<rt::SequenceAppend> entries{
+        {c, &token, 1, nullptr, 0}, {d, &token, 1, nullptr, 0}, {a, &token, 1, nullptr, 0}, {b, &token, 1, nullptr, 0}};
+    manager.step(entries.data(), 4);
+    arguments.build(manager, entries.data(), 4, stream.get());
+    EXPECT_EQ(downloadInts(slots, 4, stream.get()), (std::vector<int32_t>{2, 3, 0, 1}));
+    // Each smaller build, one into each staging region, puts -1 back on the device where the larger one wrote.
+    entries = {{b, &token, 1, nullptr, 0}, {d, &token, 1, nullptr, 0}};
+    manager.step(entries.data(), 2);
+    arguments.build(manager, entries.data(), 2, stream.get());
+    EXPECT_EQ(downloadInts(slots, 4, stream.get()), (std::vector<int32_t>{1, 3, -1, -1}));
+    entries = {{a, &token, 1, nullptr, 0}};
+    manager.step(entries.data(), 1);
+    arguments.build(manager, entries.data(), 1, stream.get());
+    EXPECT_EQ(downloadInts(slots, 4, stream.get()), (std::vector<int32_t>{0, -1, -1, -1}));
+    EXPECT_EQ(arguments.deviceStateSlots(), slots);
+    EXPECT_EQ(everything(arguments, true, stream.get()), everything(arguments, false, stream.get()));
 }
 
 } // namespace
