@@ -10,9 +10,12 @@ with copy_pages, sets the states of a new sequence to zero, and runs each layer 
 functions (transformers' torch gated delta rule and convolution update) on the states read from and written back to
 the slots. Attention reads the pages through the step's tables from StepArguments, in torch.
 
-The batch is continuous: a chunked prefill, a fork (the child's state copied from its parent's slot), a sequence that
-joins later and one that is freed while the others go on. Every page and state slot is filled with NaN first, so a
-state or token the runtime did not set shows in the logits.
+The batch is continuous: a chunked prefill, a fork (the child's state copied from its parent's slot), sequences that
+join later and one that is freed while the others go on. Prefix caching is on: each prefill stops where the page
+manager asks for a state checkpoint (checkpoint_boundary), and the runtime saves the state there (checkpoint_state);
+a later sequence whose prompt starts with an earlier one's adopts its pages and gets its state restored from the
+checkpoint (adopt_prefix), then runs only the rest. Every page and state slot is filled with NaN first, so a state or
+token the runtime did not set shows in the logits.
 
 Needs a GPU, torch and transformers; exits 77 with the reason without them, 1 when the logits differ from
 transformers' by more than float32 arithmetic explains.
@@ -39,18 +42,21 @@ MAX_TOKENS_PER_STEP = 128
 # page costs orders of magnitude more.
 BOUND = 1e-3
 
-# Each step lists (sequence name, tokens to add). "C" forks from "A" before step 2; "D" joins at step 3; "B" (prefilled
-# in two chunks, the second of 70 tokens across the 64-token chunks of the gated delta rule) is freed before step 5.
-SCHEDULE = [
-    [("A", 40), ("B", 45)],
-    [("A", 1), ("B", 70)],
-    [("A", 1), ("C", 1), ("B", 1)],
-    [("C", 1), ("A", 1), ("B", 1), ("D", 29)],
-    [("A", 1), ("C", 1), ("B", 1), ("D", 1)],
-    [("A", 1), ("C", 1), ("D", 1)],
-]
+# The batch: A and B start at step 0 (B's 115-token prompt in chunks of at most MAX_CHUNK), C forks from A before
+# step 2, D joins at step 3; B is freed before step 4, where E joins with A's 40-token prompt followed by 10 tokens of its own.
+# Each prompt's prefill stops at the boundary the page manager asks for, whose state the runtime then checkpoints; E
+# adopts A's first two pages and restores A's state after them from that checkpoint. After its prompt each sequence is
+# fed DECODE tokens, one a step.
+PROMPTS = {"A": 40, "B": 115, "D": 29}
+OWN_PROMPT = {"E": ("A", 40, 10)}  # E's prompt: A's first 40 tokens, then 10 of its own
+DECODE = 8
+MAX_CHUNK = 70
+JOIN = {0: ["A", "B"], 3: ["D"], 4: ["E"]}
 FORK = (2, "A", "C")
-FREE = (5, "B")
+FREE = (4, "B")
+STEPS = 11
+CHECKPOINT_SLOTS = 4
+EXPECTED_ADOPTED = {"E": 32}  # A's two whole pages before its prompt's last token
 
 
 def main() -> int:
@@ -78,44 +84,36 @@ def main() -> int:
         max_position_embeddings=512)
     model = transformers.Qwen3NextForCausalLM(config).to("cuda", torch.float32).eval()
 
-    tokens = sequence_tokens(torch)
     with torch.no_grad():
-        reference = {name: model(ids[None]).logits[0] for name, ids in tokens.items()}
         runtime = Runtime(torch, model, qwen3_next)
-        served = serve(runtime, tokens)
+        fed, served, adopted = serve(runtime)
+        # transformers' own run of each sequence's tokens, from the first; the served logits start where the
+        # sequence's own steps did (E's after the prefix it adopted).
+        reference = {name: model(ids[None]).logits[0][adopted[name]:] for name, ids in fed.items()}
     torch.cuda.synchronize()
 
     errors, norms, positions = 0.0, 0.0, 0
     for name, got in served.items():
         expected = reference[name]
+        assert got.shape == expected.shape, f"{name}: {tuple(got.shape)} served, {tuple(expected.shape)} expected"
         errors += float((got - expected).square().sum())
         norms += float(expected.square().sum())
         positions += got.shape[0]
     relative = (errors / norms) ** 0.5
     unwritten = runtime.unwritten.item()
-    ok = relative <= BOUND and unwritten == 0
+    stats = runtime.manager.stats()
+    restored = all(adopted[name] == length for name, length in EXPECTED_ADOPTED.items())
+    ok = relative <= BOUND and unwritten == 0 and restored and stats.checkpoints_restored == len(EXPECTED_ADOPTED)
     print(f"qwen3_next, {len(LAYER_TYPES) - 1} gated delta net layers and 1 attention layer: {positions} positions in "
           f"{len(served)} sequences (one forked), logits relative L2 error {relative:.2e} (bound {BOUND:.0e})"
           f"{'' if ok else '  FAILED'}")
+    print(f"checkpoints saved {stats.checkpoints_saved}, restored {stats.checkpoints_restored}; prefix adopted from a "
+          f"checkpoint: " + ", ".join(f"{name} {adopted[name]} tokens" for name in EXPECTED_ADOPTED))
+    if not restored:
+        print(f"FAILED: expected adopted prefixes {EXPECTED_ADOPTED}")
     if unwritten:
         print(f"FAILED: {unwritten} tokens lie outside the page tables and were not written")
     return 0 if ok else 1
-
-
-def sequence_tokens(torch):
-    """Each sequence's whole token list; C is A's tokens up to the fork, then its own."""
-    lengths = {name: 0 for name in ("A", "B", "C", "D")}
-    for index, step in enumerate(SCHEDULE):
-        if index == FORK[0]:
-            lengths["C"] = lengths["A"]
-        for name, count in step:
-            lengths[name] += count
-    generator = torch.Generator(device="cuda").manual_seed(1)
-    tokens = {name: torch.randint(0, VOCAB, (length,), device="cuda", generator=generator)
-              for name, length in lengths.items()}
-    fork_length = sum(count for step in SCHEDULE[:FORK[0]] for name, count in step if name == "A")
-    tokens["C"][:fork_length] = tokens["A"][:fork_length]
-    return tokens
 
 
 class Runtime:
@@ -132,7 +130,8 @@ class Runtime:
         config = kvcache.Config(layer_configs=[(KV_HEADS, HEAD_DIM)] * len(self.attention), max_batch_size=MAX_BATCH,
                                 max_sequence_length=MAX_SEQUENCE, tokens_per_page=TOKENS_PER_PAGE,
                                 kv_cache_type=float32, max_tokens_per_step=MAX_TOKENS_PER_STEP,
-                                state_layer_configs=[state] * len(self.linear))
+                                state_layer_configs=[state] * len(self.linear),
+                                num_checkpoint_slots=CHECKPOINT_SLOTS)
         # On torch's stream: the cache's copies and torch's kernels are ordered without events.
         self.cache = kvcache.KVCacheManager(config, self.stream)
         self.pools = [torch.from_dlpack(self.cache.pool_view(i)) for i in range(len(self.attention))]
@@ -140,7 +139,7 @@ class Runtime:
                        for i in range(len(self.linear))]
         for tensor in self.pools + [view for layer in self.states for view in layer.values()]:
             tensor.fill_(float("nan"))
-        self.manager = kvcache.PageManager(self.cache, enable_prefix_caching=False)
+        self.manager = kvcache.PageManager(self.cache)
         self.arguments = kvcache.StepArguments(self.manager, MAX_BATCH, MAX_TOKENS_PER_STEP, self.stream)
         self.unwritten = torch.zeros(1, dtype=torch.int32, device="cuda")
 
@@ -247,30 +246,65 @@ def causal_attention(torch, query, keys, values, query_positions, scaling):
     return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), values)
 
 
-def serve(runtime, tokens):
-    """Serves the schedule; returns each sequence's logits at every position it was fed."""
-    torch = runtime.torch
-    sequences, fed, logits = {}, {}, {}
-    for index, step in enumerate(SCHEDULE):
+def serve(runtime):
+    """Serves the batch. Returns each sequence's tokens fed (from its first), its logits at every position its own
+    steps fed, and the length of the prefix it adopted."""
+    torch, manager = runtime.torch, runtime.manager
+    generator = torch.Generator(device="cuda").manual_seed(1)
+
+    def random_tokens(count):
+        return torch.randint(0, VOCAB, (count,), device="cuda", generator=generator)
+
+    sequences, tokens, prompt, fed, logits, adopted = {}, {}, {}, {}, {}, {}
+    for index in range(STEPS):
         if index == FORK[0]:
-            sequences[FORK[2]] = runtime.manager.fork(sequences[FORK[1]])
-            fed[FORK[2]] = fed[FORK[1]]
-            logits[FORK[2]] = list(logits[FORK[1]])
+            parent, child = FORK[1], FORK[2]
+            sequences[child] = manager.fork(sequences[parent])
+            tokens[child] = torch.cat([tokens[parent][:fed[parent]], random_tokens(DECODE)])
+            prompt[child], fed[child], adopted[child] = fed[parent], fed[parent], 0
+            logits[child] = list(logits[parent])
         if index == FREE[0]:
-            runtime.manager.free(sequences.pop(FREE[1]))
-        entries = []
-        for name, count in step:
-            if name not in sequences:
-                sequences[name] = runtime.manager.create()
-                fed[name], logits[name] = 0, []
-            entries.append((sequences[name], tokens[name][fed[name]:fed[name] + count]))
-            fed[name] += count
-        for (name, _), out in zip(step, runtime.step(entries)):
+            manager.free(sequences.pop(FREE[1]))
+        for name in JOIN.get(index, []):
+            if name in OWN_PROMPT:
+                donor, shared, own = OWN_PROMPT[name]
+                tokens[name] = torch.cat([tokens[donor][:shared], random_tokens(own + DECODE)])
+                prompt[name] = shared + own
+            else:
+                tokens[name] = random_tokens(PROMPTS[name] + DECODE)
+                prompt[name] = PROMPTS[name]
+            sequences[name] = manager.create()
+            # The longest cached prefix that ends at a state checkpoint; its restore is queued for the next step.
+            adopted[name] = manager.adopt_prefix(sequences[name], tokens[name][:prompt[name]].tolist())
+            fed[name], logits[name] = adopted[name], []
+        entries, names, checkpoints = [], [], []
+        for name, sequence in sequences.items():
+            start = fed[name]
+            if start < prompt[name]:
+                end = min(prompt[name], start + MAX_CHUNK)
+                boundary = manager.checkpoint_boundary(sequence)
+                if start < boundary < end:
+                    end = boundary
+                if end == boundary:
+                    checkpoints.append(sequence)
+            elif start < len(tokens[name]):
+                end = start + 1
+            else:
+                continue
+            entries.append((sequence, tokens[name][start:end]))
+            names.append(name)
+            fed[name] = end
+        for name, out in zip(names, runtime.step(entries)):
             logits[name].append(out)
+        for sequence in checkpoints:
+            # The state after the boundary, in the sequence's slot once this step's kernels ran, saved by a copy
+            # before the next step's.
+            manager.checkpoint_state(sequence)
     for sequence in sequences.values():
-        runtime.manager.free(sequence)
-    runtime.manager.check_invariants()
-    return {name: torch.cat(parts) for name, parts in logits.items()}
+        manager.free(sequence)
+    manager.check_invariants()
+    fed_tokens = {name: tokens[name][:fed[name]] for name in tokens}
+    return fed_tokens, {name: torch.cat(parts) for name, parts in logits.items()}, adopted
 
 
 if __name__ == "__main__":
