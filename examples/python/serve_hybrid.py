@@ -43,10 +43,10 @@ MAX_TOKENS_PER_STEP = 128
 BOUND = 1e-3
 
 # The batch: A and B start at step 0 (B's 115-token prompt in chunks of at most MAX_CHUNK), C forks from A before
-# step 2, D joins at step 3; B is freed before step 4, where E joins with A's 40-token prompt followed by 10 tokens of its own.
-# Each prompt's prefill stops at the boundary the page manager asks for, whose state the runtime then checkpoints; E
-# adopts A's first two pages and restores A's state after them from that checkpoint. After its prompt each sequence is
-# fed DECODE tokens, one a step.
+# step 2, D joins at step 3; B is freed before step 4, where E joins with A's 40-token prompt followed by 10 tokens
+# of its own. Each prompt's prefill stops at the boundary the page manager asks for, whose state the runtime then
+# checkpoints; E adopts A's first two pages and restores A's state after them from that checkpoint. After its prompt
+# each sequence is fed DECODE tokens, one a step.
 PROMPTS = {"A": 40, "B": 115, "D": 29}
 OWN_PROMPT = {"E": ("A", 40, 10)}  # E's prompt: A's first 40 tokens, then 10 of its own
 DECODE = 8
