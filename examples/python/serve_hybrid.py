@@ -4,11 +4,11 @@ delta net layers' convolution and recurrent states in its state slots; the logit
 compared with transformers' own run of the whole sequence.
 
 The model is transformers' Qwen3NextForCausalLM with random weights, float32: three gated delta net layers and one
-gated full-attention layer (Qwen3-Next's pattern), dense MLPs. The runtime around it takes each sequence's slot from
-PageManager.state_slots (the batch's slot table), runs the fork's state copies with copy_states and its page copies
-with copy_pages, sets the states of a new sequence to zero, and runs each layer with the model's own modules and
-functions (transformers' torch gated delta rule and convolution update) on the states read from and written back to
-the slots. Attention reads the pages through the step's tables from StepArguments, in torch.
+gated full-attention layer (Qwen3-Next's pattern), dense MLPs. The runtime around it runs the fork's state copies
+with copy_states and its page copies with copy_pages, sets the states of a new sequence to zero, and runs each layer
+with the model's own modules and functions (transformers' torch gated delta rule and convolution update) on the
+states gathered through the step's slot table (StepArguments.state_slots, on the device) and scattered back through
+it. Attention reads the pages through the step's tables from StepArguments, in torch.
 
 The batch is continuous: a chunked prefill, a fork (the child's state copied from its parent's slot), sequences that
 join later and one that is freed while the others go on. Prefix caching is on: each prefill stops where the page
@@ -153,13 +153,13 @@ class Runtime:
             if pairs:
                 self.cache.copy_pages(pairs, self.stream, group=group)
         self.cache.copy_states(self.manager.last_state_copies(), self.stream)
-        slots = self.manager.state_slots([sequence for sequence, _ in entries])
         for slot in self.manager.state_slots(new):
             for layer in self.states:
                 for view in layer.values():
                     view[slot].zero_()
         self.arguments.build(appends, self.stream)
         positions = torch.from_dlpack(self.arguments.positions())
+        slots = torch.from_dlpack(self.arguments.state_slots()).long()  # the slot table: row b is entry b's slot
         rows = self.arguments.host_qo_indptr()
 
         inner = model.model
@@ -168,10 +168,14 @@ class Runtime:
         for index, block in enumerate(inner.layers):
             x = block.input_layernorm(hidden)
             if index in self.linear:
+                # As a batched kernel does: the entries' states gathered through the slot table, updated, scattered
+                # back through it.
                 states = self.states[self.linear.index(index)]
-                mixed = torch.cat([self.gated_delta_net(block.linear_attn, x[rows[b]:rows[b + 1]],
-                                                        states["conv"][slots[b]], states["recurrent"][slots[b]])
-                                   for b in range(len(entries))])
+                conv, recurrent = (states[name].index_select(0, slots) for name in ("conv", "recurrent"))
+                mixed = torch.cat([self.gated_delta_net(block.linear_attn, x[rows[b]:rows[b + 1]], conv[b],
+                                                        recurrent[b]) for b in range(len(entries))])
+                states["conv"].index_copy_(0, slots, conv)
+                states["recurrent"].index_copy_(0, slots, recurrent)
             else:
                 mixed = self.attend(block.self_attn, self.attention.index(index), x, cos, sin, positions, rows)
             hidden = hidden + mixed
