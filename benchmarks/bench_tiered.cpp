@@ -440,7 +440,7 @@ void diskPage(benchmark::State& state)
 
 void registerAll()
 {
-    // Host tiers 4x the device pool (issue 20's setting), 1x and 0.25x: this workload's reuse fits in about twice the
+    // Host tiers 4x the device pool (the reference setting), 1x and 0.25x: this workload's reuse fits in about twice the
     // device pool, so only the smaller tiers churn and let the host tier's LRU order decide what is found; the 0.25x
     // tier with a disk tier of 4x behind it.
     struct Tiers
