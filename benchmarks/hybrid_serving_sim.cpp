@@ -7,10 +7,11 @@
 #include "kvcache/core/kv_cache_layout.h"
 
 #include <algorithm>
-#include <array>
 #include <stdexcept>
 #include <string>
 #include <utility>
+
+#include "support/page_manager_inputs.h"
 
 namespace kvcache::bench
 {
@@ -32,15 +33,8 @@ void check(bool condition, std::string const& message)
 
 rt::PageManagerOptions options()
 {
-    rt::PageManagerOptions o;
-    o.maxSequences = kRUNNING;
+    rt::PageManagerOptions o = test::seededOptions(kRUNNING, 3);
     o.hashAlgorithm = rt::PageHashAlgorithm::kXXH3_128;
-    std::array<uint8_t, 32> seed{};
-    for (size_t i = 0; i < seed.size(); ++i)
-    {
-        seed[i] = static_cast<uint8_t>(i * 5 + 3);
-    }
-    o.hashSeed = seed;
     return o;
 }
 
