@@ -4,11 +4,11 @@
 
 #include "hybrid_serving_sim.h"
 
+#include "bench_main.h"
+
 #include "kvcache/core/kv_cache_layout.h"
 
 #include <algorithm>
-#include <stdexcept>
-#include <string>
 #include <utility>
 
 #include "support/page_manager_inputs.h"
@@ -22,14 +22,6 @@ namespace rt = kvcache::rt;
 
 constexpr int32_t kRUNNING = kSERVING_RUNNING;
 constexpr int64_t kTWIN_POOL_TOKENS = 262'144;
-
-void check(bool condition, std::string const& message)
-{
-    if (!condition)
-    {
-        throw std::runtime_error("check failed: " + message);
-    }
-}
 
 rt::PageManagerOptions options()
 {

@@ -14,6 +14,7 @@
 
 #include "state_checkpoint_sim.h"
 
+#include "bench_main.h"
 #include "request_stream.h"
 
 #include "kvcache/core/kv_cache_layout.h"
@@ -21,7 +22,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -40,14 +40,6 @@ constexpr int32_t kMAX_LENGTH = 2304;
 constexpr int32_t kCHUNK = 2048;
 constexpr int32_t kWARM_STEPS = 1000;
 constexpr int32_t kMEASURED_STEPS = 4000;
-
-void check(bool condition, std::string const& message)
-{
-    if (!condition)
-    {
-        throw std::runtime_error("check failed: " + message);
-    }
-}
 
 //! The stream's rules (see the top of this file).
 RequestShape checkpointShape()
