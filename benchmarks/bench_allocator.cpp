@@ -43,6 +43,8 @@
 #include <utility>
 #include <vector>
 
+#include "support/page_manager_inputs.h"
+
 namespace kvcache::bench
 {
 namespace
@@ -143,16 +145,9 @@ rt::KVCacheConfig poolConfig(int32_t tokensPerPage, int32_t numPages, int32_t ma
 
 rt::PageManagerOptions managerOptions(rt::PageHashAlgorithm algorithm, int32_t maxSequences)
 {
-    rt::PageManagerOptions options;
-    options.maxSequences = maxSequences;
-    options.hashAlgorithm = algorithm;
     // A fixed seed: every run hashes the same bytes the same way.
-    std::array<uint8_t, 32> seed{};
-    for (size_t i = 0; i < seed.size(); ++i)
-    {
-        seed[i] = static_cast<uint8_t>(i * 7 + 1);
-    }
-    options.hashSeed = seed;
+    rt::PageManagerOptions options = test::seededOptions(maxSequences, 1);
+    options.hashAlgorithm = algorithm;
     return options;
 }
 

@@ -4,13 +4,14 @@
 
 #include "hybrid_serving_sim.h"
 
+#include "bench_main.h"
+
 #include "kvcache/core/kv_cache_layout.h"
 
 #include <algorithm>
-#include <array>
-#include <stdexcept>
-#include <string>
 #include <utility>
+
+#include "support/page_manager_inputs.h"
 
 namespace kvcache::bench
 {
@@ -22,25 +23,10 @@ namespace rt = kvcache::rt;
 constexpr int32_t kRUNNING = kSERVING_RUNNING;
 constexpr int64_t kTWIN_POOL_TOKENS = 262'144;
 
-void check(bool condition, std::string const& message)
-{
-    if (!condition)
-    {
-        throw std::runtime_error("check failed: " + message);
-    }
-}
-
 rt::PageManagerOptions options()
 {
-    rt::PageManagerOptions o;
-    o.maxSequences = kRUNNING;
+    rt::PageManagerOptions o = test::seededOptions(kRUNNING, 3);
     o.hashAlgorithm = rt::PageHashAlgorithm::kXXH3_128;
-    std::array<uint8_t, 32> seed{};
-    for (size_t i = 0; i < seed.size(); ++i)
-    {
-        seed[i] = static_cast<uint8_t>(i * 5 + 3);
-    }
-    o.hashSeed = seed;
     return o;
 }
 

@@ -3,9 +3,12 @@
 // A seeded stream of serving requests: prompts that share prefixes, repeat earlier prompts exactly and follow up
 // earlier conversations. The serving workload (serving_workload.cpp, cases f and g) and case j
 // (state_checkpoint_sim.cpp) draw their requests from it, each with its own lengths and shares. The stream never looks
-// at a cache, so every cache a case compares sees the same requests in the same order.
+// at a cache, so every cache a case compares sees the same requests in the same order. Both also decode their running
+// requests the same way: RunningRequest and decodeAppends.
 
 #include "split_mix64.h"
+
+#include "kvcache/paging/page_manager.h"
 
 #include <cstddef>
 #include <cstdint>
@@ -59,6 +62,42 @@ struct Request
     std::vector<int32_t> prompt;
     std::vector<int32_t> output;
 };
+
+//! A request in decode: its sequence and the output tokens sampled so far, all but the last appended (the last is
+//! appended at the next step, as a runtime appends the token it just sampled).
+struct RunningRequest
+{
+    rt::SequenceId id = -1;
+    Request request;
+    int32_t produced = 0;
+
+    //! Whether an output token remains to be sampled: the request takes part in the next step.
+    bool decoding() const
+    {
+        return produced < static_cast<int32_t>(request.output.size());
+    }
+
+    //! The tokens its sequence holds once it has finished: the prompt and all output tokens but the last.
+    int32_t finishedLength() const
+    {
+        return static_cast<int32_t>(request.prompt.size() + request.output.size()) - 1;
+    }
+};
+
+//! Fills `appends` with one decode step: the last sampled token of every request of `running` still decoding.
+//! `Running` is RunningRequest or a type derived from it.
+template <typename Running>
+void decodeAppends(std::vector<Running> const& running, std::vector<rt::SequenceAppend>& appends)
+{
+    appends.clear();
+    for (RunningRequest const& entry : running)
+    {
+        if (entry.decoding())
+        {
+            appends.push_back(rt::SequenceAppend{entry.id, entry.request.output.data() + entry.produced - 1, 1});
+        }
+    }
+}
 
 //! The request stream of `shape`: depends on the shape and the seed only.
 class RequestStream

@@ -55,21 +55,15 @@ RequestShape servingShape()
 
 ServingResult runServingWorkload(ServingCache& cache, uint64_t seed)
 {
-    struct Running
-    {
-        rt::SequenceId id = -1;
-        Request request;
-        int32_t produced = 0; //!< output tokens sampled; all but the last are appended
-    };
     RequestStream source(servingShape(), seed);
-    std::vector<Running> running;
-    std::vector<Running> still;
+    std::vector<RunningRequest> running;
+    std::vector<RunningRequest> still;
     std::vector<rt::SequenceAppend> appends;
     ServingResult result;
     bool measuring = false;
     auto admit = [&]
     {
-        Running entry;
+        RunningRequest entry;
         entry.request = source.next();
         std::vector<int32_t> const& prompt = entry.request.prompt;
         int32_t const length = static_cast<int32_t>(prompt.size());
@@ -106,26 +100,18 @@ ServingResult runServingWorkload(ServingCache& cache, uint64_t seed)
             cache.measuring();
             start = std::chrono::steady_clock::now();
         }
-        appends.clear();
-        for (Running& entry : running)
-        {
-            if (entry.produced < static_cast<int32_t>(entry.request.output.size()))
-            {
-                appends.push_back(rt::SequenceAppend{entry.id, entry.request.output.data() + entry.produced - 1, 1});
-            }
-        }
+        decodeAppends(running, appends);
         cache.step(appends.data(), static_cast<int32_t>(appends.size()));
         still.clear();
-        for (Running& entry : running)
+        for (RunningRequest& entry : running)
         {
-            if (entry.produced < static_cast<int32_t>(entry.request.output.size()))
+            if (entry.decoding())
             {
                 ++entry.produced;
                 still.push_back(std::move(entry));
                 continue;
             }
-            int32_t const expected =
-                static_cast<int32_t>(entry.request.prompt.size() + entry.request.output.size()) - 1;
+            int32_t const expected = entry.finishedLength();
             int32_t const held = cache.length(entry.id);
             if (held != expected)
             {

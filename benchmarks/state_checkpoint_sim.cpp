@@ -14,18 +14,19 @@
 
 #include "state_checkpoint_sim.h"
 
+#include "bench_main.h"
 #include "request_stream.h"
 
 #include "kvcache/core/kv_cache_layout.h"
 #include "kvcache/paging/page_manager.h"
 
 #include <algorithm>
-#include <array>
 #include <chrono>
-#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "support/page_manager_inputs.h"
 
 namespace kvcache::bench
 {
@@ -39,14 +40,6 @@ constexpr int32_t kMAX_LENGTH = 2304;
 constexpr int32_t kCHUNK = 2048;
 constexpr int32_t kWARM_STEPS = 1000;
 constexpr int32_t kMEASURED_STEPS = 4000;
-
-void check(bool condition, std::string const& message)
-{
-    if (!condition)
-    {
-        throw std::runtime_error("check failed: " + message);
-    }
-}
 
 //! The stream's rules (see the top of this file).
 RequestShape checkpointShape()
@@ -104,15 +97,8 @@ rt::KVCacheConfig modelConfig(int32_t attentionLayers, bool withState, int32_t c
 
 rt::PageManagerOptions managerOptions(int32_t intervalPages)
 {
-    rt::PageManagerOptions o;
-    o.maxSequences = kRUNNING;
+    rt::PageManagerOptions o = test::seededOptions(kRUNNING, 1);
     o.hashAlgorithm = rt::PageHashAlgorithm::kXXH3_128;
-    std::array<uint8_t, 32> seed{};
-    for (size_t i = 0; i < seed.size(); ++i)
-    {
-        seed[i] = static_cast<uint8_t>(i * 7 + 1);
-    }
-    o.hashSeed = seed;
     o.checkpointIntervalPages = intervalPages;
     return o;
 }
@@ -162,12 +148,9 @@ CheckpointRunResult runCheckpointWorkload(
         default: return -1;
         }
     };
-    struct Running
+    struct Running : RunningRequest
     {
-        rt::SequenceId id = -1;
-        Request request;
-        int32_t produced = 0;
-        int32_t boundary = -1;
+        int32_t boundary = -1; //!< the length at which its state is saved next
     };
     RequestStream source(checkpointShape(), seed);
     std::vector<Running> running;
@@ -223,19 +206,12 @@ CheckpointRunResult runCheckpointWorkload(
             measuring = true;
             before = manager.stats();
         }
-        appends.clear();
-        for (Running& entry : running)
-        {
-            if (entry.produced < static_cast<int32_t>(entry.request.output.size()))
-            {
-                appends.push_back(rt::SequenceAppend{entry.id, entry.request.output.data() + entry.produced - 1, 1});
-            }
-        }
+        decodeAppends(running, appends);
         manager.step(appends.data(), static_cast<int32_t>(appends.size()));
         still.clear();
         for (Running& entry : running)
         {
-            if (entry.produced < static_cast<int32_t>(entry.request.output.size()))
+            if (entry.decoding())
             {
                 ++entry.produced;
                 if (manager.length(entry.id) == entry.boundary)
@@ -246,9 +222,8 @@ CheckpointRunResult runCheckpointWorkload(
                 still.push_back(std::move(entry));
                 continue;
             }
-            int32_t const expected =
-                static_cast<int32_t>(entry.request.prompt.size() + entry.request.output.size()) - 1;
-            check(manager.length(entry.id) == expected, "a finished sequence holds other than its tokens");
+            check(
+                manager.length(entry.id) == entry.finishedLength(), "a finished sequence holds other than its tokens");
             manager.free(entry.id);
             source.finished(entry.request);
         }

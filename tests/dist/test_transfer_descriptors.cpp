@@ -417,11 +417,13 @@ OneRemoteMove nvfp4Move()
     return move;
 }
 
-//! A windowed group whose released pages are unused entries on both sides: only the window's pages move.
+//! A windowed group whose released pages are unused entries on both sides: only the window's pages move. The full
+//! group's layer has other heads and another head size, so that ranges worked out from its geometry, pools or page
+//! counts move other bytes than the windowed group's.
 OneRemoteMove windowedMove()
 {
     OneRemoteMove move;
-    move.config = ConfigBuilder({kvLayer(2, 8, 32), kvLayer(2, 8)})
+    move.config = ConfigBuilder({kvLayer(2, 8, 32), kvLayer(4, 16)})
                       .tokensPerPage(16)
                       .maxSequenceLength(128)
                       .maxBatchSize(2)

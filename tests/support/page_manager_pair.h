@@ -15,6 +15,7 @@
 
 #include "support/error_matchers.h"
 #include "support/page_manager_model.h"
+#include "support/page_manager_snapshot.h"
 
 namespace kvcache::test
 {

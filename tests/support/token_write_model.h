@@ -96,6 +96,25 @@ inline uint16_t floatToBfloat16(float value)
     return static_cast<uint16_t>(upper);
 }
 
+//! Returns `value` as float16 bits for any input: floatToHalf, and NaN as the quiet NaN 0x7E00 (floatToHalf would
+//! give infinity). For inputs that hold NaN on purpose.
+inline uint16_t floatToHalfWithNan(float value)
+{
+    return std::isnan(value) ? uint16_t{0x7E00} : floatToHalf(value);
+}
+
+//! Returns `value` as a kernel reads it back after it was stored as `type` (float32, float16 or bfloat16): rounded
+//! once, to nearest even; NaN and infinities stay what they are.
+inline float roundedTo(rt::DataType type, float value)
+{
+    switch (type)
+    {
+    case rt::DataType::kHALF: return halfToFloat(floatToHalfWithNan(value));
+    case rt::DataType::kBF16: return bfloat16ToFloat(floatToBfloat16(value));
+    default: return value;
+    }
+}
+
 //! Returns the element at `from` (type `fromType`) converted to `toType` as its bytes: the same type copied bit for
 //! bit, any other through float with one rounding.
 inline std::vector<uint8_t> convertElementBytes(uint8_t const* from, rt::DataType fromType, rt::DataType toType)

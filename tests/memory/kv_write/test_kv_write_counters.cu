@@ -38,6 +38,8 @@ namespace quant = kvcache::test::quant;
 using kvcache::test::ConfigBuilder;
 using kvcache::test::CudaStream;
 using kvcache::test::DeviceArray;
+using kvcache::test::floatToHalfWithNan;
+using kvcache::test::roundedTo;
 using Q = rt::KVQuantization;
 
 using WriteCountersTest = kvcache::test::GpuTest;
@@ -73,16 +75,6 @@ constexpr Format kFORMATS[] = {
 //! What the counters start from: not zero, so that a write that overwrote them instead of raising them shows.
 constexpr rt::WriteCounters kSTART{0.5F, 0.25F, 1000, 2000};
 
-//! `x` rounded to `type` (float32 or float16), as the kernel reads it.
-float roundTo(rt::DataType type, float x)
-{
-    if (type != rt::DataType::kHALF || std::isnan(x))
-    {
-        return x;
-    }
-    return std::isinf(x) ? x : kvcache::test::halfToFloat(kvcache::test::floatToHalf(x));
-}
-
 //! One input half [kTOKENS, heads, dim]: normal values times `magnitude`, the unwritten tokens 1e4 times larger, and
 //! NaN, +inf and -inf on the special token when `specials` (its first three values of head 0 for one head).
 std::vector<float> makeValues(
@@ -97,7 +89,7 @@ std::vector<float> makeValues(
         for (size_t i = 0; i < static_cast<size_t>(heads * dim); ++i)
         {
             float const x = normal(rng) * magnitude * (unwritten ? kUNWRITTEN_MAGNITUDE : 1.0F);
-            values[static_cast<size_t>(t) * static_cast<size_t>(heads * dim) + i] = roundTo(type, x);
+            values[static_cast<size_t>(t) * static_cast<size_t>(heads * dim) + i] = roundedTo(type, x);
         }
     }
     if (specials)
@@ -119,10 +111,7 @@ DeviceArray<uint8_t> upload(std::vector<float> const& values, rt::DataType type,
     {
         if (type == rt::DataType::kHALF)
         {
-            float const x = values[i];
-            uint16_t const half = std::isnan(x) ? uint16_t{0x7E00}
-                : std::isinf(x)                 ? static_cast<uint16_t>(x > 0 ? 0x7C00 : 0xFC00)
-                                                : kvcache::test::floatToHalf(x);
+            uint16_t const half = floatToHalfWithNan(values[i]);
             std::memcpy(bytes.data() + i * 2, &half, 2);
         }
         else

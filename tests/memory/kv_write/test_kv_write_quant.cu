@@ -37,6 +37,8 @@ namespace quant = kvcache::test::quant;
 using kvcache::test::ConfigBuilder;
 using kvcache::test::CudaStream;
 using kvcache::test::DeviceArray;
+using kvcache::test::floatToHalfWithNan;
+using kvcache::test::roundedTo;
 
 using QuantWriteTest = kvcache::test::GpuTest;
 
@@ -72,23 +74,6 @@ bool hasV(int32_t layer)
     return layer != 2;
 }
 
-//! `x` as float16 bits; NaN as a quiet NaN (the shared helper takes finite values only).
-uint16_t halfBits(float x)
-{
-    return std::isnan(x) ? uint16_t{0x7E00} : kvcache::test::floatToHalf(x);
-}
-
-//! A value of `type` as float: what the kernel reads.
-float roundTo(rt::DataType type, float x)
-{
-    switch (type)
-    {
-    case rt::DataType::kHALF: return kvcache::test::halfToFloat(halfBits(x));
-    case rt::DataType::kBF16: return kvcache::test::bfloat16ToFloat(kvcache::test::floatToBfloat16(x));
-    default: return x;
-    }
-}
-
 //! The values of one input half [kTOKENS, heads, dim], as floats representable in `type`: magnitudes from 1e-3 to 3e3
 //! by (token, head), and the special cases on tokens 0-2.
 std::vector<float> makeValues(rt::DataType type, int32_t heads, int32_t headDim, uint64_t seed)
@@ -109,13 +94,13 @@ std::vector<float> makeValues(rt::DataType type, int32_t heads, int32_t headDim,
             float* const head = values.data() + (static_cast<size_t>(t) * static_cast<size_t>(heads) + h) * dim;
             for (size_t d = 0; d < dim; ++d)
             {
-                head[d] = roundTo(type, normal(rng) * magnitude);
+                head[d] = roundedTo(type, normal(rng) * magnitude);
             }
             if (t == 0)
             {
                 float const specials[] = {nan, inf, -inf, -0.0F, 1e-30F, 4.0e4F, -7.5e3F};
                 std::transform(
-                    std::begin(specials), std::end(specials), head, [&](float x) { return roundTo(type, x); });
+                    std::begin(specials), std::end(specials), head, [&](float x) { return roundedTo(type, x); });
             }
             if (t == 1)
             {
@@ -151,7 +136,8 @@ DeviceArray<uint8_t> uploadInput(
             }
             else
             {
-                uint16_t const half = type == rt::DataType::kHALF ? halfBits(x) : kvcache::test::floatToBfloat16(x);
+                uint16_t const half =
+                    type == rt::DataType::kHALF ? floatToHalfWithNan(x) : kvcache::test::floatToBfloat16(x);
                 std::memcpy(to, &half, 2);
             }
         }

@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -365,6 +366,26 @@ TEST(TokenWriteModelTest, TheConversionModelRoundsToNearestEven)
     EXPECT_EQ(floatToBfloat16(1.0F + 0x3p-8F), 0x3F82);
     EXPECT_EQ(kvcache::test::halfToFloat(0x0001), 0x1p-24F);
     EXPECT_EQ(kvcache::test::halfToFloat(0xFBFF), -65504.0F);
+}
+
+TEST(TokenWriteModelTest, RoundedToKeepsNanAndInfinitiesAndRoundsOnceToTheStoredType)
+{
+    using kvcache::rt::DataType;
+    using kvcache::test::floatToHalfWithNan;
+    using kvcache::test::roundedTo;
+    float const inf = std::numeric_limits<float>::infinity();
+    float const nan = std::numeric_limits<float>::quiet_NaN();
+    EXPECT_EQ(floatToHalfWithNan(nan), 0x7E00);
+    EXPECT_EQ(floatToHalfWithNan(-inf), 0xFC00);
+    EXPECT_EQ(floatToHalfWithNan(1.0F + 0x3p-11F), 0x3C02);
+    EXPECT_TRUE(std::isnan(roundedTo(DataType::kHALF, nan)));
+    EXPECT_TRUE(std::isnan(roundedTo(DataType::kBF16, nan)));
+    EXPECT_EQ(roundedTo(DataType::kHALF, inf), inf);
+    EXPECT_EQ(roundedTo(DataType::kBF16, -inf), -inf);
+    EXPECT_EQ(roundedTo(DataType::kHALF, 1.0F + 0x1p-12F), 1.0F);
+    EXPECT_EQ(roundedTo(DataType::kHALF, 1.0F + 0x3p-11F), 1.0F + 0x1p-9F);
+    EXPECT_EQ(roundedTo(DataType::kBF16, 1.0F + 0x3p-8F), 1.0F + 0x1p-6F);
+    EXPECT_EQ(roundedTo(DataType::kFLOAT, 1.0F + 0x1p-23F), 1.0F + 0x1p-23F);
 }
 
 } // namespace

@@ -26,6 +26,7 @@
 #include "support/page_manager_inputs.h"
 #include "support/page_manager_model.h"
 #include "support/page_manager_pair.h"
+#include "support/page_manager_snapshot.h"
 
 namespace kvcache::rt
 {

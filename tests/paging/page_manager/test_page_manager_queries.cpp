@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "support/config_builder.h"
-#include "support/page_manager_model.h"
+#include "support/page_manager_snapshot.h"
 
 namespace kvcache::rt
 {

@@ -42,6 +42,7 @@
 
 #include "support/config_builder.h"
 #include "support/page_manager_model.h"
+#include "support/page_manager_snapshot.h"
 
 namespace kvcache::rt
 {
