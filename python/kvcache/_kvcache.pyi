@@ -36,6 +36,9 @@ PageIds = Union[Sequence[int], NDArray[Any], DeviceArray]
 HostTierEntries = Union[Sequence[tuple[int, int]], Sequence[Sequence[int]], NDArray[Any], DeviceArray]
 """(page, host_page) entries: a host sequence of pairs or [n, 2] int array, or a device int32 array ([n, 2] or [2n])."""
 
+HostStateEntries = Union[Sequence[tuple[int, int]], Sequence[Sequence[int]], NDArray[Any]]
+"""(slot, host_state) entries: a host sequence of pairs or [n, 2] int array."""
+
 HostIds = Union[Sequence[int], NDArray[Any]]
 """Host page ids: a host sequence of ints or 1-D int array."""
 
@@ -1454,9 +1457,9 @@ class HostTier:
     Pinned host memory for pages of one page group of a cache, in host pages: a host page holds one page id's bytes of every layer of the group in layer order, K then V (a latent layer: its one half), then, for FP8_PER_TOKEN_HEAD and NVFP4, every layer's scale pages in the same order, host_page_bytes() in all. Offload (device pages to host pages) and onboard (host pages to device pages) move every layer of the group, data and scales, in one call, stream-ordered, without a host synchronisation. A host-list transfer touching a host page or page that a host-list transfer on another stream still moves waits for it on the device; device-list transfers are not tracked (order them yourself, and let them complete before the tier goes). The tier keeps its KVCacheManager alive. Calls hold the GIL, so Python threads use a tier one at a time; wait_until_ready releases it. TieredPrefixCache.host_tier(g) lends the tier of a tiered cache, which it keeps alive: its host pages belong to the tiered cache, so offload, allocate_host_pages, release_host_pages and load_sequence refuse it (InvalidArgumentError).
     """
 
-    def __init__(self, cache: KVCacheManager, group: int, num_host_pages: int, *, chunk_bytes: int = 268435456, prefer_gpu_numa_node: bool = True, staging_bytes: int = 134217728) -> None:
+    def __init__(self, cache: KVCacheManager, group: int, num_host_pages: int, *, chunk_bytes: int = 268435456, prefer_gpu_numa_node: bool = True, staging_bytes: int = 134217728, num_host_states: int = 0) -> None:
         """
-        Sizes the tier for `num_host_pages` host pages of page group `group` of `cache` (a KVCacheManager, kept alive by the tier), pins the first chunk of `chunk_bytes` and starts a thread pinning the rest (on the GPU's NUMA node with prefer_gpu_numa_node); `staging_bytes` of device memory stage copy-engine transfers, half a direction. Raises TypeError when cache is no KVCacheManager, OutOfRangeError for a bad group, InvalidArgumentError for num_host_pages outside [1, 2**31 - 1], chunk_bytes <= 0 or staging_bytes < 0, OutOfMemoryError when memory cannot be had.
+        Sizes the tier for `num_host_pages` host pages of page group `group` of `cache` (a KVCacheManager, kept alive by the tier), pins the first chunk of `chunk_bytes` and starts a thread pinning the rest (on the GPU's NUMA node with prefer_gpu_numa_node); `staging_bytes` of device memory stage copy-engine transfers, half a direction; `num_host_states` host states (host_state_bytes() each) hold state slots. Raises TypeError when cache is no KVCacheManager, OutOfRangeError for a bad group, InvalidArgumentError for num_host_pages outside [1, 2**31 - 1], chunk_bytes <= 0, staging_bytes < 0, or num_host_states outside [0, 2**31 - 1] or above 0 for a cache without state layers, OutOfMemoryError when memory cannot be had.
         """
 
     def num_pinned_host_pages(self) -> int:
@@ -1552,7 +1555,69 @@ class HostTier:
 
     def last_event(self) -> int:
         """
-        The cudaEvent_t handle (an int) recorded after the latest host-list transfer, 0 before the first; valid until the next transfer call.
+        The cudaEvent_t handle (an int) recorded after the latest host-list transfer (pages or states), 0 before the first; valid until the next transfer call.
+        """
+
+    def num_host_states(self) -> int:
+        """
+        Host states the tier holds (num_host_states at construction), all pinned.
+        """
+
+    def host_state_bytes(self) -> int:
+        """
+        Bytes of one host state: the cache layout's state_bytes_per_slot (0 without state layers).
+        """
+
+    def host_state_view(self, host_state: int) -> View:
+        """
+        Host view (uint8 [host_state_bytes()], DLPack kDLCPU) of host state `host_state`: every state layer's slot in layout order, each layer's tensors in config order, back to back; after waiting on the host for the tier's transfers touching it. The view keeps the tier alive. Raises OutOfRangeError outside [0, num_host_states()).
+        """
+
+    def allocate_host_states(self, count: int) -> list[int]:
+        """
+        Hands out `count` free host states, all or nothing: OutOfMemoryError naming the count and the free host states when they do not fit.
+        """
+
+    def release_host_states(self, host_states: HostIds) -> None:
+        """
+        Returns host states to the free list, all or nothing: OutOfRangeError outside [0, num_host_states()), InvalidArgumentError for one not handed out or listed twice.
+        """
+
+    def num_free_host_states(self) -> int:
+        """Host states not handed out."""
+
+    def offload_states(self, entries: HostStateEntries, stream: StreamLike | None = None) -> None:
+        """
+        Copies each entry's state slot, every state layer and tensor, to its host state.
+        entries: (slot, host_state) pairs (a sequence of pairs or an [n, 2] int array), slot a state slot of the
+        tier's cache, host_state one of the tier's. Every state layer and tensor of the slot moves, stream-ordered on
+        `stream` (default: the cache's), without a host synchronisation; a transfer touching a host state or slot that
+        one on another stream still moves waits for it on the device. Raises, before enqueuing anything:
+        OutOfRangeError for a slot outside [0, num_state_slots) or a host state outside [0, num_host_states()),
+        InvalidArgumentError for a cache without state layers, a slot or a host state listed twice or a capturing
+        stream.
+        """
+
+    def onboard_states(self, entries: HostStateEntries, stream: StreamLike | None = None) -> None:
+        """
+        Copies each entry's host state to its state slot, every state layer and tensor.
+        entries: (slot, host_state) pairs (a sequence of pairs or an [n, 2] int array), slot a state slot of the
+        tier's cache, host_state one of the tier's. Every state layer and tensor of the slot moves, stream-ordered on
+        `stream` (default: the cache's), without a host synchronisation; a transfer touching a host state or slot that
+        one on another stream still moves waits for it on the device. Raises, before enqueuing anything:
+        OutOfRangeError for a slot outside [0, num_state_slots) or a host state outside [0, num_host_states()),
+        InvalidArgumentError for a cache without state layers, a slot or a host state listed twice or a capturing
+        stream.
+        """
+
+    def is_host_state_busy(self, host_state: int) -> bool:
+        """
+        True while a transfer touching `host_state` has not completed; OutOfRangeError outside [0, num_host_states()).
+        """
+
+    def synchronize_host_states(self, host_states: HostIds) -> None:
+        """
+        Waits on the host for the tier's transfers touching the listed host states; raises OutOfRangeError outside [0, num_host_states()), CudaError when a transfer failed.
         """
 
 SEQUENCE_FILE_VERSION: int = 2
