@@ -271,6 +271,12 @@ private:
 //! host page, as HostTier::synchronizeHostPages.
 void saveSequence(std::string const& path, HostTier& tier, KVCacheManager const& cache, int32_t const* hostPages,
     int64_t count, int64_t tokenCount);
+//! As above, and with the sequence's state: host state `hostState` of `tier` (offloaded from a cache with `cache`'s
+//! state layers), recorded with `cache`'s state tensors (sequenceStateTensors) and written after the pages. Throws,
+//! before touching anything, InvalidArgumentError when `cache` has no state layers or state slots of other bytes than
+//! the tier's host states, and OutOfRangeError for a host state outside [0, numHostStates()).
+void saveSequence(std::string const& path, HostTier& tier, KVCacheManager const& cache, int32_t const* hostPages,
+    int64_t count, int64_t tokenCount, int32_t hostState);
 //! As above, for a tier whose quantization keeps no host-held scales (kNONE, kFP8_PER_TOKEN_HEAD, whose page scales
 //! are in the host pages). Throws InvalidArgumentError naming the quantization, before touching anything, for
 //! kFP8_PER_TENSOR and kNVFP4: their scales are in the manager, so pass the cache.
@@ -279,14 +285,21 @@ void saveSequence(std::string const& path, HostTier& tier, int32_t const* hostPa
 //! after waiting for the tier's transfers touching them. The whole file is verified before any host page is
 //! written: another geometry (quantization included), host-held scales other than `cache`'s (compared bit for bit,
 //! layer by layer of the group; to adopt a file's scales, read them with readSequenceFileInfo and set them with
-//! KVCacheManager::setLayerScales first), a count other than the file's, an old format version, a truncated or
+//! KVCacheManager::setLayerScales first), a count other than the file's, a format version older than 2, a truncated or
 //! corrupt file throw InvalidArgumentError naming the field, the file's value and the expected one (see
 //! readSequenceFile) and leave every host page as it was; so do a bad host page or one listed twice, and a `cache`
 //! whose group has another geometry than the tier's.
 int64_t loadSequence(
     std::string const& path, HostTier& tier, KVCacheManager const& cache, int32_t const* hostPages, int64_t count);
+//! As above, and the file's state into host state `hostState` of `tier`, verified with the pages before anything is
+//! written: a file holding no state (version 2 files included) or state tensors other than `cache`'s
+//! (sequenceStateTensors) throws InvalidArgumentError naming the field, the file's value and the cache's, and leaves
+//! every host page and the host state as they were; so do the refusals of the state saveSequence.
+int64_t loadSequence(std::string const& path, HostTier& tier, KVCacheManager const& cache, int32_t const* hostPages,
+    int64_t count, int32_t hostState);
 //! As above, for a tier whose quantization keeps no host-held scales; throws InvalidArgumentError naming the
-//! quantization, before touching anything, for kFP8_PER_TENSOR and kNVFP4 (pass the cache).
+//! quantization, before touching anything, for kFP8_PER_TENSOR and kNVFP4 (pass the cache). A file's state, if it
+//! holds one, is verified but not read out.
 int64_t loadSequence(std::string const& path, HostTier& tier, int32_t const* hostPages, int64_t count);
 
 } // namespace kvcache::rt
