@@ -7,13 +7,23 @@ slot holds distinct non-zero values and every destination is poisoned first. GPU
 import pytest
 
 import kvcache
-from test_state_layers_gpu import SLOTS, make_cache, state_layer
+from test_state_layers_gpu import SLOTS, make_cache, make_config, state_layer
 
 POISON = 0xA5
 SHAPES = [{"conv": [6, 3], "recurrent": [2, 4, 4]}, {"ssm": [7]}]
 DTYPES = [{"conv": kvcache.DataType.BFLOAT16}, {"ssm": kvcache.DataType.INT8}]
 # By hand: conv 6 * 3 * 2 bytes, recurrent 2 * 4 * 4 * 4 bytes, ssm 7 bytes.
 PACKED_BYTES = 36 + 128 + 7
+
+
+def test_a_file_without_a_state_says_so(np, tmp_path):
+    layout = kvcache.compute_layout(make_config([state_layer(s, d) for s, d in zip(SHAPES, DTYPES)]))
+    geometry = kvcache.page_geometry(layout, 0)
+    path = tmp_path / "pages.kvseq"
+    kvcache.write_sequence_file(path, geometry, 3, np.full((1, geometry.bytes_per_page), 7, dtype=np.uint8))
+    info = kvcache.read_sequence_file_info(path)
+    assert (info.version, info.state_tensors, info.state_bytes) == (3, [], 0)
+    assert (kvcache.SEQUENCE_FILE_VERSION, kvcache.SEQUENCE_FILE_OLDEST_VERSION) == (3, 2)
 
 
 def test_the_tier_checks_its_cache_before_its_host_states():
@@ -101,3 +111,39 @@ def test_state_misuse_raises_named_errors_and_changes_nothing(torch):
         kvcache.HostTier(plain, 0, 2, num_host_states=1)
     with pytest.raises(kvcache.InvalidArgumentError, match="no state layers"):
         kvcache.HostTier(plain, 0, 2).offload_states([(0, 0)])
+
+
+def test_a_sequence_file_carries_the_state_with_the_pages(torch, tmp_path):
+    cache, views = state_cache(torch)
+    before = [packed_slot(torch, views, slot) for slot in range(SLOTS)]
+    tier = kvcache.HostTier(cache, 0, 2, num_host_states=2)
+    tier.offload([(1, 0)])
+    tier.offload_states([(2, 0)])
+    path, plain = tmp_path / "with_state.kvseq", tmp_path / "pages_only.kvseq"
+    kvcache.save_sequence(path, tier, [0], 16, host_state=0)
+    kvcache.save_sequence(plain, tier, [0], 16)
+    info = kvcache.read_sequence_file_info(path)
+    assert (info.version, info.state_bytes) == (3, PACKED_BYTES)
+    assert [(t.state_layer, t.tensor, t.shape, t.slot_bytes) for t in info.state_tensors] == [
+        (0, 0, [6, 3], 36), (0, 1, [2, 4, 4], 128), (1, 0, [7], 7)]
+    assert kvcache.read_sequence_file_info(plain).state_tensors == []
+    page = torch.from_dlpack(tier.host_page_view(0)).clone()
+
+    torch.from_dlpack(tier.host_page_view(1)).fill_(POISON)
+    torch.from_dlpack(tier.host_state_view(1)).fill_(POISON)
+    assert kvcache.load_sequence(path, tier, [1], host_state=1) == 16
+    assert torch.equal(torch.from_dlpack(tier.host_page_view(1)), page)
+    assert torch.equal(host_state(torch, tier, 1), before[2])
+    for tensors in views:
+        for view in tensors:
+            view[3].view(torch.uint8).fill_(POISON)
+    tier.onboard_states([(3, 1)])
+    torch.cuda.synchronize()
+    assert torch.equal(packed_slot(torch, views, 3), before[2])
+
+    torch.from_dlpack(tier.host_state_view(1)).fill_(POISON)
+    with pytest.raises(kvcache.InvalidArgumentError, match="holds no state"):
+        kvcache.load_sequence(plain, tier, [1], host_state=1)
+    with pytest.raises(kvcache.OutOfRangeError, match=r"hostState is 2, outside \[0, 2\)"):
+        kvcache.load_sequence(path, tier, [1], host_state=2)
+    assert torch.equal(host_state(torch, tier, 1), torch.full((PACKED_BYTES,), POISON, dtype=torch.uint8))

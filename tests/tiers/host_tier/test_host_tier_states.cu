@@ -1,7 +1,8 @@
 // Host states of the host tier against a model written here: a state slot's bytes packed state layer by state layer,
 // each layer's tensors in config order, sizes worked out from the config by hand. Round trips byte for byte into
 // another slot with every other slot untouched, a transfer on another stream waiting for one in flight on its host
-// state, and the refusals made before anything is enqueued, nothing changed.
+// state, sequence files holding a state slot with the pages, and the refusals made before anything is enqueued or
+// written, nothing changed.
 
 #include "kvcache/core/errors.h"
 #include "kvcache/memory/kv_cache_manager.h"
@@ -12,6 +13,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -296,6 +298,56 @@ TEST_F(HostTierStatesTest, BadInputIsRefusedWithNothingChanged)
             tier.offloadStates(stateless, {{0, 0}}, stream);
         },
         {"no state layers"}));
+}
+
+TEST_F(HostTierStatesTest, ASequenceFileCarriesTheStateWithThePages)
+{
+    StateCase setup;
+    rt::HostTierOptions options;
+    options.numHostStates = 2;
+    rt::HostTier tier(*setup.cache, 0, 2, options);
+    cudaStream_t const stream = setup.stream.get();
+    std::filesystem::path const dir = std::filesystem::temp_directory_path()
+        / ("kvcache_host_tier_states_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()));
+    std::filesystem::create_directories(dir);
+    std::string const path = (dir / "with_state.kvseq").string();
+    std::string const plainPath = (dir / "pages_only.kvseq").string();
+
+    // Page 1 of the cache to host page 0 and slot 1's state to host state 0, saved together.
+    tier.offload(*setup.cache, {{1, 0}}, stream);
+    tier.offloadStates(*setup.cache, {{1, 0}}, stream);
+    int32_t const hostPage0 = 0;
+    rt::saveSequence(path, tier, *setup.cache, &hostPage0, 1, 16, 0);
+    rt::saveSequence(plainPath, tier, *setup.cache, &hostPage0, 1, 16);
+    auto const* const page0 = static_cast<uint8_t const*>(tier.hostPageData(0));
+    std::vector<uint8_t> const pageBytes(page0, page0 + tier.hostPageBytes());
+
+    // Loaded into host page 1 and host state 1, both poisoned first, then onboarded into slot 3.
+    std::memset(tier.hostPageData(1), kPOISON, static_cast<size_t>(tier.hostPageBytes()));
+    poisonHostState(tier, 1);
+    int32_t const hostPage1 = 1;
+    EXPECT_EQ(rt::loadSequence(path, tier, *setup.cache, &hostPage1, 1, 1), 16);
+    auto const* const page1 = static_cast<uint8_t const*>(tier.hostPageData(1));
+    EXPECT_EQ(std::vector<uint8_t>(page1, page1 + tier.hostPageBytes()), pageBytes);
+    EXPECT_EQ(hostStateContents(tier, 1), setup.expectedPacked(1));
+    setup.poisonSlot(3);
+    tier.onboardStates(*setup.cache, {{3, 1}}, stream);
+    setup.stream.synchronize();
+    EXPECT_EQ(setup.deviceSlot(3), setup.expectedPacked(1));
+
+    // A file without a state, or a host state out of range: refused, host state 1 untouched.
+    poisonHostState(tier, 1);
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
+        [&] { rt::loadSequence(plainPath, tier, *setup.cache, &hostPage1, 1, 1); }, {"holds no state"}));
+    EXPECT_TRUE(throwsNaming<rt::OutOfRangeError>(
+        [&] { rt::loadSequence(path, tier, *setup.cache, &hostPage1, 1, 2); }, {"hostState is 2", "[0, 2)"}));
+    EXPECT_TRUE(throwsNaming<rt::OutOfRangeError>(
+        [&] { rt::saveSequence(path, tier, *setup.cache, &hostPage0, 1, 16, -1); }, {"hostState is -1"}));
+    EXPECT_EQ(hostStateContents(tier, 1), poisonState());
+    // The pages-only load of a file with a state reads the pages.
+    EXPECT_EQ(rt::loadSequence(path, tier, *setup.cache, &hostPage1, 1), 16);
+    EXPECT_EQ(hostStateContents(tier, 1), poisonState());
+    std::filesystem::remove_all(dir);
 }
 
 } // namespace
