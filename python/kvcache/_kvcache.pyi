@@ -36,6 +36,9 @@ PageIds = Union[Sequence[int], NDArray[Any], DeviceArray]
 HostTierEntries = Union[Sequence[tuple[int, int]], Sequence[Sequence[int]], NDArray[Any], DeviceArray]
 """(page, host_page) entries: a host sequence of pairs or [n, 2] int array, or a device int32 array ([n, 2] or [2n])."""
 
+HostStateEntries = Union[Sequence[tuple[int, int]], Sequence[Sequence[int]], NDArray[Any]]
+"""(slot, host_state) entries: a host sequence of pairs or [n, 2] int array."""
+
 HostIds = Union[Sequence[int], NDArray[Any]]
 """Host page ids: a host sequence of ints or 1-D int array."""
 
@@ -1464,9 +1467,9 @@ class HostTier:
     Pinned host memory for pages of one page group of a cache, in host pages: a host page holds one page id's bytes of every layer of the group in layer order, K then V (a latent layer: its one half), then, for FP8_PER_TOKEN_HEAD and NVFP4, every layer's scale pages in the same order, host_page_bytes() in all. Offload (device pages to host pages) and onboard (host pages to device pages) move every layer of the group, data and scales, in one call, stream-ordered, without a host synchronisation. A host-list transfer touching a host page or page that a host-list transfer on another stream still moves waits for it on the device; device-list transfers are not tracked (order them yourself, and let them complete before the tier goes). The tier keeps its KVCacheManager alive. Calls hold the GIL, so Python threads use a tier one at a time; wait_until_ready releases it. TieredPrefixCache.host_tier(g) lends the tier of a tiered cache, which it keeps alive: its host pages belong to the tiered cache, so offload, allocate_host_pages, release_host_pages and load_sequence refuse it (InvalidArgumentError).
     """
 
-    def __init__(self, cache: KVCacheManager, group: int, num_host_pages: int, *, chunk_bytes: int = 268435456, prefer_gpu_numa_node: bool = True, staging_bytes: int = 134217728) -> None:
+    def __init__(self, cache: KVCacheManager, group: int, num_host_pages: int, *, chunk_bytes: int = 268435456, prefer_gpu_numa_node: bool = True, staging_bytes: int = 134217728, num_host_states: int = 0) -> None:
         """
-        Sizes the tier for `num_host_pages` host pages of page group `group` of `cache` (a KVCacheManager, kept alive by the tier), pins the first chunk of `chunk_bytes` and starts a thread pinning the rest (on the GPU's NUMA node with prefer_gpu_numa_node); `staging_bytes` of device memory stage copy-engine transfers, half a direction. Raises TypeError when cache is no KVCacheManager, OutOfRangeError for a bad group, InvalidArgumentError for num_host_pages outside [1, 2**31 - 1], chunk_bytes <= 0 or staging_bytes < 0, OutOfMemoryError when memory cannot be had.
+        Sizes the tier for `num_host_pages` host pages of page group `group` of `cache` (a KVCacheManager, kept alive by the tier), pins the first chunk of `chunk_bytes` and starts a thread pinning the rest (on the GPU's NUMA node with prefer_gpu_numa_node); `staging_bytes` of device memory stage copy-engine transfers, half a direction; `num_host_states` host states (host_state_bytes() each) hold state slots. Raises TypeError when cache is no KVCacheManager, OutOfRangeError for a bad group, InvalidArgumentError for num_host_pages outside [1, 2**31 - 1], chunk_bytes <= 0, staging_bytes < 0, or num_host_states outside [0, 2**31 - 1] or above 0 for a cache without state layers, OutOfMemoryError when memory cannot be had.
         """
 
     def num_pinned_host_pages(self) -> int:
@@ -1562,10 +1565,95 @@ class HostTier:
 
     def last_event(self) -> int:
         """
-        The cudaEvent_t handle (an int) recorded after the latest host-list transfer, 0 before the first; valid until the next transfer call.
+        The cudaEvent_t handle (an int) recorded after the latest host-list transfer (pages or states), 0 before the first; valid until the next transfer call.
         """
 
-SEQUENCE_FILE_VERSION: int = 2
+    def num_host_states(self) -> int:
+        """
+        Host states the tier holds (num_host_states at construction), all pinned.
+        """
+
+    def host_state_bytes(self) -> int:
+        """
+        Bytes of one host state: the cache layout's state_bytes_per_slot (0 without state layers).
+        """
+
+    def host_state_view(self, host_state: int) -> View:
+        """
+        Host view (uint8 [host_state_bytes()], DLPack kDLCPU) of host state `host_state`: every state layer's slot in layout order, each layer's tensors in config order, back to back; after waiting on the host for the tier's transfers touching it. The view keeps the tier alive. Raises OutOfRangeError outside [0, num_host_states()).
+        """
+
+    def allocate_host_states(self, count: int) -> list[int]:
+        """
+        Hands out `count` free host states, all or nothing: OutOfMemoryError naming the count and the free host states when they do not fit.
+        """
+
+    def release_host_states(self, host_states: HostIds) -> None:
+        """
+        Returns host states to the free list, all or nothing: OutOfRangeError outside [0, num_host_states()), InvalidArgumentError for one not handed out or listed twice.
+        """
+
+    def num_free_host_states(self) -> int:
+        """Host states not handed out."""
+
+    def offload_states(self, entries: HostStateEntries, stream: StreamLike | None = None) -> None:
+        """
+        Copies each entry's state slot, every state layer and tensor, to its host state.
+        entries: (slot, host_state) pairs (a sequence of pairs or an [n, 2] int array), slot a state slot of the
+        tier's cache, host_state one of the tier's. Every state layer and tensor of the slot moves, stream-ordered on
+        `stream` (default: the cache's), without a host synchronisation; a transfer touching a host state or slot that
+        one on another stream still moves waits for it on the device. Raises, before enqueuing anything:
+        OutOfRangeError for a slot outside [0, num_state_slots) or a host state outside [0, num_host_states()),
+        InvalidArgumentError for a cache without state layers, a slot or a host state listed twice or a capturing
+        stream.
+        """
+
+    def onboard_states(self, entries: HostStateEntries, stream: StreamLike | None = None) -> None:
+        """
+        Copies each entry's host state to its state slot, every state layer and tensor.
+        entries: (slot, host_state) pairs (a sequence of pairs or an [n, 2] int array), slot a state slot of the
+        tier's cache, host_state one of the tier's. Every state layer and tensor of the slot moves, stream-ordered on
+        `stream` (default: the cache's), without a host synchronisation; a transfer touching a host state or slot that
+        one on another stream still moves waits for it on the device. Raises, before enqueuing anything:
+        OutOfRangeError for a slot outside [0, num_state_slots) or a host state outside [0, num_host_states()),
+        InvalidArgumentError for a cache without state layers, a slot or a host state listed twice or a capturing
+        stream.
+        """
+
+    def is_host_state_busy(self, host_state: int) -> bool:
+        """
+        True while a transfer touching `host_state` has not completed; OutOfRangeError outside [0, num_host_states()).
+        """
+
+    def synchronize_host_states(self, host_states: HostIds) -> None:
+        """
+        Waits on the host for the tier's transfers touching the listed host states; raises OutOfRangeError outside [0, num_host_states()), CudaError when a transfer failed.
+        """
+
+SEQUENCE_FILE_VERSION: int = 3
+
+SEQUENCE_FILE_OLDEST_VERSION: int = 2
+
+class SequenceStateTensor:
+    """
+    One state tensor of a sequence file's state: one state slot of state layer `state_layer`'s tensor `tensor`.
+    """
+
+    @property
+    def state_layer(self) -> int: ...
+
+    @property
+    def tensor(self) -> int: ...
+
+    @property
+    def data_type(self) -> DataType: ...
+
+    @property
+    def shape(self) -> list[int]:
+        """One slot's shape."""
+
+    @property
+    def slot_bytes(self) -> int: ...
 
 class SequenceFileInfo:
     """What a sequence file's header says."""
@@ -1588,24 +1676,34 @@ class SequenceFileInfo:
         The host-held scales the pages were written under, a LayerScales a layer of the geometry, for FP8_PER_TENSOR and NVFP4 (a latent layer's v is 0, not compared, and taken back by set_layer_scales); empty for the other quantizations. Set them with KVCacheManager.set_layer_scales before load_sequence into a cache whose scales differ.
         """
 
-def save_sequence(path: PathLike, tier: HostTier, host_pages: HostIds, token_count: int) -> None:
+    @property
+    def state_tensors(self) -> list[SequenceStateTensor]:
+        """
+        The state tensors of the sequence's state slot the file holds, in packed order (state layers in order, each layer's tensors in config order); empty when it holds no state (every version 2 file).
+        """
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of the file's state (0 without one)."""
+
+def save_sequence(path: PathLike, tier: HostTier, host_pages: HostIds, token_count: int, *, host_state: int | None = None) -> None:
     """
-    Writes host pages `host_pages` of `tier` (in that order) and `token_count` to a sequence file at `path` (str or os.PathLike), after waiting for the tier's transfers touching them: versioned, checksummed, written atomically (a temporary file renamed over `path`), with the cache's quantization and host-held layer scales. Raises InvalidArgumentError for a token count outside [0, len(host_pages) * tokens_per_page] (full attention), OutOfRangeError for a bad host page, RuntimeError when the file cannot be written (nothing is left behind).
+    Writes host pages `host_pages` of `tier` (in that order) and `token_count` to a sequence file at `path` (str or os.PathLike), after waiting for the tier's transfers touching them: versioned, checksummed, written atomically (a temporary file renamed over `path`), with the cache's quantization and host-held layer scales. Raises InvalidArgumentError for a token count outside [0, len(host_pages) * tokens_per_page] (full attention), OutOfRangeError for a bad host page, RuntimeError when the file cannot be written (nothing is left behind). With `host_state`, the tier's host state of that index (a sequence's state slot, offload_states) is saved with the pages, recorded with the cache's state tensors; InvalidArgumentError for a cache without state layers, OutOfRangeError for a host state outside [0, tier.num_host_states()).
     """
 
-def load_sequence(path: PathLike, tier: HostTier, host_pages: HostIds) -> int:
+def load_sequence(path: PathLike, tier: HostTier, host_pages: HostIds, *, host_state: int | None = None) -> int:
     """
-    Reads the sequence file at `path` into host pages `host_pages` of `tier` and returns its token count. The whole file is verified before any host page is written: another geometry (quantization included), host-held layer scales other than the cache's, a count other than the file's page count, an old format version, a truncated or corrupt file, a host page listed twice raise InvalidArgumentError, a bad host page OutOfRangeError, and every host page keeps its bytes. RuntimeError when the file cannot be read; InvalidArgumentError for a tier lent by a TieredPrefixCache (its host pages are the tiered cache's).
+    Reads the sequence file at `path` into host pages `host_pages` of `tier` and returns its token count. The whole file is verified before any host page is written: another geometry (quantization included), host-held layer scales other than the cache's, a count other than the file's page count, a format version older than SEQUENCE_FILE_OLDEST_VERSION, a truncated or corrupt file, a host page listed twice raise InvalidArgumentError, a bad host page OutOfRangeError, and every host page keeps its bytes. RuntimeError when the file cannot be read; InvalidArgumentError for a tier lent by a TieredPrefixCache (its host pages are the tiered cache's). With `host_state`, the file's state goes into the tier's host state of that index (onboard_states moves it to a slot), verified with the pages: a file holding no state (version 2 files included) or other state tensors than the cache's raise InvalidArgumentError and leave the host state as it was. Without it, a file's state is verified but not read out.
     """
 
 def read_sequence_file_info(path: PathLike) -> SequenceFileInfo:
     """
-    Reads and checks the header of the sequence file at `path` (its page count sizes the host pages to load it into). Raises RuntimeError when it cannot be read, InvalidArgumentError naming the field for a file that is not a sequence file, of another version, corrupt or truncated.
+    Reads and checks the header of the sequence file at `path` (its page count sizes the host pages to load it into). Raises RuntimeError when it cannot be read, InvalidArgumentError naming the field for a file that is not a sequence file, of a version this build does not read, corrupt or truncated.
     """
 
 def write_sequence_file(path: PathLike, geometry: PageGeometry, token_count: int, pages: HostPageBuffers) -> None:
     """
-    Writes `pages` (a sequence of C-contiguous host arrays or bytes-like objects of geometry.bytes_per_page bytes each, e.g. the rows of a uint8 [n, bytes_per_page] array) and `token_count` to a sequence file at `path`, atomically, as save_sequence does for host pages of a tier.
+    Writes `pages` (a sequence of C-contiguous host arrays or bytes-like objects of geometry.bytes_per_page bytes each, e.g. the rows of a uint8 [n, bytes_per_page] array) and `token_count` to a sequence file at `path`, atomically, as save_sequence does for host pages of a tier (without a state).
     """
 
 def read_sequence_file(path: PathLike, expected: PageGeometry, pages: HostPageBuffers) -> int:
@@ -1907,4 +2005,4 @@ __version__: str
 def gpu_unavailable_reason() -> str:
     """Returns why no GPU can be used here, or an empty string when one can."""
 
-__all__: list = ['InvalidArgumentError', 'InvalidConfigError', 'OutOfRangeError', 'OutOfMemoryError', 'CudaError', 'DataType', 'data_type_size', 'data_type_name', 'KVLayerKind', 'KVQuantization', 'NVFP4_BLOCK_VALUES', 'TOKENS_PER_PAGE', 'MAX_TOKENS_PER_PAGE', 'MAX_NUM_PAGES', 'UNUSED_PAGE_ENTRY', 'MAX_INLINE_PAGE_OPS', 'MAX_INLINE_STATE_COPIES', 'KVLayerConfig', 'LayerScales', 'MAX_STATE_DIMS', 'STATE_TENSOR_ALIGNMENT', 'StateTensorConfig', 'StateLayerConfig', 'Config', 'KVLayerLayout', 'KVPageGroupLayout', 'StateTensorLayout', 'StateLayerLayout', 'KVCacheLayout', 'BudgetSplit', 'compute_layout', 'max_pages_for_budget', 'split_budget', 'View', 'KVHalf', 'PageOpTarget', 'LayerRef', 'KVCacheManager', 'PageAllocator', 'PageTableBuffers', 'PageHashAlgorithm', 'PageGroupCounts', 'PageManagerStats', 'PageManager', 'StepArguments', 'write_tokens', 'write_tokens_paged', 'read_tokens', 'LayerWriteCounters', 'WriteCounters', 'calibrated_scales', 'HOST_TIER_KERNEL_MAX_BYTES', 'HOST_TIER_MAX_SMS', 'HOST_TIER_MAX_CHUNKS', 'HostTierMethod', 'PageLayerGeometry', 'PageGeometry', 'page_geometry', 'HostTier', 'SEQUENCE_FILE_VERSION', 'SequenceFileInfo', 'save_sequence', 'load_sequence', 'read_sequence_file_info', 'write_sequence_file', 'read_sequence_file', 'TieredAdmission', 'TieredPrefixCacheStats', 'TieredPrefixCache', 'layout_transfer_description', 'transfer_registration', 'transfer_mismatch', 'transfer_descriptors', 'transfer_prepared_descriptors', 'transfer_prepared_plan', 'transfer_state_mismatch', 'transfer_state_descriptors', 'transfer_prepared_state_descriptors', 'KVEventPublisher', '__version__', 'gpu_unavailable_reason']
+__all__: list = ['InvalidArgumentError', 'InvalidConfigError', 'OutOfRangeError', 'OutOfMemoryError', 'CudaError', 'DataType', 'data_type_size', 'data_type_name', 'KVLayerKind', 'KVQuantization', 'NVFP4_BLOCK_VALUES', 'TOKENS_PER_PAGE', 'MAX_TOKENS_PER_PAGE', 'MAX_NUM_PAGES', 'UNUSED_PAGE_ENTRY', 'MAX_INLINE_PAGE_OPS', 'MAX_INLINE_STATE_COPIES', 'KVLayerConfig', 'LayerScales', 'MAX_STATE_DIMS', 'STATE_TENSOR_ALIGNMENT', 'StateTensorConfig', 'StateLayerConfig', 'Config', 'KVLayerLayout', 'KVPageGroupLayout', 'StateTensorLayout', 'StateLayerLayout', 'KVCacheLayout', 'BudgetSplit', 'compute_layout', 'max_pages_for_budget', 'split_budget', 'View', 'KVHalf', 'PageOpTarget', 'LayerRef', 'KVCacheManager', 'PageAllocator', 'PageTableBuffers', 'PageHashAlgorithm', 'PageGroupCounts', 'PageManagerStats', 'PageManager', 'StepArguments', 'write_tokens', 'write_tokens_paged', 'read_tokens', 'LayerWriteCounters', 'WriteCounters', 'calibrated_scales', 'HOST_TIER_KERNEL_MAX_BYTES', 'HOST_TIER_MAX_SMS', 'HOST_TIER_MAX_CHUNKS', 'HostTierMethod', 'PageLayerGeometry', 'PageGeometry', 'page_geometry', 'HostTier', 'SEQUENCE_FILE_VERSION', 'SEQUENCE_FILE_OLDEST_VERSION', 'SequenceStateTensor', 'SequenceFileInfo', 'save_sequence', 'load_sequence', 'read_sequence_file_info', 'write_sequence_file', 'read_sequence_file', 'TieredAdmission', 'TieredPrefixCacheStats', 'TieredPrefixCache', 'layout_transfer_description', 'transfer_registration', 'transfer_mismatch', 'transfer_descriptors', 'transfer_prepared_descriptors', 'transfer_prepared_plan', 'transfer_state_mismatch', 'transfer_state_descriptors', 'transfer_prepared_state_descriptors', 'KVEventPublisher', '__version__', 'gpu_unavailable_reason']

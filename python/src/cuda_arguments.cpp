@@ -3,6 +3,7 @@
 #include "dlpack.h"
 
 #include <kvcache/core/errors.h>
+#include <kvcache/tiers/host_tier.h>
 
 #include <fmt/format.h>
 #include <nanobind/ndarray.h>
@@ -373,6 +374,7 @@ void hostInt32Pairs(nb::handle list, std::vector<Pair>& pairs, PairListName name
 template void hostInt32Pairs<rt::PageCopy>(nb::handle, std::vector<rt::PageCopy>&, PairListName);
 template void hostInt32Pairs<rt::HostTierEntry>(nb::handle, std::vector<rt::HostTierEntry>&, PairListName);
 template void hostInt32Pairs<rt::StateSlotCopy>(nb::handle, std::vector<rt::StateSlotCopy>&, PairListName);
+template void hostInt32Pairs<rt::HostStateEntry>(nb::handle, std::vector<rt::HostStateEntry>&, PairListName);
 
 void hostPagePairs(nb::handle list, std::vector<rt::PageCopy>& pairs)
 {

@@ -86,10 +86,10 @@ struct PairListName
     char const* pair;
 };
 
-//! Reads host pairs into `pairs` (Pair: two int32 fields, rt::PageCopy or rt::HostTierEntry): an int32 or int64 array
-//! of shape [n, 2] (NumPy, or anything nanobind takes as a CPU ndarray) or a sequence of pairs. Throws
-//! InvalidArgumentError / TypeError naming the argument and the entry as `name` says (e.g. {"entries", "ids",
-//! "(page, host_page)"}).
+//! Reads host pairs into `pairs` (Pair: two int32 fields, rt::PageCopy, rt::HostTierEntry, rt::StateSlotCopy or
+//! rt::HostStateEntry): an int32 or int64 array of shape [n, 2] (NumPy, or anything nanobind takes as a CPU ndarray)
+//! or a sequence of pairs. Throws InvalidArgumentError / TypeError naming the argument and the entry as `name` says
+//! (e.g. {"entries", "ids", "(page, host_page)"}).
 template <typename Pair>
 void hostInt32Pairs(nb::handle list, std::vector<Pair>& pairs, PairListName name);
 

@@ -68,6 +68,35 @@ namespace
 using Self = nb::pointer_and_handle<TierHandle>;
 
 constexpr PairListName kENTRIES{"entries", "ids", "(page, host_page)"};
+constexpr PairListName kSTATE_ENTRIES{"entries", "ids", "(slot, host_state)"};
+
+//! Offloads (toHost) or onboards host states: a host list of (slot, host_state) pairs, checked by the C++ call.
+void transferStates(TierHandle& handle, bool toHost, nb::handle entries, nb::handle stream)
+{
+    if (toHost)
+    {
+        handle.refuseIfLent("HostTier.offload_states");
+    }
+    cudaStream_t const onStream = streamArgument(stream, handle.cacheStream());
+    hostInt32Pairs(entries, handle.stateEntries, kSTATE_ENTRIES);
+    if (toHost)
+    {
+        handle.tier().offloadStates(handle.manager(), handle.stateEntries, onStream);
+    }
+    else
+    {
+        handle.tier().onboardStates(handle.manager(), handle.stateEntries, onStream);
+    }
+}
+
+char const* const kSTATE_TRANSFER_DOC =
+    "entries: (slot, host_state) pairs (a sequence of pairs or an [n, 2] int array), slot a state slot of the\n"
+    "tier's cache, host_state one of the tier's. Every state layer and tensor of the slot moves, stream-ordered on\n"
+    "`stream` (default: the cache's), without a host synchronisation; a transfer touching a host state or slot that\n"
+    "one on another stream still moves waits for it on the device. Raises, before enqueuing anything:\n"
+    "OutOfRangeError for a slot outside [0, num_state_slots) or a host state outside [0, num_host_states()),\n"
+    "InvalidArgumentError for a cache without state layers, a slot or a host state listed twice or a capturing\n"
+    "stream.";
 
 //! Offloads (toHost) or onboards the entries: a host list through the checked C++ call, or a device int32 array
 //! ([n, 2] or [2n]) through the device-list call, with the kernel. Returns the method used.
@@ -204,6 +233,12 @@ void bindHostTier(nb::module_& m)
     static std::string const onboardDoc =
         std::string("Copies each entry's host page to its device page, every layer of the group, K and V.\n")
         + kTRANSFER_DOC;
+    static std::string const offloadStatesDoc =
+        std::string("Copies each entry's state slot, every state layer and tensor, to its host state.\n")
+        + kSTATE_TRANSFER_DOC;
+    static std::string const onboardStatesDoc =
+        std::string("Copies each entry's host state to its state slot, every state layer and tensor.\n")
+        + kSTATE_TRANSFER_DOC;
     nb::class_<TierHandle>(m, "HostTier", nb::is_weak_referenceable(),
         "Pinned host memory for pages of one page group of a cache, in host pages: a host page holds one page id's "
         "bytes of every layer of the group in layer order, K then V (a latent layer: its one half), then, for "
@@ -219,28 +254,32 @@ void bindHostTier(nb::module_& m)
         .def(
             "__init__",
             [](TierHandle* self, nb::handle cache, int64_t group, int64_t numHostPages, int64_t chunkBytes,
-                bool preferGpuNumaNode, int64_t stagingBytes)
+                bool preferGpuNumaNode, int64_t stagingBytes, int64_t numHostStates)
             {
                 rt::HostTierOptions options;
                 options.chunkBytes = chunkBytes;
                 options.preferGpuNumaNode = preferGpuNumaNode;
                 options.stagingBytes = stagingBytes;
+                options.numHostStates = numHostStates;
                 new (self) TierHandle(cache, group, numHostPages, options);
             },
             nb::arg("cache").none(), nb::arg("group"), nb::arg("num_host_pages"), nb::kw_only(),
             nb::arg("chunk_bytes") = rt::HostTierOptions{}.chunkBytes,
             nb::arg("prefer_gpu_numa_node") = rt::HostTierOptions{}.preferGpuNumaNode,
             nb::arg("staging_bytes") = rt::HostTierOptions{}.stagingBytes,
-            nb::sig(fmt::format("def __init__(self, cache: KVCacheManager, group: int, num_host_pages: int, *, {}) "
-                                "-> None",
-                hostTierOptionParameters())
+            nb::arg("num_host_states") = rt::HostTierOptions{}.numHostStates,
+            nb::sig(fmt::format("def __init__(self, cache: KVCacheManager, group: int, num_host_pages: int, *, {}, "
+                                "num_host_states: int = {}) -> None",
+                hostTierOptionParameters(), rt::HostTierOptions{}.numHostStates)
                         .c_str()),
             "Sizes the tier for `num_host_pages` host pages of page group `group` of `cache` (a KVCacheManager, kept "
             "alive by the tier), pins the first chunk of `chunk_bytes` and starts a thread pinning the rest (on the "
             "GPU's NUMA node with prefer_gpu_numa_node); `staging_bytes` of device memory stage copy-engine "
-            "transfers, half a direction. Raises TypeError when cache is no KVCacheManager, OutOfRangeError for a bad "
-            "group, InvalidArgumentError for num_host_pages outside [1, 2**31 - 1], chunk_bytes <= 0 or "
-            "staging_bytes < 0, OutOfMemoryError when memory cannot be had.")
+            "transfers, half a direction; `num_host_states` host states (host_state_bytes() each) hold state slots. "
+            "Raises TypeError when cache is no KVCacheManager, OutOfRangeError for a bad group, InvalidArgumentError "
+            "for num_host_pages outside [1, 2**31 - 1], chunk_bytes <= 0, staging_bytes < 0, or num_host_states "
+            "outside [0, 2**31 - 1] or above 0 for a cache without state layers, OutOfMemoryError when memory cannot "
+            "be had.")
         .def(
             "num_pinned_host_pages", [](TierHandle& t) { return t.tier().numPinnedHostPages(); },
             "Host pages pinned now: host pages [0, num_pinned_host_pages()) are usable. Grows to num_host_pages().")
@@ -348,8 +387,82 @@ void bindHostTier(nb::module_& m)
             "outside [0, num_pinned_host_pages()), CudaError when a transfer failed.")
         .def(
             "last_event", [](TierHandle& t) { return reinterpret_cast<uintptr_t>(t.tier().lastEvent()); },
-            "The cudaEvent_t handle (an int) recorded after the latest host-list transfer, 0 before the first; valid "
-            "until the next transfer call.");
+            "The cudaEvent_t handle (an int) recorded after the latest host-list transfer (pages or states), 0 before "
+            "the first; valid until the next transfer call.")
+        .def(
+            "num_host_states", [](TierHandle& t) { return t.tier().numHostStates(); },
+            "Host states the tier holds (num_host_states at construction), all pinned.")
+        .def(
+            "host_state_bytes", [](TierHandle& t) { return t.tier().hostStateBytes(); },
+            "Bytes of one host state: the cache layout's state_bytes_per_slot (0 without state layers).")
+        .def(
+            "host_state_view",
+            [](Self self, int64_t hostState)
+            {
+                rt::HostTier& tier = self.p->tier();
+                void* const data = tier.hostStateData(toInt32(hostState, "host_state"));
+                rt::Tensor const bytes(
+                    data, rt::Coords{tier.hostStateBytes()}, rt::DataType::kUINT8, rt::DeviceType::kCPU);
+                return DLPackView(bytes, kDLCPU, 0, nullptr, nb::borrow(self.h));
+            },
+            nb::arg("host_state"),
+            "Host view (uint8 [host_state_bytes()], DLPack kDLCPU) of host state `host_state`: every state layer's "
+            "slot in layout order, each layer's tensors in config order, back to back; after waiting on the host for "
+            "the tier's transfers touching it. The view keeps the tier alive. Raises OutOfRangeError outside "
+            "[0, num_host_states()).")
+        .def(
+            "allocate_host_states",
+            [](TierHandle& t, int64_t count)
+            {
+                t.refuseIfLent("HostTier.allocate_host_states");
+                return t.tier().allocateHostStates(toInt32(count, "count"));
+            },
+            nb::arg("count"),
+            "Hands out `count` free host states, all or nothing: OutOfMemoryError naming the count and the free host "
+            "states when they do not fit.")
+        .def(
+            "release_host_states",
+            [](TierHandle& t, nb::handle hostStates)
+            {
+                t.refuseIfLent("HostTier.release_host_states");
+                hostInt32s(hostStates, t.hostPages, "host_states", "host states");
+                t.tier().releaseHostStates(
+                    t.hostPages.data(), toInt32(static_cast<int64_t>(t.hostPages.size()), "len(host_states)"));
+            },
+            nb::arg("host_states").none(), nb::sig("def release_host_states(self, host_states: HostIds) -> None"),
+            "Returns host states to the free list, all or nothing: OutOfRangeError outside [0, num_host_states()), "
+            "InvalidArgumentError for one not handed out or listed twice.")
+        .def(
+            "num_free_host_states", [](TierHandle& t) { return t.tier().numFreeHostStates(); },
+            "Host states not handed out.")
+        .def(
+            "offload_states",
+            [](TierHandle& t, nb::handle entries, nb::handle stream) { transferStates(t, true, entries, stream); },
+            nb::arg("entries").none(), nb::arg("stream") = nb::none(),
+            nb::sig("def offload_states(self, entries: HostStateEntries, stream: StreamLike | None = None) -> None"),
+            offloadStatesDoc.c_str())
+        .def(
+            "onboard_states",
+            [](TierHandle& t, nb::handle entries, nb::handle stream) { transferStates(t, false, entries, stream); },
+            nb::arg("entries").none(), nb::arg("stream") = nb::none(),
+            nb::sig("def onboard_states(self, entries: HostStateEntries, stream: StreamLike | None = None) -> None"),
+            onboardStatesDoc.c_str())
+        .def(
+            "is_host_state_busy",
+            [](TierHandle& t, int64_t hostState) { return t.tier().isHostStateBusy(toInt32(hostState, "host_state")); },
+            nb::arg("host_state"),
+            "True while a transfer touching `host_state` has not completed; OutOfRangeError outside "
+            "[0, num_host_states()).")
+        .def(
+            "synchronize_host_states",
+            [](TierHandle& t, nb::handle hostStates)
+            {
+                hostInt32s(hostStates, t.hostPages, "host_states", "host states");
+                t.tier().synchronizeHostStates(t.hostPages.data(), static_cast<int64_t>(t.hostPages.size()));
+            },
+            nb::arg("host_states").none(), nb::sig("def synchronize_host_states(self, host_states: HostIds) -> None"),
+            "Waits on the host for the tier's transfers touching the listed host states; raises OutOfRangeError "
+            "outside [0, num_host_states()), CudaError when a transfer failed.");
 }
 
 } // namespace kvcache::python

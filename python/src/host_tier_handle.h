@@ -56,6 +56,7 @@ public:
     void refuseIfLent(char const* what) const;
     //! Host lists are read into these, reused between calls so that a call allocates nothing in steady state.
     std::vector<rt::HostTierEntry> entries;
+    std::vector<rt::HostStateEntry> stateEntries;
     std::vector<int32_t> hostPages;
 
 private:

@@ -24,7 +24,8 @@ METHODS = [kvcache.HostTierMethod.COPY_ENGINE, kvcache.HostTierMethod.KERNEL, kv
 def test_methods_and_limits_are_the_cpp_ones():
     assert [method.value for method in METHODS] == [1, 2, 0]
     assert kvcache.HOST_TIER_KERNEL_MAX_BYTES == 4 << 20
-    assert (kvcache.HOST_TIER_MAX_SMS, kvcache.HOST_TIER_MAX_CHUNKS, kvcache.SEQUENCE_FILE_VERSION) == (8, 256, 2)
+    assert (kvcache.HOST_TIER_MAX_SMS, kvcache.HOST_TIER_MAX_CHUNKS, kvcache.SEQUENCE_FILE_VERSION) == (8, 256, 3)
+    assert kvcache.SEQUENCE_FILE_OLDEST_VERSION == 2
 
 
 def test_a_tier_needs_a_cache():

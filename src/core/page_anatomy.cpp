@@ -79,4 +79,21 @@ PageAnatomy pageAnatomy(KVCacheLayout const& layout, int32_t group)
     return pageAnatomy(pageGeometry(layout, group));
 }
 
+StateSlotAnatomy stateSlotAnatomy(KVCacheLayout const& layout)
+{
+    // computeLayout already checked every sum here against int64 (stateBytesPerSlot).
+    StateSlotAnatomy anatomy;
+    for (size_t l = 0; l < layout.stateLayers.size(); ++l)
+    {
+        std::vector<StateTensorLayout> const& tensors = layout.stateLayers[l].tensors;
+        for (size_t t = 0; t < tensors.size(); ++t)
+        {
+            anatomy.entries.push_back(StateSlotEntry{static_cast<int32_t>(l), static_cast<int32_t>(t),
+                tensors[t].slotBytes, tensors[t].offsetBytes, anatomy.bytesPerSlot});
+            anatomy.bytesPerSlot += tensors[t].slotBytes;
+        }
+    }
+    return anatomy;
+}
+
 } // namespace kvcache::rt::detail

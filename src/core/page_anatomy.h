@@ -1,9 +1,9 @@
 #pragma once
 
-// What one page id of a page group holds and in what order (docs/layout.md, "Host pages"), and the rule that finds a
-// page half in the cache. The layer table the kernels read, host pages, page transfers and sequence files all derive
-// from this one description, so none of them writes the order out again. Host only, except LayerTableEntry, which
-// device code reads.
+// What one page id of a page group holds and in what order (docs/layout.md, "Host pages"), what one state slot holds
+// and in what order, and the rule that finds a page half in the cache. The layer table the kernels read, host pages,
+// page transfers and sequence files all derive from this one description, so none of them writes the order out again.
+// Host only, except LayerTableEntry, which device code reads.
 
 #include "kvcache/core/host_device.h"
 #include "kvcache/core/kv_cache_layout.h"
@@ -51,6 +51,28 @@ PageAnatomy pageAnatomy(PageGeometry const& geometry);
 //! Returns the anatomy of a page of group `group` of `layout`; throws OutOfRangeError for a group outside
 //! [0, layout.groups.size()).
 PageAnatomy pageAnatomy(KVCacheLayout const& layout, int32_t group);
+
+//! One state tensor's share of a state slot (kvcache/core/kv_cache_layout.h, StateTensorLayout).
+struct StateSlotEntry
+{
+    int32_t stateLayer = 0;  //!< index into KVCacheLayout::stateLayers
+    int32_t tensor = 0;      //!< index into the layer's tensors
+    int64_t bytes = 0;       //!< the tensor's slotBytes
+    int64_t layerOffset = 0; //!< the tensor's offsetBytes: where it starts in its layer's allocation
+    int64_t offset = 0;      //!< bytes from the start of a packed state slot to this entry
+};
+
+//! What one state slot holds: every state layer in layout order, each layer's tensors in config order. A packed state
+//! slot (a host tier's host state, a sequence file's state record) holds the entries back to back in this order, with
+//! no padding. Slot n of an entry starts layerOffset + n * bytes after its layer's allocation.
+struct StateSlotAnatomy
+{
+    std::vector<StateSlotEntry> entries = {};
+    int64_t bytesPerSlot = 0; //!< every entry's bytes: KVCacheLayout::stateBytesPerSlot
+};
+
+//! Returns the anatomy of a state slot of `layout` (no entries and 0 bytes without state layers).
+StateSlotAnatomy stateSlotAnatomy(KVCacheLayout const& layout);
 
 //! Returns the layout's index of the layer `entry` describes in group `group`.
 inline int32_t layoutLayer(KVCacheLayout const& layout, int32_t group, PageEntry const& entry)

@@ -266,3 +266,55 @@ TEST(PageAnatomyTest, FingerprintIsTheDocumentedHashAndChangesWithEveryField)
 }
 
 } // namespace
+
+namespace
+{
+
+// A state slot: two state layers of 4 slots (3 sequences + 1 checkpoint). Layer 0: conv [8, 3] bfloat16 = 48 bytes a
+// slot, 192 in all, so recurrent [2, 4, 4] float32 = 128 bytes a slot starts at 256 (the next multiple of 256);
+// layer 1: one float32 tensor [5] = 20 bytes a slot. Packed: 0, 48, 48 + 128 = 176; 196 bytes.
+TEST(StateSlotAnatomy, PacksEveryStateTensorInLayoutOrder)
+{
+    rt::KVCacheConfig const config =
+        ConfigBuilder({rt::KVLayerConfig{2, 64}})
+            .maxBatchSize(3)
+            .maxSequenceLength(64)
+            .tokensPerPage(16)
+            .stateLayers({rt::StateLayerConfig{{rt::StateTensorConfig{"conv", {8, 3}, rt::DataType::kBF16},
+                              rt::StateTensorConfig{"recurrent", {2, 4, 4}, rt::DataType::kFLOAT}}},
+                rt::StateLayerConfig{{rt::StateTensorConfig{"ssm", {5}, rt::DataType::kFLOAT}}}})
+            .numCheckpointSlots(1)
+            .build();
+    rt::KVCacheLayout const layout = rt::computeLayout(config);
+    rt::detail::StateSlotAnatomy const anatomy = rt::detail::stateSlotAnatomy(layout);
+    ASSERT_EQ(anatomy.entries.size(), 3U);
+    struct Expected
+    {
+        int32_t layer, tensor;
+        int64_t bytes, layerOffset, offset;
+    };
+    Expected const expected[] = {{0, 0, 48, 0, 0}, {0, 1, 128, 256, 48}, {1, 0, 20, 0, 176}};
+    for (size_t i = 0; i < 3; ++i)
+    {
+        SCOPED_TRACE(i);
+        rt::detail::StateSlotEntry const& entry = anatomy.entries[i];
+        EXPECT_EQ(entry.stateLayer, expected[i].layer);
+        EXPECT_EQ(entry.tensor, expected[i].tensor);
+        EXPECT_EQ(entry.bytes, expected[i].bytes);
+        EXPECT_EQ(entry.layerOffset, expected[i].layerOffset);
+        EXPECT_EQ(entry.offset, expected[i].offset);
+    }
+    EXPECT_EQ(anatomy.bytesPerSlot, 196);
+    EXPECT_EQ(anatomy.bytesPerSlot, layout.stateBytesPerSlot);
+}
+
+TEST(StateSlotAnatomy, IsEmptyWithoutStateLayers)
+{
+    rt::KVCacheLayout const layout = rt::computeLayout(
+        ConfigBuilder({rt::KVLayerConfig{2, 64}}).maxBatchSize(2).maxSequenceLength(64).tokensPerPage(16).build());
+    rt::detail::StateSlotAnatomy const anatomy = rt::detail::stateSlotAnatomy(layout);
+    EXPECT_TRUE(anatomy.entries.empty());
+    EXPECT_EQ(anatomy.bytesPerSlot, 0);
+}
+
+} // namespace

@@ -63,6 +63,17 @@ struct HostTierOptions
     //! half rounded down to whole host pages (at least one): a transfer is staged there that many host pages at a
     //! time. Allocated by the constructor, outside the cache's memory.
     int64_t stagingBytes = int64_t{128} << 20;
+    //! Host states: room for this many state slots (a sequence's recurrent state in every state layer and tensor,
+    //! hostStateBytes() each), pinned by the constructor in one allocation. 0 for none; a cache without state layers
+    //! takes only 0.
+    int64_t numHostStates = 0;
+};
+
+//! One state slot transfer: the cache's state slot `slot` and the tier's host state `hostState`.
+struct HostStateEntry
+{
+    int32_t slot;
+    int32_t hostState;
 };
 
 //! Pinned host memory for pages of one page group of a cache's geometry, in host pages: a host page holds one page
@@ -85,6 +96,13 @@ struct HostTierOptions
 //! cannot see their ids: order them yourself, e.g. on one stream) and the caller's own kernels touching the device
 //! pages (order them after lastEvent() or on the transfer's stream).
 //!
+//! Host states (HostTierOptions::numHostStates) hold state slots the same way: a host state is one state slot of every
+//! state layer, in the layout's order (state layers in order, each layer's tensors in config order, back to back;
+//! docs/layout.md, "Host states"), hostStateBytes() = the layout's stateBytesPerSlot. offloadStates and onboardStates
+//! move them on the caller's stream (the copy engine, one copy a state tensor), tracked as host pages are: a later
+//! state transfer on another stream touching the same host state or slot waits for one in flight, and hostStateData
+//! and synchronizeHostStates wait on the host. Host states belong to the tier, not to its page group.
+//!
 //! Not thread-safe except numPinnedHostPages(), numHostPages() and waitUntilReady(), which any thread may call.
 //! Neither copyable nor movable (its pinning thread holds it).
 class HostTier
@@ -92,8 +110,10 @@ class HostTier
 public:
     //! Sizes the tier for `numHostPages` host pages of page group `group` of `cache`'s geometry on the cache's device,
     //! pins the first chunk and starts a thread pinning the rest. Throws OutOfRangeError for a bad group,
-    //! InvalidArgumentError for numHostPages outside [1, INT32_MAX], chunkBytes <= 0 or stagingBytes < 0,
-    //! OutOfMemoryError when the staging buffer cannot be allocated or the first chunk cannot be mapped or pinned,
+    //! InvalidArgumentError for numHostPages outside [1, INT32_MAX], chunkBytes <= 0, stagingBytes < 0, or
+    //! numHostStates outside [0, INT32_MAX] or above 0 for a cache without state layers,
+    //! OutOfMemoryError when the staging buffer or the host states cannot be allocated or the first chunk cannot be
+    //! mapped or pinned,
     //! CudaError for other CUDA failures.
     HostTier(KVCacheManager const& cache, int32_t group, int64_t numHostPages, HostTierOptions const& options = {});
     //! Stops the pinning thread, waits for the tier's host-list transfers, then unpins and frees everything; never
@@ -182,14 +202,57 @@ public:
     void onboardDevice(KVCacheManager const& cache, HostTierEntry const* deviceEntries, int32_t capacity,
         int32_t const* deviceCount, cudaStream_t stream, int32_t* deviceErrorCount = nullptr);
 
+    //! Returns the host states the tier holds (HostTierOptions::numHostStates), all pinned by the constructor.
+    int64_t numHostStates() const noexcept;
+    //! Returns the bytes of one host state: the cache layout's stateBytesPerSlot (0 without state layers).
+    int64_t hostStateBytes() const noexcept;
+    //! Hands out `count` free host states, as allocateHostPages does host pages. Throws InvalidArgumentError for a
+    //! negative count and OutOfMemoryError naming the count and the free host states when too few are free (nothing is
+    //! handed out then).
+    std::vector<int32_t> allocateHostStates(int32_t count);
+    //! Returns host states to the free list. Throws OutOfRangeError for a host state outside [0, numHostStates()) and
+    //! InvalidArgumentError for one not handed out or listed twice, before releasing any.
+    void releaseHostStates(int32_t const* hostStates, int32_t count);
+    //! Returns the host states not handed out.
+    int64_t numFreeHostStates() const noexcept;
+    //! Returns the host address of host state `hostState` (hostStateBytes() bytes, packed as the class comment says),
+    //! after waiting for the tier's transfers touching it. Throws OutOfRangeError for a host state outside
+    //! [0, numHostStates()).
+    void* hostStateData(int32_t hostState);
+
+    //! Copies each entry's state slot of `cache` (every state layer and tensor) to its host state, on `stream`.
+    //! `cache` must have the tier's state layout (a cache built from the same config). Throws, before enqueuing
+    //! anything: InvalidArgumentError for a cache without state layers, another state layout or device, a negative
+    //! count, a null list with a positive count, a slot or a host state listed twice, or a capturing stream;
+    //! OutOfRangeError for a slot outside [0, numStateSlots) or a host state outside [0, numHostStates()).
+    void offloadStates(KVCacheManager const& cache, HostStateEntry const* entries, int32_t count, cudaStream_t stream);
+    //! As above, for a std::vector (InvalidArgumentError for more than INT32_MAX entries).
+    void offloadStates(KVCacheManager const& cache, std::vector<HostStateEntry> const& entries, cudaStream_t stream)
+    {
+        offloadStates(cache, entries.data(), listCount("HostTier::offloadStates", entries.size()), stream);
+    }
+    //! Copies each entry's host state to its state slot of `cache`, as offloadStates does the other way.
+    void onboardStates(KVCacheManager const& cache, HostStateEntry const* entries, int32_t count, cudaStream_t stream);
+    //! As above, for a std::vector (InvalidArgumentError for more than INT32_MAX entries).
+    void onboardStates(KVCacheManager const& cache, std::vector<HostStateEntry> const& entries, cudaStream_t stream)
+    {
+        onboardStates(cache, entries.data(), listCount("HostTier::onboardStates", entries.size()), stream);
+    }
+    //! Returns true while a state transfer touching `hostState` has not completed. Throws OutOfRangeError for a host
+    //! state outside [0, numHostStates()).
+    bool isHostStateBusy(int32_t hostState) const;
+    //! Waits on the host for the tier's transfers touching the listed host states. Throws OutOfRangeError for a host
+    //! state outside [0, numHostStates()) and CudaError when a transfer failed.
+    void synchronizeHostStates(int32_t const* hostStates, int64_t count);
+
     //! Returns true while a host-list transfer touching `hostPage` has not completed. Throws OutOfRangeError for a
     //! host page outside [0, numHostPages()).
     bool isHostPageBusy(int32_t hostPage) const;
     //! Waits on the host for the tier's transfers touching the listed host pages. Throws OutOfRangeError for a host
     //! page outside [0, numPinnedHostPages()) and CudaError when a transfer failed.
     void synchronizeHostPages(int32_t const* hostPages, int64_t count);
-    //! Returns the event recorded after the latest host-list transfer (nullptr before the first); valid until the next
-    //! transfer call, which may record it again.
+    //! Returns the event recorded after the latest host-list transfer, of pages or states (nullptr before the first);
+    //! valid until the next transfer call, which may record it again.
     cudaEvent_t lastEvent() const noexcept;
 
 private:
@@ -208,6 +271,12 @@ private:
 //! host page, as HostTier::synchronizeHostPages.
 void saveSequence(std::string const& path, HostTier& tier, KVCacheManager const& cache, int32_t const* hostPages,
     int64_t count, int64_t tokenCount);
+//! As above, and with the sequence's state: host state `hostState` of `tier` (offloaded from a cache with `cache`'s
+//! state layers), recorded with `cache`'s state tensors (sequenceStateTensors) and written after the pages. Throws,
+//! before touching anything, InvalidArgumentError when `cache` has no state layers or state slots of other bytes than
+//! the tier's host states, and OutOfRangeError for a host state outside [0, numHostStates()).
+void saveSequence(std::string const& path, HostTier& tier, KVCacheManager const& cache, int32_t const* hostPages,
+    int64_t count, int64_t tokenCount, int32_t hostState);
 //! As above, for a tier whose quantization keeps no host-held scales (kNONE, kFP8_PER_TOKEN_HEAD, whose page scales
 //! are in the host pages). Throws InvalidArgumentError naming the quantization, before touching anything, for
 //! kFP8_PER_TENSOR and kNVFP4: their scales are in the manager, so pass the cache.
@@ -216,14 +285,21 @@ void saveSequence(std::string const& path, HostTier& tier, int32_t const* hostPa
 //! after waiting for the tier's transfers touching them. The whole file is verified before any host page is
 //! written: another geometry (quantization included), host-held scales other than `cache`'s (compared bit for bit,
 //! layer by layer of the group; to adopt a file's scales, read them with readSequenceFileInfo and set them with
-//! KVCacheManager::setLayerScales first), a count other than the file's, an old format version, a truncated or
+//! KVCacheManager::setLayerScales first), a count other than the file's, a format version older than 2, a truncated or
 //! corrupt file throw InvalidArgumentError naming the field, the file's value and the expected one (see
 //! readSequenceFile) and leave every host page as it was; so do a bad host page or one listed twice, and a `cache`
 //! whose group has another geometry than the tier's.
 int64_t loadSequence(
     std::string const& path, HostTier& tier, KVCacheManager const& cache, int32_t const* hostPages, int64_t count);
+//! As above, and the file's state into host state `hostState` of `tier`, verified with the pages before anything is
+//! written: a file holding no state (version 2 files included) or state tensors other than `cache`'s
+//! (sequenceStateTensors) throws InvalidArgumentError naming the field, the file's value and the cache's, and leaves
+//! every host page and the host state as they were; so do the refusals of the state saveSequence.
+int64_t loadSequence(std::string const& path, HostTier& tier, KVCacheManager const& cache, int32_t const* hostPages,
+    int64_t count, int32_t hostState);
 //! As above, for a tier whose quantization keeps no host-held scales; throws InvalidArgumentError naming the
-//! quantization, before touching anything, for kFP8_PER_TENSOR and kNVFP4 (pass the cache).
+//! quantization, before touching anything, for kFP8_PER_TENSOR and kNVFP4 (pass the cache). A file's state, if it
+//! holds one, is verified but not read out.
 int64_t loadSequence(std::string const& path, HostTier& tier, int32_t const* hostPages, int64_t count);
 
 } // namespace kvcache::rt

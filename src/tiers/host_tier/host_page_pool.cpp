@@ -20,14 +20,15 @@ void checkHostPage(char const* what, int64_t hostPage, int64_t limit, int64_t nu
     }
 }
 
-HostPagePool::HostPagePool(int64_t numHostPages)
+HostPagePool::HostPagePool(int64_t numHostPages, HostPoolNames names)
     : mAllocator(static_cast<int32_t>(numHostPages))
+    , mNames(names)
 {
 }
 
 std::vector<int32_t> HostPagePool::allocate(int32_t count, int64_t numPinned)
 {
-    constexpr char const* kWHAT = "allocateHostPages";
+    char const* const kWHAT = mNames.allocate;
     if (count < 0)
     {
         throw InvalidArgumentError(fmt::format("{}: count is {}; it must be >= 0", kWHAT, count));
@@ -35,8 +36,8 @@ std::vector<int32_t> HostPagePool::allocate(int32_t count, int64_t numPinned)
     int64_t const available = numFree(numPinned);
     if (count > available)
     {
-        throw OutOfMemoryError(fmt::format("{}: count is {}; the tier has {} free host pages ({} of {} pinned)", kWHAT,
-            count, available, numPinned, mAllocator.numPages()));
+        throw OutOfMemoryError(fmt::format("{}: count is {}; the tier has {} free {} ({} of {} pinned)", kWHAT, count,
+            available, mNames.plural, numPinned, mAllocator.numPages()));
     }
     std::vector<int32_t> hostPages(static_cast<size_t>(count));
     mAllocator.allocate(count, hostPages.data());
@@ -45,7 +46,7 @@ std::vector<int32_t> HostPagePool::allocate(int32_t count, int64_t numPinned)
 
 void HostPagePool::release(int32_t const* hostPages, int32_t count, int64_t numPinned)
 {
-    constexpr char const* kWHAT = "releaseHostPages";
+    char const* const kWHAT = mNames.release;
     if (count < 0 || (hostPages == nullptr && count > 0))
     {
         throw InvalidArgumentError(fmt::format("{}: count is {} with a {} list; it must be >= 0 with a list", kWHAT,
@@ -53,15 +54,19 @@ void HostPagePool::release(int32_t const* hostPages, int32_t count, int64_t numP
     }
     for (int32_t i = 0; i < count; ++i)
     {
-        checkHostPage(kWHAT, hostPages[i], numPinned, numPinned, mAllocator.numPages());
+        if (hostPages[i] < 0 || hostPages[i] >= numPinned)
+        {
+            throw OutOfRangeError(fmt::format("{}: {} {} is outside [0, {}) ({} of {} {} pinned)", kWHAT, mNames.noun,
+                hostPages[i], numPinned, numPinned, mAllocator.numPages(), mNames.plural));
+        }
         if (mAllocator.refCount(hostPages[i]) == 0)
         {
-            throw InvalidArgumentError(
-                fmt::format("{}: hostPages[{}] is host page {}, which is not handed out", kWHAT, i, hostPages[i]));
+            throw InvalidArgumentError(fmt::format(
+                "{}: {}[{}] is {} {}, which is not handed out", kWHAT, mNames.list, i, mNames.noun, hostPages[i]));
         }
     }
     std::vector<int32_t> sorted(hostPages, hostPages + count);
-    validateDistinctIds(kWHAT, "host page", sorted);
+    validateDistinctIds(kWHAT, mNames.noun, sorted);
     mAllocator.release(hostPages, count);
 }
 

@@ -15,6 +15,16 @@ namespace kvcache::rt::detail
 //! `hostPage` is outside [0, limit).
 void checkHostPage(char const* what, int64_t hostPage, int64_t limit, int64_t numPinned, int64_t numHostPages);
 
+//! What a pool's messages call its calls and its ids.
+struct HostPoolNames
+{
+    char const* allocate = "allocateHostPages";
+    char const* release = "releaseHostPages";
+    char const* noun = "host page";
+    char const* plural = "host pages";
+    char const* list = "hostPages";
+};
+
 //! Which host pages are handed out. Released host pages are handed out first, the most recently released first, then
 //! never used ones in ascending order: the allocator's free list, whose never used ids lie below the released ones
 //! in ascending order from the top, so host pages not yet pinned (the highest ids) come last and are never reached
@@ -22,8 +32,8 @@ void checkHostPage(char const* what, int64_t hostPage, int64_t limit, int64_t nu
 class HostPagePool
 {
 public:
-    //! A pool of `numHostPages` (in [1, INT32_MAX]) free host pages.
-    explicit HostPagePool(int64_t numHostPages);
+    //! A pool of `numHostPages` (in [1, INT32_MAX]) free host pages, named `names` in its messages.
+    explicit HostPagePool(int64_t numHostPages, HostPoolNames names = HostPoolNames());
 
     //! Hands out `count` free host pages among the first `numPinned`. Throws InvalidArgumentError for a negative count
     //! and OutOfMemoryError naming the count and the free host pages when too few are free (nothing handed out).
@@ -39,6 +49,7 @@ public:
 
 private:
     PageAllocator mAllocator;
+    HostPoolNames mNames;
 };
 
 } // namespace kvcache::rt::detail

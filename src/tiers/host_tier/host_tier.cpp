@@ -10,6 +10,7 @@
 #include "memory/cache/layer_table.h"
 #include "memory/page_ops/page_list_validation.h"
 #include "tiers/host_tier/host_page_pool.h"
+#include "tiers/host_tier/host_states.h"
 #include "tiers/host_tier/host_tier_kernels.h"
 #include "tiers/host_tier/pinned_chunks.h"
 #include "tiers/host_tier/staged_copy.h"
@@ -56,6 +57,7 @@ int32_t checkedGroup(KVCacheManager const& cache, int32_t group, int64_t numHost
     {
         throw InvalidArgumentError(fmt::format("{}: stagingBytes is {}; it must be >= 0", kWHAT, options.stagingBytes));
     }
+    detail::checkNumHostStates(cache.layout(), options.numHostStates);
     return group;
 }
 
@@ -100,6 +102,8 @@ struct HostTier::Impl
     detail::PinnedChunks chunks;
     detail::HostPagePool pool;
     detail::TransferTracker tracker;
+    detail::HostStates states;
+    bool lastWasState = false; //!< whether the latest host-list transfer moved host states
 };
 
 namespace
@@ -135,6 +139,7 @@ HostTier::Impl::Impl(KVCacheManager const& cache, int32_t groupIn, int64_t numHo
     , chunks(device, numHostPages, geometry.bytesPerPage, options.chunkBytes, options.preferGpuNumaNode)
     , pool(numHostPages)
     , tracker(numHostPages, numPages)
+    , states(cache.layout(), device, options.numHostStates)
 {
 }
 
@@ -240,6 +245,7 @@ HostTierMethod HostTier::Impl::transfer(Direction direction, KVCacheManager cons
         staged.enqueue(toHost, params, chunks, entries, count, stream);
     }
     tracker.record(entries, count, stagingHalf, stream);
+    lastWasState = false;
     return method;
 }
 
@@ -410,7 +416,61 @@ void HostTier::offloadDevice(KVCacheManager const& cache, HostTierEntry const* d
 
 cudaEvent_t HostTier::lastEvent() const noexcept
 {
-    return mImpl->tracker.lastEvent();
+    return mImpl->lastWasState ? mImpl->states.lastEvent() : mImpl->tracker.lastEvent();
+}
+
+int64_t HostTier::numHostStates() const noexcept
+{
+    return mImpl->states.numHostStates();
+}
+
+int64_t HostTier::hostStateBytes() const noexcept
+{
+    return mImpl->states.bytesPerState();
+}
+
+std::vector<int32_t> HostTier::allocateHostStates(int32_t count)
+{
+    return mImpl->states.allocate(count);
+}
+
+void HostTier::releaseHostStates(int32_t const* hostStates, int32_t count)
+{
+    mImpl->states.release(hostStates, count);
+}
+
+int64_t HostTier::numFreeHostStates() const noexcept
+{
+    return mImpl->states.numFree();
+}
+
+void* HostTier::hostStateData(int32_t hostState)
+{
+    return mImpl->states.data(hostState);
+}
+
+void HostTier::offloadStates(
+    KVCacheManager const& cache, HostStateEntry const* entries, int32_t count, cudaStream_t stream)
+{
+    mImpl->states.transfer(true, cache, entries, count, stream);
+    mImpl->lastWasState = mImpl->lastWasState || count > 0;
+}
+
+void HostTier::onboardStates(
+    KVCacheManager const& cache, HostStateEntry const* entries, int32_t count, cudaStream_t stream)
+{
+    mImpl->states.transfer(false, cache, entries, count, stream);
+    mImpl->lastWasState = mImpl->lastWasState || count > 0;
+}
+
+bool HostTier::isHostStateBusy(int32_t hostState) const
+{
+    return mImpl->states.isBusy(hostState);
+}
+
+void HostTier::synchronizeHostStates(int32_t const* hostStates, int64_t count)
+{
+    mImpl->states.synchronize(hostStates, count);
 }
 
 void HostTier::onboardDevice(KVCacheManager const& cache, HostTierEntry const* deviceEntries, int32_t capacity,

@@ -57,8 +57,41 @@ void refuseHostHeldScales(char const* what, HostTier const& tier)
     }
 }
 
+//! A sequence's state as a file call takes it: host state `hostState` of the tier and the cache's state tensors;
+//! hostState -1 for none.
+struct HostStateOfFile
+{
+    int32_t hostState = -1;
+    std::vector<SequenceStateTensor> tensors = {};
+};
+
+//! Returns host state `hostState` of `tier` with `cache`'s state tensors. Throws InvalidArgumentError naming `what`
+//! when `cache` has no state layers or a state slot of other bytes than the tier's host states, and OutOfRangeError
+//! for a host state outside [0, numHostStates()); touches nothing.
+HostStateOfFile hostStateOfFile(char const* what, HostTier const& tier, KVCacheManager const& cache, int32_t hostState)
+{
+    KVCacheLayout const& layout = cache.layout();
+    if (layout.stateLayers.empty())
+    {
+        throw InvalidArgumentError(fmt::format("{}: hostState is {} but the cache has no state layers "
+                                               "(stateLayerConfigs is empty)",
+            what, hostState));
+    }
+    if (layout.stateBytesPerSlot != tier.hostStateBytes())
+    {
+        throw InvalidArgumentError(fmt::format("{}: the cache's state slots hold {} bytes; the tier's host states {}",
+            what, layout.stateBytesPerSlot, tier.hostStateBytes()));
+    }
+    if (hostState < 0 || hostState >= tier.numHostStates())
+    {
+        throw OutOfRangeError(fmt::format("{}: hostState is {}, outside [0, {}) (HostTierOptions.numHostStates)", what,
+            hostState, tier.numHostStates()));
+    }
+    return HostStateOfFile{hostState, sequenceStateTensors(layout)};
+}
+
 void save(std::string const& path, HostTier& tier, std::vector<LayerScales> const& scales, int32_t const* hostPages,
-    int64_t count, int64_t tokenCount)
+    int64_t count, int64_t tokenCount, HostStateOfFile const& state = {})
 {
     tier.synchronizeHostPages(hostPages, count);
     std::vector<void const*> pages;
@@ -67,11 +100,13 @@ void save(std::string const& path, HostTier& tier, std::vector<LayerScales> cons
     {
         pages.push_back(tier.hostPageData(hostPages[i]));
     }
-    writeSequenceFile(path, tier.geometry(), tokenCount, pages.data(), count, scales);
+    // hostStateData waits for the tier's transfers touching the host state.
+    void const* const stateData = state.hostState < 0 ? nullptr : tier.hostStateData(state.hostState);
+    writeSequenceFile(path, tier.geometry(), tokenCount, pages.data(), count, scales, state.tensors, stateData);
 }
 
 int64_t load(std::string const& path, HostTier& tier, std::vector<LayerScales> const& scales, int32_t const* hostPages,
-    int64_t count)
+    int64_t count, HostStateOfFile const& state = {})
 {
     tier.synchronizeHostPages(hostPages, count);
     std::vector<int32_t> sorted(hostPages, hostPages + count);
@@ -82,7 +117,8 @@ int64_t load(std::string const& path, HostTier& tier, std::vector<LayerScales> c
     {
         pages.push_back(tier.hostPageData(hostPages[i]));
     }
-    return readSequenceFile(path, tier.geometry(), pages.data(), count, scales);
+    void* const stateData = state.hostState < 0 ? nullptr : tier.hostStateData(state.hostState);
+    return readSequenceFile(path, tier.geometry(), pages.data(), count, scales, state.tensors, stateData);
 }
 
 } // namespace
@@ -103,6 +139,22 @@ int64_t loadSequence(
     std::string const& path, HostTier& tier, KVCacheManager const& cache, int32_t const* hostPages, int64_t count)
 {
     return load(path, tier, groupLayerScales("loadSequence", tier, cache), hostPages, count);
+}
+
+void saveSequence(std::string const& path, HostTier& tier, KVCacheManager const& cache, int32_t const* hostPages,
+    int64_t count, int64_t tokenCount, int32_t hostState)
+{
+    constexpr char const* kWHAT = "saveSequence";
+    std::vector<LayerScales> const scales = groupLayerScales(kWHAT, tier, cache);
+    save(path, tier, scales, hostPages, count, tokenCount, hostStateOfFile(kWHAT, tier, cache, hostState));
+}
+
+int64_t loadSequence(std::string const& path, HostTier& tier, KVCacheManager const& cache, int32_t const* hostPages,
+    int64_t count, int32_t hostState)
+{
+    constexpr char const* kWHAT = "loadSequence";
+    std::vector<LayerScales> const scales = groupLayerScales(kWHAT, tier, cache);
+    return load(path, tier, scales, hostPages, count, hostStateOfFile(kWHAT, tier, cache, hostState));
 }
 
 int64_t loadSequence(std::string const& path, HostTier& tier, int32_t const* hostPages, int64_t count)

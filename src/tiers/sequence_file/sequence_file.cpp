@@ -142,19 +142,31 @@ OpenedFile readHeader(char const* what, std::string const& path, int fd)
                 fileBytes, kSEQUENCE_FIXED_HEADER_BYTES));
     }
     int32_t const numLayers = detail::decodeFixedHeader(what, path, header);
-    int64_t const allHeaderBytes = detail::sequenceHeaderBytes(numLayers);
-    header.resize(static_cast<size_t>(allHeaderBytes));
-    int64_t const rest = allHeaderBytes - kSEQUENCE_FIXED_HEADER_BYTES;
-    got = readAll(fd, header.data() + kSEQUENCE_FIXED_HEADER_BYTES, rest);
-    if (got < 0)
+    uint32_t const version = detail::sequenceHeaderVersion(header);
+    // Read up to a given size of header: the layer records (and a version 3 header's state count), then the rest.
+    auto const readTo = [&](int64_t bytes)
     {
-        throw Error(ioMessage(what, "read", path, static_cast<int>(-got)));
-    }
-    if (got < rest)
+        int64_t const before = static_cast<int64_t>(header.size());
+        header.resize(static_cast<size_t>(bytes));
+        int64_t const part = readAll(fd, header.data() + before, bytes - before);
+        if (part < 0)
+        {
+            throw Error(ioMessage(what, "read", path, static_cast<int>(-part)));
+        }
+        if (part < bytes - before)
+        {
+            throw InvalidArgumentError(fmt::format(
+                "{}: '{}' is truncated: file size is {} bytes; its header needs {}", what, path, fileBytes, bytes));
+        }
+    };
+    int32_t numStateTensors = 0;
+    if (version >= 3)
     {
-        throw InvalidArgumentError(fmt::format("{}: '{}' is truncated: file size is {} bytes; its header needs {}",
-            what, path, fileBytes, allHeaderBytes));
+        readTo(detail::sequenceHeaderBytesBeforeStates(version, numLayers));
+        numStateTensors = detail::decodeStateCount(what, path, header, numLayers);
     }
+    int64_t const allHeaderBytes = detail::sequenceHeaderBytes(version, numLayers, numStateTensors);
+    readTo(allHeaderBytes);
     OpenedFile opened{};
     opened.info = detail::decodeSequenceHeader(what, path, header, fileBytes);
     opened.headerBytes = allHeaderBytes;
@@ -164,18 +176,27 @@ OpenedFile readHeader(char const* what, std::string const& path, int fd)
 } // namespace
 
 void writeSequenceFile(std::string const& path, PageGeometry const& geometry, int64_t tokenCount,
-    void const* const* pages, int64_t pageCount, std::vector<LayerScales> const& layerScales)
+    void const* const* pages, int64_t pageCount, std::vector<LayerScales> const& layerScales,
+    std::vector<SequenceStateTensor> const& stateTensors, void const* state)
 {
     constexpr char const* kWHAT = "writeSequenceFile";
     std::string const prefix = fmt::format("{}: ", kWHAT);
     detail::checkFileGeometry(prefix, geometry);
     detail::checkLayerScales(prefix, "layerScales", geometry, layerScales);
+    int64_t const stateBytes = detail::checkStateTensors(prefix, "stateTensors", stateTensors);
+    if ((state == nullptr) != stateTensors.empty())
+    {
+        throw InvalidArgumentError(fmt::format("{}: state is {} with {} state tensors; a state needs its tensors and "
+                                               "tensors their state",
+            kWHAT, state == nullptr ? "null" : "given", stateTensors.size()));
+    }
     if (pageCount < 0)
     {
         throw InvalidArgumentError(fmt::format("{}: pageCount is {}; it must be >= 0", kWHAT, pageCount));
     }
-    int64_t const headerBytes = detail::sequenceHeaderBytes(static_cast<int64_t>(geometry.layers.size()));
-    if (detail::sequenceFileBytes(headerBytes, geometry.bytesPerPage, pageCount) < 0)
+    int64_t const headerBytes = detail::sequenceHeaderBytes(kSEQUENCE_FILE_VERSION,
+        static_cast<int64_t>(geometry.layers.size()), static_cast<int64_t>(stateTensors.size()));
+    if (detail::sequenceFileBytes(headerBytes, geometry.bytesPerPage, pageCount, stateBytes) < 0)
     {
         throw InvalidArgumentError(
             fmt::format("{}: pageCount is {}; with pages of {} bytes the file size overflows 64 bits (limit {})", kWHAT,
@@ -199,11 +220,17 @@ void writeSequenceFile(std::string const& path, PageGeometry const& geometry, in
             fmt::format("{}: tokenCount is {}; it must be in [0, {}]", kWHAT, tokenCount, maxTokens));
     }
 
-    std::vector<char> const header = detail::encodeSequenceHeader(geometry, layerScales, pageCount, tokenCount);
+    std::vector<char> const header =
+        detail::encodeSequenceHeader(geometry, layerScales, pageCount, tokenCount, stateTensors);
     std::vector<uint64_t> checksums(static_cast<size_t>(pageCount));
     for (int64_t i = 0; i < pageCount; ++i)
     {
         checksums[static_cast<size_t>(i)] = detail::sequencePageChecksum(pages[i], geometry.bytesPerPage, i);
+    }
+    if (stateBytes > 0)
+    {
+        // The state's checksum follows the pages', seeded as the next record's would be.
+        checksums.push_back(detail::sequencePageChecksum(state, stateBytes, pageCount));
     }
 
     // A name no other writer in this process or another uses, beside the target so that rename stays on one file
@@ -218,11 +245,15 @@ void writeSequenceFile(std::string const& path, PageGeometry const& geometry, in
     int error = writeAll(fd.get(), header.data(), static_cast<int64_t>(header.size()));
     if (error == 0)
     {
-        error = writeAll(fd.get(), checksums.data(), pageCount * kSEQUENCE_CHECKSUM_BYTES);
+        error = writeAll(fd.get(), checksums.data(), static_cast<int64_t>(checksums.size()) * kSEQUENCE_CHECKSUM_BYTES);
     }
     for (int64_t i = 0; i < pageCount && error == 0; ++i)
     {
         error = writeAll(fd.get(), pages[i], geometry.bytesPerPage);
+    }
+    if (error == 0 && stateBytes > 0)
+    {
+        error = writeAll(fd.get(), state, stateBytes);
     }
     if (error == 0 && ::fsync(fd.get()) != 0)
     {
@@ -253,10 +284,18 @@ SequenceFileInfo readSequenceFileInfo(std::string const& path)
 }
 
 int64_t readSequenceFile(std::string const& path, PageGeometry const& expected, void* const* pages, int64_t pageCount,
-    std::vector<LayerScales> const& expectedScales)
+    std::vector<LayerScales> const& expectedScales, std::vector<SequenceStateTensor> const& expectedStateTensors,
+    void* state)
 {
     constexpr char const* kWHAT = "readSequenceFile";
     detail::checkLayerScales(fmt::format("{}: ", kWHAT), "expectedScales", expected, expectedScales);
+    detail::checkStateTensors(fmt::format("{}: ", kWHAT), "expectedStateTensors", expectedStateTensors);
+    if ((state == nullptr) != expectedStateTensors.empty())
+    {
+        throw InvalidArgumentError(fmt::format("{}: state is {} with {} expected state tensors; a state needs its "
+                                               "tensors and tensors their state",
+            kWHAT, state == nullptr ? "null" : "given", expectedStateTensors.size()));
+    }
     if (pageCount < 0 || (pages == nullptr && pageCount > 0))
     {
         throw InvalidArgumentError(fmt::format("{}: pageCount is {} with a {} page list; it must be >= 0 with a list",
@@ -283,9 +322,16 @@ int64_t readSequenceFile(std::string const& path, PageGeometry const& expected, 
             "{}: '{}' holds {} pages; the destination list has {}", kWHAT, path, info.pageCount, pageCount));
     }
     detail::expectLayerScales(kWHAT, path, info.geometry, info.layerScales, expectedScales);
+    if (!expectedStateTensors.empty())
+    {
+        detail::expectStateTensors(kWHAT, path, info.stateTensors, expectedStateTensors);
+    }
 
     // Everything is read and verified before the first page is written: a bad file leaves the destination as it was.
-    int64_t const bodyBytes = pageCount * (kSEQUENCE_CHECKSUM_BYTES + info.geometry.bytesPerPage);
+    // The header bounded the sizes (sequenceFileBytes), so these products fit.
+    int64_t const checksumCount = pageCount + (info.stateBytes > 0 ? 1 : 0);
+    int64_t const bodyBytes =
+        checksumCount * kSEQUENCE_CHECKSUM_BYTES + pageCount * info.geometry.bytesPerPage + info.stateBytes;
     std::vector<char> body(static_cast<size_t>(bodyBytes));
     int64_t const got = readAll(fd.get(), body.data(), bodyBytes);
     if (got < 0)
@@ -297,7 +343,19 @@ int64_t readSequenceFile(std::string const& path, PageGeometry const& expected, 
         throw InvalidArgumentError(fmt::format(
             "{}: '{}' is truncated: {} bytes follow the header; it promises {}", kWHAT, path, got, bodyBytes));
     }
-    char const* const data = body.data() + pageCount * kSEQUENCE_CHECKSUM_BYTES;
+    char const* const data = body.data() + checksumCount * kSEQUENCE_CHECKSUM_BYTES;
+    char const* const stateData = data + pageCount * info.geometry.bytesPerPage;
+    if (info.stateBytes > 0)
+    {
+        auto const stored = detail::storedChecksum(body, pageCount * kSEQUENCE_CHECKSUM_BYTES);
+        uint64_t const computed = detail::sequencePageChecksum(stateData, info.stateBytes, pageCount);
+        if (stored != computed)
+        {
+            throw InvalidArgumentError(
+                fmt::format("{}: '{}' state is corrupt: its checksum is {:#018x}; its bytes hash to {:#018x}", kWHAT,
+                    path, stored, computed));
+        }
+    }
     for (int64_t i = 0; i < pageCount; ++i)
     {
         auto const stored = detail::storedChecksum(body, i * kSEQUENCE_CHECKSUM_BYTES);
@@ -313,6 +371,10 @@ int64_t readSequenceFile(std::string const& path, PageGeometry const& expected, 
     for (int64_t i = 0; i < pageCount; ++i)
     {
         std::memcpy(pages[i], data + i * info.geometry.bytesPerPage, static_cast<size_t>(info.geometry.bytesPerPage));
+    }
+    if (state != nullptr)
+    {
+        std::memcpy(state, stateData, static_cast<size_t>(info.stateBytes));
     }
     return info.tokenCount;
 }

@@ -20,8 +20,37 @@ constexpr int64_t kSEQUENCE_FIXED_HEADER_BYTES = 56;
 //! Bytes of one checksum (the header's and each page's).
 constexpr int64_t kSEQUENCE_CHECKSUM_BYTES = 8;
 
-//! Returns the bytes of a header of `numLayers` layers, its checksum included.
-int64_t sequenceHeaderBytes(int64_t numLayers);
+//! Bytes of one state tensor record (version 3): stateLayer, tensor, dataType, number of dimensions (int32 each),
+//! slotBytes, then kMAX_STATE_DIMS extents (int64 each, 0 past the tensor's dimensions).
+constexpr int64_t kSEQUENCE_STATE_RECORD_BYTES = 80;
+//! More state tensors than any model has; bounds what a corrupt count can make the reader allocate.
+constexpr int32_t kMAX_FILE_STATE_TENSORS = 1 << 16;
+
+//! Returns the bytes of a header of `version` before its state records: the fixed part, `numLayers` layer records and,
+//! from version 3, the state tensor count and a reserved int32.
+int64_t sequenceHeaderBytesBeforeStates(uint32_t version, int64_t numLayers);
+//! Returns the bytes of a header of `version` with `numLayers` layers and `numStateTensors` state tensor records (0
+//! for version 2), its checksum included.
+int64_t sequenceHeaderBytes(uint32_t version, int64_t numLayers, int64_t numStateTensors);
+//! Returns the version a header (at least its fixed part) records.
+uint32_t sequenceHeaderVersion(std::vector<char> const& header);
+//! Returns the state tensor count of a version 3 header read up to its state records (sequenceHeaderBytesBeforeStates
+//! bytes). Throws InvalidArgumentError naming the field, the value and the limit for a count outside
+//! [0, kMAX_FILE_STATE_TENSORS] or a reserved field other than 0.
+int32_t decodeStateCount(char const* what, std::string const& path, std::vector<char> const& header, int32_t numLayers);
+
+//! Throws InvalidArgumentError, naming `prefix`, `field`[i] and the member, its value and the limit, for state tensors
+//! sequenceStateTensors would not give: more than kMAX_FILE_STATE_TENSORS, out of order (the first is state layer 0
+//! tensor 0, each next one the next tensor of its layer or tensor 0 of the next layer), a data type that is not one,
+//! 0 or more than kMAX_STATE_DIMS extents, an extent <= 0, slotBytes other than the shape implies, or bytes that
+//! leave int64. Returns the sum of their slotBytes.
+int64_t checkStateTensors(
+    std::string const& prefix, char const* field, std::vector<SequenceStateTensor> const& tensors);
+
+//! Throws InvalidArgumentError naming the first difference between the file's state tensors and the expected ones
+//! (their count, then tensor by tensor), with the file's value and the expected one.
+void expectStateTensors(char const* what, std::string const& path, std::vector<SequenceStateTensor> const& file,
+    std::vector<SequenceStateTensor> const& expected);
 //! Returns the checksum of page `index` of `bytes` bytes at `page`.
 uint64_t sequencePageChecksum(void const* page, int64_t bytes, int64_t index);
 //! Returns the checksum stored at `offset` of `bytes`.
@@ -35,9 +64,9 @@ uint64_t storedChecksum(std::vector<char> const& bytes, int64_t offset);
 //! leave int64, or bytesPerPage other than the layers imply (data and scale bytes).
 void checkFileGeometry(std::string const& prefix, PageGeometry const& geometry);
 
-//! Returns the bytes of a file of `pageCount` pages of `bytesPerPage` bytes after a header of `headerBytes` (each
-//! >= 0), or -1 when they leave int64.
-int64_t sequenceFileBytes(int64_t headerBytes, int64_t bytesPerPage, int64_t pageCount);
+//! Returns the bytes of a file of `pageCount` pages of `bytesPerPage` bytes after a header of `headerBytes`, and a
+//! state of `stateBytes` (with its checksum; none for 0) (each >= 0), or -1 when they leave int64.
+int64_t sequenceFileBytes(int64_t headerBytes, int64_t bytesPerPage, int64_t pageCount, int64_t stateBytes);
 
 //! Returns the most tokens `pageCount` pages of `geometry` hold: pageCount * tokensPerPage for full attention,
 //! int64's largest value for a sliding window (its sequence may be longer than its pages) or when the product leaves
@@ -46,11 +75,13 @@ int64_t sequenceTokenLimit(PageGeometry const& geometry, int64_t pageCount);
 
 //! Returns the whole header (magic, version, geometry, counts, layer records with the host-held scales `layerScales`,
 //! checksum) of a file of `pageCount` pages and `tokenCount` tokens; `layerScales` has passed checkLayerScales.
-std::vector<char> encodeSequenceHeader(
-    PageGeometry const& geometry, std::vector<LayerScales> const& layerScales, int64_t pageCount, int64_t tokenCount);
+//! The header is version kSEQUENCE_FILE_VERSION's, with `stateTensors` (checked by checkStateTensors) recorded.
+std::vector<char> encodeSequenceHeader(PageGeometry const& geometry, std::vector<LayerScales> const& layerScales,
+    int64_t pageCount, int64_t tokenCount, std::vector<SequenceStateTensor> const& stateTensors);
 
-//! Checks the fixed part of a header (kSEQUENCE_FIXED_HEADER_BYTES bytes of `path`: magic, version, layer count) and
-//! returns the layer count. Throws InvalidArgumentError naming the field, the value and the limit.
+//! Checks the fixed part of a header (kSEQUENCE_FIXED_HEADER_BYTES bytes of `path`: magic, a version in
+//! [kSEQUENCE_FILE_OLDEST_VERSION, kSEQUENCE_FILE_VERSION], layer count) and returns the layer count. Throws
+//! InvalidArgumentError naming the field, the value and the limit.
 int32_t decodeFixedHeader(char const* what, std::string const& path, std::vector<char> const& fixed);
 
 //! Checks the whole header of `path` (its checksum, the geometry, the counts, and that the file's `fileBytes` are what

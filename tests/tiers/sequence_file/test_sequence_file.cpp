@@ -39,8 +39,9 @@ rt::PageGeometry mixedGeometry()
     return geometry;
 }
 
-//! Header bytes of a file of mixedGeometry(): the fixed 56, three 24-byte layer records, the 8-byte checksum.
-constexpr int64_t kMIXED_HEADER_BYTES = 56 + 3 * 24 + 8;
+//! Header bytes of a file of mixedGeometry() without a state: the fixed 56, three 24-byte layer records, the state
+//! tensor count and a reserved int32 (8), the 8-byte checksum.
+constexpr int64_t kMIXED_HEADER_BYTES = 56 + 3 * 24 + 8 + 8;
 
 class SequenceFileTest : public kvcache::test::SequenceFileFixture
 {
@@ -197,9 +198,13 @@ TEST_F(SequenceFileTest, NotASequenceFileOrAnotherVersionIsRefused)
     rt::PageGeometry const geometry = mixedGeometry();
     rt::writeSequenceFile(mPath, geometry, 0, nullptr, 0);
     std::vector<char> bytes = fileBytes();
-    bytes[8] = 3; // version, little-endian, right after the magic
-    writeBytes(bytes);
-    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>([&] { rt::readSequenceFileInfo(mPath); }, {"version 3", "2"}));
+    for (char const version : {char{4}, char{1}})
+    {
+        bytes[8] = version; // version, little-endian, right after the magic
+        writeBytes(bytes);
+        EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>([&] { rt::readSequenceFileInfo(mPath); },
+            {"version " + std::to_string(version), "reads versions 2 to 3"}));
+    }
     EXPECT_THROW(rt::readSequenceFileInfo((mDir / "missing").string()), rt::Error);
 }
 

@@ -38,8 +38,9 @@ constexpr ScaledFormat kTOKEN_HEAD = kEVERY_FORMAT[3];
 constexpr ScaledFormat kNVFP4 = kEVERY_FORMAT[4];
 
 //! Group 0 of scaledConfig(): a KV layer of 2 x 16, a latent layer of 48, a KV layer of 1 x 32, 16 tokens a page.
-//! Its header: the fixed 56 bytes, three 24-byte layer records (K scale at +16, V scale at +20), the checksum.
-constexpr int64_t kHEADER_BYTES = 56 + 3 * 24 + 8;
+//! Its header: the fixed 56 bytes, three 24-byte layer records (K scale at +16, V scale at +20), the state tensor
+//! count and a reserved int32, the checksum.
+constexpr int64_t kHEADER_BYTES = 56 + 3 * 24 + 8 + 8;
 
 rt::PageGeometry geometryOf(ScaledFormat format, int32_t group = 0)
 {
@@ -120,7 +121,7 @@ TEST_F(SequenceFileQuantizedTest, EveryQuantizationRoundTripsWithItsHostScalesAn
             std::vector<rt::LayerScales> const scales = scalesOf(geometry);
             auto const pages = writeFile(geometry, scales, 3);
             std::vector<char> const bytes = fileBytes();
-            EXPECT_EQ(fieldAt<uint32_t>(bytes, 8), 2U) << "the version";
+            EXPECT_EQ(fieldAt<uint32_t>(bytes, 8), 3U) << "the version";
             EXPECT_EQ(fieldAt<int32_t>(bytes, 28), static_cast<int32_t>(format.quantization));
             rt::SequenceFileInfo const info = rt::readSequenceFileInfo(mPath);
             EXPECT_EQ(info.version, rt::kSEQUENCE_FILE_VERSION);
@@ -158,8 +159,8 @@ TEST_F(SequenceFileQuantizedTest, OldVersionFilesAreRefusedNamingBothVersions)
         patchHeader<uint32_t>(bytes, kHEADER_BYTES, 8, 1);
         writeBytes(bytes);
         EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
-            [&] { rt::readSequenceFileInfo(mPath); }, {"has version 1", "reads version 2"}));
-        EXPECT_TRUE(readIsRefused(geometry, scalesOf(geometry), {"has version 1", "reads version 2"}));
+            [&] { rt::readSequenceFileInfo(mPath); }, {"has version 1", "reads versions 2 to 3"}));
+        EXPECT_TRUE(readIsRefused(geometry, scalesOf(geometry), {"has version 1", "reads versions 2 to 3"}));
     }
 }
 
