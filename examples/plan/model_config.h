@@ -3,6 +3,7 @@
 #include "kvcache/core/kv_cache_config.h"
 
 #include <cstdint>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -65,6 +66,10 @@ struct StateLayerDescription
     int32_t modelLayer = {}; //!< its decoder layer index
     std::string kind = {};   //!< "mamba", "mamba2", "gated_delta_net", "short_conv" or "kda"
     std::vector<StateTensorDescription> tensors = {};
+    //! GPU 0's tensors when tensor parallelism over `tp` GPUs splits the layer, as serving engines shard it (the rule
+    //! sits beside the full shape in the layer's family; `tensors` is its value at tp 1). Throws UsageError naming the
+    //! field, its value and tp when tp does not divide it.
+    std::function<std::vector<StateTensorDescription>(int32_t tp)> split = {};
 };
 
 //! The attention layers of a model, as the KV cache sees them.

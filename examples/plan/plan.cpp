@@ -117,13 +117,25 @@ Plan makePlan(ModelDescription model, PlanOptions const& options)
     plan.config.tokensPerPage = options.tokensPerPage;
     plan.config.maxTokensPerStep = options.maxTokensPerStep;
     plan.config.numPages = 0;
-    plan.config.stateLayerConfigs = stateLayerConfigs(model, options);
-    if (options.tp && !model.stateLayers.empty())
+    if (options.tp)
     {
-        throw UsageError(fmt::format("--tp {} splits attention heads, but this model also has {} state layers, whose "
-                                     "split kvcache-plan does not plan yet; plan it without --tp",
-            *options.tp, model.stateLayers.size()));
+        // Split every state layer before changing any, so that a refusal leaves the model as it was.
+        std::vector<std::vector<StateTensorDescription>> shards;
+        for (StateLayerDescription const& layer : model.stateLayers)
+        {
+            if (!layer.split)
+            {
+                throw UsageError(fmt::format(
+                    "--tp {}: kvcache-plan has no tensor-parallel split for {} layers", *options.tp, layer.kind));
+            }
+            shards.push_back(layer.split(*options.tp));
+        }
+        for (size_t i = 0; i < shards.size(); ++i)
+        {
+            model.stateLayers[i].tensors = std::move(shards[i]);
+        }
     }
+    plan.config.stateLayerConfigs = stateLayerConfigs(model, options);
     if (options.tp)
     {
         // Every rank holds the same number of heads a layer, so GPU 0's shard sizes every GPU.

@@ -63,7 +63,8 @@ std::vector<rt::StateLayerConfig> stateLayerConfigs(ModelDescription const& mode
 
 //! Builds the plan from the library's layout maths, of GPU 0's shard when --tp is given; throws
 //! rt::InvalidConfigError for a config kvcache rejects, rt::InvalidArgumentError for heads --tp cannot split, and
-//! UsageError for --pages with several page groups, --step-tokens above --seq-len or --tp with state layers.
+//! UsageError for --pages with several page groups, --step-tokens above --seq-len or a --tp that does not divide a
+//! state layer's heads or channels.
 Plan makePlan(ModelDescription model, PlanOptions const& options);
 
 //! Returns the plan as text for a terminal: title, how the config was read, page groups, layer table (identical layers

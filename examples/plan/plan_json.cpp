@@ -90,6 +90,10 @@ std::string formatPlanJson(Plan const& plan)
         tp["size"] = plan.shard->tp;
         tp["rank"] = plan.shard->rank;
         tp["totalBytesAllRanks"] = layout.cacheBytes * plan.shard->tp;
+        if (hasState)
+        {
+            tp["stateBytesAllRanks"] = layout.stateBytes * plan.shard->tp;
+        }
         tp["layers"] = Json::array();
         for (size_t i = 0; i < plan.shard->layers.size(); ++i)
         {

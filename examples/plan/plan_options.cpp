@@ -423,7 +423,10 @@ cache:
                        evenly (H divisible by N), or replicated when there are fewer than N (N divisible
                        by H: each head on N/H GPUs); latent layers are whole on every GPU. Every figure,
                        --pages and --budget included, is then per GPU; the plan adds the heads each GPU
-                       holds and all GPUs' bytes together
+                       holds and all GPUs' bytes together. State layers are split as serving engines
+                       shard them: gated delta net by key and value heads, Mamba2 by heads and groups (one
+                       group is copied to every GPU), Mamba by d_inner, short conv by hidden_size, KDA by
+                       heads; a --tp that does not divide one of these is refused
 
 output:
   --per-layer          one table row per layer instead of one per set of identical layers
@@ -436,7 +439,8 @@ output:
                        scaleBytes, bytesPerTokenHeadHalf}}], and budget {{bytes, sequences,
                        numPagesPerGroup, cacheBytes}} when --budget is given; with --tp, the plan of GPU 0's
                        shard plus tp {{size, rank, totalBytesAllRanks, layers [{{index, firstHead, numKVHeads,
-                       replicas}}]}}: the heads GPU 0 holds, each also held by replicas - 1 other GPUs.
+                       replicas}}]}}: the heads GPU 0 holds, each also held by replicas - 1 other GPUs
+                       (and tp.stateBytesAllRanks with state layers; every state figure is GPU 0's shard).
                        A model with state layers adds stateBytes to each layer (0: attention layers keep
                        no state), stateBytesPerSequence, stateSlots, stateBytes (all slots), and
                        stateLayers [{{index, modelLayer, kind, tensors [{{name, shape, dtype,

@@ -548,6 +548,13 @@ std::string formatPlan(Plan const& plan, bool perLayer)
         int64_t const allBytes = layout.cacheBytes * plan.shard->tp;
         text += fmt::format("  all GPUs  {} bytes ({}) in {} shards of {} bytes\n", formatBytes(allBytes),
             formatSize(allBytes), plan.shard->tp, formatBytes(layout.cacheBytes));
+        if (layout.stateBytes != 0)
+        {
+            // Every GPU holds the same state bytes: split heads or channels, or one replicated Mamba2 group each.
+            int64_t const allState = layout.stateBytes * plan.shard->tp;
+            text += fmt::format("            + {} bytes ({}) of state in {} shards of {} bytes\n",
+                formatBytes(allState), formatSize(allState), plan.shard->tp, formatBytes(layout.stateBytes));
+        }
     }
     return text;
 }

@@ -1,3 +1,5 @@
+#include "plan_options.h"
+
 #include <fmt/format.h>
 
 #include "families/family.h"
@@ -103,13 +105,31 @@ int32_t requiredInteger(ConfigReader const& reader, std::string_view field, int3
     return *value;
 }
 
-StateLayerDescription mamba2State(
-    int32_t modelLayer, int64_t numHeads, int64_t headDim, int64_t numGroups, int64_t stateSize, int64_t convKernel)
+int64_t splitExtent(int64_t value, int32_t tp, std::string const& field)
 {
-    // Each factor is a positive int32, so every product stays far below 2^63.
-    int64_t const convDim = numHeads * headDim + 2 * numGroups * stateSize;
-    return {modelLayer, "mamba2",
-        {{"conv", {convDim, convKernel - 1}, false}, {"ssm", {numHeads, headDim, stateSize}, true}}};
+    if (value % tp != 0)
+    {
+        throw UsageError(fmt::format("--tp {} splits the state layers' {} = {} across GPUs, but {} is not a multiple "
+                                     "of {}",
+            tp, field, value, value, tp));
+    }
+    return value / tp;
+}
+
+StateLayerDescription mamba2State(int32_t modelLayer, int64_t numHeads, int64_t headDim, int64_t numGroups,
+    int64_t stateSize, int64_t convKernel, std::string const& headsField, std::string const& groupsField)
+{
+    auto split = [=](int32_t tp)
+    {
+        int64_t const heads = splitExtent(numHeads, tp, headsField);
+        // B and C go with the heads; a single group is copied to every GPU rather than split.
+        int64_t const groups = numGroups == 1 ? 1 : splitExtent(numGroups, tp, groupsField);
+        // Each factor is a positive int32, so every product stays far below 2^63.
+        int64_t const convDim = heads * headDim + 2 * groups * stateSize;
+        return std::vector<StateTensorDescription>{
+            {"conv", {convDim, convKernel - 1}, false}, {"ssm", {heads, headDim, stateSize}, true}};
+    };
+    return {modelLayer, "mamba2", split(1), split};
 }
 
 std::vector<int32_t> layersWithoutAttention(StateContext const& context)

@@ -70,10 +70,12 @@ std::optional<std::vector<StateLayerDescription>> mamba2Layers(StateContext cons
             stateful.push_back(i);
         }
     }
+    std::string const headsField = reader.name("mamba_n_heads");
+    std::string const groupsField = reader.name("mamba_n_groups");
     std::vector<StateLayerDescription> layers;
     for (int32_t const layer : stateful)
     {
-        layers.push_back(mamba2State(layer, numHeads, headDim, numGroups, stateSize, kernel));
+        layers.push_back(mamba2State(layer, numHeads, headDim, numGroups, stateSize, kernel, headsField, groupsField));
     }
     context.notes.push_back(fmt::format("Mamba2{}: d_inner {} = {} heads x {}; conv [{} + 2 x {} x {}, {} - 1], SSM "
                                         "[{}, {}, {}]",

@@ -79,12 +79,14 @@ std::optional<std::vector<StateLayerDescription>> patternMamba2Layers(StateConte
     int64_t const numGroups = requiredInteger(reader, "n_groups", 1, "Mamba2 groups of B and C");
     int64_t const stateSize = requiredInteger(reader, "ssm_state_size", 1, "the SSM state size");
     int64_t const kernel = requiredInteger(reader, "conv_kernel", 2, "the conv kernel");
+    std::string const headsField = reader.name("mamba_num_heads");
+    std::string const groupsField = reader.name("n_groups");
     std::vector<StateLayerDescription> layers;
     for (int32_t i = 0; i < context.numLayers; ++i)
     {
         if (pattern[static_cast<size_t>(i)] == 'M')
         {
-            layers.push_back(mamba2State(i, numHeads, headDim, numGroups, stateSize, kernel));
+            layers.push_back(mamba2State(i, numHeads, headDim, numGroups, stateSize, kernel, headsField, groupsField));
         }
     }
     context.notes.push_back(fmt::format("Mamba2: conv [{} x {} + 2 x {} x {}, {} - 1], SSM [{}, {}, {}] ({}, {}, {}, "

@@ -40,11 +40,19 @@ std::optional<std::vector<StateLayerDescription>> gatedDeltaNetLayers(StateConte
     int64_t const valueDim = requiredInteger(reader, "linear_value_head_dim", 1, "gated delta net value head size");
     int64_t const kernel = requiredInteger(reader, "linear_conv_kernel_dim", 2, "gated delta net conv kernel");
     int64_t const convDim = 2 * keyHeads * keyDim + valueHeads * valueDim;
+    // Tensor parallelism splits the key and the value heads (vLLM's split of gated_delta_net_state_shape).
+    auto split = [=, keyField = reader.name("linear_num_key_heads"),
+                     valueField = reader.name("linear_num_value_heads")](int32_t tp)
+    {
+        int64_t const keys = splitExtent(keyHeads, tp, keyField);
+        int64_t const values = splitExtent(valueHeads, tp, valueField);
+        return std::vector<StateTensorDescription>{{"conv", {2 * keys * keyDim + values * valueDim, kernel - 1}, false},
+            {"recurrent", {values, keyDim, valueDim}, true}};
+    };
     std::vector<StateLayerDescription> layers;
     for (int32_t const layer : layersWithoutAttention(context))
     {
-        layers.push_back({layer, "gated_delta_net",
-            {{"conv", {convDim, kernel - 1}, false}, {"recurrent", {valueHeads, keyDim, valueDim}, true}}});
+        layers.push_back({layer, "gated_delta_net", split(1), split});
     }
     context.notes.push_back(fmt::format("gated delta net: conv [2 x {} x {} + {} x {}, {} - 1] = [{}, {}], recurrent "
                                         "[{}, {}, {}] ({}, {}, {}, {}, {})",
