@@ -67,11 +67,12 @@ class StateRuntime:
         return [{name: view.clone() for name, view in layer.items()} for layer in self.views]
 
     def begin_step(self, chunks):
-        """chunks: [(sequence, length)]. Steps the page manager, runs its copies, uploads the slot table and zeroes the
-        states of new sequences; returns the rows (int64 device tensor, one per chunk)."""
+        """chunks: [(sequence, length or token ids)]. Steps the page manager, runs its copies, uploads the slot table
+        and zeroes the states of new sequences; returns the rows (int64 device tensor, one per chunk)."""
         torch = self.torch
         new = [sequence for sequence, _ in chunks if self.pages.length(sequence) == 0]
-        copies = self.pages.step([(sequence, list(range(length))) for sequence, length in chunks])
+        copies = self.pages.step([(sequence, tokens if isinstance(tokens, list) else list(range(tokens)))
+                                  for sequence, tokens in chunks])
         for group, pairs in enumerate(copies):
             if pairs:
                 self.cache.copy_pages(pairs, group=group)
@@ -326,6 +327,65 @@ def test_reference_fork_continuations_equal_independent_runs(torch):
             for name, state in runtime.state_of(sequence, i).items():
                 assert_matches(torch, state, expected_state[name], f"branch {seed}, layer {i} state {name}")
     assert_untouched(torch, runtime, poisoned, set(runtime.pages.state_slots([parent, child])))
+
+
+def test_reference_state_restored_from_a_checkpoint_after_a_host_round_trip_equals_one_run(torch):
+    layers = [GatedDeltaNetLayer(torch), Mamba2Layer(torch)]
+    runtime = StateRuntime(torch, layers)
+    poisoned = runtime.poison()
+    pages = runtime.pages
+    prefix = 2 * TOKENS_PER_PAGE
+    first_prompt = list(range(500, 500 + prefix + 7))  # the last whole page before its last token ends at `prefix`
+    second_prompt = first_prompt[:prefix] + list(range(900, 923))
+    first_inputs = [layer.inputs(len(first_prompt), seed=400 + i) for i, layer in enumerate(layers)]
+    tail_inputs = [layer.inputs(len(second_prompt), seed=600 + i) for i, layer in enumerate(layers)]
+    second_inputs = [{name: torch.cat([first_inputs[i][name][:prefix], tail_inputs[i][name][prefix:]])
+                      for name in first_inputs[i]} for i in range(len(layers))]
+
+    first = pages.create()
+    assert pages.adopt_prefix(first, first_prompt) == 0
+    assert pages.checkpoint_boundary(first) == prefix
+    rows = runtime.begin_step([(first, first_prompt[:prefix])])
+    runtime.run_layers(rows, [[slice_inputs(first_inputs[i], 0, prefix) for i in range(len(layers))]])
+    first_slot = pages.state_slot(first)
+    assert pages.checkpoint_state(first)
+    [(source, checkpoint)] = pages.pending_state_copies()
+    assert source == first_slot and checkpoint >= BATCH
+    rows = runtime.begin_step([(first, first_prompt[prefix:])])  # the save runs before this step's kernels
+    runtime.run_layers(rows, [[slice_inputs(first_inputs[i], prefix, len(first_prompt)) for i in range(len(layers))]])
+    pages.free(first)
+
+    # The checkpoint goes to a host state and back; in between its device slot holds other values.
+    expected_checkpoint = [layer.run(slice_inputs(first_inputs[i], 0, prefix), zero_state(torch, layer))[1]
+                           for i, layer in enumerate(layers)]
+    tier = kvcache.HostTier(runtime.cache, 0, 1, num_host_states=1)
+    [host] = tier.allocate_host_states(1)
+    tier.offload_states([(checkpoint, host)])
+    tier.synchronize_host_states([host])
+    for index, layer in enumerate(runtime.views):
+        for name, view in layer.items():
+            view[checkpoint].fill_(-7.5)
+            assert not torch.equal(view[checkpoint], expected_checkpoint[index][name])
+    tier.onboard_states([(checkpoint, host)])
+    tier.synchronize_host_states([host])
+    for index in range(len(layers)):
+        for name, view in runtime.views[index].items():
+            assert_matches(torch, view[checkpoint], expected_checkpoint[index][name],
+                           f"layer {index} {name}: checkpoint after the host round trip")
+
+    second = pages.create()
+    assert pages.adopt_prefix(second, second_prompt) == prefix
+    assert pages.pending_state_copies() == [(checkpoint, pages.state_slot(second))]
+    rows = runtime.begin_step([(second, second_prompt[prefix:])])
+    outputs = runtime.run_layers(rows, [[slice_inputs(second_inputs[i], prefix, len(second_prompt))
+                                         for i in range(len(layers))]])
+    for i, layer in enumerate(layers):
+        expected_out, expected_state = layer.run(second_inputs[i], zero_state(torch, layer))
+        assert_matches(torch, outputs[0][i], expected_out[prefix:], f"layer {i} outputs after the restored checkpoint")
+        for name, state in runtime.state_of(second, i).items():
+            assert_matches(torch, state, expected_state[name], f"layer {i} state {name} after the restored checkpoint")
+    assert pages.stats().checkpoints_restored == 1
+    assert_untouched(torch, runtime, poisoned, {first_slot, pages.state_slot(second), checkpoint})
 
 
 # --- FLA's kernels -------------------------------------------------------------------------------------------------
