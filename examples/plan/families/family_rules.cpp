@@ -1,5 +1,3 @@
-#include "plan_options.h"
-
 #include <fmt/format.h>
 
 #include <utility>
