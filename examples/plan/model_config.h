@@ -3,7 +3,6 @@
 #include "kvcache/core/kv_cache_config.h"
 
 #include <cstdint>
-#include <functional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -58,6 +57,10 @@ struct StateTensorDescription
     //! True for a recurrent or SSM state (planned in --state-dtype, float32 by default); false for a convolution
     //! window (planned in the model's dtype).
     bool recurrent = false;
+    //! How tensor parallelism splits it, as serving engines shard the layer (rt::StateTensorConfig::splitDim and
+    //! splitSegments; rt::tensorParallelShard applies it): the dimension split, -1 for none, and its segments.
+    int32_t splitDim = -1;
+    std::vector<rt::StateSplitSegment> splitSegments = {};
 };
 
 //! A model layer that keeps a state per sequence (Mamba, Mamba2, gated delta net, short convolution, KDA).
@@ -65,11 +68,7 @@ struct StateLayerDescription
 {
     int32_t modelLayer = {}; //!< its decoder layer index
     std::string kind = {};   //!< "mamba", "mamba2", "gated_delta_net", "short_conv" or "kda"
-    std::vector<StateTensorDescription> tensors = {};
-    //! GPU 0's tensors when tensor parallelism over `tp` GPUs splits the layer, as serving engines shard it (the rule
-    //! sits beside the full shape in the layer's family; `tensors` is its value at tp 1). Throws UsageError naming the
-    //! field, its value and tp when tp does not divide it.
-    std::function<std::vector<StateTensorDescription>(int32_t tp)> split = {};
+    std::vector<StateTensorDescription> tensors = {}; //!< the whole model's, each with its tensor-parallel split
 };
 
 //! The attention layers of a model, as the KV cache sees them.

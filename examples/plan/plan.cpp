@@ -92,7 +92,8 @@ std::vector<rt::StateLayerConfig> stateLayerConfigs(ModelDescription const& mode
         rt::StateLayerConfig layer;
         for (StateTensorDescription const& tensor : described.tensors)
         {
-            layer.tensors.push_back({tensor.name, tensor.shape, tensor.recurrent ? options.stateDataType : convType});
+            layer.tensors.push_back({tensor.name, tensor.shape, tensor.recurrent ? options.stateDataType : convType,
+                tensor.splitDim, tensor.splitSegments});
         }
         layers.push_back(std::move(layer));
     }
@@ -117,29 +118,19 @@ Plan makePlan(ModelDescription model, PlanOptions const& options)
     plan.config.tokensPerPage = options.tokensPerPage;
     plan.config.maxTokensPerStep = options.maxTokensPerStep;
     plan.config.numPages = 0;
-    if (options.tp)
-    {
-        // Split every state layer before changing any, so that a refusal leaves the model as it was.
-        std::vector<std::vector<StateTensorDescription>> shards;
-        for (StateLayerDescription const& layer : model.stateLayers)
-        {
-            if (!layer.split)
-            {
-                throw UsageError(fmt::format(
-                    "--tp {}: kvcache-plan has no tensor-parallel split for {} layers", *options.tp, layer.kind));
-            }
-            shards.push_back(layer.split(*options.tp));
-        }
-        for (size_t i = 0; i < shards.size(); ++i)
-        {
-            model.stateLayers[i].tensors = std::move(shards[i]);
-        }
-    }
     plan.config.stateLayerConfigs = stateLayerConfigs(model, options);
     if (options.tp)
     {
-        // Every rank holds the same number of heads a layer, so GPU 0's shard sizes every GPU.
-        plan.shard = rt::tensorParallelShard(plan.config, *options.tp, 0);
+        // Every rank holds the same number of heads a layer and the same state shapes, so GPU 0's shard sizes every
+        // GPU. The state layers are split by the rules their families declared.
+        try
+        {
+            plan.shard = rt::tensorParallelShard(plan.config, *options.tp, 0);
+        }
+        catch (rt::InvalidArgumentError const& error)
+        {
+            throw UsageError(fmt::format("--tp {}: {}", *options.tp, error.what()));
+        }
         plan.config = plan.shard->config;
     }
     rt::KVCacheLayout const minimal = rt::computeLayout(plan.config);

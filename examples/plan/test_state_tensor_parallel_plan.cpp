@@ -50,6 +50,37 @@ TEST(StateTensorParallel, GatedDeltaNetSplitsKeyAndValueHeads)
     EXPECT_EQ(four.layout.stateLayers[0].slotBytes, 536576);
 }
 
+// The plan's config carries each tensor's rule, which rt::tensorParallelShard applies: Qwen3-Next's conv is q, k and v
+// channels, 16 key heads of 128 twice, then 32 value heads of 128, along dimension 0; the recurrent state splits its
+// 32 value heads. Bamba's single group of 128 is replicated in B and C.
+TEST(StateTensorParallel, PlansDeclareEachTensorsSplitRule)
+{
+    Plan const qwen = planFor({"--config", modelPath("qwen3-next-80b-a3b-instruct.json"), "--batch", "1"});
+    rt::StateTensorConfig const& conv = qwen.config.stateLayerConfigs.at(0).tensors.at(0);
+    EXPECT_EQ(conv.splitDim, 0);
+    ASSERT_EQ(conv.splitSegments.size(), 3U);
+    std::vector<std::vector<int64_t>> sizes;
+    for (rt::StateSplitSegment const& segment : conv.splitSegments)
+    {
+        sizes.push_back({segment.parts, segment.partSize, segment.replicated ? 1 : 0});
+    }
+    EXPECT_EQ(sizes, (std::vector<std::vector<int64_t>>{{16, 128, 0}, {16, 128, 0}, {32, 128, 0}}));
+    EXPECT_EQ(conv.splitSegments[0].name, "linear_num_key_heads");
+    EXPECT_EQ(conv.splitSegments[2].name, "linear_num_value_heads");
+    rt::StateTensorConfig const& recurrent = qwen.config.stateLayerConfigs.at(0).tensors.at(1);
+    EXPECT_EQ(recurrent.splitDim, 0);
+    ASSERT_EQ(recurrent.splitSegments.size(), 1U);
+    EXPECT_EQ(recurrent.splitSegments[0].parts, 32);
+
+    Plan const bamba = planFor({"--config", modelPath("bamba-9b.json"), "--batch", "1"});
+    std::vector<rt::StateSplitSegment> const& bc = bamba.config.stateLayerConfigs.at(0).tensors.at(0).splitSegments;
+    ASSERT_EQ(bc.size(), 3U);
+    EXPECT_FALSE(bc[0].replicated);
+    EXPECT_TRUE(bc[1].replicated);
+    EXPECT_TRUE(bc[2].replicated);
+    EXPECT_EQ(bc[1].parts * bc[1].partSize, 128);
+}
+
 // Bamba-9B: 128 Mamba2 heads of 64, one group, d_state 128, kernel 4, 29 Mamba2 layers. vLLM copies the single group
 // to every GPU: at --tp 2 the groups become 1 + (2 - 1) = 2, conv (8192 + 2 x 2 x 128) / 2 = 64 x 64 + 2 x 1 x 128.
 TEST(StateTensorParallel, Mamba2CopiesASingleGroupToEveryGpu)

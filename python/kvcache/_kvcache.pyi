@@ -209,12 +209,52 @@ MAX_STATE_DIMS: int = 7
 
 STATE_TENSOR_ALIGNMENT: int = 256
 
+class StateSplitSegment:
+    """
+    A run of a state tensor's split dimension: `parts` parts (heads, groups, channels) of `part_size` entries, split over the tensor-parallel ranks or, replicated, whole on every rank.
+    """
+
+    def __init__(self, parts: int, part_size: int = 1, replicated: bool = False, name: str = '') -> None:
+        """Builds a segment; compute_layout checks it against its tensor's shape."""
+
+    @property
+    def parts(self) -> int:
+        """Parts in the run; tp must divide it unless replicated."""
+
+    @parts.setter
+    def parts(self, arg: int, /) -> None: ...
+
+    @property
+    def part_size(self) -> int:
+        """Entries one part spans; a part is never cut."""
+
+    @part_size.setter
+    def part_size(self, arg: int, /) -> None: ...
+
+    @property
+    def replicated(self) -> bool:
+        """Whole on every rank instead of split."""
+
+    @replicated.setter
+    def replicated(self, arg: bool, /) -> None: ...
+
+    @property
+    def name(self) -> str:
+        """What the parts are, for messages; may be empty."""
+
+    @name.setter
+    def name(self, arg: str, /) -> None: ...
+
+    def __repr__(self) -> str: ...
+
+    def __eq__(self, arg: object, /) -> bool: ...
+
 class StateTensorConfig:
     """One named tensor of a state layer: one sequence's shape and its dtype."""
 
-    def __init__(self, name: str, shape: Sequence[int], data_type: DataType = DataType.FLOAT32) -> None:
+    def __init__(self, name: str, shape: Sequence[int], data_type: DataType = DataType.FLOAT32, *, split_dim: int = -1, split_segments: Sequence[StateSplitSegment] = []) -> None:
         """
-        Builds a state tensor: a name unique in its layer, 1 to MAX_STATE_DIMS extents and a dtype.
+        Builds a state tensor: a name unique in its layer, 1 to MAX_STATE_DIMS extents and a dtype; split_dim and split_segments say how tensor parallelism splits it (-1: whole on every rank).
         """
 
     @property
@@ -237,6 +277,24 @@ class StateTensorConfig:
 
     @data_type.setter
     def data_type(self, arg: DataType, /) -> None: ...
+
+    @property
+    def split_dim(self) -> int:
+        """
+        The dimension of shape tensor parallelism splits; -1 keeps the tensor whole on every rank.
+        """
+
+    @split_dim.setter
+    def split_dim(self, arg: int, /) -> None: ...
+
+    @property
+    def split_segments(self) -> list[StateSplitSegment]:
+        """
+        split_dim's extent as consecutive segments (a copy: assign a new list); empty: one segment of one entry a part.
+        """
+
+    @split_segments.setter
+    def split_segments(self, arg: Sequence[StateSplitSegment], /) -> None: ...
 
 class StateLayerConfig:
     """
@@ -2005,4 +2063,4 @@ __version__: str
 def gpu_unavailable_reason() -> str:
     """Returns why no GPU can be used here, or an empty string when one can."""
 
-__all__: list = ['InvalidArgumentError', 'InvalidConfigError', 'OutOfRangeError', 'OutOfMemoryError', 'CudaError', 'DataType', 'data_type_size', 'data_type_name', 'KVLayerKind', 'KVQuantization', 'NVFP4_BLOCK_VALUES', 'TOKENS_PER_PAGE', 'MAX_TOKENS_PER_PAGE', 'MAX_NUM_PAGES', 'UNUSED_PAGE_ENTRY', 'MAX_INLINE_PAGE_OPS', 'MAX_INLINE_STATE_COPIES', 'KVLayerConfig', 'LayerScales', 'MAX_STATE_DIMS', 'STATE_TENSOR_ALIGNMENT', 'StateTensorConfig', 'StateLayerConfig', 'Config', 'KVLayerLayout', 'KVPageGroupLayout', 'StateTensorLayout', 'StateLayerLayout', 'KVCacheLayout', 'BudgetSplit', 'compute_layout', 'max_pages_for_budget', 'split_budget', 'View', 'KVHalf', 'PageOpTarget', 'LayerRef', 'KVCacheManager', 'PageAllocator', 'PageTableBuffers', 'PageHashAlgorithm', 'PageGroupCounts', 'PageManagerStats', 'PageManager', 'StepArguments', 'write_tokens', 'write_tokens_paged', 'read_tokens', 'LayerWriteCounters', 'WriteCounters', 'calibrated_scales', 'HOST_TIER_KERNEL_MAX_BYTES', 'HOST_TIER_MAX_SMS', 'HOST_TIER_MAX_CHUNKS', 'HostTierMethod', 'PageLayerGeometry', 'PageGeometry', 'page_geometry', 'HostTier', 'SEQUENCE_FILE_VERSION', 'SEQUENCE_FILE_OLDEST_VERSION', 'SequenceStateTensor', 'SequenceFileInfo', 'save_sequence', 'load_sequence', 'read_sequence_file_info', 'write_sequence_file', 'read_sequence_file', 'TieredAdmission', 'TieredPrefixCacheStats', 'TieredPrefixCache', 'layout_transfer_description', 'transfer_registration', 'transfer_mismatch', 'transfer_descriptors', 'transfer_prepared_descriptors', 'transfer_prepared_plan', 'transfer_state_mismatch', 'transfer_state_descriptors', 'transfer_prepared_state_descriptors', 'KVEventPublisher', '__version__', 'gpu_unavailable_reason']
+__all__: list = ['InvalidArgumentError', 'InvalidConfigError', 'OutOfRangeError', 'OutOfMemoryError', 'CudaError', 'DataType', 'data_type_size', 'data_type_name', 'KVLayerKind', 'KVQuantization', 'NVFP4_BLOCK_VALUES', 'TOKENS_PER_PAGE', 'MAX_TOKENS_PER_PAGE', 'MAX_NUM_PAGES', 'UNUSED_PAGE_ENTRY', 'MAX_INLINE_PAGE_OPS', 'MAX_INLINE_STATE_COPIES', 'KVLayerConfig', 'LayerScales', 'MAX_STATE_DIMS', 'STATE_TENSOR_ALIGNMENT', 'StateSplitSegment', 'StateTensorConfig', 'StateLayerConfig', 'Config', 'KVLayerLayout', 'KVPageGroupLayout', 'StateTensorLayout', 'StateLayerLayout', 'KVCacheLayout', 'BudgetSplit', 'compute_layout', 'max_pages_for_budget', 'split_budget', 'View', 'KVHalf', 'PageOpTarget', 'LayerRef', 'KVCacheManager', 'PageAllocator', 'PageTableBuffers', 'PageHashAlgorithm', 'PageGroupCounts', 'PageManagerStats', 'PageManager', 'StepArguments', 'write_tokens', 'write_tokens_paged', 'read_tokens', 'LayerWriteCounters', 'WriteCounters', 'calibrated_scales', 'HOST_TIER_KERNEL_MAX_BYTES', 'HOST_TIER_MAX_SMS', 'HOST_TIER_MAX_CHUNKS', 'HostTierMethod', 'PageLayerGeometry', 'PageGeometry', 'page_geometry', 'HostTier', 'SEQUENCE_FILE_VERSION', 'SEQUENCE_FILE_OLDEST_VERSION', 'SequenceStateTensor', 'SequenceFileInfo', 'save_sequence', 'load_sequence', 'read_sequence_file_info', 'write_sequence_file', 'read_sequence_file', 'TieredAdmission', 'TieredPrefixCacheStats', 'TieredPrefixCache', 'layout_transfer_description', 'transfer_registration', 'transfer_mismatch', 'transfer_descriptors', 'transfer_prepared_descriptors', 'transfer_prepared_plan', 'transfer_state_mismatch', 'transfer_state_descriptors', 'transfer_prepared_state_descriptors', 'KVEventPublisher', '__version__', 'gpu_unavailable_reason']

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kvcache::python
@@ -94,6 +95,16 @@ void intField(nb::class_<Class>& cls, char const* name, Field Class::*member, ch
     cls.def_prop_rw(
         name, [member](Class const& self) { return static_cast<int64_t>(self.*member); },
         [member, field](Class& self, int64_t value) { self.*member = toInt32(value, field.c_str()); }, doc);
+}
+
+//! A read-write list field whose getter returns a copy. def_rw would hand out its elements as references into the
+//! C++ vector, which dangle once a new list is assigned to the field.
+template <typename Class, typename Field>
+void listField(nb::class_<Class>& cls, char const* name, Field Class::*member, char const* doc)
+{
+    cls.def_prop_rw(
+        name, [member](Class const& self) { return self.*member; },
+        [member](Class& self, Field value) { self.*member = std::move(value); }, doc);
 }
 
 //! Returns `value` as a float32 scale; throws InvalidArgumentError naming `field` for a finite value beyond float32's
@@ -216,19 +227,57 @@ void bindConfig(nb::module_& m)
 
     m.attr("MAX_STATE_DIMS") = rt::kMAX_STATE_DIMS;
     m.attr("STATE_TENSOR_ALIGNMENT") = rt::kSTATE_TENSOR_ALIGNMENT;
+    nb::class_<rt::StateSplitSegment> splitSegment(m, "StateSplitSegment",
+        "A run of a state tensor's split dimension: `parts` parts (heads, groups, channels) of `part_size` entries, "
+        "split over the tensor-parallel ranks or, replicated, whole on every rank.");
+    splitSegment
+        .def(
+            "__init__",
+            [](rt::StateSplitSegment* self, int64_t parts, int64_t partSize, bool replicated, std::string name)
+            { new (self) rt::StateSplitSegment{parts, partSize, replicated, std::move(name)}; },
+            nb::arg("parts"), nb::arg("part_size") = 1, nb::arg("replicated") = false, nb::arg("name") = "",
+            "Builds a segment; compute_layout checks it against its tensor's shape.")
+        .def_rw("parts", &rt::StateSplitSegment::parts, "Parts in the run; tp must divide it unless replicated.")
+        .def_rw("part_size", &rt::StateSplitSegment::partSize, "Entries one part spans; a part is never cut.")
+        .def_rw("replicated", &rt::StateSplitSegment::replicated, "Whole on every rank instead of split.")
+        .def_rw("name", &rt::StateSplitSegment::name, "What the parts are, for messages; may be empty.")
+        .def("__repr__",
+            [](rt::StateSplitSegment const& self)
+            {
+                return fmt::format("StateSplitSegment(parts={}, part_size={}, replicated={}, name='{}')", self.parts,
+                    self.partSize, self.replicated ? "True" : "False", self.name);
+            })
+        .def(
+            "__eq__",
+            [](rt::StateSplitSegment const& a, rt::StateSplitSegment const& b)
+            {
+                return a.parts == b.parts && a.partSize == b.partSize && a.replicated == b.replicated
+                    && a.name == b.name;
+            },
+            nb::sig(kEQ_SIGNATURE));
     nb::class_<rt::StateTensorConfig> stateTensor(
         m, "StateTensorConfig", "One named tensor of a state layer: one sequence's shape and its dtype.");
     stateTensor
         .def(
             "__init__",
-            [](rt::StateTensorConfig* self, std::string name, std::vector<int64_t> shape, rt::DataType dataType) {
-                new (self) rt::StateTensorConfig{std::move(name), std::move(shape), dataType};
+            [](rt::StateTensorConfig* self, std::string name, std::vector<int64_t> shape, rt::DataType dataType,
+                int64_t splitDim, std::vector<rt::StateSplitSegment> splitSegments)
+            {
+                new (self) rt::StateTensorConfig{std::move(name), std::move(shape), dataType,
+                    toInt32(splitDim, "StateTensorConfig.split_dim"), std::move(splitSegments)};
             },
-            nb::arg("name"), nb::arg("shape"), nb::arg("data_type") = rt::DataType::kFLOAT,
-            "Builds a state tensor: a name unique in its layer, 1 to MAX_STATE_DIMS extents and a dtype.")
+            nb::arg("name"), nb::arg("shape"), nb::arg("data_type") = rt::DataType::kFLOAT, nb::kw_only(),
+            nb::arg("split_dim") = -1, nb::arg("split_segments") = std::vector<rt::StateSplitSegment>{},
+            "Builds a state tensor: a name unique in its layer, 1 to MAX_STATE_DIMS extents and a dtype; split_dim "
+            "and split_segments say how tensor parallelism splits it (-1: whole on every rank).")
         .def_rw("name", &rt::StateTensorConfig::name, "Unique within its layer.")
         .def_rw("shape", &rt::StateTensorConfig::shape, "One sequence's extents (a copy: assign a new list).")
         .def_rw("data_type", &rt::StateTensorConfig::dataType, "Element type.");
+    intField(stateTensor, "split_dim", &rt::StateTensorConfig::splitDim, "StateTensorConfig",
+        "The dimension of shape tensor parallelism splits; -1 keeps the tensor whole on every rank.");
+    listField(stateTensor, "split_segments", &rt::StateTensorConfig::splitSegments,
+        "split_dim's extent as consecutive segments (a copy: assign a new list); empty: one segment of one entry a "
+        "part.");
     nb::class_<rt::StateLayerConfig> stateLayer(
         m, "StateLayerConfig", "A layer with a fixed-size state per sequence (Mamba, gated delta net, ...).");
     stateLayer
@@ -236,8 +285,8 @@ void bindConfig(nb::module_& m)
             "__init__",
             [](rt::StateLayerConfig* self, std::vector<rt::StateTensorConfig> tensors)
             { new (self) rt::StateLayerConfig{std::move(tensors)}; },
-            nb::arg("tensors"), "Builds a state layer of at least one tensor.")
-        .def_rw("tensors", &rt::StateLayerConfig::tensors, "Its tensors (a copy: assign a new list).");
+            nb::arg("tensors"), "Builds a state layer of at least one tensor.");
+    listField(stateLayer, "tensors", &rt::StateLayerConfig::tensors, "Its tensors (a copy: assign a new list).");
 
     nb::class_<rt::KVCacheConfig> config(m, "Config",
         "What a KVCacheManager allocates: one buffer per attention layer, each [2, num_pages, tokens_per_page, H_i, "
@@ -281,7 +330,7 @@ void bindConfig(nb::module_& m)
         "layers of a hybrid model.");
     intField(config, "num_checkpoint_slots", &rt::KVCacheConfig::numCheckpointSlots, "Config",
         "State slots beyond max_batch_size, kept for checkpoints; 0 without state layers.");
-    config.def_rw("state_layer_configs", &rt::KVCacheConfig::stateLayerConfigs,
+    listField(config, "state_layer_configs", &rt::KVCacheConfig::stateLayerConfigs,
         "State layers (a copy: assign a new list to change them); each keeps num_state_slots slots of its tensors.");
     intField(config, "num_attention_layers", &rt::KVCacheConfig::numAttentionLayers, "Config",
         "Number of attention layers; must equal len(layer_configs).");

@@ -267,6 +267,22 @@ def test_state_layers_are_counted_per_tensor_layer_and_slot():
     assert (split.sequences, split.bytes, split.state_bytes) == (0, layout.state_bytes, layout.state_bytes)
 
 
+def test_state_list_fields_hand_out_copies():
+    # An element read from a list field is a copy: changing it leaves the config alone, and assigning a new list leaves
+    # it valid (a reference into the old list would dangle).
+    tensor = kvcache.StateTensorConfig("a", [4], split_dim=0, split_segments=[kvcache.StateSplitSegment(4)])
+    layer = kvcache.StateLayerConfig([tensor])
+    config = make_config(state_layer_configs=[layer])
+    held_layer, held_tensor = config.state_layer_configs[0], layer.tensors[0]
+    held_segment = tensor.split_segments[0]
+    held_layer.tensors, held_tensor.name, held_segment.parts = [], "changed", 2
+    assert config.state_layer_configs[0].tensors[0].name == "a"
+    assert layer.tensors[0].name == "a"
+    assert tensor.split_segments[0].parts == 4
+    config.state_layer_configs, layer.tensors, tensor.split_segments = [], [], []
+    assert (held_layer.tensors, held_tensor.name, held_segment.parts) == ([], "changed", 2)
+
+
 def test_bad_state_layers_raise_invalid_config_error_naming_the_field():
     zero = kvcache.StateLayerConfig([kvcache.StateTensorConfig("conv", [8, 0])])
     with pytest.raises(kvcache.InvalidConfigError, match=r"stateLayerConfigs\[0\]\.tensors\[0\]\.shape\[1\].*is 0"):

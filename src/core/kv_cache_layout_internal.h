@@ -1,7 +1,8 @@
 #pragma once
 
 // What the layout maths' two files share (kv_cache_layout.cpp, kv_cache_layout_state.cpp): size arithmetic in 64 bits
-// that names what overflowed, and the state layers' part of computeLayout. Not installed.
+// that names what overflowed, and the state layers' part of computeLayout. The check of a state tensor's split rule is
+// also tensorParallelShard's (src/dist). Not installed.
 
 #include "kvcache/core/errors.h"
 #include "kvcache/core/kv_cache_config.h"
@@ -41,6 +42,11 @@ inline int64_t checkedAdd(int64_t a, int64_t b, std::string const& what)
     throwIfOverflowed(__builtin_add_overflow(a, b, &sum), what, a, '+', b);
     return sum;
 }
+
+//! Checks `tensor`'s tensor-parallel split rule against its shape: splitDim in [-1, dimensions), no segments without a
+//! split dimension, every segment's parts and partSize > 0, and the segments spanning shape[splitDim] exactly. Throws
+//! InvalidConfigError whose message starts with `field` (e.g. "KVCacheConfig.stateLayerConfigs[0].tensors[1]").
+void checkStateSplit(StateTensorConfig const& tensor, std::string const& field);
 
 //! Validates the state layers and checkpoint slots of `config` and fills the state fields of `layout`.
 void addStateLayers(KVCacheConfig const& config, KVCacheLayout& layout);

@@ -48,12 +48,59 @@ StateTensorLayout stateTensorLayout(
         }
         layout.slotElems = checkedMul(layout.slotElems, tensor.shape[d], what + "elements per slot");
     }
+    checkStateSplit(tensor, field);
     layout.slotBytes = checkedMul(layout.slotElems, elementBytes, what + "bytes per slot");
     layout.bytes = checkedMul(numSlots, layout.slotBytes, what + "bytes");
     return layout;
 }
 
 } // namespace
+
+void checkStateSplit(StateTensorConfig const& tensor, std::string const& field)
+{
+    auto const dims = static_cast<int64_t>(tensor.shape.size());
+    if (tensor.splitDim < -1 || tensor.splitDim >= dims)
+    {
+        throw InvalidConfigError(fmt::format("{}.splitDim (tensor \"{}\") is {}; it must be -1 (whole on every rank) or "
+                                             "a dimension of its shape, in [0, {})",
+            field, tensor.name, tensor.splitDim, dims));
+    }
+    if (tensor.splitDim == -1)
+    {
+        if (!tensor.splitSegments.empty())
+        {
+            throw InvalidConfigError(fmt::format("{}.splitSegments (tensor \"{}\") has {} segments, but splitDim is -1 "
+                                                 "(whole on every rank); it must be empty, or splitDim name the "
+                                                 "dimension they divide",
+                field, tensor.name, tensor.splitSegments.size()));
+        }
+        return;
+    }
+    if (tensor.splitSegments.empty())
+    {
+        return;
+    }
+    std::string const what = fmt::format("{} (tensor \"{}\") split entries", field, tensor.name);
+    int64_t spanned = 0;
+    for (size_t s = 0; s < tensor.splitSegments.size(); ++s)
+    {
+        StateSplitSegment const& segment = tensor.splitSegments[s];
+        if (segment.parts < 1 || segment.partSize < 1)
+        {
+            bool const parts = segment.parts < 1;
+            throw InvalidConfigError(fmt::format("{}.splitSegments[{}].{} (tensor \"{}\") is {}; it must be > 0", field,
+                s, parts ? "parts" : "partSize", tensor.name, parts ? segment.parts : segment.partSize));
+        }
+        spanned = checkedAdd(spanned, checkedMul(segment.parts, segment.partSize, what), what);
+    }
+    int64_t const extent = tensor.shape[static_cast<size_t>(tensor.splitDim)];
+    if (spanned != extent)
+    {
+        throw InvalidConfigError(fmt::format("{}.splitSegments (tensor \"{}\") span {} entries (parts x partSize, "
+                                             "added up); they must span shape[{}] = {} exactly",
+            field, tensor.name, spanned, tensor.splitDim, extent));
+    }
+}
 
 void addStateLayers(KVCacheConfig const& config, KVCacheLayout& layout)
 {

@@ -8,6 +8,7 @@
 #include "kvcache/memory/kv_cache_manager.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cstring>
@@ -43,6 +44,31 @@ void checkShard(KVCacheLayout const& layout, TensorParallelShard const& shard)
             throw InvalidArgumentError(fmt::format("describeForTransfer: shard layer {} holds {} heads from head {} "
                                                    "with {} replicas; the cache's layer {} has {} heads",
                 i, layer.numHeads, layer.firstHead, layer.replicas, i, heads));
+        }
+    }
+    // A rank's state tensors are its share of the model's (split by their rules), so a cache built from another
+    // config than the shard's would describe slots that the same rank of the other side does not hold.
+    std::vector<StateLayerConfig> const& stateLayers = shard.config.stateLayerConfigs;
+    if (stateLayers.size() != layout.stateLayers.size())
+    {
+        throw InvalidArgumentError(fmt::format("describeForTransfer: the shard's config has {} state layers and the "
+                                               "cache {}",
+            stateLayers.size(), layout.stateLayers.size()));
+    }
+    for (size_t i = 0; i < stateLayers.size(); ++i)
+    {
+        std::vector<StateTensorConfig> const& tensors = stateLayers[i].tensors;
+        std::vector<StateTensorLayout> const& cached = layout.stateLayers[i].tensors;
+        for (size_t t = 0; t < tensors.size() || t < cached.size(); ++t)
+        {
+            if (t >= tensors.size() || t >= cached.size() || tensors[t].shape != cached[t].shape)
+            {
+                throw InvalidArgumentError(fmt::format("describeForTransfer: state layer {} tensor {} is [{}] in the "
+                                                       "shard's config and [{}] in the cache; build the cache from the "
+                                                       "shard's config",
+                    i, t, t < tensors.size() ? fmt::format("{}", fmt::join(tensors[t].shape, ", ")) : "none",
+                    t < cached.size() ? fmt::format("{}", fmt::join(cached[t].shape, ", ")) : "none"));
+            }
         }
     }
     if (shard.tp < 1 || shard.rank < 0 || shard.rank >= shard.tp)

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support/config_builder.h"
@@ -220,6 +221,32 @@ TEST(StateLayout, RefusesBadStateLayersByName)
     EXPECT_TRUE(refuses(StateLayerConfig{{StateTensorConfig{"x", {4}, DataType::kFLOAT},
                             StateTensorConfig{"x", {2}, DataType::kFLOAT}}},
         {"stateLayerConfigs[0].tensors[1].name", "\"x\"", "tensors[0]", "unique"}));
+}
+
+// A tensor-parallel split rule is checked by computeLayout too, so a bad one is refused without tensor parallelism; a
+// good one changes no size.
+TEST(StateLayout, ChecksSplitRulesAtOneRank)
+{
+    auto const tensor = [](int32_t dim, std::vector<StateSplitSegment> segments)
+    { return StateLayerConfig{{StateTensorConfig{"conv", {8192, 3}, DataType::kBF16, dim, std::move(segments)}}}; };
+    auto const refuses = [](StateLayerConfig const& layer, std::vector<std::string> const& words)
+    {
+        return test::throwsNaming<InvalidConfigError>(
+            [&] { static_cast<void>(computeLayout(withStateLayer(layer))); }, words);
+    };
+    EXPECT_TRUE(refuses(tensor(2, {}), {"stateLayerConfigs[0].tensors[0].splitDim", "\"conv\"", "is 2", "[0, 2)"}));
+    EXPECT_TRUE(refuses(tensor(-3, {}), {"tensors[0].splitDim", "is -3", "-1"}));
+    EXPECT_TRUE(refuses(tensor(-1, {StateSplitSegment{8192}}), {"tensors[0].splitSegments", "splitDim is -1"}));
+    // 16 x 128 + 16 x 128 + 32 x 127 = 8,160 entries, not 8,192.
+    EXPECT_TRUE(refuses(tensor(0, {StateSplitSegment{16, 128}, StateSplitSegment{16, 128}, StateSplitSegment{32, 127}}),
+        {"tensors[0].splitSegments", "span 8160", "shape[0] = 8192"}));
+    EXPECT_TRUE(refuses(tensor(0, {StateSplitSegment{0, 128}}), {"splitSegments[0].parts", "is 0", "> 0"}));
+    EXPECT_TRUE(refuses(tensor(0, {StateSplitSegment{8192, 0}}), {"splitSegments[0].partSize", "is 0", "> 0"}));
+    // Qwen3-Next's conv as q, k and v channels: [8192, 3] bfloat16 = 49,152 bytes a slot, with or without the rule.
+    KVCacheLayout const layout = computeLayout(withStateLayer(
+        tensor(0, {StateSplitSegment{16, 128}, StateSplitSegment{16, 128}, StateSplitSegment{32, 128}})));
+    EXPECT_EQ(layout.stateBytesPerSlot, 49152);
+    EXPECT_EQ(computeLayout(withStateLayer(tensor(1, {}))).stateBytesPerSlot, 49152);
 }
 
 TEST(StateLayout, RefusesSizesThatLeaveSixtyFourBits)

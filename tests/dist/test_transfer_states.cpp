@@ -8,6 +8,7 @@
 #include "kvcache/core/errors.h"
 #include "kvcache/core/kv_cache_config.h"
 #include "kvcache/core/kv_cache_layout.h"
+#include "kvcache/dist/tensor_parallel.h"
 #include "kvcache/dist/transfer_descriptors.h"
 
 #include <gtest/gtest.h>
@@ -335,6 +336,43 @@ TEST(TransferStates, MismatchesAndBadSlotsAreRefusedByName)
     KVCacheLayout const layout = computeLayout(config());
     EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
         [&] { describeForTransfer(layout, {0x1000}, 0); }, {"poolBases", "1 addresses", "2 state layers"}));
+}
+
+// Under tensor parallelism a rank describes its own share of each state tensor: stateLayers() with the conv split as 4
+// parts of 2 channels and the SSM state by its 2 heads gives rank 1 of 2 conv [4, 3] (4 x 3 x 2 = 24 bytes a slot) and
+// SSM [1, 4, 4] (64 bytes); the layer without a rule stays [33]. A cache laid out as the whole model's states is refused
+// with the rank's shard, naming the tensor.
+TEST(TransferStates, ShardsDescribeTheirShareOfEachStateTensor)
+{
+    std::vector<StateLayerConfig> layers = stateLayers();
+    layers[0].tensors[0].splitDim = 0;
+    layers[0].tensors[0].splitSegments = {StateSplitSegment{4, 2}};
+    layers[0].tensors[1].splitDim = 0;
+    KVCacheConfig const model = config(layers);
+    TensorParallelShard const shard = tensorParallelShard(model, 2, 1);
+    KVCacheLayout const rankLayout = computeLayout(shard.config);
+    std::vector<uint64_t> const bases = {0x1000, 0x10000, 0x20000};
+    TransferDescription const described = describeForTransfer(rankLayout, bases, 0, {}, &shard);
+    EXPECT_EQ(described.tp, 2);
+    EXPECT_EQ(described.rank, 1);
+    ASSERT_EQ(described.stateLayers.size(), 2U);
+    ASSERT_EQ(described.stateLayers[0].tensors.size(), 2U);
+    EXPECT_EQ(described.stateLayers[0].tensors[0].shape, (std::vector<int64_t>{4, 3}));
+    EXPECT_EQ(described.stateLayers[0].tensors[0].slotBytes, 24);
+    EXPECT_EQ(described.stateLayers[0].tensors[1].shape, (std::vector<int64_t>{1, 4, 4}));
+    EXPECT_EQ(described.stateLayers[0].tensors[1].slotBytes, 64);
+    EXPECT_EQ(described.stateLayers[1].tensors[0].shape, (std::vector<int64_t>{33}));
+    // The same rank of the same tp on the other side matches; another rank does not.
+    EXPECT_EQ(stateTransferMismatch(described, described), "");
+    TensorParallelShard const rank0 = tensorParallelShard(model, 2, 0);
+    EXPECT_NE(stateTransferMismatch(described, describeForTransfer(rankLayout, bases, 0, {}, &rank0)).find("rank 0 of "
+                                                                                                          "tp 2"),
+        std::string::npos);
+    KVCacheConfig wholeStates = shard.config;
+    wholeStates.stateLayerConfigs = model.stateLayerConfigs;
+    EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
+        [&] { describeForTransfer(computeLayout(wholeStates), bases, 0, {}, &shard); },
+        {"describeForTransfer", "state layer 0 tensor 0", "[4, 3] in the shard's config", "[8, 3] in the cache"}));
 }
 
 } // namespace

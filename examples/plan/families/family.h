@@ -118,14 +118,18 @@ std::optional<std::vector<bool>> listedLayers(ConfigReader const& reader, std::s
 //! says what it is for) or out of range.
 int32_t requiredInteger(ConfigReader const& reader, std::string_view field, int32_t minimum, std::string_view meaning);
 
-//! Returns value / tp, a state extent one GPU holds; throws UsageError naming `field`, the value and tp when tp does
-//! not divide it.
-int64_t splitExtent(int64_t value, int32_t tp, std::string const& field);
+//! Returns a state tensor split along dimension 0 by `segments` under tensor parallelism.
+StateTensorDescription splitTensor(std::string name, std::vector<int64_t> shape, bool recurrent,
+    std::vector<rt::StateSplitSegment> segments);
+
+//! Returns a split segment of `parts` parts (heads, groups or channels) of `partSize` entries each, named `field` in
+//! messages; `replicated`: kept whole on every GPU.
+rt::StateSplitSegment splitParts(int64_t parts, int64_t partSize, std::string const& field, bool replicated = false);
 
 //! Returns a Mamba2 layer's state (vLLM's MambaStateShapeCalculator.mamba2_state_shape; transformers' Mamba2 mixers):
 //! conv {numHeads * headDim + 2 * numGroups * stateSize, convKernel - 1}, SSM {numHeads, headDim, stateSize}. Its split
-//! over tp GPUs divides the heads (`headsField`) and the groups (`groupsField`); one group that tp does not divide is
-//! replicated, a copy on every GPU, as vLLM's extra_groups_for_head_shards does.
+//! over tp GPUs divides the heads (`headsField`) and the groups (`groupsField`); a single group is replicated, a copy on
+//! every GPU, as vLLM's extra_groups_for_head_shards does.
 StateLayerDescription mamba2State(int32_t modelLayer, int64_t numHeads, int64_t headDim, int64_t numGroups,
     int64_t stateSize, int64_t convKernel, std::string const& headsField, std::string const& groupsField);
 

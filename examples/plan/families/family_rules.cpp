@@ -1,6 +1,6 @@
-#include "plan_options.h"
-
 #include <fmt/format.h>
+
+#include <utility>
 
 #include "families/family.h"
 
@@ -105,31 +105,29 @@ int32_t requiredInteger(ConfigReader const& reader, std::string_view field, int3
     return *value;
 }
 
-int64_t splitExtent(int64_t value, int32_t tp, std::string const& field)
+StateTensorDescription splitTensor(
+    std::string name, std::vector<int64_t> shape, bool recurrent, std::vector<rt::StateSplitSegment> segments)
 {
-    if (value % tp != 0)
-    {
-        throw UsageError(fmt::format("--tp {} splits the state layers' {} = {} across GPUs, but {} is not a multiple "
-                                     "of {}",
-            tp, field, value, value, tp));
-    }
-    return value / tp;
+    return {std::move(name), std::move(shape), recurrent, 0, std::move(segments)};
+}
+
+rt::StateSplitSegment splitParts(int64_t parts, int64_t partSize, std::string const& field, bool replicated)
+{
+    return {parts, partSize, replicated, field};
 }
 
 StateLayerDescription mamba2State(int32_t modelLayer, int64_t numHeads, int64_t headDim, int64_t numGroups,
     int64_t stateSize, int64_t convKernel, std::string const& headsField, std::string const& groupsField)
 {
-    auto split = [=](int32_t tp)
-    {
-        int64_t const heads = splitExtent(numHeads, tp, headsField);
-        // B and C go with the heads; a single group is copied to every GPU rather than split.
-        int64_t const groups = numGroups == 1 ? 1 : splitExtent(numGroups, tp, groupsField);
-        // Each factor is a positive int32, so every product stays far below 2^63.
-        int64_t const convDim = heads * headDim + 2 * groups * stateSize;
-        return std::vector<StateTensorDescription>{
-            {"conv", {convDim, convKernel - 1}, false}, {"ssm", {heads, headDim, stateSize}, true}};
-    };
-    return {modelLayer, "mamba2", split(1), split};
+    // The conv channels are x (the heads), then B and C (the groups each); B and C go with the heads, and a single
+    // group is copied to every GPU rather than split. Each factor is a positive int32, so every product stays far
+    // below 2^63.
+    bool const oneGroup = numGroups == 1;
+    rt::StateSplitSegment const groups = splitParts(numGroups, stateSize, groupsField, oneGroup);
+    return {modelLayer, "mamba2",
+        {splitTensor("conv", {numHeads * headDim + 2 * numGroups * stateSize, convKernel - 1}, false,
+             {splitParts(numHeads, headDim, headsField), groups, groups}),
+            splitTensor("ssm", {numHeads, headDim, stateSize}, true, {splitParts(numHeads, 1, headsField)})}};
 }
 
 std::vector<int32_t> layersWithoutAttention(StateContext const& context)

@@ -50,17 +50,14 @@ std::optional<std::vector<StateLayerDescription>> mambaLayers(StateContext const
     int64_t const kernel = requiredInteger(reader, "mamba_d_conv", 2, "the conv kernel");
     int64_t const inner = expand * hiddenSize;
     // Tensor parallelism splits d_inner (vLLM's mamba1_state_shape).
-    auto split = [=, field = fmt::format("d_inner ({} x {})", reader.name("mamba_expand"), reader.name("hidden_size"))](
-                     int32_t tp)
-    {
-        int64_t const channels = splitExtent(inner, tp, field);
-        return std::vector<StateTensorDescription>{
-            {"conv", {channels, kernel - 1}, false}, {"ssm", {channels, stateSize}, true}};
-    };
+    rt::StateSplitSegment const channels = splitParts(
+        inner, 1, fmt::format("d_inner ({} x {})", reader.name("mamba_expand"), reader.name("hidden_size")));
+    std::vector<StateTensorDescription> const tensors = {splitTensor("conv", {inner, kernel - 1}, false, {channels}),
+        splitTensor("ssm", {inner, stateSize}, true, {channels})};
     std::vector<StateLayerDescription> layers;
     for (int32_t const layer : layersWithoutAttention(context))
     {
-        layers.push_back({layer, "mamba", split(1), split});
+        layers.push_back({layer, "mamba", tensors});
     }
     context.notes.push_back(
         fmt::format("Mamba: d_inner = {} {} x {} {} = {}; conv [{}, {} - 1], SSM [{}, {}]", reader.name("mamba_expand"),

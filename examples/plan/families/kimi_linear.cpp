@@ -92,21 +92,20 @@ std::optional<std::vector<StateLayerDescription>> kdaLayers(StateContext const& 
     int64_t const headDim = requiredInteger(*linear, "head_dim", 1, "the KDA head size");
     int64_t const kernel = requiredInteger(*linear, "short_conv_kernel_size", 2, "the KDA short convolution's taps");
     std::vector<bool> const kda = oneIndexedLayers(*linear, "kda_layers", context.numLayers);
-    // Tensor parallelism splits the heads (vLLM's kda_state_shape).
-    auto split = [=, field = linear->name("num_heads")](int32_t tp)
-    {
-        int64_t const heads = splitExtent(numHeads, tp, field);
-        int64_t const channels = heads * headDim;
-        return std::vector<StateTensorDescription>{{"q_conv", {channels, kernel - 1}, false},
-            {"k_conv", {channels, kernel - 1}, false}, {"v_conv", {channels, kernel - 1}, false},
-            {"recurrent", {heads, headDim, headDim}, true}};
-    };
+    // Tensor parallelism splits the heads (vLLM's kda_state_shape): a conv's channels a head at a time.
+    std::string const field = linear->name("num_heads");
+    int64_t const channels = numHeads * headDim;
+    std::vector<StateTensorDescription> const tensors = {
+        splitTensor("q_conv", {channels, kernel - 1}, false, {splitParts(numHeads, headDim, field)}),
+        splitTensor("k_conv", {channels, kernel - 1}, false, {splitParts(numHeads, headDim, field)}),
+        splitTensor("v_conv", {channels, kernel - 1}, false, {splitParts(numHeads, headDim, field)}),
+        splitTensor("recurrent", {numHeads, headDim, headDim}, true, {splitParts(numHeads, 1, field)})};
     std::vector<StateLayerDescription> layers;
     for (int32_t i = 0; i < context.numLayers; ++i)
     {
         if (kda[static_cast<size_t>(i)])
         {
-            layers.push_back({i, "kda", split(1), split});
+            layers.push_back({i, "kda", tensors});
         }
     }
     context.notes.push_back(fmt::format("{}: 1-indexed layer numbers; KDA: q, k and v convs [{} x {}, {} - 1] each, "

@@ -26,13 +26,12 @@ std::optional<std::vector<StateLayerDescription>> shortConvLayers(StateContext c
     int64_t const hiddenSize = requiredInteger(reader, "hidden_size", 1, "the short convolution's channels");
     int64_t const kernel = requiredInteger(reader, "conv_L_cache", 2, "the short convolution's taps");
     // Tensor parallelism splits the channels (vLLM's short_conv_state_shape).
-    auto split = [=, field = reader.name("hidden_size")](int32_t tp) {
-        return std::vector<StateTensorDescription>{{"conv", {splitExtent(hiddenSize, tp, field), kernel - 1}, false}};
-    };
+    std::vector<StateTensorDescription> const tensors = {splitTensor(
+        "conv", {hiddenSize, kernel - 1}, false, {splitParts(hiddenSize, 1, reader.name("hidden_size"))})};
     std::vector<StateLayerDescription> layers;
     for (int32_t const layer : layersWithoutAttention(context))
     {
-        layers.push_back({layer, "short_conv", split(1), split});
+        layers.push_back({layer, "short_conv", tensors});
     }
     context.notes.push_back(fmt::format("short convolution: conv [{} {}, {} {} - 1]", reader.name("hidden_size"),
         hiddenSize, reader.name("conv_L_cache"), kernel));

@@ -40,19 +40,17 @@ std::optional<std::vector<StateLayerDescription>> gatedDeltaNetLayers(StateConte
     int64_t const valueDim = requiredInteger(reader, "linear_value_head_dim", 1, "gated delta net value head size");
     int64_t const kernel = requiredInteger(reader, "linear_conv_kernel_dim", 2, "gated delta net conv kernel");
     int64_t const convDim = 2 * keyHeads * keyDim + valueHeads * valueDim;
-    // Tensor parallelism splits the key and the value heads (vLLM's split of gated_delta_net_state_shape).
-    auto split = [=, keyField = reader.name("linear_num_key_heads"),
-                     valueField = reader.name("linear_num_value_heads")](int32_t tp)
-    {
-        int64_t const keys = splitExtent(keyHeads, tp, keyField);
-        int64_t const values = splitExtent(valueHeads, tp, valueField);
-        return std::vector<StateTensorDescription>{{"conv", {2 * keys * keyDim + values * valueDim, kernel - 1}, false},
-            {"recurrent", {values, keyDim, valueDim}, true}};
-    };
+    // Tensor parallelism splits the key and the value heads (vLLM's split of gated_delta_net_state_shape): the conv's
+    // q, k and v channels each by their heads, the recurrent state by its value heads.
+    rt::StateSplitSegment const keys = splitParts(keyHeads, keyDim, reader.name("linear_num_key_heads"));
+    std::string const valueField = reader.name("linear_num_value_heads");
+    std::vector<StateTensorDescription> const tensors = {
+        splitTensor("conv", {convDim, kernel - 1}, false, {keys, keys, splitParts(valueHeads, valueDim, valueField)}),
+        splitTensor("recurrent", {valueHeads, keyDim, valueDim}, true, {splitParts(valueHeads, 1, valueField)})};
     std::vector<StateLayerDescription> layers;
     for (int32_t const layer : layersWithoutAttention(context))
     {
-        layers.push_back({layer, "gated_delta_net", split(1), split});
+        layers.push_back({layer, "gated_delta_net", tensors});
     }
     context.notes.push_back(fmt::format("gated delta net: conv [2 x {} x {} + {} x {}, {} - 1] = [{}, {}], recurrent "
                                         "[{}, {}, {}] ({}, {}, {}, {}, {})",

@@ -74,6 +74,23 @@ struct KVLayerConfig
 //! rt::Coords (8 dimensions).
 inline constexpr int32_t kMAX_STATE_DIMS = 7;
 
+//! One run of consecutive entries along a state tensor's split dimension (StateTensorConfig::splitDim): `parts` parts of
+//! `partSize` entries each, e.g. a gated delta net conv state's key heads, `linear_num_key_heads` parts of
+//! `linear_key_head_dim` channels.
+struct StateSplitSegment
+{
+    //! Parts in the run (heads, groups or channels), > 0. Tensor parallelism over tp ranks gives rank r parts
+    //! [r * parts / tp, (r + 1) * parts / tp), so tp must divide it unless the segment is replicated.
+    int64_t parts = {};
+    //! Entries of the split dimension one part spans (a head's channels), > 0; a part is never cut between ranks.
+    int64_t partSize = 1;
+    //! Kept whole on every rank instead of split: e.g. a Mamba2 model's single group of B and C, which every rank
+    //! needs (vLLM's extra_groups_for_head_shards).
+    bool replicated = false;
+    //! What the parts are, for messages (e.g. "linear_num_key_heads"); may be empty.
+    std::string name = {};
+};
+
 //! One named tensor of a state layer: what one sequence keeps of it, row-major, in `dataType`.
 struct StateTensorConfig
 {
@@ -85,6 +102,13 @@ struct StateTensorConfig
     std::vector<int64_t> shape = {};
     //! Element type: any value of DataType.
     DataType dataType = DataType::kFLOAT;
+    //! How tensor parallelism (rt::tensorParallelShard) splits the tensor: the dimension of `shape` it splits, or -1
+    //! (the default) to keep the tensor whole on every rank (docs/layout.md, "Tensor parallelism").
+    int32_t splitDim = -1;
+    //! shape[splitDim] as consecutive segments, in order, their parts * partSize adding up to it: rank r's extent there
+    //! is its share of each segment, in segment order. Empty: one segment of shape[splitDim] parts of one entry.
+    //! Must be empty when splitDim is -1.
+    std::vector<StateSplitSegment> splitSegments = {};
 };
 
 //! A layer that keeps a fixed-size state per sequence instead of per-token pages (Mamba, Mamba2, gated delta net,

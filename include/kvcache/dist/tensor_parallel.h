@@ -34,13 +34,20 @@ struct TensorParallelShard
 //! A kKV layer of H heads with H % tp == 0 is split: rank r holds heads [r * H / tp, (r + 1) * H / tp). One with fewer
 //! heads than ranks and tp % H == 0 is replicated, as engines do: each head is held by tp / H ranks, rank r holding
 //! head r / (tp / H). A kLATENT layer (multi-head latent attention) caches one latent vector a token shared by every
-//! attention head, so there is nothing to split by heads: every rank holds the whole of it. Every other field (batch,
-//! lengths, windows, page size and counts, dtype, pool) is the model's, so every rank has the same page groups and
-//! page ids. tp 1 returns the model's config.
+//! attention head, so there is nothing to split by heads: every rank holds the whole of it.
 //!
-//! Throws InvalidArgumentError, naming the field, the value and the limit, for tp < 1, a rank outside [0, tp), a
-//! layer with numKVHeads < 1, or a kKV layer whose heads neither divide by tp nor divide tp; it checks every layer
-//! before building anything. Needs no GPU; the returned config is not otherwise validated (computeLayout does that).
+//! A state tensor is split by its own rule (StateTensorConfig::splitDim and splitSegments; docs/layout.md, "Tensor
+//! parallelism"): along splitDim, rank r holds parts [r * P / tp, (r + 1) * P / tp) of each segment of P parts and the
+//! whole of each replicated segment, in segment order, so every rank's tensor has the same shape. The shard's tensor
+//! keeps its rule with each split segment's parts divided by tp. A tensor without a rule (splitDim -1) is whole on every
+//! rank. Every other field (batch, lengths, windows, page size and counts, dtype, pool, state slots) is the model's, so
+//! every rank has the same page groups, page ids and state slots. tp 1 returns the model's config.
+//!
+//! Throws InvalidArgumentError, naming the field, the value and the limit, for tp < 1, a rank outside [0, tp), a state
+//! tensor whose rule computeLayout would refuse (InvalidConfigError) or whose split segment (or split dimension, without
+//! segments) tp does not divide, a layer with numKVHeads < 1, or a kKV layer whose heads neither divide by tp nor
+//! divide tp. It checks the state tensors, then the layers, and all of them before building anything. Needs no GPU; the
+//! returned config is not otherwise validated (computeLayout does that).
 TensorParallelShard tensorParallelShard(KVCacheConfig const& config, int32_t tp, int32_t rank);
 
 } // namespace kvcache::rt
