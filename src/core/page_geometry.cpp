@@ -1,5 +1,7 @@
 #include "kvcache/core/page_geometry.h"
 
+#include "core/fnv1a.h"
+
 #include "kvcache/core/errors.h"
 
 #include <fmt/format.h>
@@ -39,21 +41,6 @@ template <typename T>
 std::string differs(std::string_view field, T const& a, T const& b, char const* aName, char const* bName)
 {
     return a == b ? std::string() : fmt::format("{} is {} in {} and {} in {}", field, a, aName, b, bName);
-}
-
-constexpr uint64_t kFNV_OFFSET_BASIS = 14695981039346656037ull;
-constexpr uint64_t kFNV_PRIME = 1099511628211ull;
-
-//! Folds the bytes of `value`, least significant first, into the FNV-1a `hash`.
-template <typename T>
-void fnv(uint64_t& hash, T value) noexcept
-{
-    auto const bits = static_cast<uint64_t>(value);
-    for (size_t byte = 0; byte < sizeof(T); ++byte)
-    {
-        hash ^= (bits >> (8 * byte)) & 0xFFu;
-        hash *= kFNV_PRIME;
-    }
 }
 
 } // namespace
@@ -103,20 +90,20 @@ std::string pageGeometryDifference(PageGeometry const& a, PageGeometry const& b,
 
 uint64_t pageGeometryFingerprint(PageGeometry const& geometry) noexcept
 {
-    uint64_t hash = kFNV_OFFSET_BASIS;
-    fnv(hash, static_cast<uint32_t>(geometry.dataType));
-    fnv(hash, static_cast<uint32_t>(geometry.quantization));
-    fnv(hash, static_cast<uint32_t>(geometry.tokensPerPage));
-    fnv(hash, static_cast<uint32_t>(geometry.slidingWindow));
-    fnv(hash, static_cast<uint32_t>(geometry.layers.size()));
+    detail::Fnv1a hash;
+    hash.add(static_cast<uint32_t>(geometry.dataType));
+    hash.add(static_cast<uint32_t>(geometry.quantization));
+    hash.add(static_cast<uint32_t>(geometry.tokensPerPage));
+    hash.add(static_cast<uint32_t>(geometry.slidingWindow));
+    hash.add(static_cast<uint32_t>(geometry.layers.size()));
     for (PageLayerGeometry const& layer : geometry.layers)
     {
-        fnv(hash, static_cast<uint32_t>(layer.kind));
-        fnv(hash, static_cast<uint32_t>(layer.numKVHeads));
-        fnv(hash, static_cast<uint32_t>(layer.headDim));
+        hash.add(static_cast<uint32_t>(layer.kind));
+        hash.add(static_cast<uint32_t>(layer.numKVHeads));
+        hash.add(static_cast<uint32_t>(layer.headDim));
     }
-    fnv(hash, static_cast<uint64_t>(geometry.bytesPerPage));
-    return hash;
+    hash.add(static_cast<uint64_t>(geometry.bytesPerPage));
+    return hash.value();
 }
 
 PageLayerGeometry pageLayerGeometry(KVLayerLayout const& layer) noexcept

@@ -347,7 +347,8 @@ void transferPages(Side side, KVCacheManager const& cache, int32_t group, int32_
     Scratch const scratch(stagingOffset + (mayStage ? stagingBytes : 0), stream);
     char* const headers = scratch.data() + headerOffset;
 
-    TransferHeader const mine{detail::kTRANSFER_HEADER_MAGIC, group, geometryFingerprint(cache.layout()), count,
+    TransferHeader const mine{detail::kTRANSFER_HEADER_MAGIC, group,
+        pageGeometryFingerprint(pageGeometry(cache.layout(), group)), count,
         static_cast<int32_t>(options.path), groupScalesHash(cache, group),
         static_cast<int32_t>(cache.layout().quantization), 0};
     KVCACHE_CUDA_TRY(cudaMemcpyAsync(headers, &mine, sizeof(mine), cudaMemcpyHostToDevice, stream));

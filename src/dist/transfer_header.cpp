@@ -3,6 +3,7 @@
 
 #include "dist/transfer_header.h"
 
+#include "core/fnv1a.h"
 #include "core/scale_support.h"
 
 #include "kvcache/core/page_geometry.h"
@@ -17,24 +18,6 @@ namespace kvcache::rt
 namespace
 {
 
-constexpr uint64_t kFNV_OFFSET_BASIS = 14695981039346656037ull;
-constexpr uint64_t kFNV_PRIME = 1099511628211ull;
-
-//! Folds the four bytes of `value`, least significant first, into the FNV-1a `hash`.
-void fnv(uint64_t& hash, uint32_t value) noexcept
-{
-    for (int shift = 0; shift < 32; shift += 8)
-    {
-        hash ^= (value >> shift) & 0xFFu;
-        hash *= kFNV_PRIME;
-    }
-}
-
-void fnv(uint64_t& hash, int32_t value) noexcept
-{
-    fnv(hash, static_cast<uint32_t>(value));
-}
-
 uint32_t bitsOf(float value) noexcept
 {
     uint32_t bits = 0;
@@ -46,27 +29,15 @@ uint32_t bitsOf(float value) noexcept
 
 uint64_t geometryFingerprint(KVCacheLayout const& layout) noexcept
 {
-    uint64_t hash = kFNV_OFFSET_BASIS;
-    // Version 2 added the quantization: pages of equal shapes under another quantization hold other values (FP8 per
-    // tensor against plain FP8) or other scale bytes, so they must not move between the two.
-    fnv(hash, 2);
-    fnv(hash, static_cast<int32_t>(layout.layers.size()));
-    fnv(hash, static_cast<int32_t>(layout.dataType));
-    fnv(hash, static_cast<int32_t>(layout.elementBytes));
-    fnv(hash, layout.tokensPerPage);
-    fnv(hash, static_cast<int32_t>(layout.groups.size()));
-    fnv(hash, static_cast<int32_t>(layout.quantization));
-    for (KVLayerLayout const& layer : layout.layers)
+    // Version 3: the groups' page geometries, the one identity every page check uses.
+    detail::Fnv1a hash;
+    hash.add(uint32_t{3});
+    hash.add(static_cast<uint32_t>(layout.groups.size()));
+    for (size_t group = 0; group < layout.groups.size(); ++group)
     {
-        // What a page holds of the layer (PageGeometry's layer fields), then where the layer's pages live.
-        PageLayerGeometry const page = pageLayerGeometry(layer);
-        fnv(hash, static_cast<int32_t>(page.kind));
-        fnv(hash, page.numKVHeads);
-        fnv(hash, page.headDim);
-        fnv(hash, layer.slidingWindow);
-        fnv(hash, layer.group);
+        hash.add(pageGeometryFingerprint(pageGeometry(layout, static_cast<int32_t>(group))));
     }
-    return hash;
+    return hash.value();
 }
 
 namespace detail
@@ -74,10 +45,10 @@ namespace detail
 
 uint64_t hostScalesHash(KVCacheLayout const& layout, int32_t group, std::vector<LayerScales> const& scales) noexcept
 {
-    uint64_t hash = kFNV_OFFSET_BASIS;
+    Fnv1a hash;
     if (!keepsHostScales(layout.quantization))
     {
-        return hash;
+        return hash.value();
     }
     for (int32_t const layer : layout.groups[static_cast<size_t>(group)].layers)
     {
@@ -86,13 +57,13 @@ uint64_t hostScalesHash(KVCacheLayout const& layout, int32_t group, std::vector<
             break; // a caller's bug; the peer's hash then differs rather than this reading past the end
         }
         LayerScales const& layerScales = scales[static_cast<size_t>(layer)];
-        fnv(hash, bitsOf(layerScales.k));
+        hash.add(bitsOf(layerScales.k));
         if (layout.layers[static_cast<size_t>(layer)].kind != KVLayerKind::kLATENT)
         {
-            fnv(hash, bitsOf(layerScales.v));
+            hash.add(bitsOf(layerScales.v));
         }
     }
-    return hash;
+    return hash.value();
 }
 
 std::string headerMismatch(TransferHeader const& mine, TransferHeader const& theirs, int32_t peer)
@@ -109,16 +80,17 @@ std::string headerMismatch(TransferHeader const& mine, TransferHeader const& the
             kvQuantizationName(static_cast<KVQuantization>(mine.quantization)), mine.quantization,
             kvQuantizationName(static_cast<KVQuantization>(theirs.quantization)), theirs.quantization, peer);
     }
-    if (theirs.fingerprint != mine.fingerprint)
-    {
-        return fmt::format("geometry fingerprint {:#018x} here, {:#018x} at peer {}: the caches differ in layers, "
-                           "kinds, heads, dims, dtype or tokensPerPage",
-            mine.fingerprint, theirs.fingerprint, peer);
-    }
     if (theirs.group != mine.group || theirs.count != mine.count)
     {
         return fmt::format("group {} and count {} here, group {} and count {} at peer {}", mine.group, mine.count,
             theirs.group, theirs.count, peer);
+    }
+    if (theirs.fingerprint != mine.fingerprint)
+    {
+        return fmt::format("page geometry fingerprint of group {} is {:#018x} here, {:#018x} at peer {}: the group's "
+                           "pages differ in layers, kinds, heads, head sizes, data type, tokens per page, window or "
+                           "bytes",
+            mine.group, mine.fingerprint, theirs.fingerprint, peer);
     }
     if (theirs.path != mine.path)
     {

@@ -23,7 +23,7 @@ struct TransferHeader
 {
     uint32_t magic;
     int32_t group;
-    uint64_t fingerprint; //!< geometryFingerprint of the cache's layout
+    uint64_t fingerprint; //!< pageGeometryFingerprint of the group's page geometry
     int32_t count;
     int32_t path;         //!< TransferPath's enumerator
     uint64_t scalesHash;  //!< hostScalesHash of the group
@@ -32,7 +32,7 @@ struct TransferHeader
 };
 static_assert(sizeof(TransferHeader) == 40, "TransferHeader has no padding: the bytes sent are its fields");
 
-//! Returns the 64-bit FNV-1a hash (as geometryFingerprint) of the host-held scales (KVCacheManager::layerScales) of
+//! Returns the 64-bit FNV-1a hash (detail::Fnv1a) of the host-held scales (KVCacheManager::layerScales) of
 //! page group `group`'s layers of `layout`, in the group's order: per layer the bits of k as a little-endian uint32,
 //! then the bits of v, except for a latent layer, whose v scales nothing and is left out (as sequence files compare
 //! them). Bits, not values: -0 and 0, or two NaNs, differ as the pages they would decode differ. `scales` holds one
@@ -41,8 +41,9 @@ static_assert(sizeof(TransferHeader) == 40, "TransferHeader has no padding: the 
 uint64_t hostScalesHash(KVCacheLayout const& layout, int32_t group, std::vector<LayerScales> const& scales) noexcept;
 
 //! Returns "" when `theirs` (from peer `peer`) agrees with `mine`, else why not, naming the field and both values:
-//! the magic, the quantization, the geometry fingerprint, the group and count, the path, the host-held scales, the
-//! first that differs. The quantization comes before the fingerprint, which includes it, so that a refusal names it.
+//! the magic, the quantization, the group and count, the group's page geometry fingerprint, the path, the host-held
+//! scales, the first that differs. The quantization comes before the fingerprint, which includes it, so that a
+//! refusal names it.
 std::string headerMismatch(TransferHeader const& mine, TransferHeader const& theirs, int32_t peer);
 
 } // namespace kvcache::rt::detail

@@ -8,6 +8,7 @@
 
 #include "kvcache/core/kv_cache_config.h"
 #include "kvcache/core/kv_cache_layout.h"
+#include "kvcache/core/page_geometry.h"
 #include "kvcache/dist/page_transfer.h"
 #include "kvcache/memory/kv_cache_manager.h"
 
@@ -89,7 +90,7 @@ TEST(TransferFingerprint, TellsQuantizationsOfOneStorageTypeApart)
     }
 }
 
-TEST(TransferFingerprint, EncodesVersionTwoWithTheQuantizationAfterTheGroups)
+TEST(TransferFingerprint, EncodesVersionThreeAsTheGroupsPageGeometryFingerprints)
 {
     KVCacheConfig const config = test::ConfigBuilder({KVLayerConfig{2, 16, 0, KVLayerKind::kKV}})
                                      .maxBatchSize(1)
@@ -97,12 +98,32 @@ TEST(TransferFingerprint, EncodesVersionTwoWithTheQuantizationAfterTheGroups)
                                      .tokensPerPage(16)
                                      .dataType(DataType::kFP8_E4M3)
                                      .quantization(KVQuantization::kFP8_PER_TOKEN_HEAD);
-    // Version 2, 1 layer, FP8 E4M3 of 1 byte, 16 tokens a page, 1 group, kFP8_PER_TOKEN_HEAD; the layer: kKV, 2
-    // heads of 16, no window, group 0.
-    uint64_t const expected = fnv1a({2, 1, static_cast<uint32_t>(DataType::kFP8_E4M3), 1, 16, 1,
-        static_cast<uint32_t>(KVQuantization::kFP8_PER_TOKEN_HEAD), static_cast<uint32_t>(KVLayerKind::kKV), 2, 16, 0,
-        0});
+    // The page: 1 KV layer of 2 heads of 16, FP8 E4M3 of 1 byte, 16 tokens; data 2 * 16 * 2 * 16 = 1024 bytes, and a
+    // float scale per token and head in each half, 2 * 16 * 2 * 4 = 256: 1280 bytes.
+    uint64_t const page =
+        fnv1a({static_cast<uint32_t>(DataType::kFP8_E4M3), static_cast<uint32_t>(KVQuantization::kFP8_PER_TOKEN_HEAD),
+            16, 0, 1, static_cast<uint32_t>(KVLayerKind::kKV), 2, 16, 1280, 0});
+    // Version 3, 1 group, then the group's page fingerprint as a uint64 (low word first).
+    uint64_t const expected = fnv1a({3, 1, static_cast<uint32_t>(page), static_cast<uint32_t>(page >> 32)});
     EXPECT_EQ(geometryFingerprint(computeLayout(config)), expected);
+}
+
+TEST(TransferFingerprint, ChangesWithAnyGroupsPageGeometryAndOnlyWithIt)
+{
+    auto layout = [](int32_t windowHeads, int32_t numPages)
+    {
+        return computeLayout(test::ConfigBuilder({KVLayerConfig{2, 16}, KVLayerConfig{windowHeads, 16, 32}})
+                                 .maxBatchSize(2)
+                                 .maxSequenceLength(64)
+                                 .tokensPerPage(16)
+                                 .numPagesPerGroup({0, numPages}));
+    };
+    uint64_t const base = geometryFingerprint(layout(2, 0));
+    EXPECT_EQ(geometryFingerprint(layout(2, 12)), base) << "page counts are left out";
+    EXPECT_NE(geometryFingerprint(layout(4, 0)), base) << "the windowed group's heads";
+    EXPECT_EQ(
+        pageGeometryFingerprint(pageGeometry(layout(4, 0), 0)), pageGeometryFingerprint(pageGeometry(layout(2, 0), 0)))
+        << "group 0 is the same: its pages may move";
 }
 
 TEST(TransferScalesHash, ReadsTheBitsOfTheGroupsScalesAndLeavesALatentLayersVOut)
@@ -176,7 +197,14 @@ TEST(TransferHeader, AMismatchNamesTheQuantizationOrTheHostHeldScales)
 
     theirs = mine;
     theirs.fingerprint = 0x5678;
-    EXPECT_NE(detail::headerMismatch(mine, theirs, 1).find("geometry fingerprint"), std::string::npos);
+    message = detail::headerMismatch(mine, theirs, 1);
+    EXPECT_NE(message.find("page geometry fingerprint of group 0 is 0x0000000000001234 here, 0x0000000000005678 at "
+                           "peer 1"),
+        std::string::npos)
+        << message;
+    theirs.group = 1; // a group mismatch is named as such, not as the other group's geometry
+    message = detail::headerMismatch(mine, theirs, 1);
+    EXPECT_NE(message.find("group 0 and count 3 here, group 1 and count 3 at peer 1"), std::string::npos) << message;
     theirs = mine;
     theirs.magic = 0;
     EXPECT_NE(detail::headerMismatch(mine, theirs, 1).find("not a kvcache page transfer"), std::string::npos);

@@ -106,29 +106,28 @@ private:
 };
 
 //! Returns the 64-bit FNV-1a hash (offset basis 14695981039346656037, prime 1099511628211) of this byte encoding of
-//! `layout`: little-endian int32 values 2 (the encoding's version), the number of layers, the data type's enumerator,
-//! its element bytes, tokensPerPage, the number of page groups, the quantization's enumerator (KVQuantization), then
-//! per layer kind, numKVHeads, headDim, slidingWindow and group. Page counts are left out: the two caches may have
-//! pools of different sizes. Version 1, before quantized caches were carried, had no quantization; every fingerprint
-//! changed with version 2.
+//! `layout`: little-endian uint32 values 3 (the encoding's version) and the number of page groups, then each group's
+//! pageGeometryFingerprint (kvcache/core/page_geometry.h) as a little-endian uint64, in group order. Page counts are
+//! left out: the two caches may have pools of different sizes. Equal fingerprints mean every group's pages are
+//! interchangeable; a page transfer compares only its group's pageGeometryFingerprint.
 uint64_t geometryFingerprint(KVCacheLayout const& layout) noexcept;
 
 //! Sends `count` pages of page group `group` of `cache` (ids `pageIds`, a host list), every layer of the group and both
 //! halves, data then (with scale pools) scales, to rank `peer` of `comm`, on `stream` (of cache.device()); the peer
-//! must call receivePages with the same count and group at the same time. First the two sides exchange a header
-//! (geometryFingerprint, the quantization, a hash of the bits of the group's host-held layer scales, a latent layer's
-//! unused V scale left out, group, count, path) and, unless the path is kSTAGED, their page lists; a mismatch throws
-//! TransferError kMISMATCH on both sides, naming what differs, before any page moves. Then the pages go as runs
-//! (kDIRECT: a run per layer half, data and scale halves alike) or one packed message (kSTAGED), all inside one
-//! ncclGroupStart/ncclGroupEnd. The call waits on the host until the pages have left, only ever polling (the stream
-//! and ncclCommGetAsyncError; it never blocks on the stream, so a peer that never posts cannot hang it); past
+//! must call receivePages with the same count and group at the same time. First the two sides exchange a header (the
+//! group's pageGeometryFingerprint, the quantization, a hash of the bits of the group's host-held layer scales, a
+//! latent layer's unused V scale left out, group, count, path) and, unless the path is kSTAGED, their page lists; a
+//! mismatch throws TransferError kMISMATCH on both sides, naming what differs, before any page moves. Then the pages go
+//! as runs (kDIRECT: a run per layer half, data and scale halves alike) or one packed message (kSTAGED), all inside one
+//! ncclGroupStart/ncclGroupEnd. The call waits on the host until the pages have left, only ever polling (the stream and
+//! ncclCommGetAsyncError; it never blocks on the stream, so a peer that never posts cannot hang it); past
 //! options.timeoutMs it calls ncclCommAbort and throws TransferError kTIMEOUT, and an NCCL or stream error aborts and
 //! throws kCOMMUNICATION; TransferError says what state the communicator, the stream and the pages are left in. Works
-//! with blocking and non-blocking (blocking = 0) communicators; with a blocking one, ncclGroupEnd may
-//! itself block until the peer connects, outside the timeout.
-//! Throws InvalidArgumentError (group outside [0, numGroups), count < 0, a null list with a positive count, a page
-//! listed twice, peer outside [0, ranks) or the caller's own rank, timeoutMs <= 0) or OutOfRangeError (an id outside
-//! [0, numPages)) before touching the communicator. Zero pages still exchange the header.
+//! with blocking and non-blocking (blocking = 0) communicators; with a blocking one, ncclGroupEnd may itself block
+//! until the peer connects, outside the timeout. Throws InvalidArgumentError (group outside [0, numGroups), count < 0,
+//! a null list with a positive count, a page listed twice, peer outside [0, ranks) or the caller's own rank, timeoutMs
+//! <= 0) or OutOfRangeError (an id outside [0, numPages)) before touching the communicator. Zero pages still exchange
+//! the header.
 void sendPages(KVCacheManager const& cache, int32_t group, int32_t const* pageIds, int32_t count, int32_t peer,
     ncclComm_t comm, cudaStream_t stream, TransferOptions const& options = {});
 

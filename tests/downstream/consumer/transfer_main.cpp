@@ -40,9 +40,11 @@ int main()
     config.tokensPerPage = 16;
     rt::KVCacheLayout const layout = rt::KVCacheManager::validate(config);
 
-    // Version 2, 2 layers, kHALF (1) of 2 bytes, 16 tokens a page, 1 group, quantization kNONE (0); per layer kind
-    // kKV (0), heads, dim, window 0, group 0.
-    uint64_t const expected = fnv1a({2, 2, 1, 2, 16, 1, 0, 0, 2, 64, 0, 0, 0, 4, 32, 0, 0});
+    // The one group's page: kHALF (1), quantization kNONE (0), 16 tokens, no window, 2 layers (kind kKV (0), heads,
+    // dim), then its bytes as a uint64: 2 halves * 16 tokens * (2 * 64 + 4 * 32) values * 2 bytes = 16384.
+    uint64_t const page = fnv1a({1, 0, 16, 0, 2, 0, 2, 64, 0, 4, 32, 16384, 0});
+    // Version 3, 1 group, then the group's page fingerprint as a uint64, low word first.
+    uint64_t const expected = fnv1a({3, 1, static_cast<uint32_t>(page), static_cast<uint32_t>(page >> 32)});
     uint64_t const got = rt::geometryFingerprint(layout);
     if (got != expected)
     {
