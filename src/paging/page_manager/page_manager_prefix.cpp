@@ -148,7 +148,7 @@ int32_t PageManager::State::adoptPrefix(
     sequence.lastHash = promptHashes[static_cast<size_t>(pages - 1)];
     prefixHitTokens += sequence.length;
     tenantStats(sequence.tenant).deviceHitTokens += sequence.length;
-    makeCut(row, pages);
+    makeCut(row, pages, true);
     if (checkpoint >= 0)
     {
         restoreCheckpoint(row, checkpoint);
@@ -305,7 +305,7 @@ bool PageManager::State::adoptRun(
                 makeCut(row, cut);
             }
         }
-        makeCut(row, end);
+        makeCut(row, end, true);
     }
     if (record)
     {
