@@ -31,9 +31,7 @@ void PageManager::State::setUpCheckpoints()
     checkpoints.carrierGroup = carrier;
     checkpoints.firstSlot = layout.maxBatchSize;
     checkpoints.slots.assign(static_cast<size_t>(layout.numCheckpointSlots), StateCheckpoints::Slot{});
-    checkpoints.clock = HitClock(layout.numCheckpointSlots);
-    checkpoints.droppedAt.assign(
-        static_cast<size_t>(pools[static_cast<size_t>(carrier)].pages.numPages()), HitClock::Dropped::kNOTHING);
+    checkpoints.kept = KeptBoundaries(layout.numCheckpointSlots, pools[static_cast<size_t>(carrier)].pages.numPages());
     checkpoints.byCarrier.assign(static_cast<size_t>(pools[static_cast<size_t>(carrier)].pages.numPages()), -1);
 }
 
@@ -74,7 +72,7 @@ void PageManager::State::restoreCheckpoint(int32_t row, int32_t index) noexcept
     int32_t const source = checkpoints.firstSlot + index;
     sequences[row].stateSource = source;
     ++slot.reads;
-    checkpoints.clock.hit(index);
+    checkpoints.kept.hit(index);
     ++checkpoints.restored;
     // Reserved for maxSequences + numCheckpointSlots copies: this one fills a live row.
     pendingStateCopies.push_back(StateSlotCopy{source, row});
@@ -94,16 +92,15 @@ int32_t PageManager::State::takeCheckpointSlot() noexcept
             }
         }
     }
-    int32_t const c = checkpoints.clock.choose(
+    int32_t const c = checkpoints.kept.choose(
         [&](int32_t index)
         {
             StateCheckpoints::Slot const& slot = checkpoints.slots[static_cast<size_t>(index)];
             return slot.filling || slot.reads > 0;
-        });
+        },
+        [&](int32_t index) { return checkpoints.slots[static_cast<size_t>(index)].carrier; });
     if (c >= 0)
     {
-        checkpoints.droppedAt[static_cast<size_t>(checkpoints.slots[static_cast<size_t>(c)].carrier)] =
-            checkpoints.clock.neverHit(c) ? HitClock::Dropped::kNEVER_HIT : HitClock::Dropped::kHIT;
         dropCheckpoint(c);
     }
     return c;
@@ -116,7 +113,7 @@ void PageManager::State::dropCheckpoint(int32_t index) noexcept
     slot.pages = 0;
     slot.hash = {};
     slot.carrier = -1;
-    checkpoints.clock.remove(index);
+    checkpoints.kept.remove(index);
     --checkpoints.held;
     ++checkpoints.dropped;
 }
@@ -158,8 +155,7 @@ bool PageManager::State::checkpointState(int32_t row)
     slot.hash = sequence.lastHash;
     slot.carrier = carrier;
     slot.filling = true;
-    checkpoints.clock.add(index, checkpoints.droppedAt[static_cast<size_t>(carrier)]);
-    checkpoints.droppedAt[static_cast<size_t>(carrier)] = HitClock::Dropped::kNOTHING;
+    checkpoints.kept.add(index, carrier);
     checkpoints.byCarrier[static_cast<size_t>(carrier)] = index;
     ++checkpoints.held;
     ++checkpoints.saved;
@@ -240,7 +236,7 @@ void PageManager::State::checkCheckpointInvariants() const
     for (int32_t c = 0; c < checkpoints.size(); ++c)
     {
         StateCheckpoints::Slot const& slot = checkpoints.slots[static_cast<size_t>(c)];
-        int32_t const hits = checkpoints.clock.hits(c);
+        int32_t const hits = checkpoints.kept.clock().hits(c);
         if (slot.reads != reads[static_cast<size_t>(c)] || slot.filling != (fills[static_cast<size_t>(c)] != 0)
             || hits < 0 || hits > HitClock::kMAX_HITS)
         {
@@ -271,13 +267,13 @@ void PageManager::State::checkCheckpointInvariants() const
     {
         carried += index >= 0 ? 1 : 0;
     }
-    if (checkpoints.clock.size() != held)
+    if (checkpoints.kept.size() != held)
     {
-        fail(fmt::format("{} checkpoints are held, {} on the clock", held, checkpoints.clock.size()));
+        fail(fmt::format("{} checkpoints are held, {} on the clock", held, checkpoints.kept.size()));
     }
-    for (size_t p = 0; p < checkpoints.droppedAt.size(); ++p)
+    for (size_t p = 0; p < checkpoints.byCarrier.size(); ++p)
     {
-        if (checkpoints.droppedAt[p] != HitClock::Dropped::kNOTHING
+        if (checkpoints.kept.remembersDrop(static_cast<int32_t>(p))
             && (checkpoints.byCarrier[p] >= 0 || !prefix.isRegistered(carrier, static_cast<int32_t>(p))))
         {
             fail(fmt::format(

@@ -35,8 +35,7 @@ void PageManager::State::setUpCuts(int32_t maxEntries)
     cuts.fullGroup = full;
     cuts.windowedGroups = windowed;
     cuts.cutPages.assign(static_cast<size_t>(fullPages), 0);
-    cuts.clock = HitClock(fullPages);
-    cuts.droppedAt.assign(static_cast<size_t>(fullPages), HitClock::Dropped::kNOTHING);
+    cuts.kept = KeptBoundaries(fullPages, fullPages);
     for (int32_t const g : windowed)
     {
         PagePool& pool = pools[static_cast<size_t>(g)];
@@ -55,20 +54,17 @@ int32_t PageManager::State::evictOne(int32_t group)
     // cut windows. The clock's choices give way until one leaves a page no other cut needs.
     while (pool.cached.size() == 0)
     {
-        int32_t const carrier = cuts.clock.choose([](int32_t) { return false; });
-        cuts.droppedAt[static_cast<size_t>(carrier)] =
-            cuts.clock.neverHit(carrier) ? HitClock::Dropped::kNEVER_HIT : HitClock::Dropped::kHIT;
-        dropCut(carrier);
+        dropCut(cuts.kept.choose([](int32_t) { return false; }, [](int32_t carrier) { return carrier; }));
     }
     int32_t const page = prefix.evictOldest(group, pool);
     // A boundary made again at this page later is another prefix's: forget what was dropped here.
     if (group == cuts.fullGroup)
     {
-        cuts.droppedAt[static_cast<size_t>(page)] = HitClock::Dropped::kNOTHING;
+        cuts.kept.carrierEvicted(page);
     }
     if (group == checkpoints.carrierGroup)
     {
-        checkpoints.droppedAt[static_cast<size_t>(page)] = HitClock::Dropped::kNOTHING;
+        checkpoints.kept.carrierEvicted(page);
     }
     // No adoptable prefix ends at this page any more: its cut's windows and its checkpoint serve nothing.
     if (group == cuts.fullGroup && cuts.cutPages[static_cast<size_t>(page)] != 0)
@@ -99,7 +95,7 @@ void PageManager::State::makeCut(int32_t row, int32_t pages, bool adopted)
     {
         if (adopted)
         {
-            cuts.clock.hit(carrier);
+            cuts.kept.hit(carrier);
         }
         return;
     }
@@ -138,11 +134,10 @@ void PageManager::State::makeCut(int32_t row, int32_t pages, bool adopted)
         cuts.tail[w][at] = before;
     }
     cuts.cutPages[at] = pages;
-    cuts.clock.add(carrier, cuts.droppedAt[at]);
-    cuts.droppedAt[at] = HitClock::Dropped::kNOTHING;
+    cuts.kept.add(carrier, carrier);
     if (adopted)
     {
-        cuts.clock.hit(carrier);
+        cuts.kept.hit(carrier);
     }
 }
 
@@ -151,7 +146,7 @@ void PageManager::State::dropCut(int32_t page)
     size_t const at = static_cast<size_t>(page);
     int32_t const pages = cuts.cutPages[at];
     cuts.cutPages[at] = 0;
-    cuts.clock.remove(page);
+    cuts.kept.remove(page);
     for (size_t w = 0; w < cuts.windowedGroups.size(); ++w)
     {
         int32_t const g = cuts.windowedGroups[w];
@@ -197,13 +192,15 @@ void PageManager::State::checkCutInvariants() const
     int32_t counted = 0;
     int32_t previous = CachedPageList::kNONE;
     int32_t const fullPages = cuts.enabled() ? pools[static_cast<size_t>(cuts.fullGroup)].pages.numPages() : 0;
-    for (int32_t carrier = cuts.clock.first(); carrier != HitClock::kNONE; carrier = cuts.clock.next(carrier))
+    for (int32_t carrier = cuts.kept.clock().first(); carrier != HitClock::kNONE;
+         carrier = cuts.kept.clock().next(carrier))
     {
-        if (carrier < 0 || carrier >= fullPages || cuts.clock.previous(carrier) != previous || counted > fullPages)
+        if (carrier < 0 || carrier >= fullPages || cuts.kept.clock().previous(carrier) != previous
+            || counted > fullPages)
         {
             fail(fmt::format("the clock of cuts is broken at page {}", carrier));
         }
-        int32_t const hits = cuts.clock.hits(carrier);
+        int32_t const hits = cuts.kept.clock().hits(carrier);
         if (hits < 0 || hits > HitClock::kMAX_HITS)
         {
             fail(fmt::format("the cut at group {} page {} counts {} hits", cuts.fullGroup, carrier, hits));
@@ -241,9 +238,9 @@ void PageManager::State::checkCutInvariants() const
             }
         }
     }
-    if (previous != cuts.clock.last() || counted != cuts.clock.size())
+    if (previous != cuts.kept.clock().last() || counted != cuts.kept.clock().size())
     {
-        fail(fmt::format("the clock of cuts holds {} pages, counted {}", cuts.clock.size(), counted));
+        fail(fmt::format("the clock of cuts holds {} pages, counted {}", cuts.kept.clock().size(), counted));
     }
     int32_t carriers = 0;
     for (int32_t p = 0; p < fullPages; ++p)
@@ -256,17 +253,18 @@ void PageManager::State::checkCutInvariants() const
     }
     for (int32_t p = 0; p < fullPages; ++p)
     {
-        if (cuts.droppedAt[static_cast<size_t>(p)] != HitClock::Dropped::kNOTHING
+        if (cuts.kept.remembersDrop(p)
             && (cuts.cutPages[static_cast<size_t>(p)] != 0 || !prefix.isRegistered(cuts.fullGroup, p)))
         {
             fail(fmt::format(
                 "group {} page {} remembers a dropped cut but carries one or is not registered", cuts.fullGroup, p));
         }
     }
-    if (cuts.clock.target() < 0 || cuts.clock.target() > fullPages || cuts.clock.numNeverHit() > cuts.clock.size())
+    if (cuts.kept.clock().target() < 0 || cuts.kept.clock().target() > fullPages
+        || cuts.kept.clock().numNeverHit() > cuts.kept.clock().size())
     {
-        fail(fmt::format("the clock of cuts has a target of {} and {} of its {} cuts never hit", cuts.clock.target(),
-            cuts.clock.numNeverHit(), cuts.clock.size()));
+        fail(fmt::format("the clock of cuts has a target of {} and {} of its {} cuts never hit",
+            cuts.kept.clock().target(), cuts.kept.clock().numNeverHit(), cuts.kept.clock().size()));
     }
     for (size_t w = 0; w < cuts.windowedGroups.size(); ++w)
     {

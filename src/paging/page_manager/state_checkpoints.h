@@ -1,6 +1,6 @@
 #pragma once
 
-#include "paging/parts/hit_clock.h"
+#include "paging/parts/kept_boundaries.h"
 
 #include "kvcache/paging/page_hash.h"
 
@@ -17,7 +17,7 @@ namespace kvcache::rt
 //! k * tokensPerPage. A checkpoint is that slot, keyed by the hash of the prefix's page k - 1 (which chains the whole
 //! prefix and its salt) and carried by the page registered under that hash in the carrier group (the first
 //! full-attention group, else group 0): evicting the carrier page drops the checkpoint, since the prefix is gone.
-//! Empty slots are taken first; then slots are reused in the order that every kept boundary shares (HitClock):
+//! Empty slots are taken first; then slots are reused in the order that every kept boundary shares (KeptBoundaries):
 //! checkpoints never restored first, oldest first, then a clock with hit counts, so a checkpoint that is hit outlives
 //! many that are made and never hit.
 struct StateCheckpoints
@@ -46,12 +46,9 @@ struct StateCheckpoints
     std::vector<Slot> slots;
     //! Per page of carrierGroup: the checkpoint it carries, -1 for none.
     std::vector<int32_t> byCarrier;
-    //! The slots that hold a checkpoint: a restore counts a hit, and the clock chooses the slot to reuse among those
-    //! no queued copy reads or fills.
-    HitClock clock;
-    //! Per page of carrierGroup: what the clock last dropped of a checkpoint it carried, while the page keeps its
-    //! content.
-    std::vector<HitClock::Dropped> droppedAt;
+    //! The slots that hold a checkpoint, carried by pages of carrierGroup: a restore counts a hit, and the clock
+    //! chooses the slot to reuse among those no queued copy reads or fills.
+    KeptBoundaries kept;
     //! Checkpoints held (slots with pages > 0).
     int32_t held = 0;
     int64_t saved = 0;
