@@ -7,7 +7,8 @@
 //   d. caching a prompt's full pages;
 //   e. a continuous-batching simulation: 256 sequences sharing a 2048-token prefix, one step() for every decode;
 //   f. (ours, no baseline) a serving workload with shared prefixes, repeats and follow-ups on hybrid models (sliding
-//      window and full attention) and their full-attention twins of the same device bytes (hybrid_serving_sim.cpp);
+//      window and full attention) and their full-attention twins of the same device bytes, and one of a few hot
+//      prefixes with random endings (hybrid_serving_sim.cpp);
 //   j. (ours) a serving workload on a recurrent hybrid model (Qwen3-Next-like) under state checkpoints, against its
 //      attention-only twin of the same bytes and vLLM's rule of a state per block (state_checkpoint_sim.cpp).
 // No GPU. Counters: ns_per_op (and ns_per_page) for a-d, ns_per_sequence_step and prefix_hit_rate for e, the hit rate

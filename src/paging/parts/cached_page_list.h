@@ -11,7 +11,7 @@ namespace kvcache::rt
 //! level (a retention priority), each in release order (oldest first): the whole order is level 0's list, then level
 //! 1's, and so on. O(1) push, unlink and pop of the oldest (a bit scan finds the lowest level in use), nothing
 //! allocated after construction. A page is in the list or not; the list does not check which (its owner knows). The
-//! clock of kept prefix boundaries (hit_clock.h) uses one of two levels over its own ids.
+//! clock of kept prefix boundaries (hit_clock.h) uses two of a single level over its own ids.
 class CachedPageList
 {
 public:
