@@ -16,14 +16,14 @@ namespace kvcache::rt
 //! hand, so the hand reaches it last; a hit raises its count (at most kMAX_HITS); to choose an entry, the hand lowers
 //! a positive count and passes on, and stops at the first entry at 0. Beside the ring, the entries never hit since
 //! they were made are kept in the order made: while there are more of them than a target, the oldest goes instead,
-//! and the hand does not move. The target adapts to what was dropped too soon: the owner remembers, where a dropped
-//! entry's key still is, whether it had been hit, and says so when the same boundary is made again. One never hit
-//! raises the target by one (entries needed more time than the target gave them), one that had been hit lowers it
-//! below the entries never hit (they took the room of those that get hit); a boundary made again joins as if it had
-//! been hit. So a workload whose boundaries are made once and never hit (prompts with one-off endings) keeps few of
-//! them and loses none of those that get hit, and one whose boundaries come back after a while (repeated prompts)
-//! is served by the clock alone. Entries the owner calls busy are passed over. O(1) add, remove and hit; nothing
-//! allocated after construction.
+//! and the hand does not move. The target adapts to what was dropped too soon: the owner (KeptBoundaries) remembers,
+//! while a dropped entry's key lasts, whether it had been hit, and says so when the same boundary is made again. One
+//! never hit raises the target by one (entries needed more time than the target gave them), one that had been hit
+//! lowers it below the entries never hit (they took the room of those that get hit); a boundary made again joins as if
+//! it had been hit. So a workload whose boundaries are made once and never hit (prompts with one-off endings) keeps few
+//! of them and loses none of those that get hit, and one whose boundaries come back after a while (repeated prompts) is
+//! served by the clock alone. Entries the owner calls busy are passed over. O(1) add, remove and hit; nothing allocated
+//! after construction.
 class HitClock
 {
 public:
