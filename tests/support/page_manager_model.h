@@ -106,8 +106,8 @@ public:
         //! Entries per group: page ids in token order, kUNUSED_PAGE_ENTRY where a window released one.
         std::vector<std::vector<int32_t>> entries;
         //! Cuts of a hybrid cache to make once the sequence holds this many whole pages (0: none).
-        int32_t promptCut = 0;
-        int32_t matchCut = 0;
+        int32_t promptBoundary = 0;
+        int32_t matchBoundary = 0;
     };
 
     //! A cut of a hybrid cache: `pages` whole pages, on page `fullPage` of the full-attention group; per group, the
@@ -332,8 +332,8 @@ public:
         }
         Sequence& sequence = found->second;
         mStats.prefixQueryTokens += count;
-        sequence.promptCut = 0;
-        sequence.matchCut = 0;
+        sequence.promptBoundary = 0;
+        sequence.matchBoundary = 0;
         *adopted = 0;
         if (!mPrefixCaching || count == 0)
         {
@@ -401,8 +401,8 @@ public:
         *adopted = sequence.length;
         if (mCutGroup >= 0)
         {
-            sequence.promptCut = maxWhole > n ? maxWhole : 0;
-            sequence.matchCut = fullRun > n ? fullRun : 0;
+            sequence.promptBoundary = maxWhole > n ? maxWhole : 0;
+            sequence.matchBoundary = fullRun > n ? fullRun : 0;
             makeCut(sequence.pageHashes, n, true);
         }
         return ModelOutcome::kOK;
@@ -573,7 +573,7 @@ public:
                 // A cut the sequence waits for is made as soon as the page that completes it is registered.
                 known.push_back(hashes[h]);
                 int32_t const whole = static_cast<int32_t>(known.size());
-                if (mCutGroup >= 0 && (whole == sequence.promptCut || whole == sequence.matchCut))
+                if (mCutGroup >= 0 && (whole == sequence.promptBoundary || whole == sequence.matchBoundary))
                 {
                     makeCut(known, whole);
                 }
@@ -849,7 +849,7 @@ public:
         sequence.length = end * mTokensPerPage;
         if (mCutGroup >= 0)
         {
-            for (int32_t const cut : {sequence.matchCut, sequence.promptCut})
+            for (int32_t const cut : {sequence.matchBoundary, sequence.promptBoundary})
             {
                 if (cut > first && cut < end)
                 {

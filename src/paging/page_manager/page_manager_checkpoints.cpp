@@ -179,7 +179,7 @@ int32_t PageManager::State::checkpointBoundary(int32_t row) const
     }
     SequenceState const& sequence = sequences[row];
     int64_t best = std::numeric_limits<int64_t>::max();
-    for (int32_t const pages : {sequence.promptCut, sequence.matchCut})
+    for (int32_t const pages : {sequence.promptBoundary, sequence.matchBoundary})
     {
         int64_t const end = int64_t{pages} << pageShift;
         if (end > sequence.length)

@@ -155,7 +155,7 @@ struct PageManager::State
     {
         sequences.hashes(row)[index] = hash;
         SequenceState const& sequence = sequences[row];
-        if (index + 1 == sequence.promptCut || index + 1 == sequence.matchCut)
+        if (index + 1 == sequence.promptBoundary || index + 1 == sequence.matchBoundary)
         {
             makeCut(row, index + 1);
         }
