@@ -7,7 +7,8 @@
 //   d. caching a prompt's full pages;
 //   e. a continuous-batching simulation: 256 sequences sharing a 2048-token prefix, one step() for every decode;
 //   f. (ours, no baseline) a serving workload with shared prefixes, repeats and follow-ups on hybrid models (sliding
-//      window and full attention) and their full-attention twins of the same device bytes (hybrid_serving_sim.cpp);
+//      window and full attention) and their full-attention twins of the same device bytes, and one of a few hot
+//      prefixes with random endings (hybrid_serving_sim.cpp);
 //   j. (ours) a serving workload on a recurrent hybrid model (Qwen3-Next-like) under state checkpoints, against its
 //      attention-only twin of the same bytes and vLLM's rule of a state per block (state_checkpoint_sim.cpp).
 // No GPU. Counters: ns_per_op (and ns_per_page) for a-d, ns_per_sequence_step and prefix_hit_rate for e, the hit rate
@@ -608,9 +609,75 @@ void batchingSim(
 //! Seeds of case f: each iteration runs one.
 constexpr int32_t kHYBRID_SEEDS = 5;
 
+//! Runs one seed an iteration of `run` on the full-attention twin, then on the hybrid model, and reports the hit rates
+//! (adopted tokens over prompt tokens offered, after warm-up, summed over the iterations). With `sameBytes`, checks
+//! that the hybrid cache takes at most the twin's bytes.
+template <typename Run>
+void hybridAgainstTwin(
+    benchmark::State& state, rt::KVCacheConfig const& twin, rt::KVCacheConfig const& hybrid, bool sameBytes, Run&& run)
+{
+    HybridRunResult twinTotal;
+    HybridRunResult hybridTotal;
+    uint64_t seed = 1;
+    for (auto _ : state)
+    {
+        HybridRunResult const t = run(twin, seed);
+        HybridRunResult const h = run(hybrid, seed);
+        ++seed;
+        check(t.offeredTokens == h.offeredTokens && t.admitted == h.admitted,
+            "the twin and the hybrid model were offered different prompts");
+        check(!sameBytes || h.cacheBytes <= t.cacheBytes,
+            "the hybrid cache takes " + std::to_string(h.cacheBytes) + " bytes, more than the twin's "
+                + std::to_string(t.cacheBytes));
+        for (HybridRunResult* total : {&twinTotal, &hybridTotal})
+        {
+            HybridRunResult const& one = total == &twinTotal ? t : h;
+            total->offeredTokens += one.offeredTokens;
+            total->adoptedTokens += one.adoptedTokens;
+            for (size_t k = 0; k < one.offeredByKind.size(); ++k)
+            {
+                total->offeredByKind[k] += one.offeredByKind[k];
+                total->adoptedByKind[k] += one.adoptedByKind[k];
+            }
+            total->admitted += one.admitted;
+            total->evictedPages += one.evictedPages;
+            total->nanoseconds += one.nanoseconds;
+            total->numPagesPerGroup = one.numPagesPerGroup;
+            total->cacheBytes = one.cacheBytes;
+        }
+        state.SetIterationTime((t.nanoseconds + h.nanoseconds) * 1e-9);
+    }
+    auto rate = [](HybridRunResult const& r)
+    { return static_cast<double>(r.adoptedTokens) / static_cast<double>(std::max<int64_t>(r.offeredTokens, 1)); };
+    state.counters["twin_hit_rate"] = rate(twinTotal);
+    state.counters["hybrid_hit_rate"] = rate(hybridTotal);
+    state.counters["hybrid_over_twin"] = rate(hybridTotal) / std::max(rate(twinTotal), 1e-12);
+    char const* const kinds[] = {"new", "repeat", "follow_up"};
+    for (size_t k = 0; k < 3; ++k)
+    {
+        auto kindRate = [k](HybridRunResult const& r) {
+            return static_cast<double>(r.adoptedByKind[k])
+                / static_cast<double>(std::max<int64_t>(r.offeredByKind[k], 1));
+        };
+        state.counters[std::string("twin_hit_rate_") + kinds[k]] = kindRate(twinTotal);
+        state.counters[std::string("hybrid_hit_rate_") + kinds[k]] = kindRate(hybridTotal);
+    }
+    state.counters["admitted"] = static_cast<double>(hybridTotal.admitted);
+    state.counters["twin_evicted"] = static_cast<double>(twinTotal.evictedPages);
+    state.counters["hybrid_evicted"] = static_cast<double>(hybridTotal.evictedPages);
+    state.counters["twin_ms"] = twinTotal.nanoseconds * 1e-6;
+    state.counters["hybrid_ms"] = hybridTotal.nanoseconds * 1e-6;
+    state.counters["twin_bytes"] = static_cast<double>(twinTotal.cacheBytes);
+    state.counters["hybrid_bytes"] = static_cast<double>(hybridTotal.cacheBytes);
+    for (size_t g = 0; g < hybridTotal.numPagesPerGroup.size(); ++g)
+    {
+        state.counters["hybrid_pages_g" + std::to_string(g)] = static_cast<double>(hybridTotal.numPagesPerGroup[g]);
+    }
+    state.counters["twin_pages"] = static_cast<double>(twinTotal.numPagesPerGroup.at(0));
+}
+
 //! hybrid_prefix/MODEL/SPLIT/P: one iteration runs the workload of hybrid_serving_sim.cpp with one seed on the
-//! full-attention twin, then on the hybrid model whose cache takes at most the twin's bytes (split per SPLIT). The
-//! hit rates are adopted tokens over prompt tokens offered, after warm-up, summed over the iterations.
+//! full-attention twin, then on the hybrid model whose cache takes at most the twin's bytes (split per SPLIT).
 void hybridPrefix(benchmark::State& state, HybridModelShape shape, HybridSplit split, int32_t tokensPerPage)
 {
     guarded(state,
@@ -619,67 +686,19 @@ void hybridPrefix(benchmark::State& state, HybridModelShape shape, HybridSplit s
             rt::KVCacheConfig const twin = twinConfig(shape, tokensPerPage);
             int64_t const twinBytes = rt::computeLayout(twin).cacheBytes;
             rt::KVCacheConfig const hybrid = hybridConfig(shape, tokensPerPage, split, twinBytes);
-            HybridRunResult twinTotal;
-            HybridRunResult hybridTotal;
-            uint64_t seed = 1;
-            for (auto _ : state)
-            {
-                HybridRunResult const t = runHybridWorkload(twin, seed);
-                HybridRunResult const h = runHybridWorkload(hybrid, seed);
-                ++seed;
-                check(t.offeredTokens == h.offeredTokens && t.admitted == h.admitted,
-                    "the twin and the hybrid model were offered different prompts");
-                check(h.cacheBytes <= t.cacheBytes,
-                    "the hybrid cache takes " + std::to_string(h.cacheBytes) + " bytes, more than the twin's "
-                        + std::to_string(t.cacheBytes));
-                for (HybridRunResult* total : {&twinTotal, &hybridTotal})
-                {
-                    HybridRunResult const& run = total == &twinTotal ? t : h;
-                    total->offeredTokens += run.offeredTokens;
-                    total->adoptedTokens += run.adoptedTokens;
-                    for (size_t k = 0; k < run.offeredByKind.size(); ++k)
-                    {
-                        total->offeredByKind[k] += run.offeredByKind[k];
-                        total->adoptedByKind[k] += run.adoptedByKind[k];
-                    }
-                    total->admitted += run.admitted;
-                    total->evictedPages += run.evictedPages;
-                    total->nanoseconds += run.nanoseconds;
-                    total->numPagesPerGroup = run.numPagesPerGroup;
-                    total->cacheBytes = run.cacheBytes;
-                }
-                state.SetIterationTime((t.nanoseconds + h.nanoseconds) * 1e-9);
-            }
-            auto rate = [](HybridRunResult const& r) {
-                return static_cast<double>(r.adoptedTokens)
-                    / static_cast<double>(std::max<int64_t>(r.offeredTokens, 1));
-            };
-            state.counters["twin_hit_rate"] = rate(twinTotal);
-            state.counters["hybrid_hit_rate"] = rate(hybridTotal);
-            state.counters["hybrid_over_twin"] = rate(hybridTotal) / std::max(rate(twinTotal), 1e-12);
-            char const* const kinds[] = {"new", "repeat", "follow_up"};
-            for (size_t k = 0; k < 3; ++k)
-            {
-                auto kindRate = [k](HybridRunResult const& r) {
-                    return static_cast<double>(r.adoptedByKind[k])
-                        / static_cast<double>(std::max<int64_t>(r.offeredByKind[k], 1));
-                };
-                state.counters[std::string("twin_hit_rate_") + kinds[k]] = kindRate(twinTotal);
-                state.counters[std::string("hybrid_hit_rate_") + kinds[k]] = kindRate(hybridTotal);
-            }
-            state.counters["admitted"] = static_cast<double>(hybridTotal.admitted);
-            state.counters["twin_evicted"] = static_cast<double>(twinTotal.evictedPages);
-            state.counters["hybrid_evicted"] = static_cast<double>(hybridTotal.evictedPages);
-            state.counters["twin_ms"] = twinTotal.nanoseconds * 1e-6;
-            state.counters["hybrid_ms"] = hybridTotal.nanoseconds * 1e-6;
-            state.counters["twin_bytes"] = static_cast<double>(twinTotal.cacheBytes);
-            state.counters["hybrid_bytes"] = static_cast<double>(hybridTotal.cacheBytes);
-            for (size_t g = 0; g < hybridTotal.numPagesPerGroup.size(); ++g)
-            {
-                state.counters["hybrid_pages_g" + std::to_string(g)] =
-                    static_cast<double>(hybridTotal.numPagesPerGroup[g]);
-            }
-            state.counters["twin_pages"] = static_cast<double>(twinTotal.numPagesPerGroup.at(0));
+            hybridAgainstTwin(state, twin, hybrid, true, runHybridWorkload);
+        });
+}
+
+//! hot_prefix/SPARE: the hot-prefix workload of hybrid_serving_sim.cpp, one seed an iteration, on the full-attention
+//! twin and on the hybrid model whose windowed group has SPARE pages beyond the running batch's largest need.
+void hotPrefix(benchmark::State& state, int32_t sparePages)
+{
+    guarded(state,
+        [&]
+        {
+            hybridAgainstTwin(state, hotPrefixConfig(false, sparePages), hotPrefixConfig(true, sparePages), false,
+                runHotPrefixWorkload);
         });
 }
 
@@ -830,6 +849,13 @@ void registerAll()
                     ->Unit(benchmark::kMillisecond);
             }
         }
+    }
+    for (int32_t const spare : {40, 80})
+    {
+        benchmark::RegisterBenchmark(("hot_prefix/" + std::to_string(spare)).c_str(), hotPrefix, spare)
+            ->UseManualTime()
+            ->Iterations(kHYBRID_SEEDS)
+            ->Unit(benchmark::kMillisecond);
     }
     for (int32_t const slots : {64, 128, 256, 384})
     {

@@ -1,6 +1,8 @@
 // Case f: the serving workload of serving_workload.cpp, run on a hybrid model and on its full-attention twin. The pool
 // of the twin holds kTWIN_POOL_TOKENS tokens: the running batch fits at its largest, and the cache churns (the workload
-// writes several times the pool in new tokens).
+// writes several times the pool in new tokens). The hot-prefix workload: a few shared prefixes that every prompt starts
+// with and random suffixes that no later prompt shares, so that what a hybrid cache keeps for the prefixes competes
+// with what it keeps at the suffixes' ends.
 
 #include "hybrid_serving_sim.h"
 
@@ -89,11 +91,40 @@ rt::KVCacheConfig hybridConfig(
     return config;
 }
 
-HybridRunResult runHybridWorkload(rt::KVCacheConfig const& config, uint64_t seed)
+namespace
+{
+
+//! The pages of the hot-prefix workload's full-attention pools: every prefix, and the running batch many times over.
+constexpr int32_t kHOT_FULL_PAGES = 4096;
+
+ServingShape hotPrefixShape()
+{
+    RequestShape requests;
+    requests.families = kHOT_PREFIXES;
+    requests.minFamilyTokens = 256;
+    requests.maxFamilyTokens = 256;
+    requests.familySeed = 4242;
+    // Every draw is a new request: no repeats, no follow-ups.
+    requests.kindDraws = 1;
+    requests.firstRepeatDraw = 1;
+    requests.minNewTokens = 16;
+    requests.maxNewTokens = 256;
+    requests.minOutput = 8;
+    requests.maxOutput = 64;
+    requests.history = 1;
+    ServingShape shape{requests};
+    shape.running = kHOT_RUNNING;
+    shape.chunk = kHOT_CHUNK;
+    shape.warmSteps = 1000;
+    shape.measuredSteps = 8000;
+    return shape;
+}
+
+HybridRunResult runOn(rt::KVCacheConfig const& config, uint64_t seed, ServingShape const& shape)
 {
     rt::PageManager manager(config, options());
     PageManagerServing serving(manager);
-    ServingResult const run = runServingWorkload(serving, seed);
+    ServingResult const run = runServingWorkload(serving, seed, shape);
     HybridRunResult result;
     for (rt::KVPageGroupLayout const& group : manager.layout().groups)
     {
@@ -109,6 +140,43 @@ HybridRunResult runHybridWorkload(rt::KVCacheConfig const& config, uint64_t seed
     result.nanoseconds = run.nanoseconds;
     manager.checkInvariants();
     return result;
+}
+
+} // namespace
+
+HybridRunResult runHybridWorkload(rt::KVCacheConfig const& config, uint64_t seed)
+{
+    return runOn(config, seed, servingShape());
+}
+
+rt::KVCacheConfig hotPrefixConfig(bool hybrid, int32_t sparePages)
+{
+    rt::KVCacheConfig config;
+    config.numAttentionLayers = 2;
+    config.maxBatchSize = 1;
+    config.maxSequenceLength = 1024;
+    config.tokensPerPage = 16;
+    // A chunk of one page keeps the windowed group's running need (pagesPerSequence) close to what a decoding
+    // sequence holds, so that the spare pages are what the cache has for prefixes.
+    config.maxTokensPerStep = kHOT_CHUNK;
+    config.layerConfigs = {{8, 64, hybrid ? kHOT_WINDOW : 0}, {8, 64, 0}};
+    if (!hybrid)
+    {
+        config.numPages = kHOT_FULL_PAGES;
+        return config;
+    }
+    rt::KVCacheLayout const layout = rt::computeLayout(config);
+    for (rt::KVPageGroupLayout const& group : layout.groups)
+    {
+        config.numPagesPerGroup.push_back(
+            group.slidingWindow == 0 ? kHOT_FULL_PAGES : kHOT_RUNNING * group.pagesPerSequence + sparePages);
+    }
+    return config;
+}
+
+HybridRunResult runHotPrefixWorkload(rt::KVCacheConfig const& config, uint64_t seed)
+{
+    return runOn(config, seed, hotPrefixShape());
 }
 
 } // namespace kvcache::bench

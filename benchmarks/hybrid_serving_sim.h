@@ -58,6 +58,21 @@ struct HybridRunResult
     int64_t cacheBytes = 0;
 };
 
+//! The hot-prefix workload of case f (hot_prefix/SPARE): one sliding-window layer of kHOT_WINDOW tokens and one
+//! full-attention layer, 16 tokens a page; kHOT_RUNNING sequences at once, prefilled kHOT_CHUNK tokens a step; every
+//! prompt is one of kHOT_PREFIXES shared prefixes of 256 tokens followed by 16 to 256 random tokens, and produces 8 to
+//! 64 tokens. A prefix hit at 256 tokens needs its window's 5 windowed pages.
+inline constexpr int32_t kHOT_WINDOW = 80;
+inline constexpr int32_t kHOT_PREFIXES = 6;
+inline constexpr int32_t kHOT_RUNNING = 8;
+inline constexpr int32_t kHOT_CHUNK = 16;
+
+//! Returns the hot-prefix model's config: the hybrid one (`hybrid`) with its windowed group at the running batch's
+//! largest need plus `sparePages`, or its full-attention twin; the full-attention pools hold every prefix and more.
+rt::KVCacheConfig hotPrefixConfig(bool hybrid, int32_t sparePages);
+//! Runs the hot-prefix workload seeded by `seed` on a manager made from `config`, as runHybridWorkload does.
+HybridRunResult runHotPrefixWorkload(rt::KVCacheConfig const& config, uint64_t seed);
+
 //! Runs the serving workload (seeded by `seed`, the same requests whatever the manager) on a manager made from
 //! `config`: kSERVING_WARM_STEPS untimed steps, then kSERVING_MEASURED_STEPS measured ones. Throws std::runtime_error
 //! when a step runs out of pages (the workload is sized so that it must not) or a check fails.

@@ -23,12 +23,10 @@
 
 namespace kvcache::bench
 {
-namespace
-{
 
-//! The stream's rules (see the top of this file).
-RequestShape servingShape()
+ServingShape servingShape()
 {
+    // The stream's rules (see the top of this file).
     RequestShape shape;
     shape.families = 24;
     shape.minFamilyTokens = 256;
@@ -48,14 +46,12 @@ RequestShape servingShape()
     shape.minOutput = 16;
     shape.maxOutput = 256;
     shape.history = 512;
-    return shape;
+    return ServingShape{shape};
 }
 
-} // namespace
-
-ServingResult runServingWorkload(ServingCache& cache, uint64_t seed)
+ServingResult runServingWorkload(ServingCache& cache, uint64_t seed, ServingShape const& shape)
 {
-    RequestStream source(servingShape(), seed);
+    RequestStream source(shape.requests, seed);
     std::vector<RunningRequest> running;
     std::vector<RunningRequest> still;
     std::vector<rt::SequenceAppend> appends;
@@ -69,9 +65,9 @@ ServingResult runServingWorkload(ServingCache& cache, uint64_t seed)
         int32_t const length = static_cast<int32_t>(prompt.size());
         entry.id = cache.create();
         ServingHit const hit = cache.admit(entry.id, prompt.data(), length);
-        for (int32_t at = hit.deviceTokens + hit.hostTokens; at < length; at += kSERVING_CHUNK)
+        for (int32_t at = hit.deviceTokens + hit.hostTokens; at < length; at += shape.chunk)
         {
-            rt::SequenceAppend const chunk{entry.id, prompt.data() + at, std::min(kSERVING_CHUNK, length - at)};
+            rt::SequenceAppend const chunk{entry.id, prompt.data() + at, std::min(shape.chunk, length - at)};
             cache.step(&chunk, 1);
         }
         entry.produced = 1;
@@ -87,14 +83,14 @@ ServingResult runServingWorkload(ServingCache& cache, uint64_t seed)
         }
         running.push_back(std::move(entry));
     };
-    for (int32_t i = 0; i < kSERVING_RUNNING; ++i)
+    for (int32_t i = 0; i < shape.running; ++i)
     {
         admit();
     }
     auto start = std::chrono::steady_clock::now();
-    for (int32_t step = 0; step < kSERVING_WARM_STEPS + kSERVING_MEASURED_STEPS; ++step)
+    for (int32_t step = 0; step < shape.warmSteps + shape.measuredSteps; ++step)
     {
-        if (step == kSERVING_WARM_STEPS)
+        if (step == shape.warmSteps)
         {
             measuring = true;
             cache.measuring();
@@ -122,7 +118,7 @@ ServingResult runServingWorkload(ServingCache& cache, uint64_t seed)
             source.finished(entry.request);
         }
         running.swap(still);
-        while (static_cast<int32_t>(running.size()) < kSERVING_RUNNING)
+        while (static_cast<int32_t>(running.size()) < shape.running)
         {
             admit();
         }

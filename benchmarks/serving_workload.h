@@ -5,6 +5,7 @@
 // cache behind ServingCache. The stream never looks at the cache, so every cache a case compares sees the same
 // requests in the same order. See serving_workload.cpp for the rules and docs/benchmarks.md for the figures.
 
+#include "request_stream.h"
 #include "split_mix64.h"
 
 #include "kvcache/paging/page_manager.h"
@@ -74,11 +75,24 @@ struct ServingResult
     double nanoseconds = 0; //!< wall time of the measured steps
 };
 
-//! Runs the workload seeded by `seed` on `cache`: kSERVING_RUNNING sequences, each step one decoded token a running
-//! sequence, a finished one freed and a request admitted in its place (admit(), then the rest of its prompt in chunks
-//! of kSERVING_CHUNK). Throws std::runtime_error when a finished sequence holds other than its prompt and output but
-//! the last token, and what the cache throws.
-ServingResult runServingWorkload(ServingCache& cache, uint64_t seed);
+//! A serving loop's requests, its sequences at once, its prefill chunk and its steps.
+struct ServingShape
+{
+    RequestShape requests;
+    int32_t running = kSERVING_RUNNING;
+    int32_t chunk = kSERVING_CHUNK;
+    int32_t warmSteps = kSERVING_WARM_STEPS;
+    int32_t measuredSteps = kSERVING_MEASURED_STEPS;
+};
+
+//! The workload of cases f and g (serving_workload.cpp): the requests described there, the kSERVING_* sizes.
+ServingShape servingShape();
+
+//! Runs the workload of `shape` seeded by `seed` on `cache`: shape.running sequences, each step one decoded token a
+//! running sequence, a finished one freed and a request admitted in its place (admit(), then the rest of its prompt in
+//! chunks of shape.chunk tokens). Throws std::runtime_error when a finished sequence holds other than its prompt and
+//! output but the last token, and what the cache throws.
+ServingResult runServingWorkload(ServingCache& cache, uint64_t seed, ServingShape const& shape = servingShape());
 
 //! A ServingCache over a PageManager: adoptPrefix(), step(), free() (case f's manager, and case g's one-tier caches).
 class PageManagerServing : public ServingCache

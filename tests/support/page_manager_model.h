@@ -5,9 +5,11 @@
 // release order, each group's cache a std::map from hash to page, lists searched linearly. Hashes come from the same
 // rt::PageHasher (same algorithm and seed); extra keys are fed to it in the model's own byte encoding, so a model
 // hash equals the manager's only for pages without extra keys, and tests compare the rest through a one-to-one map.
-// A hybrid cache's cuts (the header's "Hybrid caches" paragraph) are kept as a vector of records, least recently made
-// first, each with its windows' page ids; whether a page is anchored is found by searching them. Retention
-// priorities are a number per page; eviction searches the cached vector for the first page of the lowest.
+// A hybrid cache's cuts (the header's "Hybrid caches" paragraph) are kept as records with their windows' page ids,
+// their count and the order they were made in, in a vector in the clock's order from its hand on; the cut a windowed
+// group drops is found by searching it, and whether a page is anchored too. What was dropped at a full-attention page
+// is a std::map entry until the page is evicted. Retention priorities are a number per page; eviction searches the
+// cached vector for the first page of the lowest.
 
 #include "kvcache/core/kv_cache_config.h"
 #include "kvcache/memory/page_ops.h"
@@ -104,8 +106,8 @@ public:
         //! Entries per group: page ids in token order, kUNUSED_PAGE_ENTRY where a window released one.
         std::vector<std::vector<int32_t>> entries;
         //! Cuts of a hybrid cache to make once the sequence holds this many whole pages (0: none).
-        int32_t promptCut = 0;
-        int32_t matchCut = 0;
+        int32_t promptBoundary = 0;
+        int32_t matchBoundary = 0;
     };
 
     //! A cut of a hybrid cache: `pages` whole pages, on page `fullPage` of the full-attention group; per group, the
@@ -115,6 +117,11 @@ public:
         int32_t fullPage = 0;
         int32_t pages = 0;
         std::vector<std::vector<int32_t>> window;
+        //! Its count on the clock; whether it was adopted (or made again after being dropped) since it was made; when
+        //! it was made (cuts made earlier have smaller numbers).
+        int32_t hits = 0;
+        bool adopted = false;
+        int64_t made = 0;
     };
 
     //! The OutOfMemoryError the model predicts: the first group short of pages.
@@ -166,6 +173,7 @@ public:
         {
             mCutGroup = -1;
         }
+        mCutTarget = mCutGroup >= 0 ? mGroups[static_cast<size_t>(mCutGroup)].numPages : 0;
     }
 
     // Queries ------------------------------------------------------------------------------------------------------
@@ -210,10 +218,15 @@ public:
     {
         return mShortage;
     }
-    //! The cuts, least recently made first.
+    //! The cuts, from the clock's hand on.
     std::vector<Cut> const& cuts() const
     {
         return mCuts;
+    }
+    //! The most cuts never adopted that the clock keeps before dropping the oldest of them first.
+    int32_t cutTarget() const
+    {
+        return mCutTarget;
     }
     //! Cuts dropped so far because a windowed group needed a page, and because their full-attention page was evicted.
     int64_t cutsDroppedForPages() const
@@ -319,8 +332,8 @@ public:
         }
         Sequence& sequence = found->second;
         mStats.prefixQueryTokens += count;
-        sequence.promptCut = 0;
-        sequence.matchCut = 0;
+        sequence.promptBoundary = 0;
+        sequence.matchBoundary = 0;
         *adopted = 0;
         if (!mPrefixCaching || count == 0)
         {
@@ -388,9 +401,9 @@ public:
         *adopted = sequence.length;
         if (mCutGroup >= 0)
         {
-            sequence.promptCut = maxWhole > n ? maxWhole : 0;
-            sequence.matchCut = fullRun > n ? fullRun : 0;
-            makeCut(sequence.pageHashes, n);
+            sequence.promptBoundary = maxWhole > n ? maxWhole : 0;
+            sequence.matchBoundary = fullRun > n ? fullRun : 0;
+            makeCut(sequence.pageHashes, n, true);
         }
         return ModelOutcome::kOK;
     }
@@ -560,7 +573,7 @@ public:
                 // A cut the sequence waits for is made as soon as the page that completes it is registered.
                 known.push_back(hashes[h]);
                 int32_t const whole = static_cast<int32_t>(known.size());
-                if (mCutGroup >= 0 && (whole == sequence.promptCut || whole == sequence.matchCut))
+                if (mCutGroup >= 0 && (whole == sequence.promptBoundary || whole == sequence.matchBoundary))
                 {
                     makeCut(known, whole);
                 }
@@ -836,14 +849,14 @@ public:
         sequence.length = end * mTokensPerPage;
         if (mCutGroup >= 0)
         {
-            for (int32_t const cut : {sequence.matchCut, sequence.promptCut})
+            for (int32_t const cut : {sequence.matchBoundary, sequence.promptBoundary})
             {
                 if (cut > first && cut < end)
                 {
                     makeCut(sequence.pageHashes, cut);
                 }
             }
-            makeCut(sequence.pageHashes, end);
+            makeCut(sequence.pageHashes, end, true);
         }
         return true;
     }
@@ -971,18 +984,46 @@ private:
     }
 
     //! Evicts the cached page of group `g` that goes first and returns it (in no list): the front of its list, after
-    //! dropping cuts (least recently made first) while only anchored pages are cached; a full-attention page takes its
-    //! cut with it.
+    //! dropping cuts while only anchored pages are cached; a full-attention page takes its cut with it, and what was
+    //! dropped there is forgotten. The cut dropped: the one made first of those never adopted while there are more of
+    //! them than the target; else the clock's: from the hand on, a positive count is lowered and the cut moves behind
+    //! the others, the first at 0 goes. What is dropped is remembered at its full-attention page.
     int32_t evictNext(int32_t g)
     {
         while (mGroups[static_cast<size_t>(g)].lru.empty())
         {
-            dropCut(0);
+            auto const neverAdopted = [](Cut const& cut) { return !cut.adopted; };
+            int32_t const numNeverAdopted =
+                static_cast<int32_t>(std::count_if(mCuts.begin(), mCuts.end(), neverAdopted));
+            size_t chosen = 0;
+            if (numNeverAdopted > mCutTarget)
+            {
+                for (size_t c = 0; c < mCuts.size(); ++c)
+                {
+                    if (!mCuts[c].adopted && (mCuts[chosen].adopted || mCuts[c].made < mCuts[chosen].made))
+                    {
+                        chosen = c;
+                    }
+                }
+            }
+            else
+            {
+                while (mCuts.at(0).hits > 0)
+                {
+                    Cut passed = mCuts.front();
+                    mCuts.erase(mCuts.begin());
+                    --passed.hits;
+                    mCuts.push_back(std::move(passed));
+                }
+            }
+            mDroppedAt[mCuts[chosen].fullPage] = mCuts[chosen].adopted ? kDROPPED_ADOPTED : kDROPPED_NEVER_ADOPTED;
+            dropCut(chosen);
             ++mCutsDroppedForPages;
         }
         int32_t const page = evictOldest(g);
         if (g == mCutGroup)
         {
+            mDroppedAt.erase(page);
             for (size_t c = 0; c < mCuts.size(); ++c)
             {
                 if (mCuts[c].fullPage == page)
@@ -996,9 +1037,9 @@ private:
         return page;
     }
 
-    //! Makes the cut of `pages` whole pages of the chain `hashes`, or makes an existing one the most recent; none when
-    //! the full-attention page or a window page is not registered.
-    void makeCut(std::vector<rt::PageHash> const& hashes, int32_t pages)
+    //! Makes the cut of `pages` whole pages of the chain `hashes` unless it exists, and counts an adoption of it when
+    //! `adopted`; none when the full-attention page or a window page is not registered.
+    void makeCut(std::vector<rt::PageHash> const& hashes, int32_t pages, bool adopted = false)
     {
         if (pages <= 0)
         {
@@ -1010,13 +1051,15 @@ private:
         {
             return;
         }
-        for (size_t c = 0; c < mCuts.size(); ++c)
+        for (Cut& existing : mCuts)
         {
-            if (mCuts[c].fullPage == *carrier)
+            if (existing.fullPage == *carrier)
             {
-                Cut const again = mCuts[c];
-                mCuts.erase(mCuts.begin() + static_cast<std::ptrdiff_t>(c));
-                mCuts.push_back(again);
+                if (adopted)
+                {
+                    existing.adopted = true;
+                    existing.hits = std::min(existing.hits + 1, 3);
+                }
                 return;
             }
         }
@@ -1050,6 +1093,25 @@ private:
                     group.anchoredCached.push_back(page);
                 }
             }
+        }
+        // A cut dropped at this page before and made again counts as adopted, and moves the target: up by one when it
+        // had never been adopted, else to one below the cuts never adopted (at least 0).
+        auto const dropped = mDroppedAt.find(*carrier);
+        if (dropped != mDroppedAt.end())
+        {
+            int32_t const numNeverAdopted = static_cast<int32_t>(
+                std::count_if(mCuts.begin(), mCuts.end(), [](Cut const& c) { return !c.adopted; }));
+            mCutTarget = dropped->second == kDROPPED_NEVER_ADOPTED
+                ? std::min(mCutTarget + 1, mGroups[static_cast<size_t>(mCutGroup)].numPages)
+                : std::max(std::min(mCutTarget, numNeverAdopted) - 1, 0);
+            cut.adopted = true;
+            mDroppedAt.erase(dropped);
+        }
+        cut.made = ++mCutsMade;
+        if (adopted)
+        {
+            cut.adopted = true;
+            cut.hits = 1;
         }
         mCuts.push_back(std::move(cut));
     }
@@ -1114,7 +1176,15 @@ private:
     std::optional<Shortage> mShortage;
     //! The full-attention group cuts hang on; -1 when the cache is not hybrid.
     int32_t mCutGroup = -1;
+    //! The cuts, from the clock's hand on.
     std::vector<Cut> mCuts;
+    int64_t mCutsMade = 0;
+    int32_t mCutTarget = 0;
+    //! Per full-attention page whose cut the clock dropped, while the page keeps its content: whether it had been
+    //! adopted.
+    static constexpr int32_t kDROPPED_NEVER_ADOPTED = 1;
+    static constexpr int32_t kDROPPED_ADOPTED = 2;
+    std::map<int32_t, int32_t> mDroppedAt;
     int64_t mCutsDroppedForPages = 0;
     int64_t mCutsDroppedWithCarrier = 0;
 };

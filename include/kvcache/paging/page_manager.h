@@ -214,10 +214,11 @@ using EvictionCallback = std::function<void(int32_t group, int32_t page, PageHas
 //! larger than what it adopted (the last adoptPrefix() call of the sequence counts; forks inherit these); and by
 //! free(), at its whole pages, before its pages are let go. A cut is made only when the full-attention page of entry
 //! k - 1 and every page of its windows are registered (found by hash); it hangs on that full-attention page (making
-//! it again only makes it the most recent) and anchors its windows' pages. An anchored cached page counts in
-//! counts().cached and counts().anchored and is evicted only after every unanchored cached page of its group. When a
-//! windowed group must evict and all its cached pages are anchored, cuts are dropped, least recently made first, until
-//! one is not. Evicting a full-attention page drops the cut it carries. A dropped cut's window pages left cached with
+//! it again changes nothing) and anchors its windows' pages. adoptPrefix() counts a hit on the cut of the prefix it
+//! adopted (making it first when there is none). An anchored cached page counts in counts().cached and
+//! counts().anchored and is evicted only after every unanchored cached page of its group. When a windowed group must
+//! evict and all its cached pages are anchored, cuts are dropped, chosen as "Boundaries kept" says, until one is not.
+//! Evicting a full-attention page drops the cut it carries. A dropped cut's window pages left cached with
 //! no anchor go before every other cached page of their group, the window's last page first: no cut needs them. Caches
 //! of one group, of windowed groups only, or without prefix caching make no cuts.
 //!
@@ -265,12 +266,22 @@ using EvictionCallback = std::function<void(int32_t group, int32_t page, PageHas
 //! before its last token, the end of the run of pages adoptPrefix() found cached past what it adopted, and every
 //! checkpointIntervalPages pages); the runtime ends a prefill chunk there, runs the step, and calls checkpointState(),
 //! which queues the copy of the sequence's slot (its source, when a fork or restore copy into it is still queued)
-//! into a checkpoint slot. A checkpoint is adoptable from the step that hands its copy out. Slots are reused by a
-//! clock: a hit raises the slot's count (at most 3), the hand lowers counts as it passes and reuses the first slot
-//! at 0, so checkpoints that are hit outlive those made and never hit; empty slots go first, lowest first, and a slot a
-//! queued copy reads or fills is never reused before the step. Evicting a checkpoint's carrier page drops it (its
-//! prefix is gone). Queued copies still never read a slot one fills; so an empty sequence whose slot a queued copy
+//! into a checkpoint slot. A checkpoint is adoptable from the step that hands its copy out. Empty slots are taken
+//! first, lowest first; then the checkpoint to drop is chosen as "Boundaries kept" says, a restore counting a hit, and
+//! a slot a queued copy reads or fills is never reused before the step. Evicting a checkpoint's carrier page drops it
+//! (its prefix is gone). Queued copies still never read a slot one fills; so an empty sequence whose slot a queued copy
 //! reads (forked since the last step) adopts nothing, and a restore into a fork child replaces the child's copy.
+//!
+//! Boundaries kept: a windowed group's cut and a state layer's checkpoint are what the manager keeps at a page
+//! boundary so that a prefix ending there stays adoptable, beside the full-attention pages. Which one goes first
+//! follows one rule, so that those that get hit stay and those made and never hit go: each is on a clock, joining
+//! behind the hand with a count of 0; a hit raises its count (at most 3). Those never hit since they were made are
+//! also kept in the order made, and while there are more of them than a target, the oldest goes; otherwise the hand
+//! lowers each positive count it passes and takes the first at 0. The target starts at the carrier group's pages (cuts)
+//! or the checkpoint slots (checkpoints) and adapts: the manager remembers at the carrier page, while the page keeps
+//! its content, whether a dropped cut or checkpoint had been hit; made again there, it joins as if hit, and the target
+//! rises by one when it had not been hit (boundaries needed more time) or falls to one less than those never hit when
+//! it had (they took the room of those that get hit).
 //!
 //! Every call validates everything before it changes anything: a rejected call throws and leaves the state as it
 //! was. Not thread-safe: one owner at a time. Movable, not copyable.

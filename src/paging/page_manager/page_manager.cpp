@@ -292,8 +292,8 @@ SequenceId PageManager::fork(SequenceId parent)
     {
         to.salt.swap(salt);
     }
-    to.promptCut = from.promptCut;
-    to.matchCut = from.matchCut;
+    to.promptBoundary = from.promptBoundary;
+    to.matchBoundary = from.matchBoundary;
     std::memcpy(s.sequences.partial(row), s.sequences.partial(parentRow),
         static_cast<size_t>(s.tokensPerPage) * sizeof(int32_t));
     int32_t const numEntries = static_cast<int32_t>(s.pagesFor(from.length));

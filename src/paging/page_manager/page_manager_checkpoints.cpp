@@ -31,6 +31,7 @@ void PageManager::State::setUpCheckpoints()
     checkpoints.carrierGroup = carrier;
     checkpoints.firstSlot = layout.maxBatchSize;
     checkpoints.slots.assign(static_cast<size_t>(layout.numCheckpointSlots), StateCheckpoints::Slot{});
+    checkpoints.kept = KeptBoundaries(layout.numCheckpointSlots, pools[static_cast<size_t>(carrier)].pages.numPages());
     checkpoints.byCarrier.assign(static_cast<size_t>(pools[static_cast<size_t>(carrier)].pages.numPages()), -1);
 }
 
@@ -71,7 +72,7 @@ void PageManager::State::restoreCheckpoint(int32_t row, int32_t index) noexcept
     int32_t const source = checkpoints.firstSlot + index;
     sequences[row].stateSource = source;
     ++slot.reads;
-    slot.uses = std::min(slot.uses + 1, StateCheckpoints::kMAX_USES);
+    checkpoints.kept.hit(index);
     ++checkpoints.restored;
     // Reserved for maxSequences + numCheckpointSlots copies: this one fills a live row.
     pendingStateCopies.push_back(StateSlotCopy{source, row});
@@ -91,25 +92,18 @@ int32_t PageManager::State::takeCheckpointSlot() noexcept
             }
         }
     }
-    // Each pass of the hand lowers every count it passes: kMAX_USES + 1 passes bring any reusable slot to 0.
-    for (int64_t step = 0; step < int64_t{size} * (StateCheckpoints::kMAX_USES + 1); ++step)
+    int32_t const c = checkpoints.kept.choose(
+        [&](int32_t index)
+        {
+            StateCheckpoints::Slot const& slot = checkpoints.slots[static_cast<size_t>(index)];
+            return slot.filling || slot.reads > 0;
+        },
+        [&](int32_t index) { return checkpoints.slots[static_cast<size_t>(index)].carrier; });
+    if (c >= 0)
     {
-        int32_t const c = checkpoints.hand;
-        checkpoints.hand = c + 1 == size ? 0 : c + 1;
-        StateCheckpoints::Slot& slot = checkpoints.slots[static_cast<size_t>(c)];
-        if (slot.pages == 0 || slot.filling || slot.reads > 0)
-        {
-            continue;
-        }
-        if (slot.uses > 0)
-        {
-            --slot.uses;
-            continue;
-        }
         dropCheckpoint(c);
-        return c;
     }
-    return -1;
+    return c;
 }
 
 void PageManager::State::dropCheckpoint(int32_t index) noexcept
@@ -119,7 +113,7 @@ void PageManager::State::dropCheckpoint(int32_t index) noexcept
     slot.pages = 0;
     slot.hash = {};
     slot.carrier = -1;
-    slot.uses = 0;
+    checkpoints.kept.remove(index);
     --checkpoints.held;
     ++checkpoints.dropped;
 }
@@ -160,8 +154,8 @@ bool PageManager::State::checkpointState(int32_t row)
     slot.pages = sequence.length >> pageShift;
     slot.hash = sequence.lastHash;
     slot.carrier = carrier;
-    slot.uses = 0;
     slot.filling = true;
+    checkpoints.kept.add(index, carrier);
     checkpoints.byCarrier[static_cast<size_t>(carrier)] = index;
     ++checkpoints.held;
     ++checkpoints.saved;
@@ -185,7 +179,7 @@ int32_t PageManager::State::checkpointBoundary(int32_t row) const
     }
     SequenceState const& sequence = sequences[row];
     int64_t best = std::numeric_limits<int64_t>::max();
-    for (int32_t const pages : {sequence.promptCut, sequence.matchCut})
+    for (int32_t const pages : {sequence.promptBoundary, sequence.matchBoundary})
     {
         int64_t const end = int64_t{pages} << pageShift;
         if (end > sequence.length)
@@ -242,18 +236,19 @@ void PageManager::State::checkCheckpointInvariants() const
     for (int32_t c = 0; c < checkpoints.size(); ++c)
     {
         StateCheckpoints::Slot const& slot = checkpoints.slots[static_cast<size_t>(c)];
+        int32_t const hits = checkpoints.kept.clock().hits(c);
         if (slot.reads != reads[static_cast<size_t>(c)] || slot.filling != (fills[static_cast<size_t>(c)] != 0)
-            || slot.uses < 0 || slot.uses > StateCheckpoints::kMAX_USES)
+            || hits < 0 || hits > HitClock::kMAX_HITS)
         {
-            fail(fmt::format("checkpoint {} counts {} reads, filling {}, uses {}; the queued copies read it {} times "
+            fail(fmt::format("checkpoint {} counts {} reads, filling {}, hits {}; the queued copies read it {} times "
                              "and fill it {}",
-                c, slot.reads, slot.filling, slot.uses, reads[static_cast<size_t>(c)], fills[static_cast<size_t>(c)]));
+                c, slot.reads, slot.filling, hits, reads[static_cast<size_t>(c)], fills[static_cast<size_t>(c)]));
         }
         if (slot.pages == 0)
         {
-            if (slot.reads != 0 || slot.uses != 0)
+            if (slot.reads != 0 || hits != 0)
             {
-                fail(fmt::format("empty checkpoint slot {} is read or counts uses", c));
+                fail(fmt::format("empty checkpoint slot {} is read or counts hits", c));
             }
             continue;
         }
@@ -271,6 +266,19 @@ void PageManager::State::checkCheckpointInvariants() const
     for (int32_t const index : checkpoints.byCarrier)
     {
         carried += index >= 0 ? 1 : 0;
+    }
+    if (checkpoints.kept.size() != held)
+    {
+        fail(fmt::format("{} checkpoints are held, {} on the clock", held, checkpoints.kept.size()));
+    }
+    for (size_t p = 0; p < checkpoints.byCarrier.size(); ++p)
+    {
+        if (checkpoints.kept.remembersDrop(static_cast<int32_t>(p))
+            && (checkpoints.byCarrier[p] >= 0 || !prefix.isRegistered(carrier, static_cast<int32_t>(p))))
+        {
+            fail(fmt::format(
+                "group {} page {} remembers a dropped checkpoint but carries one or is not registered", carrier, p));
+        }
     }
     if (held != checkpoints.held || carried != held)
     {

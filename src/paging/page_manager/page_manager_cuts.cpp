@@ -35,7 +35,7 @@ void PageManager::State::setUpCuts(int32_t maxEntries)
     cuts.fullGroup = full;
     cuts.windowedGroups = windowed;
     cuts.cutPages.assign(static_cast<size_t>(fullPages), 0);
-    cuts.order = CachedPageList(fullPages);
+    cuts.kept = KeptBoundaries(fullPages, fullPages);
     for (int32_t const g : windowed)
     {
         PagePool& pool = pools[static_cast<size_t>(g)];
@@ -51,12 +51,21 @@ int32_t PageManager::State::evictOne(int32_t group)
 {
     PagePool& pool = pools[static_cast<size_t>(group)];
     // Only a windowed group of a hybrid cache can have cached pages and an empty list: its cached pages are all in
-    // cut windows. The least recently made cuts give way until one leaves a page no other cut needs.
+    // cut windows. The clock's choices give way until one leaves a page no other cut needs.
     while (pool.cached.size() == 0)
     {
-        dropCut(cuts.order.oldest());
+        dropCut(cuts.kept.choose([](int32_t) { return false; }, [](int32_t carrier) { return carrier; }));
     }
     int32_t const page = prefix.evictOldest(group, pool);
+    // A boundary made again at this page later is another prefix's: forget what was dropped here.
+    if (group == cuts.fullGroup)
+    {
+        cuts.kept.carrierEvicted(page);
+    }
+    if (group == checkpoints.carrierGroup)
+    {
+        checkpoints.kept.carrierEvicted(page);
+    }
     // No adoptable prefix ends at this page any more: its cut's windows and its checkpoint serve nothing.
     if (group == cuts.fullGroup && cuts.cutPages[static_cast<size_t>(page)] != 0)
     {
@@ -69,7 +78,7 @@ int32_t PageManager::State::evictOne(int32_t group)
     return page;
 }
 
-void PageManager::State::makeCut(int32_t row, int32_t pages)
+void PageManager::State::makeCut(int32_t row, int32_t pages, bool adopted)
 {
     if (!cuts.enabled() || pages <= 0)
     {
@@ -84,8 +93,10 @@ void PageManager::State::makeCut(int32_t row, int32_t pages)
     size_t const at = static_cast<size_t>(carrier);
     if (cuts.cutPages[at] != 0)
     {
-        cuts.order.unlink(carrier);
-        cuts.order.pushNewest(carrier);
+        if (adopted)
+        {
+            cuts.kept.hit(carrier);
+        }
         return;
     }
     // Every window page is looked up before any is anchored: a cut with a page missing would keep the others for
@@ -123,7 +134,11 @@ void PageManager::State::makeCut(int32_t row, int32_t pages)
         cuts.tail[w][at] = before;
     }
     cuts.cutPages[at] = pages;
-    cuts.order.pushNewest(carrier);
+    cuts.kept.add(carrier, carrier);
+    if (adopted)
+    {
+        cuts.kept.hit(carrier);
+    }
 }
 
 void PageManager::State::dropCut(int32_t page)
@@ -131,7 +146,7 @@ void PageManager::State::dropCut(int32_t page)
     size_t const at = static_cast<size_t>(page);
     int32_t const pages = cuts.cutPages[at];
     cuts.cutPages[at] = 0;
-    cuts.order.unlink(page);
+    cuts.kept.remove(page);
     for (size_t w = 0; w < cuts.windowedGroups.size(); ++w)
     {
         int32_t const g = cuts.windowedGroups[w];
@@ -177,11 +192,18 @@ void PageManager::State::checkCutInvariants() const
     int32_t counted = 0;
     int32_t previous = CachedPageList::kNONE;
     int32_t const fullPages = cuts.enabled() ? pools[static_cast<size_t>(cuts.fullGroup)].pages.numPages() : 0;
-    for (int32_t carrier = cuts.order.oldest(); carrier != CachedPageList::kNONE; carrier = cuts.order.next(carrier))
+    for (int32_t carrier = cuts.kept.clock().first(); carrier != HitClock::kNONE;
+         carrier = cuts.kept.clock().next(carrier))
     {
-        if (carrier < 0 || carrier >= fullPages || cuts.order.previous(carrier) != previous || counted > fullPages)
+        if (carrier < 0 || carrier >= fullPages || cuts.kept.clock().previous(carrier) != previous
+            || counted > fullPages)
         {
-            fail(fmt::format("the list of cuts is broken at page {}", carrier));
+            fail(fmt::format("the clock of cuts is broken at page {}", carrier));
+        }
+        int32_t const hits = cuts.kept.clock().hits(carrier);
+        if (hits < 0 || hits > HitClock::kMAX_HITS)
+        {
+            fail(fmt::format("the cut at group {} page {} counts {} hits", cuts.fullGroup, carrier, hits));
         }
         previous = carrier;
         ++counted;
@@ -216,9 +238,9 @@ void PageManager::State::checkCutInvariants() const
             }
         }
     }
-    if (previous != cuts.order.newest() || counted != cuts.order.size())
+    if (previous != cuts.kept.clock().last() || counted != cuts.kept.clock().size())
     {
-        fail(fmt::format("the list of cuts holds {} pages, counted {}", counted, cuts.order.size()));
+        fail(fmt::format("the clock of cuts holds {} pages, counted {}", cuts.kept.clock().size(), counted));
     }
     int32_t carriers = 0;
     for (int32_t p = 0; p < fullPages; ++p)
@@ -227,7 +249,22 @@ void PageManager::State::checkCutInvariants() const
     }
     if (carriers != counted)
     {
-        fail(fmt::format("{} full-attention pages carry a cut; the list of cuts holds {}", carriers, counted));
+        fail(fmt::format("{} full-attention pages carry a cut; the clock of cuts holds {}", carriers, counted));
+    }
+    for (int32_t p = 0; p < fullPages; ++p)
+    {
+        if (cuts.kept.remembersDrop(p)
+            && (cuts.cutPages[static_cast<size_t>(p)] != 0 || !prefix.isRegistered(cuts.fullGroup, p)))
+        {
+            fail(fmt::format(
+                "group {} page {} remembers a dropped cut but carries one or is not registered", cuts.fullGroup, p));
+        }
+    }
+    if (cuts.kept.clock().target() < 0 || cuts.kept.clock().target() > fullPages
+        || cuts.kept.clock().numNeverHit() > cuts.kept.clock().size())
+    {
+        fail(fmt::format("the clock of cuts has a target of {} and {} of its {} cuts never hit",
+            cuts.kept.clock().target(), cuts.kept.clock().numNeverHit(), cuts.kept.clock().size()));
     }
     for (size_t w = 0; w < cuts.windowedGroups.size(); ++w)
     {

@@ -36,8 +36,8 @@ int32_t PageManager::State::adoptPrefix(
     tenantStats(sequence.tenant).queryTokens += count;
     // The cuts a sequence waits for are those of the last prompt it was offered (an empty sequence may be offered
     // several).
-    sequence.promptCut = 0;
-    sequence.matchCut = 0;
+    sequence.promptBoundary = 0;
+    sequence.matchBoundary = 0;
     if (!prefix.enabled() || count <= tokensPerPage)
     {
         return 0;
@@ -116,8 +116,8 @@ int32_t PageManager::State::adoptPrefix(
         // Cuts and checkpoints where later requests are likeliest to resume: this prompt's own whole pages (a repeat
         // of it) and the run the full-attention group has (a prefix others share), each once the sequence's pages
         // reach it; the prefix adopted now is one too (below).
-        sequence.promptCut = maxPages > pages ? maxPages : 0;
-        sequence.matchCut = found > pages ? found : 0;
+        sequence.promptBoundary = maxPages > pages ? maxPages : 0;
+        sequence.matchBoundary = found > pages ? found : 0;
     }
     if (cuts.enabled())
     {
@@ -148,7 +148,7 @@ int32_t PageManager::State::adoptPrefix(
     sequence.lastHash = promptHashes[static_cast<size_t>(pages - 1)];
     prefixHitTokens += sequence.length;
     tenantStats(sequence.tenant).deviceHitTokens += sequence.length;
-    makeCut(row, pages);
+    makeCut(row, pages, true);
     if (checkpoint >= 0)
     {
         restoreCheckpoint(row, checkpoint);
@@ -298,14 +298,14 @@ bool PageManager::State::adoptRun(
     {
         std::copy(known.hashes, known.hashes + pages, sequences.hashes(row) + first);
         // The cuts adoptPrefix() left for the sequence's pages to reach, where the run passed them, and the run's own.
-        for (int32_t const cut : {sequence.matchCut, sequence.promptCut})
+        for (int32_t const cut : {sequence.matchBoundary, sequence.promptBoundary})
         {
             if (cut > first && cut < end)
             {
                 makeCut(row, cut);
             }
         }
-        makeCut(row, end);
+        makeCut(row, end, true);
     }
     if (record)
     {

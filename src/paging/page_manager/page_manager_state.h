@@ -138,13 +138,14 @@ struct PageManager::State
     // Cuts of a hybrid cache (page_manager_cuts.cpp) --------------------------------------------------------------
 
     //! Drops the content of the cached page of `group` that goes first and returns it, kept and unregistered: the
-    //! oldest on the list, after dropping cuts (least recently made first) while the list is empty, which happens only
-    //! in a windowed group whose cached pages are all anchored; a full-attention page's cut goes with it, and a carrier
+    //! oldest on the list, after dropping the cuts the clock chooses while the list is empty, which happens only in a
+    //! windowed group whose cached pages are all anchored; a full-attention page's cut goes with it, and a carrier
     //! page's checkpoint. The group must have a cached page.
     int32_t evictOne(int32_t group);
-    //! Makes the cut of the first `pages` whole pages of the sequence in `row` (its hashes known), or makes it the most
-    //! recent again when it exists; makes none when the full-attention page or a window page is not registered.
-    void makeCut(int32_t row, int32_t pages);
+    //! Makes the cut of the first `pages` whole pages of the sequence in `row` (its hashes known) when it does not
+    //! exist, and counts a hit on it when the sequence `adopted` those pages; makes none when the full-attention page
+    //! or a window page is not registered.
+    void makeCut(int32_t row, int32_t pages, bool adopted = false);
     //! Drops the cut `page` of the full-attention group carries: its window pages lose an anchor, and those left
     //! cached without one go before every other cached page of their group, the window's last page first.
     void dropCut(int32_t page);
@@ -154,7 +155,7 @@ struct PageManager::State
     {
         sequences.hashes(row)[index] = hash;
         SequenceState const& sequence = sequences[row];
-        if (index + 1 == sequence.promptCut || index + 1 == sequence.matchCut)
+        if (index + 1 == sequence.promptBoundary || index + 1 == sequence.matchBoundary)
         {
             makeCut(row, index + 1);
         }

@@ -1,6 +1,7 @@
 #pragma once
 
 #include "paging/parts/cached_page_list.h"
+#include "paging/parts/kept_boundaries.h"
 
 #include <cstdint>
 #include <vector>
@@ -17,8 +18,10 @@ namespace kvcache::rt
 //! that is cached but never adoptable. A cut keeps one such window as a unit: it is attached to the full-attention
 //! page of its entry k - 1 (at most one cut a page: the hash fixes k) and anchors the pages of its window in every
 //! windowed group, which the windowed groups then evict only after every page no cut needs. A cut goes when its
-//! full-attention page is evicted, or when a windowed group must evict and has nothing else (least recently made cut
-//! first); the pages it leaves without anchor and holder are evicted next.
+//! full-attention page is evicted, or when a windowed group must evict and has nothing else: the clock with hit counts
+//! that every kept boundary shares (KeptBoundaries) chooses it, an adoption of the cut's prefix counting a hit, so a
+//! cut that is adopted outlives many that are made and never adopted. The pages it leaves without anchor and holder are
+//! evicted next.
 struct PrefixCuts
 {
     //! The full-attention group cuts are attached to; -1 when the cache is not hybrid (then there are no cuts).
@@ -27,8 +30,8 @@ struct PrefixCuts
     std::vector<int32_t> windowedGroups;
     //! Per page of fullGroup: the length in pages of the cut it carries, 0 for none.
     std::vector<int32_t> cutPages;
-    //! The pages of fullGroup that carry a cut, least recently made (or made again) first.
-    CachedPageList order;
+    //! The pages of fullGroup that carry a cut (each its own carrier), and which cut a windowed group drops.
+    KeptBoundaries kept;
     //! Per windowed group (index into windowedGroups) and page of fullGroup: the windowed page of the cut's last entry.
     std::vector<std::vector<int32_t>> tail;
     //! Per windowed group and windowed page: the page before it in the window of the cuts that anchor it (every such
@@ -45,7 +48,7 @@ struct PrefixCuts
     //! Returns the number of cuts.
     int32_t size() const noexcept
     {
-        return order.size();
+        return kept.size();
     }
 };
 

@@ -1,5 +1,7 @@
 #pragma once
 
+#include "paging/parts/kept_boundaries.h"
+
 #include "kvcache/paging/page_hash.h"
 
 #include <cstdint>
@@ -15,13 +17,11 @@ namespace kvcache::rt
 //! k * tokensPerPage. A checkpoint is that slot, keyed by the hash of the prefix's page k - 1 (which chains the whole
 //! prefix and its salt) and carried by the page registered under that hash in the carrier group (the first
 //! full-attention group, else group 0): evicting the carrier page drops the checkpoint, since the prefix is gone.
-//! Slots are reused by a clock: a hit raises the slot's count (up to kMAX_USES), the hand lowers it, and the first
-//! slot the hand finds at 0 is reused, so a checkpoint that is hit outlives many that are made and never hit.
+//! Empty slots are taken first; then slots are reused in the order that every kept boundary shares (KeptBoundaries):
+//! checkpoints never restored first, oldest first, then a clock with hit counts, so a checkpoint that is hit outlives
+//! many that are made and never hit.
 struct StateCheckpoints
 {
-    //! A slot's count after a hit is min(count + 1, kMAX_USES).
-    static constexpr int32_t kMAX_USES = 3;
-
     struct Slot
     {
         //! The prefix's length in pages; 0 when the slot holds no checkpoint.
@@ -30,8 +30,6 @@ struct StateCheckpoints
         PageHash hash = {};
         //! The carrier group's page registered under `hash`.
         int32_t carrier = -1;
-        //! The clock's count: raised by hits, lowered by the hand.
-        int32_t uses = 0;
         //! Whether a queued copy fills the slot (its save, not handed out by a step yet): not adoptable until then.
         bool filling = false;
         //! Queued copies that read the slot (restores, and forks of a sequence waiting for one).
@@ -48,8 +46,9 @@ struct StateCheckpoints
     std::vector<Slot> slots;
     //! Per page of carrierGroup: the checkpoint it carries, -1 for none.
     std::vector<int32_t> byCarrier;
-    //! The clock's hand: the checkpoint it looks at next.
-    int32_t hand = 0;
+    //! The slots that hold a checkpoint, carried by pages of carrierGroup: a restore counts a hit, and the clock
+    //! chooses the slot to reuse among those no queued copy reads or fills.
+    KeptBoundaries kept;
     //! Checkpoints held (slots with pages > 0).
     int32_t held = 0;
     int64_t saved = 0;

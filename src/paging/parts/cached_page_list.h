@@ -11,8 +11,7 @@ namespace kvcache::rt
 //! level (a retention priority), each in release order (oldest first): the whole order is level 0's list, then level
 //! 1's, and so on. O(1) push, unlink and pop of the oldest (a bit scan finds the lowest level in use), nothing
 //! allocated after construction. A page is in the list or not; the list does not check which (its owner knows). The
-//! cuts of a hybrid cache (prefix_cuts.h) use one of a single level too, over the full-attention pages that carry a
-//! cut, least recently made first.
+//! clock of kept prefix boundaries (hit_clock.h) uses two of a single level over its own ids.
 class CachedPageList
 {
 public:
@@ -70,6 +69,11 @@ public:
     {
         int32_t const level = highestBelow(static_cast<int32_t>(mHead.size()));
         return level < 0 ? kNONE : mTail[static_cast<size_t>(level)];
+    }
+    //! Returns the oldest page of `level`, or kNONE when the level has none.
+    int32_t oldestAt(int32_t level) const noexcept
+    {
+        return mHead[static_cast<size_t>(level)];
     }
     //! Returns the level of `page` (meaningful while it is in the list).
     int32_t level(int32_t page) const noexcept

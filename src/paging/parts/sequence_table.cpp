@@ -64,8 +64,8 @@ int32_t SequenceTable::take(char const* what)
     sequence.alive = true;
     sequence.length = 0;
     sequence.pendingKeys.clear();
-    sequence.promptCut = 0;
-    sequence.matchCut = 0;
+    sequence.promptBoundary = 0;
+    sequence.matchBoundary = 0;
     sequence.stateSource = -1;
     std::fill(sequence.firstHeld.begin(), sequence.firstHeld.end(), 0);
     return row;

@@ -25,10 +25,11 @@ struct SequenceState
     std::vector<uint8_t> salt;
     //! Extra keys of the partial last page.
     std::vector<PageExtraKey> pendingKeys;
-    //! Cuts of a hybrid cache (prefix_cuts.h) to make once the sequence holds this many whole pages (0: none): the
+    //! The prefix boundaries the sequence waits for (0: none): where a hybrid cache makes a cut (prefix_cuts.h) and
+    //! state layers ask for a checkpoint (state_checkpoints.h) once the sequence holds this many whole pages: the
     //! prompt's whole pages before its last token and the longest run adoptPrefix() found in the full-attention group.
-    int32_t promptCut = 0;
-    int32_t matchCut = 0;
+    int32_t promptBoundary = 0;
+    int32_t matchBoundary = 0;
     //! With state layers, the slot a queued state copy fills this row's slot from (a fork child whose copy has not
     //! been handed out by a step yet), else -1.
     int32_t stateSource = -1;

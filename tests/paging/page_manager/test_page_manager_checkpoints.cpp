@@ -42,7 +42,8 @@ std::vector<StateLayerConfig> stateLayers()
 }
 
 //! `layers` (default one full-attention layer), 4 tokens a page, 64 tokens a sequence, `maxBatchSize` sequences,
-//! `numPages` pages (0: the minimum), one state layer and `checkpointSlots` checkpoint slots (no state layer when negative).
+//! `numPages` pages (0: the minimum), one state layer and `checkpointSlots` checkpoint slots (no state layer when
+//! negative).
 KVCacheConfig checkpointConfig(
     int32_t maxBatchSize, int32_t checkpointSlots, int32_t numPages, std::vector<KVLayerConfig> layers = {{1, 8}})
 {
@@ -392,8 +393,10 @@ TEST(StateCheckpoints, MisuseIsRefusedAndChangesNothing)
 // A random run against a model ---------------------------------------------------------------------------------------
 
 //! The header's checkpoint rules, kept apart from the library, for a pool that never evicts a page: the whole-page
-//! prefixes registered, the checkpoint slots (the prefix each holds, its count, whether a queued copy fills it, how
-//! many read it) with the clock's hand, each sequence's tokens, source and boundaries, and the queue of copies.
+//! prefixes registered, the checkpoint slots (the prefix each holds, its count, whether it was restored or made again,
+//! when it was made, whether a queued copy fills it, how many read it), the held slots in the clock's order from the
+//! hand on, the target, what was dropped for each prefix, each sequence's tokens, source and boundaries, and the queue
+//! of copies.
 class CheckpointModel
 {
 public:
@@ -401,6 +404,7 @@ public:
         : mSlots(static_cast<size_t>(numSlots))
         , mFirstSlot(firstSlot)
         , mInterval(intervalPages)
+        , mTarget(numSlots)
     {
     }
 
@@ -467,7 +471,8 @@ public:
             dropCopyInto(sequence.row);
         }
         Slot& s = mSlots[static_cast<size_t>(slot)];
-        s.uses = std::min(s.uses + 1, 3);
+        s.hits = std::min(s.hits + 1, 3);
+        s.hit = true;
         sequence.source = mFirstSlot + slot;
         queue(sequence.source, sequence.row);
         return pages * kPAGE;
@@ -516,28 +521,68 @@ public:
             slot =
                 mSlots[c].prefix.empty() && !mSlots[c].filling && mSlots[c].reads == 0 ? static_cast<int32_t>(c) : -1;
         }
-        for (size_t step = 0; slot < 0 && step < mSlots.size() * 4; ++step)
+        auto const busy = [this](int32_t c)
+        { return mSlots[static_cast<size_t>(c)].filling || mSlots[static_cast<size_t>(c)].reads > 0; };
+        auto const numNeverHit = [this]
         {
-            Slot& s = mSlots[static_cast<size_t>(mHand)];
-            int32_t const at = mHand;
-            mHand = (mHand + 1) % static_cast<int32_t>(mSlots.size());
-            if (s.prefix.empty() || s.filling || s.reads > 0)
+            return static_cast<int32_t>(
+                std::count_if(mSlots.begin(), mSlots.end(), [](Slot const& c) { return !c.prefix.empty() && !c.hit; }));
+        };
+        // While more checkpoints were never restored than the target, the one of them made first goes (none busy).
+        if (slot < 0 && numNeverHit() > mTarget)
+        {
+            for (size_t c = 0; c < mSlots.size(); ++c)
+            {
+                Slot const& candidate = mSlots[c];
+                if (!candidate.prefix.empty() && !candidate.hit && !busy(static_cast<int32_t>(c))
+                    && (slot < 0 || candidate.made < mSlots[static_cast<size_t>(slot)].made))
+                {
+                    slot = static_cast<int32_t>(c);
+                }
+            }
+        }
+        // Else the clock: from the hand on, a busy slot is passed, a positive count lowered, the first at 0 reused.
+        for (size_t step = 0; slot < 0 && step < mRing.size() * 4; ++step)
+        {
+            int32_t const at = mRing.front();
+            mRing.erase(mRing.begin());
+            mRing.push_back(at);
+            Slot& s = mSlots[static_cast<size_t>(at)];
+            if (busy(at))
             {
                 continue;
             }
-            if (s.uses > 0)
+            if (s.hits > 0)
             {
-                --s.uses;
+                --s.hits;
                 continue;
             }
             slot = at;
+        }
+        if (slot >= 0 && !mSlots[static_cast<size_t>(slot)].prefix.empty())
+        {
+            mDropped[mSlots[static_cast<size_t>(slot)].prefix] = mSlots[static_cast<size_t>(slot)].hit;
+            mRing.erase(std::find(mRing.begin(), mRing.end(), slot));
+            mSlots[static_cast<size_t>(slot)].prefix.clear();
         }
         if (slot < 0)
         {
             return false;
         }
         Slot& s = mSlots[static_cast<size_t>(slot)];
-        s = Slot{sequence.tokens, 0, true, s.reads};
+        // Made again after being dropped: as if restored; the target rises when it had never been, else falls below
+        // the checkpoints never restored.
+        bool again = false;
+        auto const dropped = mDropped.find(sequence.tokens);
+        if (dropped != mDropped.end())
+        {
+            mTarget = !dropped->second ? std::min(mTarget + 1, static_cast<int32_t>(mSlots.size()))
+                                       : std::max(std::min(mTarget, numNeverHit()) - 1, 0);
+            again = true;
+            mDropped.erase(dropped);
+        }
+        s = Slot{sequence.tokens, 0, again, ++mMade, true, s.reads};
+        mRing.push_back(slot);
         queue(sequence.source >= 0 ? sequence.source : sequence.row, mFirstSlot + slot);
         return true;
     }
@@ -587,7 +632,9 @@ private:
     struct Slot
     {
         Tokens prefix;
-        int32_t uses = 0;
+        int32_t hits = 0;
+        bool hit = false;
+        int64_t made = 0;
         bool filling = false;
         int32_t reads = 0;
     };
@@ -636,7 +683,12 @@ private:
     std::vector<Slot> mSlots;
     int32_t mFirstSlot;
     int32_t mInterval;
-    int32_t mHand = 0;
+    //! The held slots from the hand on.
+    std::vector<int32_t> mRing;
+    int32_t mTarget;
+    int64_t mMade = 0;
+    //! Per prefix whose checkpoint the clock dropped: whether it had been restored (or made again).
+    std::map<Tokens, bool> mDropped;
     std::set<Tokens> mRegistered;
     std::map<SequenceId, Sequence> mSequences;
     CopyList mQueue;

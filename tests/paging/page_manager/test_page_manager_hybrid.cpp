@@ -1,8 +1,10 @@
 // Host tests of group-coordinated prefix caching in hybrid caches (kvcache/paging/page_manager.h, "Hybrid caches"): a
 // prompt repeated after churn is adopted as on the full-attention twin; windowed pages no cut needs, and the windows of
 // a cut whose full-attention page went, are evicted before a live cut's window; a windowed group short of pages drops
-// the least recently made cut; caches that are not hybrid make no cuts; misuse is refused as before. The small cases
-// run beside the independent model (tests/support/page_manager_model.h), which checks every page id and eviction.
+// the cut the clock chooses, so an adopted cut outlives a flood of cuts never adopted, and once an adopted cut was
+// dropped and made again, cuts never adopted go first; caches that are not hybrid make no cuts; misuse is refused as
+// before. The small cases run beside the independent model (tests/support/page_manager_model.h), which checks every
+// page id and eviction.
 
 #include "kvcache/core/errors.h"
 #include "kvcache/memory/page_ops.h"
@@ -208,9 +210,9 @@ TEST(HybridCache, AWindowWhoseFullAttentionPageWentIsEvictedFirst)
     EXPECT_EQ(evictedPages(pair, 1), (std::vector<int32_t>{aWindowed[2], aWindowed[1]}));
 }
 
-// A windowed group whose cached pages are all anchored drops cuts, least recently made first; adopting a prefix makes
-// its cut again, the most recent.
-TEST(HybridCache, AWindowedGroupShortOfPagesDropsTheLeastRecentlyMadeCut)
+// A windowed group whose cached pages are all anchored drops the cut the clock chooses: the cuts joined it in the order
+// made, and adopting a prefix counts a hit on its cut, which the hand lowers and passes.
+TEST(HybridCache, AWindowedGroupShortOfPagesDropsTheCutTheClockChooses)
 {
     Pair pair(smallHybrid(8), optionsWith(4));
     std::vector<int32_t> const first = tokensFrom(0, 9);    // a cut of 2 pages: windowed entries 0 and 1
@@ -227,12 +229,12 @@ TEST(HybridCache, AWindowedGroupShortOfPagesDropsTheLeastRecentlyMadeCut)
     EXPECT_EQ(pair.manager.counts(1).cached, 6);
     EXPECT_EQ(pair.manager.counts(1).anchored, 6);
     EXPECT_EQ(pair.manager.counts(1).free, 2);
-    // Adopting the first prompt makes its cut the most recent.
+    // Adopting the first prompt counts a hit on its cut.
     SequenceId const reader = pair.create();
     EXPECT_EQ(pair.adopt(reader, first), 8);
     pair.free(reader);
-    // A sequence of 16 tokens takes 4 windowed pages: 2 free, then the second prompt's cut, now the least recently
-    // made, is dropped and its window evicted, last page first.
+    // A sequence of 16 tokens takes 4 windowed pages: 2 free, then the hand lowers the first prompt's count to 0 and
+    // drops the second prompt's cut, whose window is evicted, last page first.
     SequenceId const d = pair.create();
     appendInChunks(pair, d, tokensFrom(900, 16));
     EXPECT_EQ(evictedPages(pair, 1).size(), 2u);
@@ -244,6 +246,104 @@ TEST(HybridCache, AWindowedGroupShortOfPagesDropsTheLeastRecentlyMadeCut)
         SequenceId const s = pair.create();
         EXPECT_EQ(pair.adopt(s, *kept), 8);
         pair.free(s);
+    }
+}
+
+//! smallHybrid's groups with a full-attention pool large enough never to evict a page in the tests below, and 8
+//! windowed pages: a prompt of 9 tokens makes a cut of 2 pages anchoring 2 windowed pages, so 4 cuts fill the group.
+KVCacheConfig floodHybrid()
+{
+    return ConfigBuilder({{1, 8}, {1, 8, 6}})
+        .maxBatchSize(2)
+        .maxSequenceLength(32)
+        .tokensPerPage(P)
+        .maxTokensPerStep(4)
+        .numPagesPerGroup({64, 8});
+}
+
+//! One request of 9 tokens: adoptPrefix, the rest in chunks of 4, free. Returns what adoptPrefix found.
+int32_t serveNine(Pair& pair, std::vector<int32_t> const& prompt)
+{
+    SequenceId const s = pair.create();
+    int32_t const hit = pair.adopt(s, prompt);
+    appendInChunks(pair, s, std::vector<int32_t>(prompt.begin() + hit, prompt.end()));
+    pair.free(s);
+    return hit;
+}
+
+//! Returns whether `prompt`'s 8 tokens are adoptable: a probe sequence offered the prompt and freed before it appends
+//! a token (its adoption counts a hit on the prefix's cut and makes no other).
+bool adoptable(Pair& pair, std::vector<int32_t> const& prompt)
+{
+    SequenceId const probe = pair.create();
+    int32_t const hit = pair.adopt(probe, prompt);
+    pair.free(probe);
+    return hit == 8;
+}
+
+// A cut adopted twice outlives a flood of cuts never adopted. Worked out by hand: each prompt of 9 tokens holds 3
+// windowed pages at its end and leaves a cut of 2 pages whose 2 windowed pages stay anchored (the third is free again);
+// the third flood prompt's last page finds h's, j1's and j2's windows and its own first two pages filling the group,
+// where dropping the least recently made cut would drop h's. The clock has h at the hand with a count of 2 and the
+// flood's cuts behind it in the order made; from the third prompt on, each drops one cut for its last page: the hand
+// lowers h to 1 and drops j1 (at j3), drops j2 (j4) and j3 (j5), lowers h to 0 and drops j4 (j6), drops j5 (j7) and
+// j6 (j8). h's cut would go at the ninth.
+TEST(HybridCache, ACutAdoptedTwiceOutlivesAFloodOfCutsNeverAdopted)
+{
+    Pair pair(floodHybrid(), optionsWith(4));
+    std::vector<int32_t> const h = tokensFrom(0, 9);
+    EXPECT_EQ(serveNine(pair, h), 0);
+    EXPECT_EQ(serveNine(pair, h), 8);
+    EXPECT_EQ(serveNine(pair, h), 8);
+    std::vector<std::vector<int32_t>> flood;
+    for (int32_t j = 1; j <= 8; ++j)
+    {
+        flood.push_back(tokensFrom(1000 * j, 9));
+        EXPECT_EQ(serveNine(pair, flood.back()), 0);
+    }
+    EXPECT_EQ(pair.model.cutsDroppedForPages(), 6);
+    EXPECT_EQ(pair.manager.counts(1).anchored, 6);
+    EXPECT_TRUE(adoptable(pair, h));
+    for (int32_t j = 1; j <= 8; ++j)
+    {
+        EXPECT_EQ(adoptable(pair, flood[static_cast<size_t>(j - 1)]), j >= 7) << "flood prompt " << j;
+    }
+}
+
+// Once a cut that was adopted is dropped and made again, the clock keeps fewer cuts never adopted than it has (its
+// target, which starts at the full-attention pages, falls below their count), so they go first, oldest first, and
+// the adopted cut stays however long the flood. Worked out by hand from the test above: the ninth flood prompt drops
+// h's cut (count 0 at the hand), its window's last page first, so h's first windowed page is still cached. h served
+// again adopts that one page (a prefix of one page needs only it), which makes and hits a cut of 1 page, and makes
+// its cut of 2 pages again once its sequence holds 2 pages: the target falls to the 3 cuts never adopted (j7, j8,
+// j9) less one. Then each flood prompt, its own cut made, has 3 never adopted for its last page and drops the oldest.
+TEST(HybridCache, CutsNeverAdoptedGoFirstOnceAnAdoptedCutWasDroppedTooSoon)
+{
+    Pair pair(floodHybrid(), optionsWith(4));
+    std::vector<int32_t> const h = tokensFrom(0, 9);
+    EXPECT_EQ(serveNine(pair, h), 0);
+    EXPECT_EQ(serveNine(pair, h), 8);
+    EXPECT_EQ(serveNine(pair, h), 8);
+    std::vector<std::vector<int32_t>> flood;
+    for (int32_t j = 1; j <= 9; ++j)
+    {
+        flood.push_back(tokensFrom(1000 * j, 9));
+        EXPECT_EQ(serveNine(pair, flood.back()), 0);
+    }
+    EXPECT_EQ(pair.model.cutsDroppedForPages(), 7);
+    EXPECT_EQ(pair.model.cutTarget(), 64);
+    EXPECT_EQ(serveNine(pair, h), 4);
+    EXPECT_EQ(pair.model.cutTarget(), 2);
+    for (int32_t j = 10; j <= 30; ++j)
+    {
+        flood.push_back(tokensFrom(1000 * j, 9));
+        EXPECT_EQ(serveNine(pair, flood.back()), 0);
+    }
+    EXPECT_TRUE(adoptable(pair, h));
+    // The two cuts made last, never adopted, are kept beside h's; the others went, oldest first.
+    for (int32_t j = 1; j <= 30; ++j)
+    {
+        EXPECT_EQ(adoptable(pair, flood[static_cast<size_t>(j - 1)]), j >= 29) << "flood prompt " << j;
     }
 }
 

@@ -5,6 +5,7 @@
 
 #include "paging/parts/cached_page_list.h"
 #include "paging/parts/group_policy.h"
+#include "paging/parts/hit_clock.h"
 #include "paging/parts/page_pool.h"
 
 #include "kvcache/core/errors.h"
@@ -306,6 +307,62 @@ TEST(CachedPageList, LevelsMatchOneStdListPerLevelLowestFirst)
             ASSERT_EQ(orderOf(list), order) << "operation " << op;
         }
     }
+}
+
+// The clock of kept boundaries, worked out by hand: entries never hit go first, oldest first, only while there are
+// more of them than the target; otherwise the hand lowers counts, passes busy entries and stops at the first at 0;
+// an entry made again after being dropped joins as if hit and moves the target.
+TEST(HitClock, NeverHitEntriesOverTheTargetGoFirstElseTheHandChooses)
+{
+    auto const none = [](int32_t) { return false; };
+    HitClock clock(8);
+    EXPECT_EQ(clock.target(), 8);
+    EXPECT_EQ(clock.choose(none), HitClock::kNONE);
+    for (int32_t id : {3, 1, 4, 5})
+    {
+        clock.add(id);
+    }
+    clock.hit(1);
+    clock.hit(1);
+    clock.hit(4);
+    EXPECT_EQ(clock.numNeverHit(), 2);
+    EXPECT_EQ(clock.hits(1), 2);
+    // Ring from the hand: 3 (0), 1 (2), 4 (1), 5 (0). 3 goes; the hand stops past it.
+    EXPECT_EQ(clock.choose(none), 3);
+    clock.remove(3);
+    // Ring: 1 (2), 4 (1), 5 (0): the hand lowers 1 and 4, and stops at 5.
+    EXPECT_EQ(clock.choose(none), 5);
+    EXPECT_EQ(clock.hits(1), 1);
+    EXPECT_EQ(clock.hits(4), 0);
+    clock.remove(5);
+    // Ring: 1 (1), 4 (0). Busy 4 is passed: the hand lowers 1, passes 4, and stops at 1 on its second turn.
+    EXPECT_EQ(clock.choose([](int32_t id) { return id == 4; }), 1);
+    EXPECT_EQ(clock.choose([](int32_t) { return true; }), HitClock::kNONE);
+    clock.remove(1);
+    // 3 made again after being dropped never hit: the target rises by one, capped at 8; 3 joins as if hit.
+    clock.add(3, HitClock::Dropped::kNEVER_HIT);
+    EXPECT_EQ(clock.target(), 8);
+    EXPECT_FALSE(clock.neverHit(3));
+    // Three entries never hit; 1 made again after being dropped once hit: the target falls to 3 - 1 = 2.
+    for (int32_t id : {6, 2, 7})
+    {
+        clock.add(id);
+    }
+    clock.add(1, HitClock::Dropped::kHIT);
+    EXPECT_EQ(clock.target(), 2);
+    // Three never hit, over the target of 2: the oldest of them goes, whatever the ring holds; a busy one is passed.
+    EXPECT_EQ(clock.choose(none), 6);
+    EXPECT_EQ(clock.choose([](int32_t id) { return id == 6; }), 2);
+    clock.remove(6);
+    // Two never hit, not over the target: the hand chooses. Ring from the hand: 4 (0), 3 (0), 2, 7, 1.
+    EXPECT_EQ(clock.choose(none), 4);
+    clock.remove(4);
+    // 3 made again after a drop never hit raises the target to 3; now never-hit 2 and 7 wait for the hand.
+    clock.remove(3);
+    clock.add(3, HitClock::Dropped::kNEVER_HIT);
+    EXPECT_EQ(clock.target(), 3);
+    EXPECT_EQ(clock.size(), 4);
+    EXPECT_EQ(clock.choose(none), 2);
 }
 
 TEST(PagePool, HoldersSharingAndCachingFollowTheCounts)
