@@ -431,7 +431,7 @@ public:
 #ifdef KVCACHE_BENCH_EVENTS
             if (mPublisher)
             {
-                mPublisher->publish(mEvents);
+                mPublisher->publishSwap(mEvents);
             }
 #endif
         }
