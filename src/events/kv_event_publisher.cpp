@@ -123,8 +123,10 @@ struct KVEventPublisher::Impl
     bool senderWaiting = false;
     bool senderIdle = false;
     //! Cleared batches whose buffers the sending thread is done with, for the next publish to fill (publish) or hand
-    //! back (publishSwap), so that a steady stream of batches allocates nothing; capacity reserved, never exceeded.
+    //! back (publishSwap), so that a steady stream of batches allocates nothing; at most kMAX_SPARES (reserved), the
+    //! most recent last. More would only keep memory that a burst once needed.
     std::vector<KVEventBatch> spares;
+    static constexpr size_t kMAX_SPARES = 64;
 
     //! The replay buffer, a ring of options.replayBatches payloads (only with a replay endpoint), under `mutex`.
     std::mutex mutex;
@@ -169,9 +171,7 @@ struct KVEventPublisher::Impl
             kept.resize(static_cast<size_t>(options.replayBatches));
         }
         queue.resize(static_cast<size_t>(options.queueBatches));
-        // Every batch the publisher holds is queued, being sent, or spare, and publishSwap() takes one in for each it
-        // hands out: the spares never outnumber the queue's slots and the sender's.
-        spares.reserve(static_cast<size_t>(options.queueBatches) + 2);
+        spares.reserve(kMAX_SPARES);
         sender = std::thread([this] { sendQueued(); });
         if (replay)
         {
@@ -301,7 +301,7 @@ struct KVEventPublisher::Impl
                 return lost;
             }
             Queued& slot = queue[(queueHead + queueSize) % queue.size()];
-            // The slot holds no buffers (the sending thread took them), so nothing is freed here.
+            // The slot holds no buffers (the sending thread took them; only a copy that failed leaves some, freed here).
             slot.batch = std::move(batch);
             sequence = queueFilled(slot, timestamp, wake);
             if (!spares.empty())
@@ -408,7 +408,7 @@ struct KVEventPublisher::Impl
                 std::lock_guard<std::mutex> lock(queueMutex);
                 ++finished;
                 batch.clear();
-                if (spares.size() < spares.capacity())
+                if (spares.size() < kMAX_SPARES)
                 {
                     spares.push_back(std::move(batch));
                 }
