@@ -389,7 +389,11 @@ struct KVEventPublisher::Impl
                     pub.send(zmq::buffer(sequenceBytes), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
                     pub.send(zmq::buffer(payload), zmq::send_flags::dontwait);
                 }
-                dropped += sent ? 0 : 1;
+                if (!sent)
+                {
+                    // Written only then: the counters' cache line stays with the publishing thread.
+                    ++dropped;
+                }
                 if (!kept.empty())
                 {
                     std::lock_guard<std::mutex> lock(mutex);
