@@ -102,7 +102,8 @@ public:
             return;
         }
         mCpu = std::atoi(value);
-        check(sched_getaffinity(0, sizeof(mAll), &mAll) == 0 && mCpu >= 0 && mCpu < CPU_SETSIZE && CPU_ISSET(mCpu, &mAll),
+        check(
+            sched_getaffinity(0, sizeof(mAll), &mAll) == 0 && mCpu >= 0 && mCpu < CPU_SETSIZE && CPU_ISSET(mCpu, &mAll),
             std::string("KVCACHE_BENCH_STEP_CPU is ") + value + "; it must be a CPU this process may run on");
     }
     ~StepThreadPin()

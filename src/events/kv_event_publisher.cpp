@@ -301,7 +301,7 @@ struct KVEventPublisher::Impl
                 return lost;
             }
             Queued& slot = queue[(queueHead + queueSize) % queue.size()];
-            // The slot holds no buffers (the sending thread took them; only a copy that failed leaves some, freed here).
+            // The sending thread took the slot's buffers, so nothing is freed here (but what a failed copy left).
             slot.batch = std::move(batch);
             sequence = queueFilled(slot, timestamp, wake);
             if (!spares.empty())

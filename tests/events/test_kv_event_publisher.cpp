@@ -289,8 +289,8 @@ TEST(KVEventPublisher, PublishSwapSendsWhatWasRecordedAndHandsBackACleanBatch)
     for (uint64_t i = 0; i < kBATCHES; ++i)
     {
         ASSERT_TRUE(batch.empty());
-        ASSERT_TRUE(batch.hashes().empty() && batch.tokens().empty() && batch.pageKeys().empty()
-            && batch.keyBytes().empty());
+        ASSERT_TRUE(
+            batch.hashes().empty() && batch.tokens().empty() && batch.pageKeys().empty() && batch.keyBytes().empty());
         recordInto(batch, i, pagesOf(i), i % 2 == 0);
         double const ts = 100.0 + static_cast<double>(i);
         if (i % 3 == 2)
