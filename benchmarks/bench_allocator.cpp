@@ -29,6 +29,7 @@
 #endif
 
 #include <benchmark/benchmark.h>
+#include <sched.h>
 #include <time.h>
 
 #include <algorithm>
@@ -36,6 +37,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <memory>
 #include <random>
@@ -87,6 +89,55 @@ double threadCpuNanoseconds()
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
     return static_cast<double>(now.tv_sec) * 1e9 + static_cast<double>(now.tv_nsec);
 }
+
+//! batching_sim's step thread on one CPU (KVCACHE_BENCH_STEP_CPU=N), the threads each simulation starts (the
+//! publisher's) left free to run on any: pinning the whole process (taskset) would put them on the step's CPU too.
+class StepThreadPin
+{
+public:
+    StepThreadPin()
+    {
+        char const* const value = std::getenv("KVCACHE_BENCH_STEP_CPU");
+        if (value == nullptr || *value == '\0')
+        {
+            return;
+        }
+        mCpu = std::atoi(value);
+        check(
+            sched_getaffinity(0, sizeof(mAll), &mAll) == 0 && mCpu >= 0 && mCpu < CPU_SETSIZE && CPU_ISSET(mCpu, &mAll),
+            std::string("KVCACHE_BENCH_STEP_CPU is ") + value + "; it must be a CPU this process may run on");
+    }
+    ~StepThreadPin()
+    {
+        unpin();
+    }
+    StepThreadPin(StepThreadPin const&) = delete;
+    StepThreadPin& operator=(StepThreadPin const&) = delete;
+
+    //! Lets this thread, and the threads it starts from now on, run on any CPU of the process's set.
+    void unpin() noexcept
+    {
+        if (mCpu >= 0)
+        {
+            sched_setaffinity(0, sizeof(mAll), &mAll);
+        }
+    }
+    //! Pins this thread to the CPU asked for, if any.
+    void pin()
+    {
+        if (mCpu >= 0)
+        {
+            cpu_set_t one;
+            CPU_ZERO(&one);
+            CPU_SET(mCpu, &one);
+            check(sched_setaffinity(0, sizeof(one), &one) == 0, "sched_setaffinity failed");
+        }
+    }
+
+private:
+    int mCpu = -1;
+    cpu_set_t mAll{};
+};
 
 double nanosecondsSince(Clock::time_point start)
 {
@@ -432,7 +483,7 @@ public:
 #ifdef KVCACHE_BENCH_EVENTS
             if (mPublisher)
             {
-                mPublisher->publish(mEvents);
+                mPublisher->publishSwap(mEvents);
             }
 #endif
         }
@@ -561,9 +612,12 @@ void batchingSim(
             int64_t evicted = 0;
             int64_t numEvents = 0;
             uint64_t seed = 1;
+            StepThreadPin pin;
             for (auto _ : state)
             {
+                pin.unpin();
                 Simulation simulation(tokensPerPage, algorithm, seed++, events);
+                pin.pin();
                 for (int32_t i = 0; i < kSIM_WARM_STEPS; ++i)
                 {
                     simulation.step();

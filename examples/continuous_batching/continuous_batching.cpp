@@ -294,7 +294,8 @@ int simulate(Options const& options)
 #if KVCACHE_EXAMPLE_KV_EVENTS
         if (publisher)
         {
-            publisher->publish(events);
+            // Swapped, not copied: the batch comes back cleared, with the buffers of one sent before.
+            publisher->publishSwap(events);
         }
 #endif
     };

@@ -36,7 +36,7 @@ struct Publisher
             "KVEventPublisher: this kvcache was built without kvcache::events (KVCACHE_BUILD_EVENTS; "
             "Debian: cppzmq-dev, libmsgpack-cxx-dev)");
     }
-    int64_t publish(rt::KVEventBatch const&)
+    int64_t publishSwap(rt::KVEventBatch&)
     {
         return -1;
     }
@@ -138,7 +138,8 @@ void bindEvents(nb::module_& m)
                 {
                     pageManagerArgument(source, "source").manager.takeEvents(h.batch);
                 }
-                return h.publisher.publish(h.batch);
+                // Swapped, not copied: h.batch comes back cleared, for the next take.
+                return h.publisher.publishSwap(h.batch);
             },
             nb::arg("source"),
             "Takes the events `source` (a PageManager or a TieredPrefixCache, made with record_events=True) recorded "

@@ -117,8 +117,16 @@ struct KVEventPublisher::Impl
     int64_t nextSequence = 0;
     //! Batches the sending thread has finished with (sent or dropped), all of them below nextSequence.
     int64_t finished = 0;
-    //! Whether the sending thread waits on queueChanged (else it looks at the queue before it waits again).
+    //! Whether the sending thread waits on queueChanged (else it looks at the queue before it waits again), and
+    //! whether it waits as an idle thread does, without looking again within kBUSY_LOOK: only then, or when the queue
+    //! is half full, does publish() pay for a wake-up.
     bool senderWaiting = false;
+    bool senderIdle = false;
+    //! Cleared batches whose buffers the sending thread is done with, for the next publish to fill (publish) or hand
+    //! back (publishSwap), so that a steady stream of batches allocates nothing; at most kMAX_SPARES (reserved), the
+    //! most recent last. More would only keep memory that a burst once needed.
+    std::vector<KVEventBatch> spares;
+    static constexpr size_t kMAX_SPARES = 64;
 
     //! The replay buffer, a ring of options.replayBatches payloads (only with a replay endpoint), under `mutex`.
     std::mutex mutex;
@@ -163,6 +171,7 @@ struct KVEventPublisher::Impl
             kept.resize(static_cast<size_t>(options.replayBatches));
         }
         queue.resize(static_cast<size_t>(options.queueBatches));
+        spares.reserve(kMAX_SPARES);
         sender = std::thread([this] { sendQueued(); });
         if (replay)
         {
@@ -213,6 +222,37 @@ struct KVEventPublisher::Impl
         }
     }
 
+    //! How long the sending thread, having just sent, waits before it looks at the queue again unasked: publish()
+    //! does not wake it meanwhile, which saves the publishing thread a system call a batch while batches keep coming.
+    static constexpr std::chrono::milliseconds kBUSY_LOOK{1};
+    //! How long the idle sending thread waits before it counts the subscriptions again.
+    static constexpr std::chrono::milliseconds kIDLE_LOOK{10};
+
+    //! Counts a batch of `numEvents` events published while the queue is full: lost, its sequence number a gap.
+    //! Under queueMutex.
+    int64_t dropFull(size_t numEvents)
+    {
+        int64_t const sequence = nextSequence++;
+        ++batches;
+        events += static_cast<int64_t>(numEvents);
+        ++dropped;
+        ++finished;
+        return sequence;
+    }
+
+    //! Queues `slot` (the queue's next, its batch filled) and returns its sequence number and whether the sending
+    //! thread needs a wake-up. Under queueMutex.
+    int64_t queueFilled(Queued& slot, double timestamp, bool& wake)
+    {
+        slot.sequence = nextSequence++;
+        slot.timestamp = timestamp;
+        ++batches;
+        events += static_cast<int64_t>(slot.batch.events().size());
+        ++queueSize;
+        wake = senderWaiting && (senderIdle || 2 * queueSize >= queue.size());
+        return slot.sequence;
+    }
+
     int64_t publish(KVEventBatch const& batch, double timestamp)
     {
         if (batch.empty())
@@ -220,41 +260,72 @@ struct KVEventPublisher::Impl
             return -1;
         }
         int64_t sequence = 0;
+        bool wake = false;
         {
             std::lock_guard<std::mutex> lock(queueMutex);
-            bool const full = queueSize == queue.size();
-            if (!full)
+            if (queueSize == queue.size())
             {
-                // The copy first: when it throws, the slot is not in the queue and nothing was counted.
-                queue[(queueHead + queueSize) % queue.size()].batch = batch;
-            }
-            sequence = nextSequence++;
-            ++batches;
-            events += static_cast<int64_t>(batch.events().size());
-            if (full)
-            {
-                // The sending thread is a whole queue behind: this batch is lost, and its sequence number is a gap.
-                ++dropped;
-                ++finished;
-                return sequence;
+                return dropFull(batch.events().size());
             }
             Queued& slot = queue[(queueHead + queueSize) % queue.size()];
-            slot.sequence = sequence;
-            slot.timestamp = timestamp;
-            ++queueSize;
-            if (!senderWaiting)
+            if (!spares.empty())
             {
-                // The sending thread looks at the queue again before it waits: no wake-up needed.
-                return sequence;
+                slot.batch = std::move(spares.back());
+                spares.pop_back();
             }
+            // The copy first: when it throws, the slot is not in the queue and nothing was counted.
+            slot.batch = batch;
+            sequence = queueFilled(slot, timestamp, wake);
         }
-        queueChanged.notify_all();
+        if (wake)
+        {
+            queueChanged.notify_all();
+        }
+        return sequence;
+    }
+
+    int64_t publishSwap(KVEventBatch& batch, double timestamp) noexcept
+    {
+        if (batch.empty())
+        {
+            return -1;
+        }
+        int64_t sequence = 0;
+        bool wake = false;
+        {
+            std::lock_guard<std::mutex> lock(queueMutex);
+            if (queueSize == queue.size())
+            {
+                int64_t const lost = dropFull(batch.events().size());
+                batch.clear();
+                return lost;
+            }
+            Queued& slot = queue[(queueHead + queueSize) % queue.size()];
+            // The sending thread took the slot's buffers, so nothing is freed here (but what a failed copy left).
+            slot.batch = std::move(batch);
+            sequence = queueFilled(slot, timestamp, wake);
+            if (!spares.empty())
+            {
+                batch = std::move(spares.back());
+                spares.pop_back();
+            }
+            batch.clear();
+        }
+        if (wake)
+        {
+            queueChanged.notify_all();
+        }
         return sequence;
     }
 
     bool flush(int32_t timeoutMs)
     {
         std::unique_lock<std::mutex> lock(queueMutex);
+        if (senderWaiting && queueSize > 0)
+        {
+            // The sending thread may be waiting out kBUSY_LOOK: no need to.
+            queueChanged.notify_all();
+        }
         return queueChanged.wait_for(
             lock, std::chrono::milliseconds(timeoutMs), [this] { return finished == nextSequence; });
     }
@@ -265,30 +336,41 @@ struct KVEventPublisher::Impl
     {
         KVEventBatch batch;
         std::vector<uint8_t> payload;
+        // Whether the last look at the queue found a batch: then the thread waits only kBUSY_LOOK, unwoken.
+        bool busy = false;
         while (true)
         {
             int64_t sequence = 0;
             double timestamp = 0;
             {
                 std::unique_lock<std::mutex> lock(queueMutex);
-                senderWaiting = true;
-                queueChanged.wait_for(
-                    lock, std::chrono::milliseconds(10), [this] { return queueSize > 0 || !running; });
-                senderWaiting = false;
+                if (queueSize == 0 && running)
+                {
+                    senderWaiting = true;
+                    senderIdle = !busy;
+                    queueChanged.wait_for(
+                        lock, busy ? kBUSY_LOOK : kIDLE_LOOK, [this] { return queueSize > 0 || !running; });
+                    senderWaiting = false;
+                    senderIdle = false;
+                }
                 if (queueSize == 0)
                 {
                     if (!running)
                     {
                         return;
                     }
+                    busy = false;
                     lock.unlock();
                     drainSubscriptions();
                     continue;
                 }
+                busy = true;
                 Queued& slot = queue[queueHead];
                 sequence = slot.sequence;
                 timestamp = slot.timestamp;
-                batch.swap(slot.batch);
+                // The slot is left holding no buffers, for publishSwap(); `batch`'s went back to the spares (or, when
+                // those were full, are freed here).
+                batch = std::move(slot.batch);
                 queueHead = (queueHead + 1) % queue.size();
                 --queueSize;
             }
@@ -307,7 +389,11 @@ struct KVEventPublisher::Impl
                     pub.send(zmq::buffer(sequenceBytes), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
                     pub.send(zmq::buffer(payload), zmq::send_flags::dontwait);
                 }
-                dropped += sent ? 0 : 1;
+                if (!sent)
+                {
+                    // Written only then: the counters' cache line stays with the publishing thread.
+                    ++dropped;
+                }
                 if (!kept.empty())
                 {
                     std::lock_guard<std::mutex> lock(mutex);
@@ -325,6 +411,11 @@ struct KVEventPublisher::Impl
             {
                 std::lock_guard<std::mutex> lock(queueMutex);
                 ++finished;
+                batch.clear();
+                if (spares.size() < kMAX_SPARES)
+                {
+                    spares.push_back(std::move(batch));
+                }
             }
             queueChanged.notify_all();
         }
@@ -417,6 +508,17 @@ int64_t KVEventPublisher::publish(KVEventBatch const& batch)
 int64_t KVEventPublisher::publish(KVEventBatch const& batch, double timestamp)
 {
     return mImpl->publish(batch, timestamp);
+}
+
+int64_t KVEventPublisher::publishSwap(KVEventBatch& batch) noexcept
+{
+    auto const now = std::chrono::system_clock::now().time_since_epoch();
+    return publishSwap(batch, std::chrono::duration<double>(now).count());
+}
+
+int64_t KVEventPublisher::publishSwap(KVEventBatch& batch, double timestamp) noexcept
+{
+    return mImpl->publishSwap(batch, timestamp);
 }
 
 bool KVEventPublisher::flush(int32_t timeoutMs)

@@ -1,7 +1,8 @@
 // Host tests of KVEventPublisher over loopback TCP (random free ports): bad options refused with named errors; a
 // subscriber receives each batch as three frames (topic, sequence number, payload); a subscriber that never reads
 // never blocks publish(), drops are counted, and the replay socket hands back every batch from a sequence number on;
-// a full publisher queue drops what does not fit.
+// publishSwap() sends exactly what was recorded and hands back a cleared batch; a full publisher queue drops what does
+// not fit.
 
 #include "kvcache/core/errors.h"
 #include "kvcache/events/kv_event_publisher.h"
@@ -75,6 +76,29 @@ KVEventBatch batchOf(uint64_t seed, int32_t pages)
         batch.addStoredPage(PageHash{seed, static_cast<uint64_t>(p)}, tokens.data(), nullptr, 0, 0);
     }
     return batch;
+}
+
+//! Records into `batch` (empty) a removal of `seed` pages, then one stored event of `pages` pages of 16 tokens as
+//! batchOf() makes them, whose first page carries a 3-byte salt when `salted`.
+void recordInto(KVEventBatch& batch, uint64_t seed, int32_t pages, bool salted)
+{
+    for (uint64_t r = 0; r < seed % 3; ++r)
+    {
+        batch.addRemoved(1, KVEventMedium::kGPU, PageHash{r, seed});
+    }
+    batch.beginStored(0, KVEventMedium::kGPU, 16, nullptr);
+    std::vector<int32_t> tokens(16);
+    uint8_t const salt[3] = {7, static_cast<uint8_t>(seed), 9};
+    for (int32_t p = 0; p < pages; ++p)
+    {
+        for (int32_t t = 0; t < 16; ++t)
+        {
+            tokens[static_cast<size_t>(t)] = static_cast<int32_t>(seed * 1000 + static_cast<uint64_t>(p * 16 + t));
+        }
+        bool const withSalt = salted && p == 0;
+        batch.addStoredPage(
+            PageHash{seed, static_cast<uint64_t>(p)}, tokens.data(), withSalt ? salt : nullptr, withSalt ? 3 : 0, 0);
+    }
 }
 
 Bytes payloadOf(KVEventBatch const& batch, double ts, KVEventPublisherOptions const& options)
@@ -243,6 +267,86 @@ TEST(KVEventPublisher, SlowSubscriberNeverBlocksDropsAreCountedAndReplayRecovers
     zmq::pollitem_t replies{dealer.handle(), 0, ZMQ_POLLIN, 0};
     EXPECT_EQ(zmq::poll(&replies, 1, std::chrono::milliseconds(300)), 0);
     EXPECT_EQ(publisher.stats().badReplayRequests, 1);
+}
+
+TEST(KVEventPublisher, PublishSwapSendsWhatWasRecordedAndHandsBackACleanBatch)
+{
+    // One batch object recorded into and published again and again, by swap and (every third) by copy, large and
+    // small, with and without keys: each message is exactly the encoding of a batch built afresh, and the batch
+    // comes back empty every time, once the sending thread has some to spare with the buffers of one sent before.
+    KVEventPublisherOptions options;
+    options.endpoint = "tcp://127.0.0.1:*";
+    KVEventPublisher publisher(options);
+    zmq::context_t context;
+    zmq::socket_t sub(context, zmq::socket_type::sub);
+    sub.set(zmq::sockopt::subscribe, "");
+    sub.connect(publisher.endpoint());
+    ASSERT_TRUE(publisher.waitForSubscriber(5000));
+
+    constexpr uint64_t kBATCHES = 24;
+    auto const pagesOf = [](uint64_t i) { return static_cast<int32_t>(i % 4 == 0 ? 40 : 1 + i % 3); };
+    KVEventBatch batch;
+    for (uint64_t i = 0; i < kBATCHES; ++i)
+    {
+        ASSERT_TRUE(batch.empty());
+        ASSERT_TRUE(
+            batch.hashes().empty() && batch.tokens().empty() && batch.pageKeys().empty() && batch.keyBytes().empty());
+        recordInto(batch, i, pagesOf(i), i % 2 == 0);
+        double const ts = 100.0 + static_cast<double>(i);
+        if (i % 3 == 2)
+        {
+            EXPECT_EQ(publisher.publish(batch, ts), static_cast<int64_t>(i));
+            batch.clear();
+        }
+        else
+        {
+            EXPECT_EQ(publisher.publishSwap(batch, ts), static_cast<int64_t>(i));
+        }
+        if (i == kBATCHES / 2)
+        {
+            // Everything sent: the next swap hands back the buffers of a sent batch.
+            ASSERT_TRUE(publisher.flush(5000));
+        }
+        if (i == kBATCHES / 2 + 1)
+        {
+            EXPECT_GE(batch.tokens().capacity(), size_t{16}) << "the batch handed back has no spare buffers";
+        }
+    }
+    EXPECT_TRUE(batch.empty());
+    KVEventBatch empty;
+    EXPECT_EQ(publisher.publishSwap(empty), -1) << "an empty batch is not sent";
+    for (uint64_t i = 0; i < kBATCHES; ++i)
+    {
+        std::vector<zmq::message_t> const parts = receive(sub);
+        ASSERT_EQ(parts.size(), 3u);
+        EXPECT_EQ(sequenceOf(parts[1]), static_cast<int64_t>(i));
+        KVEventBatch expected;
+        recordInto(expected, i, pagesOf(i), i % 2 == 0);
+        EXPECT_EQ(bytesOf(parts[2]), payloadOf(expected, 100.0 + static_cast<double>(i), options)) << "batch " << i;
+    }
+    ASSERT_TRUE(publisher.flush(5000));
+    EXPECT_EQ(publisher.stats().batches, static_cast<int64_t>(kBATCHES));
+    EXPECT_EQ(publisher.stats().droppedBatches, 0);
+}
+
+TEST(KVEventPublisher, PublishSwapIntoAFullQueueDropsCountsAndClears)
+{
+    KVEventPublisherOptions options;
+    options.endpoint = "tcp://127.0.0.1:*";
+    options.queueBatches = 1;
+    KVEventPublisher publisher(options);
+    KVEventBatch batch;
+    for (int64_t i = 0; i < 2000; ++i)
+    {
+        recordInto(batch, static_cast<uint64_t>(i), 64, false);
+        ASSERT_EQ(publisher.publishSwap(batch, 1.0), i);
+        ASSERT_TRUE(batch.empty()) << "batch " << i;
+    }
+    ASSERT_TRUE(publisher.flush(10000));
+    KVEventPublisherStats const stats = publisher.stats();
+    EXPECT_EQ(stats.batches, 2000);
+    EXPECT_GT(stats.droppedBatches, 0);
+    EXPECT_LT(stats.droppedBatches, 2000);
 }
 
 TEST(KVEventPublisher, AFullQueueDropsAndCountsTheBatch)

@@ -85,7 +85,8 @@ public:
     {
         return mTokens;
     }
-    //! One entry per hash; meaningful for the hashes of stored events with hasKeys.
+    //! The extra keys of the hashes of stored events with hasKeys: pageKeys()[h] for each such hash h. Hashes of
+    //! other events may have no entry (the vector may be shorter than hashes()) or one of no keys.
     std::vector<KVEventPageKeys> const& pageKeys() const noexcept
     {
         return mPageKeys;
@@ -116,16 +117,23 @@ public:
     void addAllCleared();
     //! Records the removal of `hash` from `group` of `medium`, merged into the last event when that is a removal of
     //! the same group and medium.
-    void addRemoved(int32_t group, KVEventMedium medium, PageHash hash);
+    void addRemoved(int32_t group, KVEventMedium medium, PageHash const& hash);
     //! Starts a stored event of `group`, `medium` and `tokensPerPage` whose first page's parent is `parent` (null for
     //! none); pages are added with addStoredPage().
     void beginStored(int32_t group, KVEventMedium medium, int32_t tokensPerPage, PageHash const* parent);
     //! Adds a page to the stored event begun last: its hash, its tokens (tokensPerPage of them, or null for none), and
     //! its extra key bytes (salt then keys, as KVEventPageKeys says; saltBytes + 20 * numKeys bytes, null when both
     //! are 0).
-    void addStoredPage(PageHash hash, int32_t const* tokens, uint8_t const* keys, int32_t saltBytes, int32_t numKeys);
+    void addStoredPage(
+        PageHash const& hash, int32_t const* tokens, uint8_t const* keys, int32_t saltBytes, int32_t numKeys);
 
 private:
+    //! Gives every hash before `count` an entry in mPageKeys (of no keys) that has none.
+    void padPageKeys(size_t count);
+    //! Appends an event of `type`, `medium` and `group` that starts at the current ends of the hashes and tokens.
+    KVEvent& addEvent(KVEventType type, KVEventMedium medium, int32_t group);
+    void addHash(PageHash const& hash);
+
     std::vector<KVEvent> mEvents;
     std::vector<PageHash> mHashes;
     std::vector<int32_t> mTokens;

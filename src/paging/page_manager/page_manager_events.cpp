@@ -2,6 +2,8 @@
 // call changes anything, and the stored events of the pages a step entry or an adoptRun filled.
 #include "paging/page_manager/page_manager_state.h"
 
+#include <algorithm>
+
 namespace kvcache::rt
 {
 
@@ -21,7 +23,8 @@ void PageManager::State::setUpEvents(int32_t maxEntries)
     auto const groups = static_cast<size_t>(numGroups());
     auto const pageTokens = static_cast<size_t>(tokensPerPage);
     filled.hashes.reserve(entries);
-    filled.tokens.reserve(entries * pageTokens);
+    filled.tokens.reserve(entries);
+    filled.partialTokens.resize(pageTokens);
     filled.keys.reserve(entries);
     filled.fresh.assign(groups * entries, 0);
     // A step's worth: every group stores what maxTokensPerStep fill and removes as many.
@@ -31,7 +34,7 @@ void PageManager::State::setUpEvents(int32_t maxEntries)
     events.addAllCleared();
 }
 
-void PageManager::State::reserveStepEvents(SequenceAppend const* appends, int32_t count)
+void PageManager::State::reserveStepEvents(SequenceAppend const* appends, int32_t count, bool withKeys)
 {
     size_t taken = 0;
     for (int32_t g = 0; g < numGroups(); ++g)
@@ -40,10 +43,7 @@ void PageManager::State::reserveStepEvents(SequenceAppend const* appends, int32_
     }
     // Key bytes: a salt or extra keys ever given (keysSeen) make the step's entries worth a look; until then, a step
     // whose appends carry no key stores pages without any.
-    for (int32_t i = 0; i < count && !keysSeen; ++i)
-    {
-        keysSeen = appends[i].numExtraKeys > 0;
-    }
+    keysSeen = keysSeen || withKeys;
     size_t keyBytes = 0;
     for (int32_t i = 0; i < count && keysSeen; ++i)
     {
@@ -72,28 +72,30 @@ void PageManager::State::beginFilled(int32_t row, int32_t firstIndex)
     filled.keyBytes.clear();
 }
 
-void PageManager::State::openFilled(int32_t row, PageHash hash, int32_t const* tokens)
+void PageManager::State::openFilled(int32_t row, PageHash const& hash, int32_t const* tokens)
 {
-    bool const first = filled.firstIndex + filled.count == 0;
-    std::vector<uint8_t> const& salt = sequences[row].salt;
-    KVEventPageKeys keys;
+    // Built in place, as KVEventBatch's elements are (kv_event_batch.cpp says why).
+    KVEventPageKeys& keys = filled.keys.emplace_back();
     keys.offset = static_cast<int64_t>(filled.keyBytes.size());
-    keys.saltBytes = first ? static_cast<int32_t>(salt.size()) : 0;
-    if (first)
+    if (filled.firstIndex + filled.count == 0)
     {
+        std::vector<uint8_t> const& salt = sequences[row].salt;
+        keys.saltBytes = static_cast<int32_t>(salt.size());
         filled.keyBytes.insert(filled.keyBytes.end(), salt.begin(), salt.end());
     }
-    filled.keys.push_back(keys);
     filled.hashes.push_back(hash);
-    if (tokens != nullptr)
-    {
-        filled.tokens.insert(filled.tokens.end(), tokens, tokens + tokensPerPage);
-    }
+    filled.tokens.push_back(tokens);
     ++filled.count;
 }
 
+int32_t const* PageManager::State::keepPartialTokens(int32_t const* tokens) noexcept
+{
+    std::copy(tokens, tokens + tokensPerPage, filled.partialTokens.begin());
+    return filled.partialTokens.data();
+}
+
 void PageManager::State::addFilled(
-    int32_t row, PageHash hash, int32_t const* tokens, uint8_t const* keyBytes, size_t numKeyBytes)
+    int32_t row, PageHash const& hash, int32_t const* tokens, uint8_t const* keyBytes, size_t numKeyBytes)
 {
     openFilled(row, hash, tokens);
     filled.keyBytes.insert(filled.keyBytes.end(), keyBytes, keyBytes + numKeyBytes);
@@ -101,7 +103,7 @@ void PageManager::State::addFilled(
 }
 
 void PageManager::State::addFilled(
-    int32_t row, PageHash hash, int32_t const* tokens, PageExtraKey const* keys, int32_t numKeys)
+    int32_t row, PageHash const& hash, int32_t const* tokens, PageExtraKey const* keys, int32_t numKeys)
 {
     int32_t const start = (filled.firstIndex + filled.count) * tokensPerPage;
     openFilled(row, hash, tokens);
@@ -113,7 +115,6 @@ void PageManager::State::addFilled(
 void PageManager::State::recordFilled()
 {
     auto const entries = static_cast<size_t>(sequences.maxEntries());
-    bool const withTokens = !filled.tokens.empty();
     for (int32_t g = 0; g < numGroups(); ++g)
     {
         uint8_t* fresh = filled.fresh.data() + static_cast<size_t>(g) * entries;
@@ -131,9 +132,7 @@ void PageManager::State::recordFilled()
             for (; k < filled.count && fresh[k] != 0; ++k)
             {
                 KVEventPageKeys const& keys = filled.keys[static_cast<size_t>(k)];
-                events.addStoredPage(filled.hashes[static_cast<size_t>(k)],
-                    withTokens ? filled.tokens.data() + static_cast<size_t>(k) * static_cast<size_t>(tokensPerPage)
-                               : nullptr,
+                events.addStoredPage(filled.hashes[static_cast<size_t>(k)], filled.tokens[static_cast<size_t>(k)],
                     filled.keyBytes.data() + keys.offset, keys.saltBytes, keys.numKeys);
                 fresh[k] = 0;
             }

@@ -87,8 +87,12 @@ struct PageManager::State
         //! The hash of the page before the first (meaningful when firstIndex > 0).
         PageHash parent = {};
         std::vector<PageHash> hashes;
-        //! tokensPerPage a page.
-        std::vector<int32_t> tokens;
+        //! Where each page's tokensPerPage token ids are (null: none), until recordFilled(): in the caller's tokens,
+        //! or in partialTokens for the page the sequence's partial-page buffer completed.
+        std::vector<int32_t const*> tokens;
+        //! A copy of the one page per call whose tokens were in the partial-page buffer, which the rest of the append
+        //! overwrites before recordFilled(); tokensPerPage entries.
+        std::vector<int32_t> partialTokens;
         std::vector<KVEventPageKeys> keys;
         std::vector<uint8_t> keyBytes;
         //! Per group g and page k, at [g * maxEntries + k]: 1 when the page was newly registered in g.
@@ -166,8 +170,8 @@ struct PageManager::State
 
     void checkExtraKeys(char const* what, PageExtraKey const* keys, int32_t numKeys, int64_t begin, int64_t end) const;
     //! Checks every entry of a step as step() does, throwing what it throws; marks each listed sequence with a fresh
-    //! stamp (duplicates).
-    void checkStep(SequenceAppend const* appends, int32_t count) const;
+    //! stamp (duplicates). Returns whether an entry carries extra keys.
+    bool checkStep(SequenceAppend const* appends, int32_t count) const;
     //! Writes to needed[g] the pages the (checked) step takes from group g and to released[g] those its window releases
     //! make available.
     void countStep(SequenceAppend const* appends, int32_t count, int64_t* needed, int64_t* released) const;
@@ -242,14 +246,16 @@ struct PageManager::State
     }
     //! Sizes the scratch of stored events and records AllBlocksCleared; called once from the constructor.
     void setUpEvents(int32_t maxEntries);
-    //! Reserves the room the events of the (checked, counted) step may take; throws std::bad_alloc.
-    void reserveStepEvents(SequenceAppend const* appends, int32_t count);
+    //! Reserves the room the events of the (checked, counted) step may take, `withKeys` when an entry carries extra
+    //! keys; throws std::bad_alloc.
+    void reserveStepEvents(SequenceAppend const* appends, int32_t count, bool withKeys);
     //! Starts gathering the pages the sequence in `row` fills from page index `firstIndex`.
     void beginFilled(int32_t row, int32_t firstIndex);
     //! Adds the next filled page: its hash, its tokens (null: none) and the extra-key bytes its hash mixed in.
-    void addFilled(int32_t row, PageHash hash, int32_t const* tokens, uint8_t const* keyBytes, size_t numKeyBytes);
+    void addFilled(
+        int32_t row, PageHash const& hash, int32_t const* tokens, uint8_t const* keyBytes, size_t numKeyBytes);
     //! addFilled() with the bytes of the extra keys among `keys` (sorted by position) that fall in the page.
-    void addFilled(int32_t row, PageHash hash, int32_t const* tokens, PageExtraKey const* keys, int32_t numKeys);
+    void addFilled(int32_t row, PageHash const& hash, int32_t const* tokens, PageExtraKey const* keys, int32_t numKeys);
     //! Notes that the filled page `k` (0 for the first added) was newly registered in `group`.
     void markFresh(int32_t group, int32_t k) noexcept
     {
@@ -257,8 +263,10 @@ struct PageManager::State
             .fresh[static_cast<size_t>(group) * static_cast<size_t>(sequences.maxEntries()) + static_cast<size_t>(k)] =
             1;
     }
+    //! Copies the tokensPerPage token ids at `tokens` to filled.partialTokens and returns them there.
+    int32_t const* keepPartialTokens(int32_t const* tokens) noexcept;
     //! Adds the next filled page's hash, tokens and salt (page 0 only), its key count still 0.
-    void openFilled(int32_t row, PageHash hash, int32_t const* tokens);
+    void openFilled(int32_t row, PageHash const& hash, int32_t const* tokens);
     //! Records one stored event per group and run of fresh pages gathered, and forgets them.
     void recordFilled();
 };

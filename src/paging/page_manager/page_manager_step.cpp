@@ -40,7 +40,7 @@ void PageManager::State::checkExtraKeys(
     }
 }
 
-void PageManager::State::checkStep(SequenceAppend const* appends, int32_t count) const
+bool PageManager::State::checkStep(SequenceAppend const* appends, int32_t count) const
 {
     if (count < 0 || (count > 0 && appends == nullptr))
     {
@@ -49,6 +49,7 @@ void PageManager::State::checkStep(SequenceAppend const* appends, int32_t count)
             appends == nullptr ? "null" : "non-null"));
     }
     uint64_t const stamp = sequences.nextStamp();
+    bool withKeys = false;
     for (int32_t i = 0; i < count; ++i)
     {
         SequenceAppend const& append = appends[i];
@@ -84,8 +85,10 @@ void PageManager::State::checkStep(SequenceAppend const* appends, int32_t count)
         {
             checkExtraKeys("step", append.extraKeys, append.numExtraKeys, sequence.length,
                 int64_t{sequence.length} + append.count);
+            withKeys = true;
         }
     }
+    return withKeys;
 }
 
 namespace
@@ -185,7 +188,7 @@ void PageManager::State::countStep(
 
 StepCopies PageManager::State::step(SequenceAppend const* appends, int32_t count)
 {
-    checkStep(appends, count);
+    bool const withKeys = checkStep(appends, count);
     countStep(appends, count, stepNeeded.data(), stepReleased.data());
     for (int32_t g = 0; g < numGroups(); ++g)
     {
@@ -202,7 +205,7 @@ StepCopies PageManager::State::step(SequenceAppend const* appends, int32_t count
     }
     if (recordsEvents())
     {
-        reserveStepEvents(appends, count);
+        reserveStepEvents(appends, count, withKeys);
     }
     // Checked and reserved: from here the step runs to the end. Durations that have ended go first, so that this
     // step's evictions see the priorities of now.
@@ -370,7 +373,10 @@ void PageManager::State::registerFilledPages(SequenceAppend const& append, int32
         {
             // A chained page has no extra keys; any other was hashed last, with its keys' bytes.
             std::vector<uint8_t> const& keyBytes = prefix.lastKeyBytes();
-            addFilled(row, hash, pageTokens, fromChain ? nullptr : keyBytes.data(), fromChain ? 0 : keyBytes.size());
+            // Only the first page can have been completed in the partial-page buffer, which the append's last
+            // tokens may overwrite before the pages are recorded.
+            int32_t const* const kept = whole ? pageTokens : keepPartialTokens(pageTokens);
+            addFilled(row, hash, kept, fromChain ? nullptr : keyBytes.data(), fromChain ? 0 : keyBytes.size());
         }
         for (int32_t g = 0; g < numGroups(); ++g)
         {

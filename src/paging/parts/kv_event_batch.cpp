@@ -80,61 +80,76 @@ void KVEventBatch::append(KVEventBatch const& other)
     }
     mHashes.insert(mHashes.end(), other.mHashes.begin(), other.mHashes.end());
     mTokens.insert(mTokens.end(), other.mTokens.begin(), other.mTokens.end());
-    for (KVEventPageKeys keys : other.mPageKeys)
+    if (!other.mPageKeys.empty())
     {
-        keys.offset += keyBase;
-        mPageKeys.push_back(keys);
+        padPageKeys(static_cast<size_t>(hashBase));
+        for (KVEventPageKeys keys : other.mPageKeys)
+        {
+            keys.offset += keyBase;
+            mPageKeys.push_back(keys);
+        }
     }
     mKeyBytes.insert(mKeyBytes.end(), other.mKeyBytes.begin(), other.mKeyBytes.end());
 }
 
-void KVEventBatch::addAllCleared()
+// The recording calls build each element in place, field by field, and take hashes by reference: an element built on
+// the stack, or a hash passed in two registers, is stored there in narrower pieces and read back at once in one wide
+// load, which the processor cannot forward from the stores and waits for.
+
+void KVEventBatch::padPageKeys(size_t count)
 {
-    KVEvent event;
-    event.type = KVEventType::kALL_CLEARED;
-    event.firstHash = static_cast<int64_t>(mHashes.size());
-    event.firstToken = static_cast<int64_t>(mTokens.size());
-    mEvents.push_back(event);
+    if (mPageKeys.size() < count)
+    {
+        mPageKeys.resize(count, KVEventPageKeys{static_cast<int64_t>(mKeyBytes.size()), 0, 0});
+    }
 }
 
-void KVEventBatch::addRemoved(int32_t group, KVEventMedium medium, PageHash hash)
+KVEvent& KVEventBatch::addEvent(KVEventType type, KVEventMedium medium, int32_t group)
+{
+    KVEvent& event = mEvents.emplace_back();
+    event.type = type;
+    event.medium = medium;
+    event.group = group;
+    event.firstHash = static_cast<int64_t>(mHashes.size());
+    event.firstToken = static_cast<int64_t>(mTokens.size());
+    return event;
+}
+
+void KVEventBatch::addHash(PageHash const& hash)
+{
+    mHashes.push_back(hash);
+}
+
+void KVEventBatch::addAllCleared()
+{
+    addEvent(KVEventType::kALL_CLEARED, KVEventMedium::kGPU, 0);
+}
+
+void KVEventBatch::addRemoved(int32_t group, KVEventMedium medium, PageHash const& hash)
 {
     bool const merge = !mEvents.empty() && mEvents.back().type == KVEventType::kREMOVED && mEvents.back().group == group
         && mEvents.back().medium == medium;
-    if (!merge)
-    {
-        KVEvent event;
-        event.type = KVEventType::kREMOVED;
-        event.medium = medium;
-        event.group = group;
-        event.firstHash = static_cast<int64_t>(mHashes.size());
-        event.firstToken = static_cast<int64_t>(mTokens.size());
-        mEvents.push_back(event);
-    }
-    mHashes.push_back(hash);
-    mPageKeys.push_back(KVEventPageKeys{static_cast<int64_t>(mKeyBytes.size()), 0, 0});
-    ++mEvents.back().numHashes;
+    KVEvent& event = merge ? mEvents.back() : addEvent(KVEventType::kREMOVED, medium, group);
+    addHash(hash);
+    ++event.numHashes;
 }
 
 void KVEventBatch::beginStored(int32_t group, KVEventMedium medium, int32_t tokensPerPage, PageHash const* parent)
 {
-    KVEvent event;
-    event.type = KVEventType::kSTORED;
-    event.medium = medium;
-    event.group = group;
+    KVEvent& event = addEvent(KVEventType::kSTORED, medium, group);
     event.tokensPerPage = tokensPerPage;
-    event.hasParent = parent != nullptr;
-    event.parent = parent != nullptr ? *parent : PageHash{};
-    event.firstHash = static_cast<int64_t>(mHashes.size());
-    event.firstToken = static_cast<int64_t>(mTokens.size());
-    mEvents.push_back(event);
+    if (parent != nullptr)
+    {
+        event.hasParent = true;
+        event.parent = *parent;
+    }
 }
 
 void KVEventBatch::addStoredPage(
-    PageHash hash, int32_t const* tokens, uint8_t const* keys, int32_t saltBytes, int32_t numKeys)
+    PageHash const& hash, int32_t const* tokens, uint8_t const* keys, int32_t saltBytes, int32_t numKeys)
 {
     KVEvent& event = mEvents.back();
-    mHashes.push_back(hash);
+    addHash(hash);
     ++event.numHashes;
     if (tokens != nullptr)
     {
@@ -142,7 +157,16 @@ void KVEventBatch::addStoredPage(
         event.numTokens += event.tokensPerPage;
     }
     auto const keyBytes = static_cast<size_t>(saltBytes) + size_t{20} * static_cast<size_t>(numKeys);
-    mPageKeys.push_back(KVEventPageKeys{static_cast<int64_t>(mKeyBytes.size()), saltBytes, numKeys});
+    if (keyBytes == 0 && !event.hasKeys)
+    {
+        // Entries only from an event's first page with keys on: the rest of pageKeys() is never read.
+        return;
+    }
+    padPageKeys(mHashes.size() - 1);
+    KVEventPageKeys& entry = mPageKeys.emplace_back();
+    entry.offset = static_cast<int64_t>(mKeyBytes.size());
+    entry.saltBytes = saltBytes;
+    entry.numKeys = numKeys;
     if (keyBytes > 0)
     {
         mKeyBytes.insert(mKeyBytes.end(), keys, keys + keyBytes);

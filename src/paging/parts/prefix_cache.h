@@ -81,7 +81,7 @@ public:
         Group& state = mGroups[static_cast<size_t>(group)];
         int32_t const priority = pool.priorityOf(pool.cached.oldest());
         int32_t const page = pool.popOldest();
-        PageHash const hash = state.hash[static_cast<size_t>(page)];
+        PageHash const& hash = state.hash[static_cast<size_t>(page)];
         state.table.erase(hash);
         state.registered[static_cast<size_t>(page)] = 0;
         ++mEvictedPages;

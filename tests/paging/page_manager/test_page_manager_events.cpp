@@ -1,7 +1,8 @@
 // Host tests of a PageManager's KV events (PageManagerOptions::recordEvents): none when off; AllBlocksCleared first;
 // stored events with hashes recomputed here from PageHasher, parents, token ids, the salt and extra keys; removals in
-// eviction order; and a random run whose events, applied to a set of hashes per group, give exactly the pages the
-// manager has registered.
+// eviction order; a page completed in the partial-page buffer keeps its tokens; a batch's extra keys stay at their
+// hashes' indices (after removals, keyless pages, append() and clear()); and a random run whose events, applied to a
+// set of hashes per group, give exactly the pages the manager has registered.
 
 #include "paging/page_manager/page_manager_internal.h"
 
@@ -122,6 +123,84 @@ TEST(PageManagerEvents, StoredPagesCarryHashesParentsTokensSaltAndKeys)
     std::vector<int32_t> const page2Tokens{108, 200, 201, 202};
     EXPECT_EQ(hashesOf(batch, next), (std::vector<PageHash>{hasher.next(page1, page2Tokens.data(), kP, nullptr, 0)}));
     EXPECT_EQ(std::vector<int32_t>(batch.tokens().begin(), batch.tokens().end()), page2Tokens);
+}
+
+TEST(PageManagerEvents, APageCompletedInThePartialPageKeepsItsTokensWhenTheAppendEndsInANewOne)
+{
+    // 3 tokens wait in the partial page; 6 more complete page 0 there, fill page 1 whole, and start page 2, whose
+    // first token lands where page 0's first one waited.
+    PageManager manager(oneGroup(16), eventOptions(4));
+    KVEventBatch batch;
+    manager.takeEvents(batch);
+    SequenceId const sequence = manager.create();
+    std::vector<int32_t> const first = tokensFrom(100, 3);
+    manager.append({sequence, first.data(), 3, nullptr, 0});
+    manager.takeEvents(batch);
+    EXPECT_TRUE(batch.empty());
+    std::vector<int32_t> const second = tokensFrom(200, 6);
+    manager.append({sequence, second.data(), 6, nullptr, 0});
+    manager.takeEvents(batch);
+
+    std::vector<int32_t> const page0{100, 101, 102, 200};
+    std::vector<int32_t> const page1{201, 202, 203, 204};
+    PageHasher const hasher(PageHashAlgorithm::kSHA256, test::consecutiveSeed(7));
+    PageHash const hash0 = hasher.next(hasher.root(nullptr, 0), page0.data(), kP, nullptr, 0);
+    PageHash const hash1 = hasher.next(hash0, page1.data(), kP, nullptr, 0);
+    ASSERT_EQ(batch.events().size(), 1u);
+    KVEvent const& stored = batch.events()[0];
+    EXPECT_EQ(stored.type, KVEventType::kSTORED);
+    EXPECT_FALSE(stored.hasParent);
+    EXPECT_EQ(hashesOf(batch, stored), (std::vector<PageHash>{hash0, hash1}));
+    EXPECT_EQ(std::vector<int32_t>(batch.tokens().begin(), batch.tokens().end()),
+        (std::vector<int32_t>{100, 101, 102, 200, 201, 202, 203, 204}));
+}
+
+TEST(KVEventBatch, KeysStayAtTheirHashesAfterRemovalsKeylessPagesAndAppend)
+{
+    // Removals and a keyless page before a page with keys, in a batch appended after one with a removal of its own:
+    // each stored page with keys finds them at its hash's index, a keyless page of such an event none.
+    uint8_t const keyBytes[20] = {3, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+    std::vector<int32_t> const tokens = tokensFrom(40, 2 * kP);
+    KVEventBatch part;
+    part.addRemoved(0, KVEventMedium::kGPU, PageHash{1, 1});
+    part.addRemoved(0, KVEventMedium::kGPU, PageHash{2, 2});
+    part.beginStored(0, KVEventMedium::kGPU, kP, nullptr);
+    part.addStoredPage(PageHash{3, 3}, tokens.data(), nullptr, 0, 0);
+    part.addStoredPage(PageHash{4, 4}, tokens.data() + kP, keyBytes, 0, 1);
+    part.beginStored(1, KVEventMedium::kGPU, kP, nullptr);
+    part.addStoredPage(PageHash{5, 5}, tokens.data(), nullptr, 0, 0);
+
+    KVEventBatch whole;
+    whole.addRemoved(2, KVEventMedium::kCPU, PageHash{9, 9});
+    whole.append(part);
+    for (KVEventBatch const* batch : {&part, &whole})
+    {
+        ASSERT_EQ(batch->events().size(), part.events().size() + (batch == &whole ? 1 : 0));
+        KVEvent const& keyed = batch->events()[batch->events().size() - 2];
+        KVEvent const& keyless = batch->events().back();
+        ASSERT_TRUE(keyed.hasKeys);
+        EXPECT_FALSE(keyless.hasKeys);
+        ASSERT_EQ(keyed.numHashes, 2);
+        EXPECT_EQ(batch->hashes()[static_cast<size_t>(keyed.firstHash + 1)], (PageHash{4, 4}));
+        ASSERT_GT(batch->pageKeys().size(), static_cast<size_t>(keyed.firstHash + 1));
+        KVEventPageKeys const none = batch->pageKeys()[static_cast<size_t>(keyed.firstHash)];
+        KVEventPageKeys const some = batch->pageKeys()[static_cast<size_t>(keyed.firstHash + 1)];
+        EXPECT_EQ(none.saltBytes + none.numKeys, 0);
+        EXPECT_EQ(some.saltBytes, 0);
+        ASSERT_EQ(some.numKeys, 1);
+        ASSERT_LE(static_cast<size_t>(some.offset) + 20, batch->keyBytes().size());
+        EXPECT_EQ(std::memcmp(batch->keyBytes().data() + some.offset, keyBytes, 20), 0);
+    }
+
+    // Cleared, the batch records afresh: nothing of the keys or tokens before is left.
+    whole.clear();
+    whole.beginStored(0, KVEventMedium::kGPU, kP, nullptr);
+    whole.addStoredPage(PageHash{6, 6}, tokens.data() + kP, nullptr, 0, 0);
+    ASSERT_EQ(whole.events().size(), 1u);
+    EXPECT_FALSE(whole.events()[0].hasKeys);
+    EXPECT_EQ(whole.hashes(), (std::vector<PageHash>{PageHash{6, 6}}));
+    EXPECT_EQ(whole.tokens(), std::vector<int32_t>(tokens.begin() + kP, tokens.end()));
+    EXPECT_TRUE(whole.keyBytes().empty());
 }
 
 TEST(PageManagerEvents, EvictionsAreRemovedInEvictionOrderAndDuplicatesAreNotStoredTwice)
