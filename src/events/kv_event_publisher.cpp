@@ -240,17 +240,37 @@ struct KVEventPublisher::Impl
         return sequence;
     }
 
-    //! Queues `slot` (the queue's next, its batch filled) and returns its sequence number and whether the sending
-    //! thread needs a wake-up. Under queueMutex.
-    int64_t queueFilled(Queued& slot, double timestamp, bool& wake)
+    //! Puts a batch of `eventCount` events into the queue's next slot with `fill(slot)` and returns its sequence
+    //! number; when the queue is full, the batch is dropped (its number taken and counted) and `full()` runs. Wakes the
+    //! sending thread when it is idle or the queue is half full. `fill` runs first: when it throws, nothing is counted.
+    template <typename Fill, typename Full>
+    int64_t enqueue(size_t eventCount, double timestamp, Fill&& fill, Full&& full)
     {
-        slot.sequence = nextSequence++;
-        slot.timestamp = timestamp;
-        ++batches;
-        events += static_cast<int64_t>(slot.batch.events().size());
-        ++queueSize;
-        wake = senderWaiting && (senderIdle || 2 * queueSize >= queue.size());
-        return slot.sequence;
+        int64_t sequence = 0;
+        bool wake = false;
+        {
+            std::lock_guard<std::mutex> lock(queueMutex);
+            if (queueSize == queue.size())
+            {
+                int64_t const lost = dropFull(eventCount);
+                full();
+                return lost;
+            }
+            Queued& slot = queue[(queueHead + queueSize) % queue.size()];
+            fill(slot);
+            slot.sequence = nextSequence++;
+            slot.timestamp = timestamp;
+            ++batches;
+            events += static_cast<int64_t>(eventCount);
+            ++queueSize;
+            sequence = slot.sequence;
+            wake = senderWaiting && (senderIdle || 2 * queueSize >= queue.size());
+        }
+        if (wake)
+        {
+            queueChanged.notify_all();
+        }
+        return sequence;
     }
 
     int64_t publish(KVEventBatch const& batch, double timestamp)
@@ -259,29 +279,18 @@ struct KVEventPublisher::Impl
         {
             return -1;
         }
-        int64_t sequence = 0;
-        bool wake = false;
-        {
-            std::lock_guard<std::mutex> lock(queueMutex);
-            if (queueSize == queue.size())
+        return enqueue(
+            batch.events().size(), timestamp,
+            [&](Queued& slot)
             {
-                return dropFull(batch.events().size());
-            }
-            Queued& slot = queue[(queueHead + queueSize) % queue.size()];
-            if (!spares.empty())
-            {
-                slot.batch = std::move(spares.back());
-                spares.pop_back();
-            }
-            // The copy first: when it throws, the slot is not in the queue and nothing was counted.
-            slot.batch = batch;
-            sequence = queueFilled(slot, timestamp, wake);
-        }
-        if (wake)
-        {
-            queueChanged.notify_all();
-        }
-        return sequence;
+                if (!spares.empty())
+                {
+                    slot.batch = std::move(spares.back());
+                    spares.pop_back();
+                }
+                slot.batch = batch;
+            },
+            [] {});
     }
 
     int64_t publishSwap(KVEventBatch& batch, double timestamp) noexcept
@@ -290,32 +299,20 @@ struct KVEventPublisher::Impl
         {
             return -1;
         }
-        int64_t sequence = 0;
-        bool wake = false;
-        {
-            std::lock_guard<std::mutex> lock(queueMutex);
-            if (queueSize == queue.size())
+        return enqueue(
+            batch.events().size(), timestamp,
+            [&](Queued& slot)
             {
-                int64_t const lost = dropFull(batch.events().size());
+                // The sending thread took the slot's buffers, so nothing is freed here (but what a failed copy left).
+                slot.batch = std::move(batch);
+                if (!spares.empty())
+                {
+                    batch = std::move(spares.back());
+                    spares.pop_back();
+                }
                 batch.clear();
-                return lost;
-            }
-            Queued& slot = queue[(queueHead + queueSize) % queue.size()];
-            // The sending thread took the slot's buffers, so nothing is freed here (but what a failed copy left).
-            slot.batch = std::move(batch);
-            sequence = queueFilled(slot, timestamp, wake);
-            if (!spares.empty())
-            {
-                batch = std::move(spares.back());
-                spares.pop_back();
-            }
-            batch.clear();
-        }
-        if (wake)
-        {
-            queueChanged.notify_all();
-        }
-        return sequence;
+            },
+            [&] { batch.clear(); });
     }
 
     bool flush(int32_t timeoutMs)

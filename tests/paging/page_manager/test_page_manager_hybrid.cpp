@@ -281,6 +281,22 @@ bool adoptable(Pair& pair, std::vector<int32_t> const& prompt)
     return hit == 8;
 }
 
+// Serves h three times (nothing, then 8 tokens adopted each time), then `count` flood prompts of 9 tokens that share
+// nothing; returns the flood prompts.
+std::vector<std::vector<int32_t>> serveHotThenFlood(Pair& pair, std::vector<int32_t> const& h, int32_t count)
+{
+    EXPECT_EQ(serveNine(pair, h), 0);
+    EXPECT_EQ(serveNine(pair, h), 8);
+    EXPECT_EQ(serveNine(pair, h), 8);
+    std::vector<std::vector<int32_t>> flood;
+    for (int32_t j = 1; j <= count; ++j)
+    {
+        flood.push_back(tokensFrom(1000 * j, 9));
+        EXPECT_EQ(serveNine(pair, flood.back()), 0) << "flood prompt " << j;
+    }
+    return flood;
+}
+
 // A cut adopted twice outlives a flood of cuts never adopted. Worked out by hand: each prompt of 9 tokens holds 3
 // windowed pages at its end and leaves a cut of 2 pages whose 2 windowed pages stay anchored (the third is free again);
 // the third flood prompt's last page finds h's, j1's and j2's windows and its own first two pages filling the group,
@@ -292,15 +308,7 @@ TEST(HybridCache, ACutAdoptedTwiceOutlivesAFloodOfCutsNeverAdopted)
 {
     Pair pair(floodHybrid(), optionsWith(4));
     std::vector<int32_t> const h = tokensFrom(0, 9);
-    EXPECT_EQ(serveNine(pair, h), 0);
-    EXPECT_EQ(serveNine(pair, h), 8);
-    EXPECT_EQ(serveNine(pair, h), 8);
-    std::vector<std::vector<int32_t>> flood;
-    for (int32_t j = 1; j <= 8; ++j)
-    {
-        flood.push_back(tokensFrom(1000 * j, 9));
-        EXPECT_EQ(serveNine(pair, flood.back()), 0);
-    }
+    std::vector<std::vector<int32_t>> const flood = serveHotThenFlood(pair, h, 8);
     EXPECT_EQ(pair.model.cutsDroppedForPages(), 6);
     EXPECT_EQ(pair.manager.counts(1).anchored, 6);
     EXPECT_TRUE(adoptable(pair, h));
@@ -321,15 +329,7 @@ TEST(HybridCache, CutsNeverAdoptedGoFirstOnceAnAdoptedCutWasDroppedTooSoon)
 {
     Pair pair(floodHybrid(), optionsWith(4));
     std::vector<int32_t> const h = tokensFrom(0, 9);
-    EXPECT_EQ(serveNine(pair, h), 0);
-    EXPECT_EQ(serveNine(pair, h), 8);
-    EXPECT_EQ(serveNine(pair, h), 8);
-    std::vector<std::vector<int32_t>> flood;
-    for (int32_t j = 1; j <= 9; ++j)
-    {
-        flood.push_back(tokensFrom(1000 * j, 9));
-        EXPECT_EQ(serveNine(pair, flood.back()), 0);
-    }
+    std::vector<std::vector<int32_t>> flood = serveHotThenFlood(pair, h, 9);
     EXPECT_EQ(pair.model.cutsDroppedForPages(), 7);
     EXPECT_EQ(pair.model.cutTarget(), 64);
     EXPECT_EQ(serveNine(pair, h), 4);
