@@ -6,7 +6,10 @@
 // asks for them. The runtime's kernels are modelled too: after each step the appended tokens' values are written into
 // the sequence's pages. So a page offloaded after it was overwritten, onboarded into the wrong page, a run's host page
 // given up before it was read or a copy run before the offload shows as a wrong value in a sequence's page or in a host
-// page.
+// page. With state layers, every state slot and host state holds one value too, the value of the position whose state
+// it is: the modelled kernels check that a sequence's slot holds the state after its last token before they write the
+// next, so a checkpoint restored from the wrong slot, a host state onboarded into the wrong slot or offloaded after it
+// was overwritten shows as a wrong state.
 
 #include "tiers/tiered/tiered_prefix_cache_core.h"
 
@@ -20,6 +23,7 @@
 #include <array>
 #include <cstdint>
 #include <exception>
+#include <iterator>
 #include <map>
 #include <set>
 #include <sstream>
@@ -50,10 +54,12 @@ struct MoverCall
         kCOPY,
         kSPILL,
         kRESTORE,
+        kOFFLOAD_STATES,
+        kONBOARD_STATES,
     };
     Kind kind;
     int32_t group;
-    //! (page, host page), (source, destination) or (host page, disk page).
+    //! (page, host page), (source, destination), (host page, disk page) or (state slot, host state).
     std::vector<std::pair<int32_t, int32_t>> pairs;
 };
 
@@ -62,7 +68,9 @@ class ModelMover final : public TierMover
 {
 public:
     ModelMover(KVCacheLayout const& layout, std::vector<int64_t> const& numHostPages,
-        std::vector<int64_t> const& numDiskPages = {})
+        std::vector<int64_t> const& numDiskPages = {}, int64_t numHostStates = 0)
+        : states(static_cast<size_t>(layout.numStateSlots), kPOISON)
+        , hostStates(static_cast<size_t>(numHostStates), kPOISON)
     {
         for (size_t g = 0; g < layout.groups.size(); ++g)
         {
@@ -99,6 +107,43 @@ public:
             device.at(static_cast<size_t>(group)).at(static_cast<size_t>(page)) = hostPageAt(group, hostPage);
         }
         calls.push_back(std::move(call));
+    }
+    void offloadStates(HostStateEntry const* entries, int32_t count) override
+    {
+        MoverCall call{MoverCall::kOFFLOAD_STATES, -1, {}};
+        for (int32_t i = 0; i < count; ++i)
+        {
+            call.pairs.emplace_back(entries[i].slot, entries[i].hostState);
+            hostStates.at(static_cast<size_t>(entries[i].hostState)) = states.at(static_cast<size_t>(entries[i].slot));
+        }
+        calls.push_back(std::move(call));
+    }
+    void onboardStates(HostStateEntry const* entries, int32_t count) override
+    {
+        MoverCall call{MoverCall::kONBOARD_STATES, -1, {}};
+        for (int32_t i = 0; i < count; ++i)
+        {
+            call.pairs.emplace_back(entries[i].slot, entries[i].hostState);
+            states.at(static_cast<size_t>(entries[i].slot)) = hostStates.at(static_cast<size_t>(entries[i].hostState));
+        }
+        calls.push_back(std::move(call));
+    }
+    //! Runs a step's state copies (the runtime's, before the step's kernels), all reading before any writes.
+    void copyStates(std::vector<StateSlotCopy> const& copies)
+    {
+        std::vector<uint64_t> const before = states;
+        for (StateSlotCopy const& copy : copies)
+        {
+            states.at(static_cast<size_t>(copy.dst)) = before.at(static_cast<size_t>(copy.src));
+        }
+    }
+    //! Returns the calls of `kind`.
+    std::vector<MoverCall> callsOf(MoverCall::Kind kind) const
+    {
+        std::vector<MoverCall> found;
+        std::copy_if(
+            calls.begin(), calls.end(), std::back_inserter(found), [&](MoverCall const& c) { return c.kind == kind; });
+        return found;
     }
     void copy(int32_t group, PageCopy const* copies, int32_t count) override
     {
@@ -154,6 +199,9 @@ public:
     std::vector<std::vector<PageData>> device;
     std::vector<std::vector<PageData>> host;
     std::vector<std::vector<PageData>> disk;
+    //! Per state slot and per host state: the value of the position whose state it holds.
+    std::vector<uint64_t> states;
+    std::vector<uint64_t> hostStates;
     std::vector<int64_t> usable;
     std::vector<MoverCall> calls;
     bool failNextOffload = false;
@@ -215,11 +263,15 @@ class Simulation
 {
 public:
     Simulation(KVCacheConfig const& config, std::vector<int64_t> const& numHostPages, int32_t maxSequences,
-        std::vector<int64_t> const& numDiskPages = {})
+        std::vector<int64_t> const& numDiskPages = {}, int64_t numHostStates = 0)
         : manager(config, managerOptions(maxSequences))
-        , mover(manager.layout(), numHostPages, numDiskPages)
-        , core(manager, numHostPages, numDiskPages)
+        , mover(manager.layout(), numHostPages, numDiskPages, numHostStates)
+        , core(manager, numHostPages, numDiskPages, numHostStates)
     {
+    }
+    bool stateful() const
+    {
+        return manager.layout().numStateSlots > 0;
     }
 
     int32_t numGroups() const
@@ -242,14 +294,20 @@ public:
         return {sequence, admission};
     }
     //! Steps the rest of the sequence's script in, maxTokensPerStep at a time, writing the tokens' values after each
-    //! step (the runtime's kernels); returns false, leaving the rest, when a step would run out of pages.
+    //! step (the runtime's kernels); returns false, leaving the rest, when a step would run out of pages. With state
+    //! layers a step ends at each checkpoint boundary the manager asks for, where the state is then checkpointed.
     bool prefill(SequenceId sequence)
     {
         Script const& script = scripts.at(sequence);
         for (int32_t length = manager.length(sequence); length < static_cast<int32_t>(script.tokens.size());
              length = manager.length(sequence))
         {
-            int32_t const count = std::min(stepTokens(), static_cast<int32_t>(script.tokens.size()) - length);
+            int32_t count = std::min(stepTokens(), static_cast<int32_t>(script.tokens.size()) - length);
+            int32_t const boundary = stateful() ? manager.checkpointBoundary(sequence) : -1;
+            if (boundary > length)
+            {
+                count = std::min(count, boundary - length);
+            }
             std::vector<PageExtraKey> const keys = keysIn(script, length, length + count);
             SequenceAppend const append{
                 sequence, script.tokens.data() + length, count, keys.data(), static_cast<int32_t>(keys.size())};
@@ -257,10 +315,21 @@ public:
             {
                 return false;
             }
-            core.step(mover, &append, 1);
+            StepCopies const copies = core.step(mover, &append, 1);
+            mover.copyStates(copies.stateCopies());
             compute(sequence, length, length + count);
+            if (length + count == boundary)
+            {
+                manager.checkpointState(sequence);
+            }
         }
         return true;
+    }
+    //! A step of no sequence: hands out the queued state copies, which the runtime runs.
+    void flushStateCopies()
+    {
+        StepCopies const copies = core.step(mover, nullptr, 0);
+        mover.copyStates(copies.stateCopies());
     }
     //! Admits and prefills `script` and checks the pages (recording its pages' data); frees the sequence when it
     //! does not fit.
@@ -298,6 +367,17 @@ public:
     void compute(SequenceId sequence, int32_t from, int32_t to)
     {
         std::vector<uint64_t> const values = valuesOf(scripts.at(sequence));
+        if (stateful())
+        {
+            // The kernels read the state after position from - 1 and leave the state after position to - 1.
+            uint64_t& state = mover.states.at(static_cast<size_t>(manager.stateSlot(sequence)));
+            if (from > 0 && state != values[static_cast<size_t>(from - 1)])
+            {
+                ADD_FAILURE() << "sequence " << sequence << " starts at " << from << " with the state of another "
+                              << "position (" << std::hex << state << ")";
+            }
+            state = values[static_cast<size_t>(to - 1)];
+        }
         for (int32_t g = 0; g < numGroups(); ++g)
         {
             SequencePages const pages = manager.pages(sequence, g);
@@ -408,6 +488,19 @@ public:
                         return "group " + std::to_string(g) + (onDisk ? " disk page " : " host page ")
                             + std::to_string(page) + " does not hold the data of its hash";
                     }
+                }
+            }
+        }
+        if (HostPageMap const* states = core.stateMap())
+        {
+            for (int32_t const hostState : states->leastRecentFirst())
+            {
+                PageHash const hash = states->hashOf(hostState);
+                auto const known = dataOfHash.find({hash.lo, hash.hi});
+                if (known != dataOfHash.end()
+                    && mover.hostStates.at(static_cast<size_t>(hostState)) != known->second.back())
+                {
+                    return "host state " + std::to_string(hostState) + " does not hold the state after its page";
                 }
             }
         }

@@ -33,6 +33,12 @@ struct TieredPrefixCacheOptions
     //! How each tier pins its memory and stages copy-engine transfers (one setting for every tier; each tier
     //! allocates its own staging buffer).
     HostTierOptions hostTier = {};
+    //! Host states for the state checkpoints of a cache with state layers (PageManager's "State checkpoints"), in
+    //! [0, INT32_MAX]; 0 (the default) for none. They are the host states of the checkpoint group's tier (the first
+    //! full-attention group's, else group 0's); leave hostTier.numHostStates at 0. A checkpoint goes to the host with
+    //! its carrier page (one host state a checkpoint, keyed by that page's hash) and comes back with a run ending
+    //! there. Above 0 only when the manager keeps checkpoints (state layers, checkpoint slots, prefix caching).
+    int64_t numHostStates = 0;
     //! Device pages evicted with a retention priority under this one (PageManager::setRetention) are not copied to
     //! the host; in [0, PageManager::kMAX_RETENTION_PRIORITY], 0 (the default) copies every page.
     int32_t minOffloadPriority = 0;
@@ -85,6 +91,14 @@ struct TieredPrefixCacheStats
     int64_t diskFailures = 0;
     //! Of hostHitTokens, tokens whose page some group read back from the disk tier for the admission.
     int64_t diskHitTokens = 0;
+    //! State checkpoints (TieredPrefixCacheOptions::numHostStates): checkpoints of evicted carrier pages copied to a
+    //! host state; those dropped because no host state was free; host states released because their carrier page's
+    //! host page was given up (also when it went to disk: the disk tier keeps no states); and host states copied back
+    //! into a checkpoint slot by admissions.
+    int64_t offloadedStates = 0;
+    int64_t droppedStates = 0;
+    int64_t releasedStates = 0;
+    int64_t onboardedStates = 0;
 };
 
 //! A two-tier prefix cache: a PageManager's cached device pages, and pinned host memory (one HostTier per page group)
@@ -213,6 +227,15 @@ public:
     //! Returns the disk page of `group` holding the page of `hash` (its file: diskDirectory/group<g>-page<d>.kvseq), or
     //! -1 (also without a disk tier). Throws OutOfRangeError for a bad group.
     int32_t findDiskPage(int32_t group, PageHash hash) const;
+
+    //! Returns the host states holding a checkpoint now (TieredPrefixCacheOptions::numHostStates).
+    int32_t numHostStatesHeld() const noexcept;
+    //! Returns the host state (of hostTier(checkpointGroup())) holding the checkpoint keyed by `hash` (the hash of its
+    //! prefix's last page), or -1.
+    int32_t findHostState(PageHash hash) const noexcept;
+    //! Returns the group whose pages carry state checkpoints and whose tier holds the host states, or -1 when the
+    //! manager keeps no checkpoints.
+    int32_t checkpointGroup() const noexcept;
 
     //! Returns normally when the bookkeeping is consistent (each group's hash -> host page map and its least recently
     //! used order; no host page left pinned between calls); throws std::logic_error naming the first broken rule.

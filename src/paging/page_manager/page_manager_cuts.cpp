@@ -73,7 +73,14 @@ int32_t PageManager::State::evictOne(int32_t group)
     }
     if (group == checkpoints.carrierGroup && checkpoints.byCarrier[static_cast<size_t>(page)] >= 0)
     {
-        dropCheckpoint(checkpoints.byCarrier[static_cast<size_t>(page)]);
+        int32_t const index = checkpoints.byCarrier[static_cast<size_t>(page)];
+        // A saved state goes with its page to another tier (the eviction callback learns its slot); one still
+        // filling holds no state yet.
+        if (checkpoints.adoptable(index))
+        {
+            prefix.markEvictedState(checkpoints.firstSlot + index);
+        }
+        dropCheckpoint(index);
     }
     return page;
 }

@@ -60,6 +60,33 @@ int32_t PageManagerInternal::evictedPriority(PageManager const& manager) noexcep
     return manager.mState->prefix.notifyingPriority();
 }
 
+int32_t PageManagerInternal::evictedStateSlot(PageManager const& manager) noexcept
+{
+    return manager.mState->prefix.notifyingStateSlot();
+}
+
+int32_t PageManagerInternal::checkpointGroup(PageManager const& manager) noexcept
+{
+    return manager.mState->checkpoints.carrierGroup;
+}
+
+bool PageManagerInternal::hasStateLayers(PageManager const& manager) noexcept
+{
+    return manager.mState->stateSlots;
+}
+
+bool PageManagerInternal::hasCheckpoint(PageManager const& manager, PageHash hash) noexcept
+{
+    PageManager::State const& s = *manager.mState;
+    if (!s.checkpoints.enabled())
+    {
+        return false;
+    }
+    int32_t const page = s.prefix.find(s.checkpoints.carrierGroup, hash);
+    int32_t const index = page == PageHashTable::kNONE_PAGE ? -1 : s.checkpoints.byCarrier[static_cast<size_t>(page)];
+    return index >= 0 && s.checkpoints.adoptable(index);
+}
+
 bool PageManagerInternal::recordsEvents(PageManager const& manager) noexcept
 {
     return manager.mState->recordsEvents();
@@ -76,8 +103,8 @@ int32_t PageManagerInternal::firstNeededPage(PageManager const& manager, int32_t
     return s.policies[static_cast<size_t>(group)].firstAdopted(pages, s.tokensPerPage);
 }
 
-bool PageManagerInternal::adoptRun(
-    PageManager& manager, NextPageHashes const& known, int32_t pages, std::vector<std::vector<FreshPage>>& fresh)
+bool PageManagerInternal::adoptRun(PageManager& manager, NextPageHashes const& known, int32_t pages,
+    std::vector<std::vector<FreshPage>>& fresh, bool hostState, int32_t* fillSlot)
 {
     PageManager::State& s = *manager.mState;
     int32_t const row = s.sequences.rowOf(known.sequence, "adoptRun");
@@ -99,7 +126,9 @@ bool PageManagerInternal::adoptRun(
         throw InvalidArgumentError(fmt::format(
             "PageManager::adoptRun: pages is {}; it must be in [1, {}] (the pages hashed)", pages, known.count));
     }
-    return s.adoptRun(row, known, pages, fresh);
+    // Written before the eviction callback runs: a callback that throws leaves the caller a slot to fill.
+    int32_t unused = -1;
+    return s.adoptRun(row, known, pages, fresh, hostState, fillSlot != nullptr ? *fillSlot : unused);
 }
 
 } // namespace kvcache::rt::detail

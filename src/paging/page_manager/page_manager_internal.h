@@ -56,6 +56,19 @@ public:
     //! Returns, inside the eviction callback, the retention priority (PageManager::setRetention) the page it is called
     //! for had when it was evicted.
     static int32_t evictedPriority(PageManager const& manager) noexcept;
+    //! Returns, inside the eviction callback, the state slot holding the checkpoint the page it is called for carried
+    //! (saved, not filling), or -1. The slot's bytes stay until the caller enqueues its next writes: a checkpoint
+    //! save or restore is a state copy the next step hands out, and adoptRun's fill is the caller's own. Within a
+    //! step, though, a slot among the step's own state copies' destinations (a save it hands out) gets its bytes only
+    //! when those copies run.
+    static int32_t evictedStateSlot(PageManager const& manager) noexcept;
+    //! Returns the group whose pages carry state checkpoints, or -1 when the manager keeps none (no state layers, no
+    //! checkpoint slots or no prefix caching).
+    static int32_t checkpointGroup(PageManager const& manager) noexcept;
+    //! Returns whether the manager has state layers.
+    static bool hasStateLayers(PageManager const& manager) noexcept;
+    //! Returns whether a checkpoint keyed by `hash` is adoptable now (saved, its save handed out).
+    static bool hasCheckpoint(PageManager const& manager, PageHash hash) noexcept;
     //! Returns whether the manager records KV events (PageManagerOptions::recordEvents).
     static bool recordsEvents(PageManager const& manager) noexcept;
     //! Writes to `out` (cleared first) the hashes registered in `group` (checked by the caller), by page id.
@@ -74,13 +87,23 @@ public:
     //! adopted prefix's included, are released (before fresh pages are taken) and its entries before the window are
     //! kUNUSED_PAGE_ENTRY. The sequence then holds known.firstPage + pages whole pages; the cuts of a hybrid cache are
     //! made as adoptPrefix makes them. Returns false, changing nothing, when a group lacks the free and cached pages
-    //! for its fresh pages, or when the layout has state layers (checkpoints do not move between tiers, and pages
-    //! without the state at their end serve nothing). Throws InvalidArgumentError, before changing anything, when
-    //! prefix caching is off, when the sequence does not hold exactly known.firstPage whole pages ending in
-    //! known.parent's hash, or when pages is outside [1, known.count]; after the change is complete, what the eviction
-    //! callback throws.
-    static bool adoptRun(
-        PageManager& manager, NextPageHashes const& known, int32_t pages, std::vector<std::vector<FreshPage>>& fresh);
+    //! for its fresh pages.
+    //!
+    //! With state layers the run must end at a checkpoint, as adoptPrefix's prefix does: the device's checkpoint keyed
+    //! by the run's last hash when it is adoptable; else, when `hostState` says the caller holds that state on another
+    //! tier, a checkpoint slot taken as checkpointState takes one (an empty one, else the clock's choice, its
+    //! checkpoint dropped), made the checkpoint of the run's last page at once, and written to `*fillSlot`: the caller
+    //! fills that state slot on its stream before anything reads it. The restore into the sequence's slot is queued
+    //! as adoptPrefix queues it (replacing adoptPrefix's restore, if any). Returns false, changing nothing, when there
+    //! is no such checkpoint, when the checkpoint keyed by that hash is still filling, when every checkpoint slot is
+    //! read or filled by a queued copy, when a queued copy reads the sequence's slot, or when the manager keeps no
+    //! checkpoints. `*fillSlot` (when given) is -1 unless a slot is to be filled.
+    //!
+    //! Throws InvalidArgumentError, before changing anything, when prefix caching is off, when the sequence does not
+    //! hold exactly known.firstPage whole pages ending in known.parent's hash, or when pages is outside
+    //! [1, known.count]; after the change is complete, what the eviction callback throws.
+    static bool adoptRun(PageManager& manager, NextPageHashes const& known, int32_t pages,
+        std::vector<std::vector<FreshPage>>& fresh, bool hostState = false, int32_t* fillSlot = nullptr);
 };
 
 } // namespace kvcache::rt::detail

@@ -188,12 +188,47 @@ int32_t PageManager::State::windowedServedPages() const
     return pages;
 }
 
-bool PageManager::State::adoptRun(
-    int32_t row, detail::NextPageHashes const& known, int32_t pages, std::vector<std::vector<detail::FreshPage>>& fresh)
+int32_t PageManager::State::runCheckpoint(int32_t row, PageHash hash, bool hostState, bool& fromHost) const
 {
+    fromHost = false;
+    // As adoptPrefix(): the state must be restored with the pages, and not into a slot a queued copy reads.
+    if (!checkpoints.enabled()
+        || std::any_of(pendingStateCopies.begin(), pendingStateCopies.end(),
+            [row](StateSlotCopy const& copy) { return copy.src == row; }))
+    {
+        return -1;
+    }
+    int32_t const carrier = prefix.find(checkpoints.carrierGroup, hash);
+    int32_t const index = carrier == PageHashTable::kNONE_PAGE ? -1 : checkpoints.byCarrier[static_cast<size_t>(carrier)];
+    if (index >= 0)
+    {
+        // One still filling is adoptable after the step that hands its save out; the host's copy would be a second.
+        return checkpoints.adoptable(index) ? index : -1;
+    }
+    if (!hostState)
+    {
+        return -1;
+    }
+    // The host's state goes into a checkpoint slot, taken (takeCheckpointSlot()) once the run's pages fit.
+    fromHost = true;
+    return 0;
+}
+
+bool PageManager::State::adoptRun(int32_t row, detail::NextPageHashes const& known, int32_t pages,
+    std::vector<std::vector<detail::FreshPage>>& fresh, bool hostState, int32_t& fillSlot)
+{
+    fillSlot = -1;
+    bool fromHost = false;
+    int32_t checkpoint = -1;
     if (stateSlots)
     {
-        return false;
+        // Pages without the state after their last token serve nothing: the run ends at a checkpoint, the device's
+        // or the host's (onboarded into a checkpoint slot).
+        checkpoint = runCheckpoint(row, known.hashes[pages - 1], hostState, fromHost);
+        if (checkpoint < 0)
+        {
+            return false;
+        }
     }
     SequenceState& sequence = sequences[row];
     int32_t const first = known.firstPage;
@@ -229,6 +264,16 @@ bool PageManager::State::adoptRun(
             available += pool.holders(entries[e]) == 1 ? 1 : 0;
         }
         if (taken > available)
+        {
+            return false;
+        }
+    }
+    if (fromHost)
+    {
+        // Taken before any page, so that nothing changed when every slot is busy; the run's pages evicted below are
+        // not its own (held first), so no eviction drops what this slot is about to hold.
+        checkpoint = takeCheckpointSlot();
+        if (checkpoint < 0)
         {
             return false;
         }
@@ -306,6 +351,25 @@ bool PageManager::State::adoptRun(
             }
         }
         makeCut(row, end, true);
+    }
+    if (stateSlots)
+    {
+        if (fromHost)
+        {
+            // The caller fills the slot on its stream before anything reads it (the restore below is handed out by
+            // the next step): adoptable at once.
+            int32_t const carrier = sequences.entries(checkpoints.carrierGroup, row)[end - 1];
+            StateCheckpoints::Slot& slot = checkpoints.slots[static_cast<size_t>(checkpoint)];
+            slot.pages = end;
+            slot.hash = known.hashes[pages - 1];
+            slot.carrier = carrier;
+            slot.filling = false;
+            checkpoints.kept.add(checkpoint, carrier);
+            checkpoints.byCarrier[static_cast<size_t>(carrier)] = checkpoint;
+            ++checkpoints.held;
+            fillSlot = checkpoints.firstSlot + checkpoint;
+        }
+        restoreCheckpoint(row, checkpoint);
     }
     if (record)
     {

@@ -193,7 +193,10 @@ struct PageManager::State
     bool windowedServes(int32_t pages) const;
     //! detail::PageManagerInternal::adoptRun, its arguments checked; fresh[g] is cleared and filled.
     bool adoptRun(int32_t row, detail::NextPageHashes const& known, int32_t pages,
-        std::vector<std::vector<detail::FreshPage>>& fresh);
+        std::vector<std::vector<detail::FreshPage>>& fresh, bool hostState, int32_t& fillSlot);
+    //! With state layers: the checkpoint a run ending at `hash` restores, -1 when none can be; writes whether it is
+    //! a checkpoint slot still to take and fill from the host (`hostState` says the caller has the state there).
+    int32_t runCheckpoint(int32_t row, PageHash hash, bool hostState, bool& fromHost) const;
     int32_t hashNextPages(
         int32_t row, int32_t const* tokens, int32_t count, PageHash* out, PageExtraKey const* keys, int32_t numKeys);
     void checkInvariants() const;

@@ -43,6 +43,7 @@ void PrefixCache::notifyEvictions()
         try
         {
             mNotifyingPriority = eviction.priority;
+            mNotifyingStateSlot = eviction.stateSlot;
             mOnEvict(eviction.group, eviction.page, eviction.hash);
         }
         catch (...)
@@ -55,6 +56,7 @@ void PrefixCache::notifyEvictions()
     }
     mPending.clear();
     mNotifyingPriority = PageManager::kDEFAULT_RETENTION_PRIORITY;
+    mNotifyingStateSlot = -1;
     if (first)
     {
         std::rethrow_exception(first);

@@ -129,6 +129,20 @@ public:
     {
         return mNotifyingPriority;
     }
+    //! Records, for the callback call of the page evictOldest() just evicted, the state slot holding the checkpoint
+    //! that page carried (the bytes stay there until the caller's next writes are enqueued).
+    void markEvictedState(int32_t stateSlot) noexcept
+    {
+        if (mOnEvict && !mPending.empty())
+        {
+            mPending.back().stateSlot = stateSlot;
+        }
+    }
+    //! Returns, while the callback runs, the state slot markEvictedState() recorded for its page, or -1.
+    int32_t notifyingStateSlot() const noexcept
+    {
+        return mNotifyingStateSlot;
+    }
     //! Returns the pages evicted since construction or resetEvictedPages().
     int64_t evictedPages() const noexcept
     {
@@ -153,6 +167,8 @@ private:
         int32_t page = 0;
         PageHash hash = {};
         int32_t priority = 0;
+        //! The state slot holding the checkpoint the page carried (markEvictedState()), or -1.
+        int32_t stateSlot = -1;
     };
 
     std::vector<Group> mGroups;
@@ -166,6 +182,7 @@ private:
     std::vector<Eviction> mPending;
     int64_t mEvictedPages = 0;
     int32_t mNotifyingPriority = PageManager::kDEFAULT_RETENTION_PRIORITY;
+    int32_t mNotifyingStateSlot = -1;
     //! Extra-key bytes of one page.
     std::vector<uint8_t> mKeyBytes;
 };

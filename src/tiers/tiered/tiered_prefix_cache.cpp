@@ -46,10 +46,11 @@ class StreamMover final : public detail::TierMover
 {
 public:
     StreamMover(KVCacheManager const& cache, std::vector<std::unique_ptr<HostTier>> const& tiers,
-        std::string const& diskDirectory, cudaStream_t stream)
+        std::string const& diskDirectory, int32_t checkpointGroup, cudaStream_t stream)
         : mCache(cache)
         , mTiers(tiers)
         , mDiskDirectory(diskDirectory)
+        , mCheckpointGroup(checkpointGroup)
         , mStream(stream)
     {
     }
@@ -97,6 +98,14 @@ public:
     {
         tier(group).onboard(mCache, entries, count, mStream);
     }
+    void offloadStates(HostStateEntry const* entries, int32_t count) override
+    {
+        tier(mCheckpointGroup).offloadStates(mCache, entries, count, mStream);
+    }
+    void onboardStates(HostStateEntry const* entries, int32_t count) override
+    {
+        tier(mCheckpointGroup).onboardStates(mCache, entries, count, mStream);
+    }
     void copy(int32_t group, PageCopy const* copies, int32_t count) override
     {
         PageOpTarget target;
@@ -113,6 +122,7 @@ private:
     KVCacheManager const& mCache;
     std::vector<std::unique_ptr<HostTier>> const& mTiers;
     std::string const& mDiskDirectory;
+    int32_t mCheckpointGroup;
     cudaStream_t mStream;
 };
 
@@ -123,6 +133,13 @@ KVCacheManager const& checkedCache(
     detail::checkSameLayout(cache.layout(), pages.layout());
     detail::checkNumHostPages(cache.layout(), options.numHostPages);
     detail::checkNumDiskPages(cache.layout(), options.numDiskPages);
+    detail::checkNumHostStates(options.numHostStates, detail::PageManagerInternal::checkpointGroup(pages));
+    if (options.hostTier.numHostStates != 0)
+    {
+        throw InvalidArgumentError(fmt::format("TieredPrefixCache: hostTier.numHostStates is {}; it must be 0 (the "
+                                               "cache sizes its host states with numHostStates)",
+            options.hostTier.numHostStates));
+    }
     if (options.minOffloadPriority < 0 || options.minOffloadPriority > PageManager::kMAX_RETENTION_PRIORITY)
     {
         throw InvalidArgumentError(fmt::format("TieredPrefixCache: minOffloadPriority is {}; it must be in [0, {}]",
@@ -157,13 +174,18 @@ struct TieredPrefixCache::Impl
         , diskDirectory(options.diskDirectory)
     {
         tiers.reserve(options.numHostPages.size());
+        int32_t const checkpointGroup = detail::PageManagerInternal::checkpointGroup(pages);
         for (size_t g = 0; g < options.numHostPages.size(); ++g)
         {
+            // The host states belong to the tier of the group whose pages carry the checkpoints.
+            HostTierOptions tierOptions = options.hostTier;
+            tierOptions.numHostStates = static_cast<int32_t>(g) == checkpointGroup ? options.numHostStates : 0;
             tiers.push_back(
-                std::make_unique<HostTier>(cache, static_cast<int32_t>(g), options.numHostPages[g], options.hostTier));
+                std::make_unique<HostTier>(cache, static_cast<int32_t>(g), options.numHostPages[g], tierOptions));
         }
         // Last: it sets the manager's callback, which nothing after it may leave behind by throwing.
-        core = std::make_unique<detail::TieredPrefixCacheCore>(pages, options.numHostPages, options.numDiskPages);
+        core = std::make_unique<detail::TieredPrefixCacheCore>(
+            pages, options.numHostPages, options.numDiskPages, options.numHostStates);
         core->setMinOffloadPriority(options.minOffloadPriority);
     }
     ~Impl()
@@ -212,21 +234,21 @@ TieredAdmission TieredPrefixCache::admit(SequenceId sequence, int32_t const* tok
     PageExtraKey const* extraKeys, int32_t numExtraKeys)
 {
     checkNotCapturing("admit", stream);
-    StreamMover mover(mImpl->cache, mImpl->tiers, mImpl->diskDirectory, stream);
+    StreamMover mover(mImpl->cache, mImpl->tiers, mImpl->diskDirectory, mImpl->core->checkpointGroup(), stream);
     return mImpl->core->admit(mover, sequence, tokens, count, extraKeys, numExtraKeys);
 }
 
 StepCopies TieredPrefixCache::step(SequenceAppend const* appends, int32_t count, cudaStream_t stream)
 {
     checkNotCapturing("step", stream);
-    StreamMover mover(mImpl->cache, mImpl->tiers, mImpl->diskDirectory, stream);
+    StreamMover mover(mImpl->cache, mImpl->tiers, mImpl->diskDirectory, mImpl->core->checkpointGroup(), stream);
     return mImpl->core->step(mover, appends, count);
 }
 
 int32_t TieredPrefixCache::evictCached(int32_t group, int32_t count, cudaStream_t stream)
 {
     checkNotCapturing("evictCached", stream);
-    StreamMover mover(mImpl->cache, mImpl->tiers, mImpl->diskDirectory, stream);
+    StreamMover mover(mImpl->cache, mImpl->tiers, mImpl->diskDirectory, mImpl->core->checkpointGroup(), stream);
     return mImpl->core->evictCached(mover, group, count);
 }
 
@@ -276,6 +298,23 @@ int32_t TieredPrefixCache::findDiskPage(int32_t group, PageHash hash) const
 {
     detail::HostPageMap const* const disk = mImpl->core->diskMap(group, "TieredPrefixCache::findDiskPage");
     return disk == nullptr ? -1 : disk->find(hash);
+}
+
+int32_t TieredPrefixCache::numHostStatesHeld() const noexcept
+{
+    detail::HostPageMap const* const states = mImpl->core->stateMap();
+    return states == nullptr ? 0 : states->size();
+}
+
+int32_t TieredPrefixCache::findHostState(PageHash hash) const noexcept
+{
+    detail::HostPageMap const* const states = mImpl->core->stateMap();
+    return states == nullptr ? -1 : states->find(hash);
+}
+
+int32_t TieredPrefixCache::checkpointGroup() const noexcept
+{
+    return mImpl->core->checkpointGroup();
 }
 
 void TieredPrefixCache::checkInvariants() const

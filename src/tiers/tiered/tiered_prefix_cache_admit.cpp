@@ -100,6 +100,22 @@ bool TieredPrefixCacheCore::runIsThere(NextPageHashes const& known, int32_t page
     return true;
 }
 
+bool TieredPrefixCacheCore::checkpointThere(NextPageHashes const& known, int32_t pages, int32_t& hostState)
+{
+    hostState = HostPageMap::kNONE;
+    if (!mStateLayers)
+    {
+        return true;
+    }
+    PageHash const hash = known.hashes[pages - 1];
+    if (PageManagerInternal::hasCheckpoint(*mPages, hash))
+    {
+        return true;
+    }
+    hostState = mStates.empty() ? HostPageMap::kNONE : mStates.front().find(hash);
+    return hostState != HostPageMap::kNONE;
+}
+
 bool TieredPrefixCacheCore::secureRun(TierMover& mover, NextPageHashes const& known, int32_t pages)
 {
     // Pass 1: the run's host pages are pinned, so that neither the restores below nor the offloads of the adoption's
@@ -162,13 +178,13 @@ bool TieredPrefixCacheCore::restore(TierMover& mover, int32_t g, int32_t index, 
     }
     catch (CudaError const&)
     {
-        group.map.erase(insertion.hostPage);
+        eraseHostPage(g, insertion.hostPage);
         throw;
     }
     catch (Error const&)
     {
         // A file that cannot be read back (gone, corrupt, written under other host-held scales) holds no page.
-        group.map.erase(insertion.hostPage);
+        eraseHostPage(g, insertion.hostPage);
         mDisks[static_cast<size_t>(g)].erase(diskPage);
         ++mStats.diskFailures;
         return false;
@@ -207,6 +223,11 @@ int32_t TieredPrefixCacheCore::onboardRun(TierMover& mover, SequenceId sequence,
     // page a full-attention group has nowhere bounds k; the longest run that is there, whose disk pages could be read
     // back and whose fresh pages the device can give is adopted.
     int32_t pages = known.count;
+    // With state layers the run must end at a checkpoint (PageManagerInternal::adoptRun): the device's, or a host
+    // state onboarded into the checkpoint slot adoptRun gives. The host state needs no pin of its own: it goes only
+    // with its carrier page's host page, which the run pins (secureRun) as the page of its end.
+    int32_t hostState = HostPageMap::kNONE;
+    int32_t fillSlot = -1;
     for (int32_t g = 0; g < numGroups(); ++g)
     {
         for (int32_t p = 0; p < pages && !mGroups[static_cast<size_t>(g)].windowed; ++p)
@@ -220,14 +241,20 @@ int32_t TieredPrefixCacheCore::onboardRun(TierMover& mover, SequenceId sequence,
     try
     {
         while (pages > 0
-            && !(runIsThere(known, pages) && secureRun(mover, known, pages)
-                && PageManagerInternal::adoptRun(*mPages, known, pages, mFresh)))
+            && !(runIsThere(known, pages) && checkpointThere(known, pages, hostState)
+                && secureRun(mover, known, pages)
+                && PageManagerInternal::adoptRun(
+                    *mPages, known, pages, mFresh, hostState != HostPageMap::kNONE, &fillSlot)))
         {
             --pages;
         }
         if (pages > 0)
         {
             onboardFresh(mover, known);
+        }
+        if (pages > 0 && fillSlot >= 0)
+        {
+            onboardState(mover, known.hashes[pages - 1], hostState, fillSlot);
         }
     }
     catch (...)
@@ -276,6 +303,21 @@ void TieredPrefixCacheCore::onboardFresh(TierMover& mover, NextPageHashes const&
             mStats.onboardedPages += static_cast<int64_t>(group.entries.size());
         }
     }
+}
+
+void TieredPrefixCacheCore::onboardState(TierMover& mover, PageHash hash, int32_t hostState, int32_t slot)
+{
+    HostPageMap& states = mStates.front();
+    if (states.find(hash) != hostState)
+    {
+        throw std::logic_error(fmt::format(
+            "{}: host state {} was released before the checkpoint slot {} it fills was written", kWHAT, hostState, slot));
+    }
+    HostStateEntry const entry{slot, hostState};
+    // After onboardFresh's offloads: the slot may have held a checkpoint whose state one of them reads.
+    mover.onboardStates(&entry, 1);
+    states.touch(hostState);
+    ++mStats.onboardedStates;
 }
 
 void TieredPrefixCacheCore::unpinRun(NextPageHashes const& known) noexcept

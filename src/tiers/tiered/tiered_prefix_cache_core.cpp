@@ -101,13 +101,39 @@ void checkNumDiskPages(KVCacheLayout const& layout, std::vector<int64_t> const& 
     }
 }
 
-TieredPrefixCacheCore::TieredPrefixCacheCore(
-    PageManager& pages, std::vector<int64_t> const& numHostPages, std::vector<int64_t> const& numDiskPages)
+void checkNumHostStates(int64_t numHostStates, int32_t checkpointGroup)
+{
+    if (numHostStates < 0 || numHostStates > std::numeric_limits<int32_t>::max())
+    {
+        throw InvalidArgumentError(fmt::format(
+            "{}: numHostStates is {}; it must be in [0, {}]", kWHAT, numHostStates, std::numeric_limits<int32_t>::max()));
+    }
+    if (numHostStates > 0 && checkpointGroup < 0)
+    {
+        throw InvalidArgumentError(fmt::format("{}: numHostStates is {}; it must be 0 when the page manager keeps no "
+                                               "state checkpoints (they need state layers, numCheckpointSlots above 0 "
+                                               "and prefix caching)",
+            kWHAT, numHostStates));
+    }
+}
+
+TieredPrefixCacheCore::TieredPrefixCacheCore(PageManager& pages, std::vector<int64_t> const& numHostPages,
+    std::vector<int64_t> const& numDiskPages, int64_t numHostStates)
     : mPages(&pages)
+    , mCheckpointGroup(PageManagerInternal::checkpointGroup(pages))
+    , mStateLayers(PageManagerInternal::hasStateLayers(pages))
 {
     KVCacheLayout const& layout = pages.layout();
     checkNumHostPages(layout, numHostPages);
     checkNumDiskPages(layout, numDiskPages);
+    checkNumHostStates(numHostStates, mCheckpointGroup);
+    if (numHostStates > 0)
+    {
+        // Host states are pinned whole by the tier's constructor: every one is usable from the start.
+        mStates.emplace_back(numHostStates).setUsable(numHostStates);
+        // An offload lists each evicted page of the checkpoint group at most once.
+        mStateEntries.reserve(static_cast<size_t>(layout.groups[static_cast<size_t>(mCheckpointGroup)].numPages));
+    }
     mTokensPerPage = layout.tokensPerPage;
     int64_t const pagesPerSequence = (int64_t{layout.maxSequenceLength} + mTokensPerPage - 1) / mTokensPerPage;
     mHashes.resize(static_cast<size_t>(pagesPerSequence));
@@ -227,10 +253,11 @@ void TieredPrefixCacheCore::recordEviction(int32_t group, int32_t page, PageHash
         // Evicted again before an offload (a direct evictCached, then a step that bypassed this class): the older
         // bytes are gone, the page holds those of `hash`.
         state.pending[static_cast<size_t>(index)].hash = hash;
+        state.pending[static_cast<size_t>(index)].stateSlot = PageManagerInternal::evictedStateSlot(*mPages);
         return;
     }
     index = static_cast<int32_t>(state.pending.size());
-    state.pending.push_back(Eviction{page, hash});
+    state.pending.push_back(Eviction{page, hash, PageManagerInternal::evictedStateSlot(*mPages)});
 }
 
 HostPageMap::Insertion TieredPrefixCacheCore::insertHostPage(TierMover& mover, int32_t g, PageHash hash)
@@ -242,6 +269,8 @@ HostPageMap::Insertion TieredPrefixCacheCore::insertHostPage(TierMover& mover, i
         return insertion;
     }
     ++mStats.evictedHostPages;
+    // The disk tier keeps pages only: the checkpoint the given-up page carried goes.
+    releaseState(g, insertion.evictedHash);
     try
     {
         // The host page still holds the bytes of the page it gave up: to the disk tier before anything overwrites it.
@@ -249,10 +278,82 @@ HostPageMap::Insertion TieredPrefixCacheCore::insertHostPage(TierMover& mover, i
     }
     catch (...)
     {
-        map.erase(insertion.hostPage);
+        eraseHostPage(g, insertion.hostPage);
         throw;
     }
     return insertion;
+}
+
+void TieredPrefixCacheCore::eraseHostPage(int32_t g, int32_t hostPage)
+{
+    HostPageMap& map = mGroups[static_cast<size_t>(g)].map;
+    PageHash const hash = map.hashOf(hostPage);
+    map.erase(hostPage);
+    releaseState(g, hash);
+}
+
+void TieredPrefixCacheCore::releaseState(int32_t g, PageHash hash)
+{
+    if (g != mCheckpointGroup || mStates.empty())
+    {
+        return;
+    }
+    HostPageMap& states = mStates.front();
+    int32_t const hostState = states.find(hash);
+    if (hostState != HostPageMap::kNONE)
+    {
+        states.erase(hostState);
+        ++mStats.releasedStates;
+    }
+}
+
+void TieredPrefixCacheCore::offloadStates(TierMover& mover, Group& group)
+{
+    HostPageMap& states = mStates.front();
+    mStateEntries.clear();
+    for (Eviction const& eviction : group.pending)
+    {
+        // A checkpoint goes where its page went: none for a page the host did not take.
+        if (eviction.stateSlot < 0 || group.map.find(eviction.hash) == HostPageMap::kNONE
+            || states.find(eviction.hash) != HostPageMap::kNONE)
+        {
+            continue;
+        }
+        if (mStepStateCopies != nullptr
+            && std::any_of(mStepStateCopies->begin(), mStepStateCopies->end(),
+                [&](StateSlotCopy const& copy) { return copy.dst == eviction.stateSlot; }))
+        {
+            // Saved by a copy this step hands out: the slot holds the state only once the runtime ran it, after
+            // this offload. The checkpoint goes with its page.
+            ++mStats.droppedStates;
+            continue;
+        }
+        if (states.numFree() == 0)
+        {
+            // Host states are never given up for another: each goes with its host page.
+            ++mStats.droppedStates;
+            continue;
+        }
+        HostPageMap::Insertion const insertion = states.insert(eviction.hash);
+        mStateEntries.push_back(HostStateEntry{eviction.stateSlot, insertion.hostPage});
+    }
+    if (mStateEntries.empty())
+    {
+        return;
+    }
+    try
+    {
+        mover.offloadStates(mStateEntries.data(), static_cast<int32_t>(mStateEntries.size()));
+    }
+    catch (...)
+    {
+        for (HostStateEntry const& entry : mStateEntries)
+        {
+            states.erase(entry.hostState);
+        }
+        throw;
+    }
+    mStats.offloadedStates += static_cast<int64_t>(mStateEntries.size());
 }
 
 void TieredPrefixCacheCore::spill(TierMover& mover, int32_t g, int32_t hostPage, PageHash hash)
@@ -368,11 +469,16 @@ void TieredPrefixCacheCore::offloadGroup(TierMover& mover, int32_t g)
             group.pinned.push_back(insertion.hostPage);
             group.entries.push_back(HostTierEntry{eviction.page, insertion.hostPage});
         }
-        group.pending.clear();
         if (!group.entries.empty())
         {
             mover.offload(g, group.entries.data(), static_cast<int32_t>(group.entries.size()));
         }
+        // After the pages, in the same stream order: the checkpoints their carrier pages held.
+        if (g == mCheckpointGroup && !mStates.empty())
+        {
+            offloadStates(mover, group);
+        }
+        group.pending.clear();
     }
     catch (...)
     {
@@ -384,7 +490,7 @@ void TieredPrefixCacheCore::offloadGroup(TierMover& mover, int32_t g)
         }
         for (HostTierEntry const& entry : group.entries)
         {
-            map.erase(entry.hostPage);
+            eraseHostPage(g, entry.hostPage);
         }
         throw;
     }
@@ -410,7 +516,17 @@ void TieredPrefixCacheCore::runCopies(TierMover& mover, StepCopies const& copies
 StepCopies TieredPrefixCacheCore::step(TierMover& mover, SequenceAppend const* appends, int32_t count)
 {
     StepCopies const copies = mPages->step(appends, count);
-    offloadEvicted(mover);
+    mStepStateCopies = &copies.stateCopies();
+    try
+    {
+        offloadEvicted(mover);
+    }
+    catch (...)
+    {
+        mStepStateCopies = nullptr;
+        throw;
+    }
+    mStepStateCopies = nullptr;
     runCopies(mover, copies);
     return copies;
 }
@@ -441,6 +557,24 @@ void TieredPrefixCacheCore::checkInvariants() const
             {
                 throw std::logic_error(
                     fmt::format("{}: group {} has {} disk pages pinned between calls", kWHAT, g, disk.numPinned()));
+            }
+        }
+        if (g == mCheckpointGroup && !mStates.empty())
+        {
+            HostPageMap const& states = mStates.front();
+            states.checkInvariants();
+            if (states.numPinned() != 0)
+            {
+                throw std::logic_error(fmt::format("{}: {} host states pinned between calls", kWHAT, states.numPinned()));
+            }
+            for (int32_t const hostState : states.leastRecentFirst())
+            {
+                if (group.map.find(states.hashOf(hostState)) == HostPageMap::kNONE)
+                {
+                    throw std::logic_error(fmt::format("{}: host state {} holds the checkpoint of a page no host page "
+                                                       "of group {} holds",
+                        kWHAT, hostState, g));
+                }
             }
         }
         int64_t indexed = 0;

@@ -32,6 +32,10 @@ public:
     virtual void offload(int32_t group, HostTierEntry const* entries, int32_t count) = 0;
     //! Copies each entry's host page to its device page of `group`.
     virtual void onboard(int32_t group, HostTierEntry const* entries, int32_t count) = 0;
+    //! Copies each entry's state slot to its host state (the host states of the checkpoint group's tier).
+    virtual void offloadStates(HostStateEntry const* entries, int32_t count) = 0;
+    //! Copies each entry's host state to its state slot.
+    virtual void onboardStates(HostStateEntry const* entries, int32_t count) = 0;
     //! Runs the copies (copy-on-write) of `group`.
     virtual void copy(int32_t group, PageCopy const* copies, int32_t count) = 0;
     //! Writes host page `hostPage` of `group` (its transfers done first) to disk page `diskPage` (disk tier only).
@@ -59,6 +63,10 @@ void checkNumHostPages(KVCacheLayout const& layout, std::vector<int64_t> const& 
 //! Throws InvalidArgumentError naming numDiskPages and the rule when `numDiskPages` is neither empty (no disk tier)
 //! nor one entry in [1, INT32_MAX] per page group of `layout`.
 void checkNumDiskPages(KVCacheLayout const& layout, std::vector<int64_t> const& numDiskPages);
+//! Throws InvalidArgumentError naming numHostStates, the value and the rule when it is outside [0, INT32_MAX], or
+//! above 0 for a manager that keeps no state checkpoints (`checkpointGroup` -1: no state layers, no checkpoint slots or
+//! no prefix caching).
+void checkNumHostStates(int64_t numHostStates, int32_t checkpointGroup);
 
 //! TieredPrefixCache's decisions and counters (its class comment gives the rules). Sets the manager's eviction
 //! callback at the end of construction and clears it on destruction; neither copyable nor movable (the callback
@@ -66,10 +74,11 @@ void checkNumDiskPages(KVCacheLayout const& layout, std::vector<int64_t> const& 
 class TieredPrefixCacheCore
 {
 public:
-    //! A disk tier of numDiskPages[g] pages a group when numDiskPages is not empty. Throws as checkNumHostPages and
-    //! checkNumDiskPages, std::bad_alloc; the manager is left as it was then.
-    TieredPrefixCacheCore(
-        PageManager& pages, std::vector<int64_t> const& numHostPages, std::vector<int64_t> const& numDiskPages = {});
+    //! A disk tier of numDiskPages[g] pages a group when numDiskPages is not empty; numHostStates host states for the
+    //! checkpoints of offloaded pages. Throws as checkNumHostPages, checkNumDiskPages and checkNumHostStates,
+    //! std::bad_alloc; the manager is left as it was then.
+    TieredPrefixCacheCore(PageManager& pages, std::vector<int64_t> const& numHostPages,
+        std::vector<int64_t> const& numDiskPages = {}, int64_t numHostStates = 0);
     ~TieredPrefixCacheCore();
     TieredPrefixCacheCore(TieredPrefixCacheCore const&) = delete;
     TieredPrefixCacheCore& operator=(TieredPrefixCacheCore const&) = delete;
@@ -104,6 +113,16 @@ public:
     //! Returns the disk page map of `group` (its pages are disk pages), or null without a disk tier. Throws
     //! OutOfRangeError naming `what` for a bad group.
     HostPageMap const* diskMap(int32_t group, char const* what = "TieredPrefixCache::diskMap") const;
+    //! Returns the host state map (hash of a checkpoint's carrier page -> host state), or null without host states.
+    HostPageMap const* stateMap() const noexcept
+    {
+        return mStates.empty() ? nullptr : &mStates.front();
+    }
+    //! Returns the group whose pages carry checkpoints (and whose tier holds the host states), or -1.
+    int32_t checkpointGroup() const noexcept
+    {
+        return mCheckpointGroup;
+    }
     //! TieredPrefixCache::takeEvents.
     void takeEvents(KVEventBatch& out);
     //! Sets the retention priority (PageManager::setRetention) under which evicted pages are not offloaded (0: every
@@ -119,11 +138,12 @@ public:
     void checkInvariants() const;
 
 private:
-    //! An evicted page waiting for its offload.
+    //! An evicted page waiting for its offload, and the state slot of the checkpoint it carried (-1: none).
     struct Eviction
     {
         int32_t page = 0;
         PageHash hash = {};
+        int32_t stateSlot = -1;
     };
     //! Where a page of an admission's run is: the tier that holds it, and its page there.
     struct RunPlace
@@ -169,6 +189,17 @@ private:
     //! Offloads every recorded eviction, a group at a time (see the class comment of TieredPrefixCache).
     void offloadEvicted(TierMover& mover);
     void offloadGroup(TierMover& mover, int32_t group);
+    //! Offloads the checkpoints of the checkpoint group's evicted pages that a host page holds now into host states
+    //! (one free each; none free: the checkpoint is dropped). Called after the group's page offload.
+    void offloadStates(TierMover& mover, Group& group);
+    //! Drops the hash of host page `hostPage` of group g (mapped, unpinned), and the host state it carried.
+    void eraseHostPage(int32_t g, int32_t hostPage);
+    //! Releases the host state of the checkpoint carried by the page of `hash` in group g, if any (its host page
+    //! dropped it).
+    void releaseState(int32_t g, PageHash hash);
+    //! Returns whether a run of `pages` pages ends at a checkpoint the device or the host holds (always true without
+    //! state layers); writes the host state to use, or -1 when the device's serves.
+    bool checkpointThere(NextPageHashes const& known, int32_t pages, int32_t& hostState);
     void runCopies(TierMover& mover, StepCopies const& copies);
     //! Inserts `hash` into group g's host map; a host page given up for it goes to the disk tier first (spill()).
     HostPageMap::Insertion insertHostPage(TierMover& mover, int32_t g, PageHash hash);
@@ -194,6 +225,9 @@ private:
     //! Offloads the adoption's evictions, then onboards each group's fresh pages from their host pages.
     void onboardFresh(TierMover& mover, NextPageHashes const& known);
     void unpinRun(NextPageHashes const& known) noexcept;
+    //! Onboards host state `hostState` (holding the checkpoint of `hash`) into state slot `slot`, which adoptRun made
+    //! that checkpoint's.
+    void onboardState(TierMover& mover, PageHash hash, int32_t hostState, int32_t slot);
     static KeySlice keysIn(PageExtraKey const* keys, int32_t numKeys, int64_t begin, int64_t end) noexcept;
 
     PageManager* mPages = nullptr;
@@ -210,6 +244,14 @@ private:
     int32_t mMinOffloadPriority = 0;
     //! The host and disk tiers' KV events since the last takeEvents() (when the manager records events).
     KVEventBatch mEvents;
+    //! The group whose pages carry checkpoints (-1: none) and whether the manager has state layers.
+    int32_t mCheckpointGroup = -1;
+    bool mStateLayers = false;
+    //! The host states: one map keyed by the carrier page's hash, or none.
+    std::vector<HostPageMap> mStates;
+    std::vector<HostStateEntry> mStateEntries;
+    //! While step() offloads: the state copies the step hands out, which run after the offload.
+    std::vector<StateSlotCopy> const* mStepStateCopies = nullptr;
 };
 
 } // namespace kvcache::rt::detail

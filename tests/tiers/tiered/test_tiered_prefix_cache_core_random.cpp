@@ -1,5 +1,6 @@
 // The tiered prefix cache under random operations (host only): admissions, prefills, decode steps, forks, frees and
-// evictions, with every page and host page checked after each operation.
+// evictions, with every page and host page checked after each operation; with state layers, checkpoints saved where the
+// manager asks, moved to host states and back, with every state a step reads checked.
 // The model of device, host and disk pages the checks run over is tests/support/tiered_cache_model.h.
 
 #include <gtest/gtest.h>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "support/config_builder.h"
 #include "support/error_matchers.h"
 #include "support/tiered_cache_model.h"
 
@@ -24,10 +26,11 @@ using test::throwsNaming;
 //! A run of random admissions, prefills, decode steps, forks, frees and evictions (through the core and, sometimes,
 //! directly), host pages becoming usable over time and refused calls, with every check after each operation.
 std::string randomRun(KVCacheConfig const& config, std::vector<int64_t> const& numHostPages,
-    std::vector<int64_t> const& numDiskPages, uint32_t seed, int64_t operations, std::map<std::string, int64_t>& tally)
+    std::vector<int64_t> const& numDiskPages, int64_t numHostStates, uint32_t seed, int64_t operations,
+    std::map<std::string, int64_t>& tally)
 {
     constexpr int32_t kMAX_SEQUENCES = 5;
-    Simulation sim(config, numHostPages, kMAX_SEQUENCES, numDiskPages);
+    Simulation sim(config, numHostPages, kMAX_SEQUENCES, numDiskPages, numHostStates);
     std::mt19937 random(seed);
     for (int32_t g = 0; g < sim.numGroups(); ++g)
     {
@@ -49,6 +52,11 @@ std::string randomRun(KVCacheConfig const& config, std::vector<int64_t> const& n
     {
         int32_t const kind = static_cast<int32_t>(random() % 100);
         std::string what;
+        if (sim.stateful() && kind < 62)
+        {
+            // Rows whose slot a queued copy reads are held until a step hands the copy out: one makes room to create.
+            sim.flushStateCopies();
+        }
         if (kind < 30 && sim.manager.numSequences() < kMAX_SEQUENCES)
         {
             what = "admission";
@@ -126,7 +134,8 @@ std::string randomRun(KVCacheConfig const& config, std::vector<int64_t> const& n
                 ++tally["steps out of pages"];
                 continue;
             }
-            sim.core.step(sim.mover, &append, 1);
+            StepCopies const copies = sim.core.step(sim.mover, &append, 1);
+            sim.mover.copyStates(copies.stateCopies());
             sim.compute(sequence, length, length + count);
         }
         else if (kind < 62 && !sim.scripts.empty() && sim.manager.numSequences() < kMAX_SEQUENCES)
@@ -213,6 +222,10 @@ std::string randomRun(KVCacheConfig const& config, std::vector<int64_t> const& n
     tally["spilled pages"] += stats.spilledPages;
     tally["restored pages"] += stats.restoredPages;
     tally["disk failures"] += stats.diskFailures;
+    tally["offloaded states"] += stats.offloadedStates;
+    tally["dropped states"] += stats.droppedStates;
+    tally["released states"] += stats.releasedStates;
+    tally["onboarded states"] += stats.onboardedStates;
     tally["onboards"] += sim.mover.count(MoverCall::kONBOARD);
     tally["copy-on-write copies"] += sim.mover.count(MoverCall::kCOPY);
     for (auto const& [name, count] : sim.eventTally)
@@ -228,7 +241,21 @@ struct RandomCase
     KVCacheConfig config;
     std::vector<int64_t> numHostPages;
     std::vector<int64_t> numDiskPages;
+    int64_t numHostStates = 0;
 };
+
+//! One full-attention group of 40 pages (the least for 5 sequences), 5 sequences, one state layer and 3 checkpoint slots.
+KVCacheConfig withStateLayer(int32_t stepTokens)
+{
+    return test::ConfigBuilder({{1, 8}})
+        .maxBatchSize(5)
+        .maxSequenceLength(32)
+        .tokensPerPage(kP)
+        .maxTokensPerStep(stepTokens)
+        .numPages(40)
+        .stateLayers({StateLayerConfig{{StateTensorConfig{"ssm", {2, 4}, DataType::kFLOAT}}}})
+        .numCheckpointSlots(3);
+}
 
 TEST(TieredPrefixCacheCoreTest, RandomOperationsKeepEveryPageRight)
 {
@@ -239,6 +266,8 @@ TEST(TieredPrefixCacheCoreTest, RandomOperationsKeepEveryPageRight)
         {"full attention and two windows", fullAndTwoWindows(), {12, 9, 6}, {}},
         {"one group and a disk tier", oneGroup(20, 8), {9}, {14}},
         {"full attention, a window and a disk tier", fullAndWindowed(8, {20, 14}), {10, 8}, {16, 12}},
+        {"a state layer, host states", withStateLayer(8), {14}, {}, 3},
+        {"a state layer, host states and a disk tier", withStateLayer(8), {10}, {16}, 4},
     };
     uint32_t seed = 1;
     for (RandomCase const& c : cases)
@@ -247,13 +276,18 @@ TEST(TieredPrefixCacheCoreTest, RandomOperationsKeepEveryPageRight)
         std::map<std::string, int64_t> tally;
         for (int32_t run = 0; run < 3; ++run)
         {
-            ASSERT_EQ(randomRun(c.config, c.numHostPages, c.numDiskPages, seed++, 6000, tally), "");
+            ASSERT_EQ(randomRun(c.config, c.numHostPages, c.numDiskPages, c.numHostStates, seed++, 6000, tally), "");
         }
         // The runs must have reached what they are for.
         for (char const* reached : {"host hits", "device hits", "offloaded pages", "already on host",
-                 "evicted host pages", "onboarded pages", "steps out of pages", "copy-on-write copies"})
+                 "evicted host pages", "onboarded pages", "copy-on-write copies"})
         {
             EXPECT_GT(tally[reached], 0) << reached;
+        }
+        // With state layers the pages are the minimum for every sequence at full length: a step always fits.
+        if (c.numHostStates == 0)
+        {
+            EXPECT_GT(tally["steps out of pages"], 0);
         }
         EXPECT_GT(tally["onboarded runs adopted again"], 0);
         for (char const* reached :
@@ -270,6 +304,13 @@ TEST(TieredPrefixCacheCoreTest, RandomOperationsKeepEveryPageRight)
             }
         }
         EXPECT_GT(tally["onboards"], 0);
+        if (c.numHostStates > 0)
+        {
+            for (char const* reached : {"offloaded states", "dropped states", "released states", "onboarded states"})
+            {
+                EXPECT_GT(tally[reached], 0) << reached;
+            }
+        }
     }
 }
 
