@@ -199,7 +199,8 @@ int32_t PageManager::State::runCheckpoint(int32_t row, PageHash hash, bool hostS
         return -1;
     }
     int32_t const carrier = prefix.find(checkpoints.carrierGroup, hash);
-    int32_t const index = carrier == PageHashTable::kNONE_PAGE ? -1 : checkpoints.byCarrier[static_cast<size_t>(carrier)];
+    int32_t const index =
+        carrier == PageHashTable::kNONE_PAGE ? -1 : checkpoints.byCarrier[static_cast<size_t>(carrier)];
     if (index >= 0)
     {
         // One still filling is adoptable after the step that hands its save out; the host's copy would be a second.

@@ -241,8 +241,7 @@ int32_t TieredPrefixCacheCore::onboardRun(TierMover& mover, SequenceId sequence,
     try
     {
         while (pages > 0
-            && !(runIsThere(known, pages) && checkpointThere(known, pages, hostState)
-                && secureRun(mover, known, pages)
+            && !(runIsThere(known, pages) && checkpointThere(known, pages, hostState) && secureRun(mover, known, pages)
                 && PageManagerInternal::adoptRun(
                     *mPages, known, pages, mFresh, hostState != HostPageMap::kNONE, &fillSlot)))
         {
@@ -310,8 +309,9 @@ void TieredPrefixCacheCore::onboardState(TierMover& mover, PageHash hash, int32_
     HostPageMap& states = mStates.front();
     if (states.find(hash) != hostState)
     {
-        throw std::logic_error(fmt::format(
-            "{}: host state {} was released before the checkpoint slot {} it fills was written", kWHAT, hostState, slot));
+        throw std::logic_error(
+            fmt::format("{}: host state {} was released before the checkpoint slot {} it fills was written", kWHAT,
+                hostState, slot));
     }
     HostStateEntry const entry{slot, hostState};
     // After onboardFresh's offloads: the slot may have held a checkpoint whose state one of them reads.

@@ -105,8 +105,8 @@ void checkNumHostStates(int64_t numHostStates, int32_t checkpointGroup)
 {
     if (numHostStates < 0 || numHostStates > std::numeric_limits<int32_t>::max())
     {
-        throw InvalidArgumentError(fmt::format(
-            "{}: numHostStates is {}; it must be in [0, {}]", kWHAT, numHostStates, std::numeric_limits<int32_t>::max()));
+        throw InvalidArgumentError(fmt::format("{}: numHostStates is {}; it must be in [0, {}]", kWHAT, numHostStates,
+            std::numeric_limits<int32_t>::max()));
     }
     if (numHostStates > 0 && checkpointGroup < 0)
     {
@@ -565,7 +565,8 @@ void TieredPrefixCacheCore::checkInvariants() const
             states.checkInvariants();
             if (states.numPinned() != 0)
             {
-                throw std::logic_error(fmt::format("{}: {} host states pinned between calls", kWHAT, states.numPinned()));
+                throw std::logic_error(
+                    fmt::format("{}: {} host states pinned between calls", kWHAT, states.numPinned()));
             }
             for (int32_t const hostState : states.leastRecentFirst())
             {

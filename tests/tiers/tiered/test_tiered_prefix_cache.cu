@@ -536,4 +536,140 @@ TEST_F(TieredPrefixCacheGpuTest, BadConstructionIsRefusedNamingTheFieldAndLeaves
     EXPECT_EQ(moved.stats().offloadedPages, 1);
 }
 
+//! Distinct, never-poison bytes for state tensor `tensor` of the state after `tag`.
+std::vector<uint8_t> stateBytes(int32_t tensor, int64_t bytes, uint32_t tag)
+{
+    std::vector<uint8_t> out(static_cast<size_t>(bytes));
+    for (int64_t b = 0; b < bytes; ++b)
+    {
+        uint64_t h = (static_cast<uint64_t>(tensor + 1) * 0x9E3779B97F4A7C15ULL)
+            ^ (static_cast<uint64_t>(b) * 0xC2B2AE3D27D4EB4FULL) ^ (static_cast<uint64_t>(tag) * 0x165667B19E3779F9ULL);
+        h ^= h >> 31;
+        auto const byte = static_cast<uint8_t>(h);
+        out[static_cast<size_t>(b)] = byte == 0xA5 ? 0x5A : byte;
+    }
+    return out;
+}
+
+TEST_F(TieredPrefixCacheGpuTest, ACheckpointsStateGoesToTheHostWithItsPageAndComesBackBitwise)
+{
+    // One full-attention group, 2 sequences (state slots 0 and 1) and 2 checkpoint slots (2 and 3); one state layer
+    // of two tensors: recurrent [2, 4, 4] float32 = 128 bytes a slot, conv [6, 3] bfloat16 = 36 bytes.
+    kvcache::test::CudaStream stream;
+    rt::KVCacheConfig const config =
+        kvcache::test::ConfigBuilder({rt::KVLayerConfig{2, 64}})
+            .maxBatchSize(2)
+            .maxSequenceLength(64)
+            .tokensPerPage(kTOKENS_PER_PAGE)
+            .maxTokensPerStep(64)
+            .numPages(8)
+            .stateLayers({rt::StateLayerConfig{{rt::StateTensorConfig{"recurrent", {2, 4, 4}, rt::DataType::kFLOAT},
+                rt::StateTensorConfig{"conv", {6, 3}, rt::DataType::kBF16}}}})
+            .numCheckpointSlots(2)
+            .build();
+    rt::KVCacheManager cache(config, stream.get());
+    rt::PageManagerOptions managerOptions;
+    managerOptions.maxSequences = 2;
+    rt::PageManager manager(cache.layout(), managerOptions);
+    rt::TieredPrefixCacheOptions options;
+    options.numHostPages = {8};
+    options.numHostStates = 2;
+    rt::TieredPrefixCache tiered(cache, manager, options);
+    ASSERT_EQ(tiered.checkpointGroup(), 0);
+    EXPECT_EQ(tiered.hostTier(0).numHostStates(), 2);
+
+    std::vector<int64_t> const tensorBytes{128, 36};
+    auto slotAddress = [&](int32_t tensor, int32_t slot)
+    {
+        return static_cast<char*>(cache.stateView(0, tensor).rawPointer())
+            + slot * tensorBytes[static_cast<size_t>(tensor)];
+    };
+    auto writeSlot = [&](int32_t slot, uint32_t tag)
+    {
+        for (int32_t t = 0; t < 2; ++t)
+        {
+            kvcache::test::uploadBytes(
+                slotAddress(t, slot), stateBytes(t, tensorBytes[static_cast<size_t>(t)], tag), stream.get());
+        }
+    };
+    auto slotHolds = [&](int32_t slot, uint32_t tag)
+    {
+        bool same = true;
+        for (int32_t t = 0; t < 2; ++t)
+        {
+            same = same
+                && kvcache::test::downloadBytes(slotAddress(t, slot), tensorBytes[static_cast<size_t>(t)], stream.get())
+                    == stateBytes(t, tensorBytes[static_cast<size_t>(t)], tag);
+        }
+        return same;
+    };
+    auto poisonStates = [&]()
+    {
+        for (int32_t t = 0; t < 2; ++t)
+        {
+            KVCACHE_CUDA_TRY(
+                cudaMemsetAsync(slotAddress(t, 0), 0xA5, 4 * tensorBytes[static_cast<size_t>(t)], stream.get()));
+        }
+    };
+    auto runStateCopies = [&](std::vector<rt::StateSlotCopy> const& copies)
+    { rt::copyStates(cache, copies.data(), static_cast<int32_t>(copies.size()), stream.get()); };
+
+    // A prompt of 3 pages and a token: the runtime steps to the checkpoint boundary (48), where its kernels leave the
+    // state `kTAG`, and checkpoints it; the next step hands out the save.
+    constexpr uint32_t kTAG = 48;
+    std::vector<int32_t> const prompt = tokenRun(11, 3 * kTOKENS_PER_PAGE + 1);
+    rt::SequenceId const a = manager.create();
+    EXPECT_EQ(tiered.admit(a, prompt.data(), 49, stream.get()).computeTokens, 49);
+    ASSERT_EQ(manager.checkpointBoundary(a), 48);
+    rt::SequenceAppend const first{a, prompt.data(), 48};
+    runStateCopies(tiered.step(&first, 1, stream.get()).stateCopies());
+    writeSlot(manager.stateSlot(a), kTAG);
+    ASSERT_TRUE(manager.checkpointState(a));
+    rt::SequenceAppend const last{a, prompt.data() + 48, 1};
+    runStateCopies(tiered.step(&last, 1, stream.get()).stateCopies());
+    writeSlot(manager.stateSlot(a), kTAG + 1);
+    manager.free(a);
+    std::vector<rt::PageHash> hashes(3);
+    manager.hasher().chain(manager.hasher().root(nullptr, 0), prompt.data(), 3, kTOKENS_PER_PAGE, hashes.data());
+    int32_t const checkpointSlot = manager.checkpointSlot(hashes[2]);
+    ASSERT_GE(checkpointSlot, 2);
+    EXPECT_TRUE(slotHolds(checkpointSlot, kTAG));
+
+    // Evicted: the checkpoint's state goes to a host state with the carrier page, bit for bit.
+    EXPECT_EQ(tiered.evictCached(0, 8, stream.get()), 3);
+    ASSERT_EQ(tiered.numHostStatesHeld(), 1);
+    int32_t const hostState = tiered.findHostState(hashes[2]);
+    ASSERT_GE(hostState, 0);
+    EXPECT_EQ(manager.numCheckpoints(), 0);
+    std::vector<uint8_t> packed = stateBytes(0, 128, kTAG);
+    std::vector<uint8_t> const conv = stateBytes(1, 36, kTAG);
+    packed.insert(packed.end(), conv.begin(), conv.end());
+    ASSERT_EQ(tiered.hostTier(0).hostStateBytes(), 164);
+    auto const* held = static_cast<uint8_t const*>(tiered.hostTier(0).hostStateData(hostState));
+    EXPECT_EQ(std::vector<uint8_t>(held, held + 164), packed);
+
+    // Every state slot poisoned: the second request's state can only come from the host.
+    poisonStates();
+    rt::SequenceId const b = manager.create();
+    rt::TieredAdmission const admission = tiered.admit(b, prompt.data(), 49, stream.get());
+    EXPECT_EQ(admission.hostTokens, 48);
+    EXPECT_EQ(admission.computeTokens, 1);
+    int32_t const restored = manager.checkpointSlot(hashes[2]);
+    ASSERT_GE(restored, 2);
+    EXPECT_TRUE(slotHolds(restored, kTAG)) << "the host state onboarded into the checkpoint slot";
+    // The restore is the next step's state copy: the sequence's slot then holds the state after token 48.
+    rt::SequenceAppend const rest{b, prompt.data() + 48, 1};
+    std::vector<rt::StateSlotCopy> const copies = tiered.step(&rest, 1, stream.get()).stateCopies();
+    ASSERT_EQ(copies.size(), 1u);
+    EXPECT_EQ(copies[0].src, restored);
+    EXPECT_EQ(copies[0].dst, manager.stateSlot(b));
+    runStateCopies(copies);
+    EXPECT_TRUE(slotHolds(manager.stateSlot(b), kTAG));
+    rt::TieredPrefixCacheStats const stats = tiered.stats();
+    EXPECT_EQ(stats.offloadedStates, 1);
+    EXPECT_EQ(stats.onboardedStates, 1);
+    tiered.checkInvariants();
+    manager.checkInvariants();
+}
+
 } // namespace

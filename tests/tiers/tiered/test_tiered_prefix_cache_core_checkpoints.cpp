@@ -267,8 +267,8 @@ TEST(TieredPrefixCacheCheckpointsTest, HostStatesNeedCheckpointsAndASizeInRange)
     PageManager stateful(hybrid(16), managerOptions(2));
     EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
         [&] { TieredPrefixCacheCore core(stateful, {16}, {}, -1); }, {"numHostStates is -1", "[0, 2147483647]"}));
-    EXPECT_TRUE(throwsNaming<InvalidArgumentError>([&] { TieredPrefixCacheCore core(stateful, {16}, {}, int64_t{1} << 31); },
-        {"numHostStates is 2147483648"}));
+    EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
+        [&] { TieredPrefixCacheCore core(stateful, {16}, {}, int64_t{1} << 31); }, {"numHostStates is 2147483648"}));
     // A refused construction leaves no callback behind: the manager evicts without one.
     TieredPrefixCacheCore core(stateful, {16}, {}, 1);
     EXPECT_EQ(core.checkpointGroup(), 0);

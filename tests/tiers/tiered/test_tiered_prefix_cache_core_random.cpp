@@ -244,7 +244,8 @@ struct RandomCase
     int64_t numHostStates = 0;
 };
 
-//! One full-attention group of 40 pages (the least for 5 sequences), 5 sequences, one state layer and 3 checkpoint slots.
+//! One full-attention group of 40 pages (the least for 5 sequences), 5 sequences, one state layer and 3 checkpoint
+//! slots.
 KVCacheConfig withStateLayer(int32_t stepTokens)
 {
     return test::ConfigBuilder({{1, 8}})
