@@ -1885,6 +1885,30 @@ class TieredPrefixCacheStats:
         Disk tier: of host_hit_tokens, tokens whose page some group read back from the disk for the admission.
         """
 
+    @property
+    def offloaded_states(self) -> int:
+        """
+        State checkpoints (num_host_states): checkpoints of evicted carrier pages copied to a host state.
+        """
+
+    @property
+    def dropped_states(self) -> int:
+        """
+        State checkpoints: checkpoints of evicted carrier pages dropped, no host state being free (or their save being handed out by the very step that evicted the page).
+        """
+
+    @property
+    def released_states(self) -> int:
+        """
+        State checkpoints: host states released because their carrier page's host page was given up (also when it went to disk: the disk tier keeps no states).
+        """
+
+    @property
+    def onboarded_states(self) -> int:
+        """
+        State checkpoints: host states copied back into a checkpoint slot by admissions.
+        """
+
     def __repr__(self) -> str: ...
 
 class TieredPrefixCache:
@@ -1892,9 +1916,9 @@ class TieredPrefixCache:
     A two-tier prefix cache: a PageManager's cached device pages, and pinned host memory (one HostTier per page group) that keeps the pages the device evicts. It makes the two calls of a serving loop that touch pages: admit() (adopts the device's cached prefix, then the longest run of following whole pages, at most len(tokens) - 1 tokens, whose every needed page (all of them in full attention, the window at the run's end in a windowed group) the device or a group's host tier holds: the device's pages are held, the others onboarded into fresh pages) and step() (PageManager.step, then on the stream the offload of the pages it evicted, then its copies). Enqueue the step's kernels on the same stream after the call. It owns the manager's eviction callback while it lives (the PageManager object refuses set_eviction_callback, step and append then: every step goes through the tiered cache; create, fork, free, pages, can_step, ... stay the manager's). A rejected call raises before anything changes. It keeps its KVCacheManager and PageManager alive; destroying it waits for the tiers' transfers and clears the manager's callback. Calls hold the GIL (nothing they do waits on the GPU).
     """
 
-    def __init__(self, cache: KVCacheManager, pages: PageManager, num_host_pages: Sequence[int] | NDArray[Any], *, chunk_bytes: int = 268435456, prefer_gpu_numa_node: bool = True, staging_bytes: int = 134217728, disk_directory: str | os.PathLike[str] | None = None, num_disk_pages: Sequence[int] | NDArray[Any] | None = None, min_offload_priority: int = 0) -> None:
+    def __init__(self, cache: KVCacheManager, pages: PageManager, num_host_pages: Sequence[int] | NDArray[Any], *, chunk_bytes: int = 268435456, prefer_gpu_numa_node: bool = True, staging_bytes: int = 134217728, disk_directory: str | os.PathLike[str] | None = None, num_disk_pages: Sequence[int] | NDArray[Any] | None = None, min_offload_priority: int = 0, num_host_states: int = 0) -> None:
         """
-        Wires `pages` (a PageManager sized from cache.layout()) to one HostTier per page group of `cache` (a KVCacheManager): num_host_pages[g] host pages for group g, one entry per group, windowed groups included (a run brought back needs a windowed group's window). chunk_bytes, prefer_gpu_numa_node and staging_bytes are each tier's, as HostTier takes them. With disk_directory (a str or os.PathLike, made when missing) and num_disk_pages (one entry per group), host pages the host tiers give up go to disk pages there (a one-page sequence file each, removed with the tiered cache; one tiered cache a directory) and admissions read them back (see the C++ TieredPrefixCache). Device pages evicted with a retention priority under min_offload_priority (PageManager.set_retention; 0, the default, offloads every page) are not copied to the host. Replaces the manager's eviction callback. Raises TypeError when cache is no KVCacheManager, pages no PageManager or num_host_pages no sequence of ints; InvalidArgumentError when the manager's layout is not the cache's (naming the group and the field), for num_host_pages with another number of entries than the cache has groups or an entry outside [1, 2**31 - 1], the same for num_disk_pages, min_offload_priority outside [0, 100], when only one of disk_directory and num_disk_pages is given or the directory cannot be made, and when another TieredPrefixCache serves `pages`; what HostTier raises (OutOfMemoryError, CudaError). The manager is left as it was then.
+        Wires `pages` (a PageManager sized from cache.layout()) to one HostTier per page group of `cache` (a KVCacheManager): num_host_pages[g] host pages for group g, one entry per group, windowed groups included (a run brought back needs a windowed group's window). chunk_bytes, prefer_gpu_numa_node and staging_bytes are each tier's, as HostTier takes them. With disk_directory (a str or os.PathLike, made when missing) and num_disk_pages (one entry per group), host pages the host tiers give up go to disk pages there (a one-page sequence file each, removed with the tiered cache; one tiered cache a directory) and admissions read them back (see the C++ TieredPrefixCache). Device pages evicted with a retention priority under min_offload_priority (PageManager.set_retention; 0, the default, offloads every page) are not copied to the host. With num_host_states (a cache with state layers whose manager keeps state checkpoints), a checkpoint goes to a host state of the checkpoint group's tier with its carrier page and comes back with a run ending there, into a checkpoint slot whose restore the next step hands out (see the C++ TieredPrefixCache); without, a hybrid model's runs from the host end at checkpoints the device still has. Replaces the manager's eviction callback. Raises TypeError when cache is no KVCacheManager, pages no PageManager or num_host_pages no sequence of ints; InvalidArgumentError when the manager's layout is not the cache's (naming the group and the field), for num_host_pages with another number of entries than the cache has groups or an entry outside [1, 2**31 - 1], the same for num_disk_pages, min_offload_priority outside [0, 100], num_host_states outside [0, 2**31 - 1] or above 0 for a manager keeping no checkpoints, when only one of disk_directory and num_disk_pages is given or the directory cannot be made, and when another TieredPrefixCache serves `pages`; what HostTier raises (OutOfMemoryError, CudaError). The manager is left as it was then.
         """
 
     def admit(self, sequence: int, tokens: HostIds, stream: StreamLike | None = None, extra_keys: Sequence[tuple[int, int, int]] | None = None) -> TieredAdmission:
@@ -1959,6 +1983,19 @@ class TieredPrefixCache:
     def find_disk_page(self, group: int, hash: tuple[int, int]) -> int:
         """
         The disk page of `group` holding the page of `hash` (its file: disk_directory/group<g>-page<d>.kvseq), or -1 (also without a disk tier). Raises as find_host_page.
+        """
+
+    def num_host_states_held(self) -> int:
+        """The host states holding a state checkpoint now (num_host_states)."""
+
+    def find_host_state(self, hash: tuple[int, int]) -> int:
+        """
+        The host state (of host_tier(checkpoint_group())) holding the checkpoint keyed by `hash` (the hash of its prefix's last page, a (lo, hi) tuple), or -1. Raises TypeError for a hash that is no such tuple.
+        """
+
+    def checkpoint_group(self) -> int:
+        """
+        The page group whose pages carry state checkpoints and whose tier holds the host states, or -1 when the manager keeps none.
         """
 
     def check_invariants(self) -> None:

@@ -187,6 +187,16 @@ void bindTieredPrefixCache(nb::module_& m)
             "Disk tier: disk pages that could not be written or read back (then not on the tier; nothing fails).")
         .def_ro("disk_hit_tokens", &rt::TieredPrefixCacheStats::diskHitTokens,
             "Disk tier: of host_hit_tokens, tokens whose page some group read back from the disk for the admission.")
+        .def_ro("offloaded_states", &rt::TieredPrefixCacheStats::offloadedStates,
+            "State checkpoints (num_host_states): checkpoints of evicted carrier pages copied to a host state.")
+        .def_ro("dropped_states", &rt::TieredPrefixCacheStats::droppedStates,
+            "State checkpoints: checkpoints of evicted carrier pages dropped, no host state being free (or their save "
+            "being handed out by the very step that evicted the page).")
+        .def_ro("released_states", &rt::TieredPrefixCacheStats::releasedStates,
+            "State checkpoints: host states released because their carrier page's host page was given up (also when "
+            "it went to disk: the disk tier keeps no states).")
+        .def_ro("onboarded_states", &rt::TieredPrefixCacheStats::onboardedStates,
+            "State checkpoints: host states copied back into a checkpoint slot by admissions.")
         .def("__repr__",
             [](rt::TieredPrefixCacheStats const& s)
             {
@@ -194,10 +204,12 @@ void bindTieredPrefixCache(nb::module_& m)
                                    "host_hit_tokens={}, missed_tokens={}, offloaded_pages={}, "
                                    "already_on_host_pages={}, dropped_pages={}, evicted_host_pages={}, "
                                    "onboarded_pages={}, spilled_pages={}, already_on_disk_pages={}, "
-                                   "evicted_disk_pages={}, restored_pages={}, disk_failures={}, disk_hit_tokens={})",
+                                   "evicted_disk_pages={}, restored_pages={}, disk_failures={}, disk_hit_tokens={}, "
+                                   "offloaded_states={}, dropped_states={}, released_states={}, onboarded_states={})",
                     s.admissions, s.queryTokens, s.deviceHitTokens, s.hostHitTokens, s.missedTokens, s.offloadedPages,
                     s.alreadyOnHostPages, s.droppedPages, s.evictedHostPages, s.onboardedPages, s.spilledPages,
-                    s.alreadyOnDiskPages, s.evictedDiskPages, s.restoredPages, s.diskFailures, s.diskHitTokens);
+                    s.alreadyOnDiskPages, s.evictedDiskPages, s.restoredPages, s.diskFailures, s.diskHitTokens,
+                    s.offloadedStates, s.droppedStates, s.releasedStates, s.onboardedStates);
             });
 
     nb::class_<TieredHandle>(m, "TieredPrefixCache", nb::is_weak_referenceable(),
@@ -217,7 +229,7 @@ void bindTieredPrefixCache(nb::module_& m)
             "__init__",
             [](TieredHandle* self, nb::handle cache, nb::handle pages, nb::handle numHostPages, int64_t chunkBytes,
                 bool preferGpuNumaNode, int64_t stagingBytes, nb::handle diskDirectory, nb::handle numDiskPages,
-                int64_t minOffloadPriority)
+                int64_t minOffloadPriority, int64_t numHostStates)
             {
                 CacheAccess const access = cacheAccess(cache);
                 PageManagerHandle& manager = pageManagerArgument(pages, "pages");
@@ -235,20 +247,23 @@ void bindTieredPrefixCache(nb::module_& m)
                 options.hostTier.preferGpuNumaNode = preferGpuNumaNode;
                 options.hostTier.stagingBytes = stagingBytes;
                 options.minOffloadPriority = toInt32(minOffloadPriority, "min_offload_priority");
+                options.numHostStates = numHostStates;
                 new (self) TieredHandle(cache, access, pages, manager, options);
             },
             nb::arg("cache").none(), nb::arg("pages").none(), nb::arg("num_host_pages").none(), nb::kw_only(),
             nb::arg("chunk_bytes") = rt::HostTierOptions{}.chunkBytes,
             nb::arg("prefer_gpu_numa_node") = rt::HostTierOptions{}.preferGpuNumaNode,
             nb::arg("staging_bytes") = rt::HostTierOptions{}.stagingBytes, nb::arg("disk_directory") = nb::none(),
-            nb::arg("num_disk_pages") = nb::none(), nb::arg("min_offload_priority") = 0,
+            nb::arg("num_disk_pages") = nb::none(), nb::arg("min_offload_priority") = 0, nb::arg("num_host_states") = 0,
             // Written out: cache, pages and num_host_pages take None only for the sake of its TypeError message.
-            nb::sig(fmt::format("def __init__(self, cache: KVCacheManager, pages: PageManager, num_host_pages: "
-                                "collections.abc.Sequence[int] | NDArray[typing.Any], *, {}, disk_directory: str | "
-                                "os.PathLike[str] | None = None, num_disk_pages: collections.abc.Sequence[int] | "
-                                "NDArray[typing.Any] | None = None, min_offload_priority: int = 0) -> None",
-                hostTierOptionParameters())
-                        .c_str()),
+            nb::sig(
+                fmt::format("def __init__(self, cache: KVCacheManager, pages: PageManager, num_host_pages: "
+                            "collections.abc.Sequence[int] | NDArray[typing.Any], *, {}, disk_directory: str | "
+                            "os.PathLike[str] | None = None, num_disk_pages: collections.abc.Sequence[int] | "
+                            "NDArray[typing.Any] | None = None, min_offload_priority: int = 0, num_host_states: int "
+                            "= 0) -> None",
+                    hostTierOptionParameters())
+                    .c_str()),
             "Wires `pages` (a PageManager sized from cache.layout()) to one HostTier per page group of `cache` (a "
             "KVCacheManager): num_host_pages[g] host pages for group g, one entry per group, windowed groups included "
             "(a run brought back needs a windowed group's window). chunk_bytes, prefer_gpu_numa_node and "
@@ -258,11 +273,16 @@ void bindTieredPrefixCache(nb::module_& m)
             "and admissions read them back "
             "(see the C++ TieredPrefixCache). Device pages evicted with a retention priority under "
             "min_offload_priority (PageManager.set_retention; 0, the default, offloads every page) are not copied to "
-            "the host. Replaces the manager's eviction callback. Raises TypeError when "
+            "the host. With num_host_states (a cache with state layers whose manager keeps state checkpoints), a "
+            "checkpoint goes to a host state of the checkpoint group's tier with its carrier page and comes back with "
+            "a run ending there, into a checkpoint slot whose restore the next step hands out (see the C++ "
+            "TieredPrefixCache); without, a hybrid model's runs from the host end at checkpoints the device still has. "
+            "Replaces the manager's eviction callback. Raises TypeError when "
             "cache is no KVCacheManager, pages no PageManager or num_host_pages no sequence of ints; "
             "InvalidArgumentError when the manager's layout is not the cache's (naming the group and the field), for "
             "num_host_pages with another number of entries than the cache has groups or an entry outside "
-            "[1, 2**31 - 1], the same for num_disk_pages, min_offload_priority outside [0, 100], when only one of "
+            "[1, 2**31 - 1], the same for num_disk_pages, min_offload_priority outside [0, 100], num_host_states "
+            "outside [0, 2**31 - 1] or above 0 for a manager keeping no checkpoints, when only one of "
             "disk_directory and num_disk_pages is "
             "given or the directory cannot be made, and when another TieredPrefixCache serves `pages`; what HostTier "
             "raises "
@@ -390,6 +410,19 @@ void bindTieredPrefixCache(nb::module_& m)
             nb::arg("group"), nb::arg("hash"),
             "The disk page of `group` holding the page of `hash` (its file: disk_directory/group<g>-page<d>.kvseq), "
             "or -1 (also without a disk tier). Raises as find_host_page.")
+        .def(
+            "num_host_states_held", [](TieredHandle& t) { return t.tiered().numHostStatesHeld(); },
+            "The host states holding a state checkpoint now (num_host_states).")
+        .def(
+            "find_host_state",
+            [](TieredHandle& t, PageHashArgument const& hash) { return t.tiered().findHostState(hashArgument(hash)); },
+            nb::arg("hash"),
+            "The host state (of host_tier(checkpoint_group())) holding the checkpoint keyed by `hash` (the hash of its "
+            "prefix's last page, a (lo, hi) tuple), or -1. Raises TypeError for a hash that is no such tuple.")
+        .def(
+            "checkpoint_group", [](TieredHandle& t) { return t.tiered().checkpointGroup(); },
+            "The page group whose pages carry state checkpoints and whose tier holds the host states, or -1 when the "
+            "manager keeps none.")
         .def(
             "check_invariants", [](TieredHandle& t) { t.tiered().checkInvariants(); },
             "Raises RuntimeError naming the first broken rule of the bookkeeping (each group's hash -> host page map "

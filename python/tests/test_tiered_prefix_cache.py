@@ -25,7 +25,7 @@ WINDOWED = [(2, 32, 32), (2, 64)]
 STATS_FIELDS = ["admissions", "query_tokens", "device_hit_tokens", "host_hit_tokens", "missed_tokens",
                 "offloaded_pages", "already_on_host_pages", "dropped_pages", "evicted_host_pages", "onboarded_pages",
                 "spilled_pages", "already_on_disk_pages", "evicted_disk_pages", "restored_pages", "disk_failures",
-                "disk_hit_tokens"]
+                "disk_hit_tokens", "offloaded_states", "dropped_states", "released_states", "onboarded_states"]
 
 
 def make_config(layers, dtype=kvcache.DataType.FLOAT16, num_pages=0):
@@ -364,3 +364,59 @@ def test_pages_the_host_gives_up_come_back_from_the_disk(torch, tmp_path):
     gc.collect()
     assert list(directory.glob("*.kvseq")) == []  # the disk tier's files go with it
 
+
+
+def test_a_checkpoints_state_goes_to_the_host_with_its_page_and_comes_back_bitwise(torch):
+    """A hybrid model's checkpoint (a state layer, one checkpoint slot): evicted with its carrier page into a host
+    state, then onboarded into the checkpoint slot by an admission of the same prompt, and restored into the new
+    sequence's slot by the next step's state copies; every state slot is poisoned in between."""
+    from test_state_layers_gpu import BATCH, make_cache as make_state_cache, state_layer
+
+    cache = make_state_cache(torch, [state_layer({"recurrent": [2, 4, 4]})])
+    pages = kvcache.PageManager(cache, max_sequences=BATCH)
+    tiered = kvcache.TieredPrefixCache(cache, pages, [8], num_host_states=2)
+    assert tiered.checkpoint_group() == 0
+    view = torch.from_dlpack(cache.state_view(0, "recurrent"))
+    state = torch.arange(32, dtype=torch.float32, device=view.device).reshape(2, 4, 4) * 1.25 + 0.5
+    prompt = token_run(11, 3 * P + 1)
+
+    first = pages.create()
+    assert tiered.admit(first, prompt).compute_tokens == len(prompt)
+    assert pages.checkpoint_boundary(first) == 3 * P
+    tiered.step([(first, prompt[:3 * P])])
+    cache.copy_states(pages.last_state_copies())
+    view[pages.state_slot(first)].copy_(state)  # the step's kernels leave the state after token 48
+    assert pages.checkpoint_state(first)
+    tiered.step([(first, prompt[3 * P:])])
+    cache.copy_states(pages.last_state_copies())  # the save, before the kernels overwrite the slot
+    view[pages.state_slot(first)].fill_(-1.0)
+    pages.free(first)
+    probe = pages.create()
+    last = pages.hash_next_pages(probe, prompt[:3 * P])[2]
+    pages.free(probe)
+    assert pages.checkpoint_slot(last) >= BATCH
+
+    assert tiered.evict_cached(0, 64) == 3
+    assert tiered.num_host_states_held() == 1
+    host_state = tiered.find_host_state(last)
+    assert host_state >= 0
+    tier = tiered.host_tier(tiered.checkpoint_group())
+    held = torch.from_dlpack(tier.host_state_view(host_state)).clone()
+    assert torch.equal(held, state.cpu().reshape(-1).view(torch.uint8))
+
+    view.view(torch.uint8).fill_(POISON)
+    second = pages.create()
+    admission = tiered.admit(second, prompt)
+    assert (admission.device_tokens, admission.host_tokens, admission.compute_tokens) == (0, 3 * P, 1)
+    torch.cuda.synchronize()
+    slot = pages.checkpoint_slot(last)
+    assert torch.equal(view[slot], state)
+    tiered.step([(second, prompt[3 * P:])])
+    copies = pages.last_state_copies()
+    assert [tuple(copy) for copy in copies] == [(slot, pages.state_slot(second))]
+    cache.copy_states(copies)
+    torch.cuda.synchronize()
+    assert torch.equal(view[pages.state_slot(second)], state)
+    stats = tiered.stats()
+    assert (stats.offloaded_states, stats.onboarded_states, stats.dropped_states) == (1, 1, 0)
+    tiered.check_invariants()
