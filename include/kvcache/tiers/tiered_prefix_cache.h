@@ -125,6 +125,15 @@ struct TieredPrefixCacheStats
 //!   longest shorter run it can is taken.
 //! - Hybrid caches: a prefix whose full-attention pages are still cached on the device but whose window a windowed
 //!   group evicted (the smaller group evicts sooner) is served by holding the former and onboarding the window only.
+//! - State checkpoints (state layers; TieredPrefixCacheOptions::numHostStates). A run must end at a checkpoint, as
+//!   PageManager::adoptPrefix's prefix must: the device's, or one the host holds. When an evicted carrier page that
+//!   holds a saved checkpoint goes to a host page, the checkpoint's state slot goes to a free host state in the same
+//!   offload, after the pages (HostTier::offloadStates), keyed by the page's hash; with none free, or when the
+//!   evicting step itself hands out the checkpoint's save (the slot gets its bytes only when the runtime runs that
+//!   step's state copies), the checkpoint is dropped (droppedStates). A host state lives as long as its carrier page's
+//!   host page (the disk tier keeps no states). An admission whose run ends at a host checkpoint onboards it into a
+//!   checkpoint slot (taken as PageManager::checkpointState takes one), which becomes the device's checkpoint, and the
+//!   restore into the sequence's slot is queued as adoptPrefix queues it (StepCopies::stateCopies of the next step).
 //! - Disk (TieredPrefixCacheOptions::diskDirectory, optional). A host page a full host tier gives up is first written
 //!   to a disk page of its group (a one-page sequence file, on the host, after the host page's transfers are done),
 //!   unless a disk page holds its hash already; a full disk tier gives up its least recently used disk page. An
