@@ -2,7 +2,8 @@
 // (src/paging/page_manager/page_manager_internal.h, what the tiered prefix cache admits through): each group holds the
 // pages it has registered and takes fresh pages, registered under the run's hashes, for the rest; a windowed group
 // takes only the window at the run's end and lets go of the adopted prefix's pages that window leaves; a run that does
-// not fit and a call the sequence cannot take change nothing.
+// not fit and a call the sequence cannot take change nothing. With state layers a run ends at a checkpoint, the
+// device's or one the caller brings into a checkpoint slot the call takes, and is refused, changing nothing, without.
 
 #include "paging/page_manager/page_manager_internal.h"
 
@@ -13,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "support/config_builder.h"
@@ -68,6 +70,133 @@ HashedRun hashRun(
     run.known = PageManagerInternal::hashNextPages(
         manager, sequence, tokens.data() + from, pages * kP, run.hashes.data(), nullptr, 0);
     return run;
+}
+
+//! One full-attention group of 16 pages, 2 sequences (state slots 0 and 1), one state layer and `checkpointSlots`
+//! checkpoint slots (state slots 2, 3, ...).
+KVCacheConfig withState(int32_t checkpointSlots)
+{
+    return test::ConfigBuilder({{1, 8}})
+        .maxBatchSize(2)
+        .maxSequenceLength(32)
+        .tokensPerPage(kP)
+        .maxTokensPerStep(32)
+        .numPages(16)
+        .stateLayers({StateLayerConfig{{StateTensorConfig{"ssm", {4}, DataType::kFLOAT}}}})
+        .numCheckpointSlots(checkpointSlots);
+}
+
+using CopyPairs = std::vector<std::pair<int32_t, int32_t>>;
+
+CopyPairs pendingPairs(PageManager const& manager)
+{
+    CopyPairs pairs;
+    for (StateSlotCopy const& copy : manager.pendingStateCopies())
+    {
+        pairs.emplace_back(copy.src, copy.dst);
+    }
+    return pairs;
+}
+
+//! Appends prompt[0, pages * kP) to a new sequence, checkpoints it there (`checkpoint`), hands the save out, appends
+//! the rest and frees it: the prompt's pages stay cached.
+void serveAndCheckpoint(PageManager& manager, std::vector<int32_t> const& prompt, int32_t pages, bool checkpoint)
+{
+    SequenceId const id = manager.create();
+    manager.append({id, prompt.data(), pages * kP, nullptr, 0});
+    if (checkpoint)
+    {
+        ASSERT_TRUE(manager.checkpointState(id));
+    }
+    manager.append({id, prompt.data() + pages * kP, static_cast<int32_t>(prompt.size()) - pages * kP, nullptr, 0});
+    manager.free(id);
+}
+
+TEST(PageManagerAdoptRun, WithStateLayersARunEndsAtTheDevicesCheckpointOrOneTheCallerBrings)
+{
+    PageManager manager(withState(2), test::seededOptions(2, 3));
+    std::vector<int32_t> const prompt = tokensFrom(100, 5 * kP + 1);
+    // Checkpointed after 3 pages (slot 2); the 5 pages stay cached.
+    serveAndCheckpoint(manager, prompt, 3, true);
+    ASSERT_EQ(manager.numCheckpoints(), 1);
+    SequenceId const second = manager.create();
+    HashedRun const run = hashRun(manager, second, prompt, 0, 5);
+    std::vector<std::vector<FreshPage>> fresh;
+    int32_t fillSlot = 7;
+    // No checkpoint after 5 pages, none brought: refused, nothing changed.
+    EXPECT_FALSE(PageManagerInternal::adoptRun(manager, run.known, 5, fresh, false, &fillSlot));
+    EXPECT_EQ(fillSlot, -1);
+    EXPECT_EQ(manager.length(second), 0);
+    EXPECT_EQ(manager.counts(0).cached, 5);
+    EXPECT_TRUE(pendingPairs(manager).empty());
+    // The device's checkpoint after 3 pages: held pages, its restore queued (slot 2 into the sequence's).
+    int32_t const slot = manager.stateSlot(second);
+    ASSERT_TRUE(PageManagerInternal::adoptRun(manager, run.known, 3, fresh, true, &fillSlot));
+    EXPECT_EQ(fillSlot, -1) << "the device's checkpoint serves; nothing to fill";
+    EXPECT_EQ(manager.length(second), 3 * kP);
+    EXPECT_EQ(pendingPairs(manager), (CopyPairs{{2, slot}}));
+    EXPECT_EQ(manager.numCheckpoints(), 1);
+    manager.checkInvariants();
+
+    // Pages 4 and 5 with a state the caller holds: the empty checkpoint slot (3) becomes the checkpoint after 5 pages,
+    // the restore out of it replaces the one queued before.
+    HashedRun const rest = hashRun(manager, second, prompt, 3 * kP, 2);
+    ASSERT_TRUE(PageManagerInternal::adoptRun(manager, rest.known, 2, fresh, true, &fillSlot));
+    EXPECT_EQ(fillSlot, 3);
+    EXPECT_EQ(manager.length(second), 5 * kP);
+    EXPECT_EQ(manager.checkpointSlot(rest.hashes[1]), 3);
+    EXPECT_EQ(manager.numCheckpoints(), 2);
+    EXPECT_EQ(pendingPairs(manager), (CopyPairs{{3, slot}}));
+    manager.checkInvariants();
+}
+
+TEST(PageManagerAdoptRun, WithStateLayersARunIsRefusedWhenItsCheckpointCannotBeRestored)
+{
+    std::vector<int32_t> const prompt = tokensFrom(300, 4 * kP + 1);
+    {
+        // A checkpoint still filling (its save not handed out): the host's copy is not taken instead.
+        PageManager manager(withState(2), test::seededOptions(2, 3));
+        SequenceId const first = manager.create();
+        manager.append({first, prompt.data(), 4 * kP, nullptr, 0});
+        ASSERT_TRUE(manager.checkpointState(first));
+        SequenceId const second = manager.create();
+        HashedRun const run = hashRun(manager, second, prompt, 0, 4);
+        std::vector<std::vector<FreshPage>> fresh;
+        int32_t fillSlot = 7;
+        EXPECT_FALSE(PageManagerInternal::adoptRun(manager, run.known, 4, fresh, true, &fillSlot));
+        EXPECT_EQ(fillSlot, -1);
+        EXPECT_EQ(manager.length(second), 0);
+        EXPECT_EQ(pendingPairs(manager).size(), 1u) << "only the save";
+        manager.checkInvariants();
+    }
+    {
+        // Every checkpoint slot busy (its save queued): no slot for the host's state.
+        PageManager manager(withState(1), test::seededOptions(2, 3));
+        std::vector<int32_t> const other = tokensFrom(700, 2 * kP);
+        serveAndCheckpoint(manager, prompt, 4, false);
+        SequenceId const busy = manager.create();
+        manager.append({busy, other.data(), 2 * kP, nullptr, 0});
+        ASSERT_TRUE(manager.checkpointState(busy));
+        SequenceId const second = manager.create();
+        HashedRun const run = hashRun(manager, second, prompt, 0, 4);
+        std::vector<std::vector<FreshPage>> fresh;
+        int32_t fillSlot = 7;
+        EXPECT_FALSE(PageManagerInternal::adoptRun(manager, run.known, 4, fresh, true, &fillSlot));
+        EXPECT_EQ(fillSlot, -1);
+        EXPECT_EQ(manager.length(second), 0);
+        EXPECT_EQ(manager.counts(0).cached, 4);
+        manager.checkInvariants();
+    }
+    {
+        // No checkpoint slots: the manager keeps no checkpoints, so no run's state can be restored.
+        PageManager manager(withState(0), test::seededOptions(2, 3));
+        serveAndCheckpoint(manager, prompt, 4, false);
+        SequenceId const second = manager.create();
+        HashedRun const run = hashRun(manager, second, prompt, 0, 4);
+        std::vector<std::vector<FreshPage>> fresh;
+        EXPECT_FALSE(PageManagerInternal::adoptRun(manager, run.known, 4, fresh, true));
+        EXPECT_EQ(PageManagerInternal::checkpointGroup(manager), -1);
+    }
 }
 
 TEST(PageManagerAdoptRun, HoldsThePagesEachGroupHasAndTakesFreshOnesForTheRest)
