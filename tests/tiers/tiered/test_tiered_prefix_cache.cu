@@ -513,6 +513,15 @@ TEST_F(TieredPrefixCacheGpuTest, BadConstructionIsRefusedNamingTheFieldAndLeaves
     EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>([&]
         { rt::TieredPrefixCache(cut.cache(), manager, TieredCase::options({0})); },
         {"numHostPages[0] is 0", "[1, 2147483647]"}));
+    // Host states need a manager keeping state checkpoints, and are the tiered cache's to size.
+    rt::TieredPrefixCacheOptions withStates = TieredCase::options({8});
+    withStates.numHostStates = 2;
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
+        [&] { rt::TieredPrefixCache(cut.cache(), manager, withStates); }, {"numHostStates is 2", "state checkpoints"}));
+    rt::TieredPrefixCacheOptions tierStates = TieredCase::options({8});
+    tierStates.hostTier.numHostStates = 1;
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>([&] { rt::TieredPrefixCache(cut.cache(), manager, tierStates); },
+        {"hostTier.numHostStates is 1", "numHostStates"}));
     // The manager's own callback is still the one called.
     std::vector<int32_t> const tokens = tokenRun(1, kTOKENS_PER_PAGE);
     rt::SequenceId const sequence = manager.create();
