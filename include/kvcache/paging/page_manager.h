@@ -269,8 +269,10 @@ using EvictionCallback = std::function<void(int32_t group, int32_t page, PageHas
 //! into a checkpoint slot. A checkpoint is adoptable from the step that hands its copy out. Empty slots are taken
 //! first, lowest first; then the checkpoint to drop is chosen as "Boundaries kept" says, a restore counting a hit, and
 //! a slot a queued copy reads or fills is never reused before the step. Evicting a checkpoint's carrier page drops it
-//! (its prefix is gone). Queued copies still never read a slot one fills; so an empty sequence whose slot a queued copy
-//! reads (forked since the last step) adopts nothing, and a restore into a fork child replaces the child's copy.
+//! (its prefix is gone; a TieredPrefixCache with host states moves its state to the host with the page, and brings it
+//! back into a checkpoint slot with a run ending there). Queued copies still never read a slot one fills; so an empty
+//! sequence whose slot a queued copy reads (forked since the last step) adopts nothing, and a restore into a fork child
+//! replaces the child's copy.
 //!
 //! Boundaries kept: a windowed group's cut and a state layer's checkpoint are what the manager keeps at a page
 //! boundary so that a prefix ending there stays adoptable, beside the full-attention pages. Which one goes first
