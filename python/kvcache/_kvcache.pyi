@@ -1900,13 +1900,25 @@ class TieredPrefixCacheStats:
     @property
     def released_states(self) -> int:
         """
-        State checkpoints: host states released because their carrier page's host page was given up (also when it went to disk: the disk tier keeps no states).
+        State checkpoints: host states released because their carrier page's host page was given up.
         """
 
     @property
     def onboarded_states(self) -> int:
         """
         State checkpoints: host states copied back into a checkpoint slot by admissions.
+        """
+
+    @property
+    def spilled_states(self) -> int:
+        """
+        State checkpoints, disk tier: host states written to disk with their carrier page.
+        """
+
+    @property
+    def restored_states(self) -> int:
+        """
+        State checkpoints, disk tier: states read back from disk into a host state with their carrier page.
         """
 
     def __repr__(self) -> str: ...

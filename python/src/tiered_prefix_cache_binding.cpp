@@ -193,10 +193,13 @@ void bindTieredPrefixCache(nb::module_& m)
             "State checkpoints: checkpoints of evicted carrier pages dropped, no host state being free (or their save "
             "being handed out by the very step that evicted the page).")
         .def_ro("released_states", &rt::TieredPrefixCacheStats::releasedStates,
-            "State checkpoints: host states released because their carrier page's host page was given up (also when "
-            "it went to disk: the disk tier keeps no states).")
+            "State checkpoints: host states released because their carrier page's host page was given up.")
         .def_ro("onboarded_states", &rt::TieredPrefixCacheStats::onboardedStates,
             "State checkpoints: host states copied back into a checkpoint slot by admissions.")
+        .def_ro("spilled_states", &rt::TieredPrefixCacheStats::spilledStates,
+            "State checkpoints, disk tier: host states written to disk with their carrier page.")
+        .def_ro("restored_states", &rt::TieredPrefixCacheStats::restoredStates,
+            "State checkpoints, disk tier: states read back from disk into a host state with their carrier page.")
         .def("__repr__",
             [](rt::TieredPrefixCacheStats const& s)
             {
@@ -205,11 +208,13 @@ void bindTieredPrefixCache(nb::module_& m)
                                    "already_on_host_pages={}, dropped_pages={}, evicted_host_pages={}, "
                                    "onboarded_pages={}, spilled_pages={}, already_on_disk_pages={}, "
                                    "evicted_disk_pages={}, restored_pages={}, disk_failures={}, disk_hit_tokens={}, "
-                                   "offloaded_states={}, dropped_states={}, released_states={}, onboarded_states={})",
+                                   "offloaded_states={}, dropped_states={}, released_states={}, onboarded_states={}, "
+                                   "spilled_states={}, restored_states={})",
                     s.admissions, s.queryTokens, s.deviceHitTokens, s.hostHitTokens, s.missedTokens, s.offloadedPages,
                     s.alreadyOnHostPages, s.droppedPages, s.evictedHostPages, s.onboardedPages, s.spilledPages,
                     s.alreadyOnDiskPages, s.evictedDiskPages, s.restoredPages, s.diskFailures, s.diskHitTokens,
-                    s.offloadedStates, s.droppedStates, s.releasedStates, s.onboardedStates);
+                    s.offloadedStates, s.droppedStates, s.releasedStates, s.onboardedStates, s.spilledStates,
+                    s.restoredStates);
             });
 
     nb::class_<TieredHandle>(m, "TieredPrefixCache", nb::is_weak_referenceable(),

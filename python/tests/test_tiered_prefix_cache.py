@@ -25,7 +25,8 @@ WINDOWED = [(2, 32, 32), (2, 64)]
 STATS_FIELDS = ["admissions", "query_tokens", "device_hit_tokens", "host_hit_tokens", "missed_tokens",
                 "offloaded_pages", "already_on_host_pages", "dropped_pages", "evicted_host_pages", "onboarded_pages",
                 "spilled_pages", "already_on_disk_pages", "evicted_disk_pages", "restored_pages", "disk_failures",
-                "disk_hit_tokens", "offloaded_states", "dropped_states", "released_states", "onboarded_states"]
+                "disk_hit_tokens", "offloaded_states", "dropped_states", "released_states", "onboarded_states",
+                "spilled_states", "restored_states"]
 
 
 def make_config(layers, dtype=kvcache.DataType.FLOAT16, num_pages=0):

@@ -77,6 +77,7 @@ public:
             device.emplace_back(static_cast<size_t>(layout.groups[g].numPages), PageData(kP, 0));
             host.emplace_back(static_cast<size_t>(numHostPages[g]), PageData(kP, 0));
             disk.emplace_back(numDiskPages.empty() ? 0 : static_cast<size_t>(numDiskPages[g]), PageData(kP, kPOISON));
+            diskStates.emplace_back(numDiskPages.empty() ? 0 : static_cast<size_t>(numDiskPages[g]), kPOISON);
             usable.push_back(numHostPages[g]);
         }
     }
@@ -158,7 +159,7 @@ public:
         calls.push_back(std::move(call));
     }
 
-    void spill(int32_t group, int32_t hostPage, int32_t diskPage) override
+    void spill(int32_t group, int32_t hostPage, int32_t diskPage, int32_t hostState) override
     {
         calls.push_back(MoverCall{MoverCall::kSPILL, group, {{hostPage, diskPage}}});
         if (failNextSpill)
@@ -167,8 +168,11 @@ public:
             throw Error("the model's disk is full");
         }
         disk.at(static_cast<size_t>(group)).at(static_cast<size_t>(diskPage)) = hostPageAt(group, hostPage);
+        // A file holds a state only when one is written with it (a sequence file without one refuses to give one).
+        diskStates.at(static_cast<size_t>(group)).at(static_cast<size_t>(diskPage)) =
+            hostState >= 0 ? hostStates.at(static_cast<size_t>(hostState)) : kPOISON;
     }
-    void restore(int32_t group, int32_t diskPage, int32_t hostPage) override
+    void restore(int32_t group, int32_t diskPage, int32_t hostPage, int32_t hostState) override
     {
         calls.push_back(MoverCall{MoverCall::kRESTORE, group, {{hostPage, diskPage}}});
         if (failRestores > 0)
@@ -177,6 +181,15 @@ public:
             throw InvalidArgumentError("the model's disk page does not read back");
         }
         hostPageAt(group, hostPage) = disk.at(static_cast<size_t>(group)).at(static_cast<size_t>(diskPage));
+        if (hostState >= 0)
+        {
+            uint64_t const state = diskStates.at(static_cast<size_t>(group)).at(static_cast<size_t>(diskPage));
+            if (state == kPOISON)
+            {
+                ADD_FAILURE() << "disk page " << diskPage << " of group " << group << " was written without a state";
+            }
+            hostStates.at(static_cast<size_t>(hostState)) = state;
+        }
     }
 
     //! Sets every slot of every device page to kPOISON.
@@ -202,6 +215,8 @@ public:
     //! Per state slot and per host state: the value of the position whose state it holds.
     std::vector<uint64_t> states;
     std::vector<uint64_t> hostStates;
+    //! Per group and disk page: the state written with the page, kPOISON for none.
+    std::vector<std::vector<uint64_t>> diskStates;
     std::vector<int64_t> usable;
     std::vector<MoverCall> calls;
     bool failNextOffload = false;

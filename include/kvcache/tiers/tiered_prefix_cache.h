@@ -92,13 +92,16 @@ struct TieredPrefixCacheStats
     //! Of hostHitTokens, tokens whose page some group read back from the disk tier for the admission.
     int64_t diskHitTokens = 0;
     //! State checkpoints (TieredPrefixCacheOptions::numHostStates): checkpoints of evicted carrier pages copied to a
-    //! host state; those dropped because no host state was free; host states released because their carrier page's
-    //! host page was given up (also when it went to disk: the disk tier keeps no states); and host states copied back
-    //! into a checkpoint slot by admissions.
+    //! host state; those dropped because no host state was free (at the offload, or when a disk page read back held
+    //! one) or because the evicting step handed out their save; host states released because their carrier page's
+    //! host page was given up; host states copied back into a checkpoint slot by admissions; and with a disk tier,
+    //! host states written to disk with their carrier page, and read back with it.
     int64_t offloadedStates = 0;
     int64_t droppedStates = 0;
     int64_t releasedStates = 0;
     int64_t onboardedStates = 0;
+    int64_t spilledStates = 0;
+    int64_t restoredStates = 0;
 };
 
 //! A two-tier prefix cache: a PageManager's cached device pages, and pinned host memory (one HostTier per page group)
@@ -131,7 +134,9 @@ struct TieredPrefixCacheStats
 //!   offload, after the pages (HostTier::offloadStates), keyed by the page's hash; with none free, or when the
 //!   evicting step itself hands out the checkpoint's save (the slot gets its bytes only when the runtime runs that
 //!   step's state copies), the checkpoint is dropped (droppedStates). A host state lives as long as its carrier page's
-//!   host page (the disk tier keeps no states). An admission whose run ends at a host checkpoint onboards it into a
+//!   host page; a host page written to disk takes its host state into the same file (saveSequence with a state), and
+//!   reading it back brings it into a free host state (none free: the page comes back alone, droppedStates). An
+//!   admission whose run ends at a host checkpoint onboards it into a
 //!   checkpoint slot (taken as PageManager::checkpointState takes one), which becomes the device's checkpoint, and the
 //!   restore into the sequence's slot is queued as adoptPrefix queues it (StepCopies::stateCopies of the next step).
 //! - Disk (TieredPrefixCacheOptions::diskDirectory, optional). A host page a full host tier gives up is first written

@@ -55,18 +55,25 @@ public:
     {
     }
 
-    void spill(int32_t group, int32_t hostPage, int32_t diskPage) override
+    void spill(int32_t group, int32_t hostPage, int32_t diskPage, int32_t hostState) override
     {
-        // saveSequence waits for the tier's transfers touching the host page, then writes the file atomically.
-        saveSequence(diskPagePath(mDiskDirectory, group, diskPage), tier(group), mCache, &hostPage, 1,
-            mCache.layout().tokensPerPage);
+        // saveSequence waits for the tier's transfers touching the host page (and state), then writes the file
+        // atomically; the checkpoint group's tier holds the host states.
+        std::string const path = diskPagePath(mDiskDirectory, group, diskPage);
+        if (hostState >= 0)
+        {
+            saveSequence(path, tier(group), mCache, &hostPage, 1, mCache.layout().tokensPerPage, hostState);
+            return;
+        }
+        saveSequence(path, tier(group), mCache, &hostPage, 1, mCache.layout().tokensPerPage);
     }
-    void restore(int32_t group, int32_t diskPage, int32_t hostPage) override
+    void restore(int32_t group, int32_t diskPage, int32_t hostPage, int32_t hostState) override
     {
         std::string const path = diskPagePath(mDiskDirectory, group, diskPage);
         try
         {
-            int64_t const tokens = loadSequence(path, tier(group), mCache, &hostPage, 1);
+            int64_t const tokens = hostState >= 0 ? loadSequence(path, tier(group), mCache, &hostPage, 1, hostState)
+                                                  : loadSequence(path, tier(group), mCache, &hostPage, 1);
             if (tokens != mCache.layout().tokensPerPage)
             {
                 throw Error(fmt::format("TieredPrefixCache: disk page file '{}' holds {} tokens, not a page of {}",

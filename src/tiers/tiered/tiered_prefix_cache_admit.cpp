@@ -100,19 +100,35 @@ bool TieredPrefixCacheCore::runIsThere(NextPageHashes const& known, int32_t page
     return true;
 }
 
-bool TieredPrefixCacheCore::checkpointThere(NextPageHashes const& known, int32_t pages, int32_t& hostState)
+bool TieredPrefixCacheCore::checkpointThere(int32_t pages)
+{
+    if (!mStateLayers)
+    {
+        return true;
+    }
+    PageHash const hash = mHashes[static_cast<size_t>(pages - 1)];
+    if (PageManagerInternal::hasCheckpoint(*mPages, hash) || stateOf(mCheckpointGroup, hash) != HostPageMap::kNONE)
+    {
+        return true;
+    }
+    // A disk page holding the state with the page: secureRun reads both back.
+    RunPlace const end = mCheckpointGroup >= 0 ? source(mCheckpointGroup, pages - 1) : RunPlace{};
+    return end.tier == RunPlace::Tier::kDISK && !mDiskStates.empty() && mDiskStates[static_cast<size_t>(end.page)] != 0;
+}
+
+bool TieredPrefixCacheCore::checkpointHeld(int32_t pages, int32_t& hostState)
 {
     hostState = HostPageMap::kNONE;
     if (!mStateLayers)
     {
         return true;
     }
-    PageHash const hash = known.hashes[pages - 1];
+    PageHash const hash = mHashes[static_cast<size_t>(pages - 1)];
     if (PageManagerInternal::hasCheckpoint(*mPages, hash))
     {
         return true;
     }
-    hostState = mStates.empty() ? HostPageMap::kNONE : mStates.front().find(hash);
+    hostState = stateOf(mCheckpointGroup, hash);
     return hostState != HostPageMap::kNONE;
 }
 
@@ -167,14 +183,31 @@ bool TieredPrefixCacheCore::secureRun(TierMover& mover, NextPageHashes const& kn
 bool TieredPrefixCacheCore::restore(TierMover& mover, int32_t g, int32_t index, int32_t diskPage)
 {
     Group& group = mGroups[static_cast<size_t>(g)];
-    HostPageMap::Insertion const insertion = insertHostPage(mover, g, mHashes[static_cast<size_t>(index)]);
+    PageHash const hash = mHashes[static_cast<size_t>(index)];
+    HostPageMap::Insertion const insertion = insertHostPage(mover, g, hash);
     if (insertion.hostPage == HostPageMap::kNONE)
     {
         return false;
     }
+    // The checkpoint written with the page comes back into a free host state (after the insertion, whose given-up
+    // host page may have freed one); none free: the page comes back alone. A failure below releases it with the page.
+    int32_t hostState = HostPageMap::kNONE;
+    if (g == mCheckpointGroup && !mDiskStates.empty() && mDiskStates[static_cast<size_t>(diskPage)] != 0
+        && stateOf(g, hash) == HostPageMap::kNONE)
+    {
+        HostPageMap& states = mStates.front();
+        if (states.numFree() > 0)
+        {
+            hostState = states.insert(hash).hostPage;
+        }
+        else
+        {
+            ++mStats.droppedStates;
+        }
+    }
     try
     {
-        mover.restore(g, diskPage, insertion.hostPage);
+        mover.restore(g, diskPage, insertion.hostPage, hostState);
     }
     catch (CudaError const&)
     {
@@ -190,6 +223,7 @@ bool TieredPrefixCacheCore::restore(TierMover& mover, int32_t g, int32_t index, 
         return false;
     }
     mDisks[static_cast<size_t>(g)].touch(diskPage);
+    mStats.restoredStates += hostState != HostPageMap::kNONE ? 1 : 0;
     group.map.pin(insertion.hostPage);
     group.runPinned[static_cast<size_t>(index)] = 1;
     group.runPlaces[static_cast<size_t>(index)] = {RunPlace::Tier::kHOST, insertion.hostPage};
@@ -241,7 +275,8 @@ int32_t TieredPrefixCacheCore::onboardRun(TierMover& mover, SequenceId sequence,
     try
     {
         while (pages > 0
-            && !(runIsThere(known, pages) && checkpointThere(known, pages, hostState) && secureRun(mover, known, pages)
+            && !(runIsThere(known, pages) && checkpointThere(pages) && secureRun(mover, known, pages)
+                && checkpointHeld(pages, hostState)
                 && PageManagerInternal::adoptRun(
                     *mPages, known, pages, mFresh, hostState != HostPageMap::kNONE, &fillSlot)))
         {

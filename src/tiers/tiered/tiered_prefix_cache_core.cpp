@@ -133,6 +133,10 @@ TieredPrefixCacheCore::TieredPrefixCacheCore(PageManager& pages, std::vector<int
         mStates.emplace_back(numHostStates).setUsable(numHostStates);
         // An offload lists each evicted page of the checkpoint group at most once.
         mStateEntries.reserve(static_cast<size_t>(layout.groups[static_cast<size_t>(mCheckpointGroup)].numPages));
+        if (!numDiskPages.empty())
+        {
+            mDiskStates.assign(static_cast<size_t>(numDiskPages[static_cast<size_t>(mCheckpointGroup)]), 0);
+        }
     }
     mTokensPerPage = layout.tokensPerPage;
     int64_t const pagesPerSequence = (int64_t{layout.maxSequenceLength} + mTokensPerPage - 1) / mTokensPerPage;
@@ -269,19 +273,26 @@ HostPageMap::Insertion TieredPrefixCacheCore::insertHostPage(TierMover& mover, i
         return insertion;
     }
     ++mStats.evictedHostPages;
-    // The disk tier keeps pages only: the checkpoint the given-up page carried goes.
-    releaseState(g, insertion.evictedHash);
     try
     {
-        // The host page still holds the bytes of the page it gave up: to the disk tier before anything overwrites it.
-        spill(mover, g, insertion.hostPage, insertion.evictedHash);
+        // The host page still holds the bytes of the page it gave up: to the disk tier before anything overwrites it,
+        // with the checkpoint it carried.
+        spill(mover, g, insertion.hostPage, insertion.evictedHash, stateOf(g, insertion.evictedHash));
     }
     catch (...)
     {
+        releaseState(g, insertion.evictedHash);
         eraseHostPage(g, insertion.hostPage);
         throw;
     }
+    // The host state goes with its host page.
+    releaseState(g, insertion.evictedHash);
     return insertion;
+}
+
+int32_t TieredPrefixCacheCore::stateOf(int32_t g, PageHash hash) const noexcept
+{
+    return g == mCheckpointGroup && !mStates.empty() ? mStates.front().find(hash) : HostPageMap::kNONE;
 }
 
 void TieredPrefixCacheCore::eraseHostPage(int32_t g, int32_t hostPage)
@@ -356,7 +367,7 @@ void TieredPrefixCacheCore::offloadStates(TierMover& mover, Group& group)
     mStats.offloadedStates += static_cast<int64_t>(mStateEntries.size());
 }
 
-void TieredPrefixCacheCore::spill(TierMover& mover, int32_t g, int32_t hostPage, PageHash hash)
+void TieredPrefixCacheCore::spill(TierMover& mover, int32_t g, int32_t hostPage, PageHash hash, int32_t hostState)
 {
     if (mDisks.empty())
     {
@@ -377,9 +388,11 @@ void TieredPrefixCacheCore::spill(TierMover& mover, int32_t g, int32_t hostPage,
         return;
     }
     mStats.evictedDiskPages += insertion.evicted ? 1 : 0;
+    // Only the checkpoint group's disk pages hold states (mDiskStates is empty otherwise).
+    bool const withState = hostState != HostPageMap::kNONE && !mDiskStates.empty();
     try
     {
-        mover.spill(g, hostPage, insertion.hostPage);
+        mover.spill(g, hostPage, insertion.hostPage, withState ? hostState : HostPageMap::kNONE);
     }
     catch (CudaError const&)
     {
@@ -394,6 +407,11 @@ void TieredPrefixCacheCore::spill(TierMover& mover, int32_t g, int32_t hostPage,
         return;
     }
     ++mStats.spilledPages;
+    if (!mDiskStates.empty())
+    {
+        mDiskStates[static_cast<size_t>(insertion.hostPage)] = withState ? 1 : 0;
+        mStats.spilledStates += withState ? 1 : 0;
+    }
 }
 
 void TieredPrefixCacheCore::offloadEvicted(TierMover& mover)

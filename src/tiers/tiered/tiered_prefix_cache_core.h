@@ -38,12 +38,14 @@ public:
     virtual void onboardStates(HostStateEntry const* entries, int32_t count) = 0;
     //! Runs the copies (copy-on-write) of `group`.
     virtual void copy(int32_t group, PageCopy const* copies, int32_t count) = 0;
-    //! Writes host page `hostPage` of `group` (its transfers done first) to disk page `diskPage` (disk tier only).
-    //! Throws Error when the page cannot be written (the core then counts it and holds no disk page for it), CudaError.
-    virtual void spill(int32_t group, int32_t hostPage, int32_t diskPage) = 0;
-    //! Reads disk page `diskPage` of `group` into host page `hostPage` (disk tier only). Throws Error when it cannot
-    //! be read back whole and as written (the core then drops the disk page), CudaError.
-    virtual void restore(int32_t group, int32_t diskPage, int32_t hostPage) = 0;
+    //! Writes host page `hostPage` of `group` (its transfers done first) to disk page `diskPage` (disk tier only), and
+    //! host state `hostState` with it unless it is -1 (the checkpoint the page carries). Throws Error when the page
+    //! cannot be written (the core then counts it and holds no disk page for it), CudaError.
+    virtual void spill(int32_t group, int32_t hostPage, int32_t diskPage, int32_t hostState) = 0;
+    //! Reads disk page `diskPage` of `group` into host page `hostPage` (disk tier only), and the state written with
+    //! it into host state `hostState` unless it is -1. Throws Error when it cannot be read back whole and as written
+    //! (the core then drops the disk page), CudaError.
+    virtual void restore(int32_t group, int32_t diskPage, int32_t hostPage, int32_t hostState) = 0;
 
 protected:
     TierMover() = default;
@@ -197,15 +199,21 @@ private:
     //! Releases the host state of the checkpoint carried by the page of `hash` in group g, if any (its host page
     //! dropped it).
     void releaseState(int32_t g, PageHash hash);
-    //! Returns whether a run of `pages` pages ends at a checkpoint the device or the host holds (always true without
-    //! state layers); writes the host state to use, or -1 when the device's serves.
-    bool checkpointThere(NextPageHashes const& known, int32_t pages, int32_t& hostState);
+    //! Returns whether a run of `pages` pages may end at a checkpoint: the device's, a host state's, or one a disk page
+    //! of its end holds with the page (always true without state layers).
+    bool checkpointThere(int32_t pages);
+    //! Once the run is secured (its disk pages read back): returns whether it ends at a checkpoint the device or a host
+    //! state holds, writing the host state to use, or -1 when the device's serves.
+    bool checkpointHeld(int32_t pages, int32_t& hostState);
     void runCopies(TierMover& mover, StepCopies const& copies);
     //! Inserts `hash` into group g's host map; a host page given up for it goes to the disk tier first (spill()).
     HostPageMap::Insertion insertHostPage(TierMover& mover, int32_t g, PageHash hash);
     //! Writes host page `hostPage` of group g, which holds the page of `hash`, to a disk page (none without a disk
     //! tier). A write that fails with Error is counted (diskFailures) and leaves no disk page.
-    void spill(TierMover& mover, int32_t g, int32_t hostPage, PageHash hash);
+    //! The host state holding the checkpoint the page carries (-1: none) is written with it.
+    void spill(TierMover& mover, int32_t g, int32_t hostPage, PageHash hash, int32_t hostState);
+    //! Returns the host state holding the checkpoint of the page of `hash` in group g, or -1.
+    int32_t stateOf(int32_t g, PageHash hash) const noexcept;
     //! Adopts the longest run of pages after `length` that the device, the host and the disk hold between them
     //! (PageManagerInternal::adoptRun) and onboards its fresh pages; returns its tokens.
     //! Writes to diskTokens the run's tokens whose page some group read back from the disk.
@@ -250,6 +258,9 @@ private:
     //! The host states: one map keyed by the carrier page's hash, or none.
     std::vector<HostPageMap> mStates;
     std::vector<HostStateEntry> mStateEntries;
+    //! Per disk page of the checkpoint group (with host states and a disk tier): 1 when its file holds the
+    //! checkpoint's state too.
+    std::vector<uint8_t> mDiskStates;
     //! While step() offloads: the state copies the step hands out, which run after the offload.
     std::vector<StateSlotCopy> const* mStepStateCopies = nullptr;
 };

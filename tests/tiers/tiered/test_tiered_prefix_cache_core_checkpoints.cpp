@@ -1,6 +1,8 @@
 // The tiered prefix cache's state checkpoints (host only): a checkpoint leaves the device with its carrier page into a
 // host state and comes back with a run ending there, restored into the sequence's slot; no host state free drops it
-// and shortens the run a later prompt gets; a host page given up releases its host state; bad sizes are refused.
+// and shortens the run a later prompt gets; a host page given up releases its host state, after writing it to disk
+// with the page when there is a disk tier, from which both come back; a save handed out by the step that evicts its
+// page has no state to move yet; bad sizes are refused.
 // The model of device, host and state values the checks run over is tests/support/tiered_cache_model.h.
 
 #include "kvcache/core/errors.h"
@@ -209,6 +211,51 @@ TEST(TieredPrefixCacheCheckpointsTest, AHostPageGivenUpReleasesItsHostState)
     auto const gone = sim.admit(first);
     EXPECT_EQ(gone.second.hostTokens, 0);
     EXPECT_EQ(gone.second.deviceTokens, 0);
+    EXPECT_EQ(sim.check(), "");
+}
+
+TEST(TieredPrefixCacheCheckpointsTest, ACheckpointGoesToTheDiskWithItsPageAndComesBackWithTheRun)
+{
+    // 3 host pages, 8 disk pages, 2 host states.
+    Simulation sim(hybrid(16), {3}, 2, {8}, 2);
+    Script const prompt{tokenRun(1, 3 * kP + 1), {}};
+    Script const other{tokenRun(500, 3 * kP + 1), {}};
+    std::vector<uint64_t> const values = Simulation::valuesOf(prompt);
+    std::vector<PageHash> const hashes = sim.hashesOf(prompt.tokens, 3);
+    sim.serveThenEvict(prompt);
+    EXPECT_EQ(sim.core.stateMap()->find(hashes[2]), 0);
+    // The other prompt's 3 pages take every host page: the first prompt's go to disk pages 0-2, page 2 with its
+    // checkpoint's state; the host state is then free for the other prompt's checkpoint.
+    sim.serveThenEvict(other);
+    TieredPrefixCacheStats stats = sim.core.stats();
+    EXPECT_EQ(stats.spilledPages, 3);
+    EXPECT_EQ(stats.spilledStates, 1);
+    EXPECT_EQ(stats.releasedStates, 1);
+    int32_t const diskPage = sim.core.diskMap(0)->find(hashes[2]);
+    ASSERT_GE(diskPage, 0);
+    EXPECT_EQ(sim.mover.diskStates[0][static_cast<size_t>(diskPage)], values[3 * kP - 1]);
+    EXPECT_EQ(sim.mover.diskStates[0][static_cast<size_t>(sim.core.diskMap(0)->find(hashes[1]))], kPOISON)
+        << "a page without a checkpoint is written alone";
+    EXPECT_EQ(sim.core.stateMap()->find(hashes[2]), -1);
+    EXPECT_EQ(sim.check(), "");
+
+    // The first prompt again: its pages come back from the disk, page 2 with the state (into the host state the
+    // other prompt's page 2 frees when its host page is given up for it), then onboarded into checkpoint slot 2.
+    sim.mover.poisonDevice();
+    std::fill(sim.mover.states.begin(), sim.mover.states.end(), kPOISON);
+    std::fill(sim.mover.hostStates.begin(), sim.mover.hostStates.end(), kPOISON);
+    sim.mover.calls.clear();
+    auto const [sequence, admission] = sim.admit(prompt);
+    EXPECT_EQ(admission.hostTokens, 3 * kP);
+    stats = sim.core.stats();
+    EXPECT_EQ(stats.restoredPages, 3);
+    EXPECT_EQ(stats.restoredStates, 1);
+    EXPECT_EQ(stats.diskHitTokens, 3 * kP);
+    int32_t const hostState = sim.core.stateMap()->find(hashes[2]);
+    ASSERT_GE(hostState, 0);
+    EXPECT_EQ(sim.mover.callsOf(MoverCall::kONBOARD_STATES).at(0).pairs, (Pairs{{2, hostState}}));
+    EXPECT_EQ(sim.mover.states[2], values[3 * kP - 1]);
+    ASSERT_TRUE(sim.prefill(sequence));
     EXPECT_EQ(sim.check(), "");
 }
 

@@ -226,6 +226,8 @@ std::string randomRun(KVCacheConfig const& config, std::vector<int64_t> const& n
     tally["dropped states"] += stats.droppedStates;
     tally["released states"] += stats.releasedStates;
     tally["onboarded states"] += stats.onboardedStates;
+    tally["spilled states"] += stats.spilledStates;
+    tally["restored states"] += stats.restoredStates;
     tally["onboards"] += sim.mover.count(MoverCall::kONBOARD);
     tally["copy-on-write copies"] += sim.mover.count(MoverCall::kCOPY);
     for (auto const& [name, count] : sim.eventTally)
@@ -310,6 +312,11 @@ TEST(TieredPrefixCacheCoreTest, RandomOperationsKeepEveryPageRight)
             for (char const* reached : {"offloaded states", "dropped states", "released states", "onboarded states"})
             {
                 EXPECT_GT(tally[reached], 0) << reached;
+            }
+            if (!c.numDiskPages.empty())
+            {
+                EXPECT_GT(tally["spilled states"], 0);
+                EXPECT_GT(tally["restored states"], 0);
             }
         }
     }
