@@ -560,7 +560,11 @@ std::vector<uint8_t> stateBytes(int32_t tensor, int64_t bytes, uint32_t tag)
     return out;
 }
 
-TEST_F(TieredPrefixCacheGpuTest, ACheckpointsStateGoesToTheHostWithItsPageAndComesBackBitwise)
+//! A checkpoint's state evicted with its carrier page to a host state and, `throughDisk`, from there to the disk tier
+//! with the page's file (3 host pages, then another prompt's pages taking them), then brought back by an admission of
+//! the same prompt into a checkpoint slot and restored into the new sequence's slot, every state slot (and the freed
+//! host state) poisoned in between, compared byte for byte.
+void checkpointRoundTrip(bool throughDisk)
 {
     // One full-attention group, 2 sequences (state slots 0 and 1) and 2 checkpoint slots (2 and 3); one state layer
     // of two tensors: recurrent [2, 4, 4] float32 = 128 bytes a slot, conv [6, 3] bfloat16 = 36 bytes.
@@ -581,8 +585,15 @@ TEST_F(TieredPrefixCacheGpuTest, ACheckpointsStateGoesToTheHostWithItsPageAndCom
     managerOptions.maxSequences = 2;
     rt::PageManager manager(cache.layout(), managerOptions);
     rt::TieredPrefixCacheOptions options;
-    options.numHostPages = {8};
+    options.numHostPages = {throughDisk ? 3 : 8};
     options.numHostStates = 2;
+    std::filesystem::path const directory =
+        std::filesystem::temp_directory_path() / ("kvcache-tiered-states-" + std::to_string(::getpid()));
+    if (throughDisk)
+    {
+        options.diskDirectory = directory.string();
+        options.numDiskPages = {8};
+    }
     rt::TieredPrefixCache tiered(cache, manager, options);
     ASSERT_EQ(tiered.checkpointGroup(), 0);
     EXPECT_EQ(tiered.hostTier(0).numHostStates(), 2);
@@ -657,7 +668,23 @@ TEST_F(TieredPrefixCacheGpuTest, ACheckpointsStateGoesToTheHostWithItsPageAndCom
     auto const* held = static_cast<uint8_t const*>(tiered.hostTier(0).hostStateData(hostState));
     EXPECT_EQ(std::vector<uint8_t>(held, held + 164), packed);
 
-    // Every state slot poisoned: the second request's state can only come from the host.
+    if (throughDisk)
+    {
+        // Another prompt's 3 pages take every host page: the first prompt's go to disk, page 2 with its state.
+        std::vector<int32_t> const other = tokenRun(5000, 3 * kTOKENS_PER_PAGE + 1);
+        rt::SequenceId const c = manager.create();
+        tiered.admit(c, other.data(), 49, stream.get());
+        rt::SequenceAppend const whole{c, other.data(), 49};
+        runStateCopies(tiered.step(&whole, 1, stream.get()).stateCopies());
+        manager.free(c);
+        EXPECT_EQ(tiered.evictCached(0, 8, stream.get()), 3);
+        EXPECT_EQ(tiered.stats().spilledStates, 1);
+        EXPECT_EQ(tiered.numHostStatesHeld(), 0);
+        EXPECT_GE(tiered.findDiskPage(0, hashes[2]), 0);
+        // The freed host state poisoned too: the state can only come back from the file.
+        std::fill_n(static_cast<uint8_t*>(tiered.hostTier(0).hostStateData(hostState)), 164, uint8_t{0xA5});
+    }
+    // Every state slot poisoned: the second request's state can only come from the host (or the disk).
     poisonStates();
     rt::SequenceId const b = manager.create();
     rt::TieredAdmission const admission = tiered.admit(b, prompt.data(), 49, stream.get());
@@ -677,8 +704,20 @@ TEST_F(TieredPrefixCacheGpuTest, ACheckpointsStateGoesToTheHostWithItsPageAndCom
     rt::TieredPrefixCacheStats const stats = tiered.stats();
     EXPECT_EQ(stats.offloadedStates, 1);
     EXPECT_EQ(stats.onboardedStates, 1);
+    EXPECT_EQ(stats.restoredStates, throughDisk ? 1 : 0);
+    EXPECT_EQ(stats.diskHitTokens, throughDisk ? 48 : 0);
     tiered.checkInvariants();
     manager.checkInvariants();
+}
+
+TEST_F(TieredPrefixCacheGpuTest, ACheckpointsStateGoesToTheHostWithItsPageAndComesBackBitwise)
+{
+    checkpointRoundTrip(false);
+}
+
+TEST_F(TieredPrefixCacheGpuTest, ACheckpointsStateGoesToTheDiskWithItsPageAndComesBackBitwise)
+{
+    checkpointRoundTrip(true);
 }
 
 } // namespace
