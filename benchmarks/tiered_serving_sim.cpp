@@ -67,10 +67,16 @@ public:
     void copy(int32_t, rt::PageCopy const*, int32_t) override
     {
     }
-    void spill(int32_t, int32_t, int32_t) override
+    void offloadStates(rt::HostStateEntry const*, int32_t) override
     {
     }
-    void restore(int32_t, int32_t, int32_t) override
+    void onboardStates(rt::HostStateEntry const*, int32_t) override
+    {
+    }
+    void spill(int32_t, int32_t, int32_t, int32_t) override
+    {
+    }
+    void restore(int32_t, int32_t, int32_t, int32_t) override
     {
     }
 
