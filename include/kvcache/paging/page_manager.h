@@ -141,8 +141,9 @@ struct PageManagerStats
     int64_t evictedPages = 0;
     //! Copies queued because a sequence wrote to a page it shared, all groups.
     int64_t copyOnWritePages = 0;
-    //! State checkpoints made (a copy into a checkpoint slot queued), restored by adoptPrefix(), and dropped (their
-    //! carrier page evicted, or their slot reused for another).
+    //! State checkpoints made (a copy into a checkpoint slot queued), restored by adoptPrefix() (or by a
+    //! TieredPrefixCache admission's run: one restore an admission), and dropped (their carrier page evicted, or their
+    //! slot reused for another).
     int64_t checkpointsSaved = 0;
     int64_t checkpointsRestored = 0;
     int64_t checkpointsDropped = 0;

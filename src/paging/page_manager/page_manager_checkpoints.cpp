@@ -64,9 +64,11 @@ int32_t PageManager::State::checkpointedPages(int32_t pages, int32_t& index) con
 void PageManager::State::restoreCheckpoint(int32_t row, int32_t index) noexcept
 {
     StateCheckpoints::Slot& slot = checkpoints.slots[static_cast<size_t>(index)];
-    // A fork child still waiting for its parent's state gets the checkpoint's instead: one copy fills its slot.
+    // A fork child still waiting for its parent's state gets the checkpoint's instead: one copy fills its slot. A
+    // restore replaced (adoptRun extending adoptPrefix's prefix) counts once: the adoption restores one state.
     if (sequences[row].stateSource >= 0)
     {
+        checkpoints.restored -= checkpoints.indexOfSlot(sequences[row].stateSource) >= 0 ? 1 : 0;
         dropCopyInto(row);
     }
     int32_t const source = checkpoints.firstSlot + index;

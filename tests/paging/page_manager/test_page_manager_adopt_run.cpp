@@ -147,6 +147,7 @@ TEST(PageManagerAdoptRun, WithStateLayersARunEndsAtTheDevicesCheckpointOrOneTheC
     EXPECT_EQ(manager.checkpointSlot(rest.hashes[1]), 3);
     EXPECT_EQ(manager.numCheckpoints(), 2);
     EXPECT_EQ(pendingPairs(manager), (CopyPairs{{3, slot}}));
+    EXPECT_EQ(manager.stats().checkpointsRestored, 1) << "one adoption, one state restored";
     manager.checkInvariants();
 }
 
