@@ -112,6 +112,19 @@ void serveAndCheckpoint(PageManager& manager, std::vector<int32_t> const& prompt
     manager.free(id);
 }
 
+//! Expects a new sequence's run of `prompt`'s first 4 pages, its state brought from the host, refused: no slot
+//! handed out and the sequence left empty.
+void expectRunWithAHostStateRefused(PageManager& manager, std::vector<int32_t> const& prompt)
+{
+    SequenceId const second = manager.create();
+    HashedRun const run = hashRun(manager, second, prompt, 0, 4);
+    std::vector<std::vector<FreshPage>> fresh;
+    int32_t fillSlot = 7;
+    EXPECT_FALSE(PageManagerInternal::adoptRun(manager, run.known, 4, fresh, true, &fillSlot));
+    EXPECT_EQ(fillSlot, -1);
+    EXPECT_EQ(manager.length(second), 0);
+}
+
 TEST(PageManagerAdoptRun, WithStateLayersARunEndsAtTheDevicesCheckpointOrOneTheCallerBrings)
 {
     PageManager manager(withState(2), test::seededOptions(2, 3));
@@ -160,13 +173,7 @@ TEST(PageManagerAdoptRun, WithStateLayersARunIsRefusedWhenItsCheckpointCannotBeR
         SequenceId const first = manager.create();
         manager.append({first, prompt.data(), 4 * kP, nullptr, 0});
         ASSERT_TRUE(manager.checkpointState(first));
-        SequenceId const second = manager.create();
-        HashedRun const run = hashRun(manager, second, prompt, 0, 4);
-        std::vector<std::vector<FreshPage>> fresh;
-        int32_t fillSlot = 7;
-        EXPECT_FALSE(PageManagerInternal::adoptRun(manager, run.known, 4, fresh, true, &fillSlot));
-        EXPECT_EQ(fillSlot, -1);
-        EXPECT_EQ(manager.length(second), 0);
+        expectRunWithAHostStateRefused(manager, prompt);
         EXPECT_EQ(pendingPairs(manager).size(), 1u) << "only the save";
         manager.checkInvariants();
     }
@@ -178,13 +185,7 @@ TEST(PageManagerAdoptRun, WithStateLayersARunIsRefusedWhenItsCheckpointCannotBeR
         SequenceId const busy = manager.create();
         manager.append({busy, other.data(), 2 * kP, nullptr, 0});
         ASSERT_TRUE(manager.checkpointState(busy));
-        SequenceId const second = manager.create();
-        HashedRun const run = hashRun(manager, second, prompt, 0, 4);
-        std::vector<std::vector<FreshPage>> fresh;
-        int32_t fillSlot = 7;
-        EXPECT_FALSE(PageManagerInternal::adoptRun(manager, run.known, 4, fresh, true, &fillSlot));
-        EXPECT_EQ(fillSlot, -1);
-        EXPECT_EQ(manager.length(second), 0);
+        expectRunWithAHostStateRefused(manager, prompt);
         EXPECT_EQ(manager.counts(0).cached, 4);
         manager.checkInvariants();
     }
