@@ -128,6 +128,10 @@ struct KVEventPublisher::Impl
     std::vector<KVEventBatch> spares;
     static constexpr size_t kMAX_SPARES = 64;
 
+    //! How long one replay reply waits for room in the client's queue before the replay ends; it also bounds how long
+    //! a stuck client can delay the publisher's destruction.
+    static constexpr int kREPLAY_SEND_WAIT_MS = 500;
+
     //! The replay buffer, a ring of options.replayBatches payloads (only with a replay endpoint), under `mutex`.
     std::mutex mutex;
     std::vector<Kept> kept;
@@ -167,6 +171,10 @@ struct KVEventPublisher::Impl
         {
             replay = zmq::socket_t(context, zmq::socket_type::router);
             replay.set(zmq::sockopt::linger, 0);
+            // A ROUTER drops what a full peer queue cannot take; a replay must arrive whole or end early, so a reply
+            // waits for room (kREPLAY_SEND_WAIT_MS at most) and a peer that is gone fails the send.
+            replay.set(zmq::sockopt::router_mandatory, 1);
+            replay.set(zmq::sockopt::sndtimeo, kREPLAY_SEND_WAIT_MS);
             replayEndpoint = open(replay, "replayEndpoint", options.replayEndpoint, true);
             kept.resize(static_cast<size_t>(options.replayBatches));
         }
@@ -462,11 +470,17 @@ struct KVEventPublisher::Impl
                         }
                     }
                 }
-                for (Kept const& batch : answer)
+                bool whole = true;
+                for (size_t i = 0; i < answer.size() && whole; ++i)
                 {
-                    sendReply(request[0], batch.sequence, batch.payload.data(), batch.payload.size());
+                    whole = running
+                        && sendReply(
+                            request[0], answer[i].sequence, answer[i].payload.data(), answer[i].payload.size());
                 }
-                sendReply(request[0], -1, nullptr, 0);
+                if (whole)
+                {
+                    sendReply(request[0], -1, nullptr, 0);
+                }
             }
             catch (std::exception const&)
             {
@@ -475,17 +489,20 @@ struct KVEventPublisher::Impl
         }
     }
 
-    void sendReply(zmq::message_t const& identity, int64_t sequence, uint8_t const* data, size_t size)
+    //! Sends one reply; false when the peer's queue stayed full for kREPLAY_SEND_WAIT_MS (the replay then ends
+    //! without its end marker, and the client asks again). A peer that is gone throws.
+    bool sendReply(zmq::message_t const& identity, int64_t sequence, uint8_t const* data, size_t size)
     {
         std::array<uint8_t, 8> const sequenceBytes = bigEndian(sequence);
-        auto const flags = zmq::send_flags::sndmore | zmq::send_flags::dontwait;
-        if (!replay.send(zmq::buffer(identity.data(), identity.size()), flags))
+        // The first frame waits for room; a message's later frames always follow it.
+        if (!replay.send(zmq::buffer(identity.data(), identity.size()), zmq::send_flags::sndmore))
         {
-            return;
+            return false;
         }
-        replay.send(zmq::const_buffer(nullptr, 0), flags);
-        replay.send(zmq::buffer(sequenceBytes), flags);
-        replay.send(zmq::const_buffer(data, size), zmq::send_flags::dontwait);
+        replay.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::sndmore);
+        replay.send(zmq::buffer(sequenceBytes), zmq::send_flags::sndmore);
+        replay.send(zmq::const_buffer(data, size), zmq::send_flags::none);
+        return true;
     }
 };
 

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 #include <zmq.hpp>
 
@@ -267,6 +268,53 @@ TEST(KVEventPublisher, SlowSubscriberNeverBlocksDropsAreCountedAndReplayRecovers
     zmq::pollitem_t replies{dealer.handle(), 0, ZMQ_POLLIN, 0};
     EXPECT_EQ(zmq::poll(&replies, 1, std::chrono::milliseconds(300)), 0);
     EXPECT_EQ(publisher.stats().badReplayRequests, 1);
+}
+
+// A replay longer than a ZeroMQ queue holds (1000 messages by default on each side, and a client reading nothing for
+// a while) arrives whole: 3000 batches of 64 pages, about 40 MB, every one in order, then the end marker.
+TEST(KVEventPublisher, AReplayLongerThanTheQueuesArrivesWhole)
+{
+    KVEventPublisherOptions options;
+    options.endpoint = "tcp://127.0.0.1:*";
+    options.replayEndpoint = "tcp://127.0.0.1:*";
+    options.replayBatches = 3000;
+    KVEventPublisher publisher(options);
+    constexpr int64_t kBATCHES = 3000;
+    for (int64_t i = 0; i < kBATCHES; ++i)
+    {
+        ASSERT_EQ(publisher.publish(batchOf(static_cast<uint64_t>(i), 64), 2.0), i);
+        if (i % 500 == 499)
+        {
+            ASSERT_TRUE(publisher.flush(10000)); // the queue never fills: every batch is kept
+        }
+    }
+    ASSERT_TRUE(publisher.flush(10000));
+    ASSERT_EQ(publisher.stats().droppedBatches, 0);
+
+    zmq::context_t context;
+    zmq::socket_t dealer(context, zmq::socket_type::dealer);
+    dealer.set(zmq::sockopt::rcvhwm, 1);
+    dealer.set(zmq::sockopt::rcvbuf, 4096);
+    dealer.connect(publisher.replayEndpoint());
+    Bytes const start(8, 0);
+    dealer.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::sndmore);
+    dealer.send(zmq::buffer(start), zmq::send_flags::none);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200)); // the replay fills every queue meanwhile
+    for (int64_t sequence = 0; sequence <= kBATCHES; ++sequence)
+    {
+        std::vector<zmq::message_t> const parts = receive(dealer);
+        ASSERT_EQ(parts.size(), 3u) << "sequence " << sequence;
+        if (sequence == kBATCHES)
+        {
+            EXPECT_EQ(sequenceOf(parts[1]), -1);
+            break;
+        }
+        ASSERT_EQ(sequenceOf(parts[1]), sequence);
+        if (sequence % 997 == 0)
+        {
+            EXPECT_EQ(bytesOf(parts[2]), payloadOf(batchOf(static_cast<uint64_t>(sequence), 64), 2.0, options));
+        }
+    }
 }
 
 TEST(KVEventPublisher, PublishSwapSendsWhatWasRecordedAndHandsBackACleanBatch)
