@@ -124,7 +124,8 @@ TEST(TensorParallelStates, Mamba2KeepsASingleGroupOnEveryRank)
     EXPECT_EQ(2 * 2123264, 4244992 + 1536);
     EXPECT_EQ(shapesOf(tensorParallelShard(model, 4, 1).config, 0), (std::vector<Shape>{{2304, 3}, {32, 64, 128}}));
     // The replicated segment keeps its one part on the rank.
-    StateSplitSegment const& b = tensorParallelShard(model, 4, 1).config.stateLayerConfigs[0].tensors[0].splitSegments[1];
+    KVCacheConfig const four = tensorParallelShard(model, 4, 1).config;
+    StateSplitSegment const& b = four.stateLayerConfigs[0].tensors[0].splitSegments[1];
     EXPECT_EQ(b.parts, 1);
     EXPECT_TRUE(b.replicated);
 }
