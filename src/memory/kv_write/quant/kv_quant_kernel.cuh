@@ -101,14 +101,10 @@ __device__ __forceinline__ void quantizeLane(LaneValues<TensorT, kV> const& lane
                 // A finite amax's code is no NaN, which the hardware decode would need mapping.
                 float const divisor = __half2float(__nv_cvt_fp8_to_halfraw(blockCode, __NV_E4M3)) * scale;
                 float const reciprocal = divisor > 0.0F ? __frcp_rn(divisor) : 0.0F;
-#pragma unroll
-                for (int32_t at = b * kPER_BLOCK; at < (b + 1) * kPER_BLOCK; at += 8)
-                {
-                    packed.words[at / 8] = e2m1Word(lane, at, divisor, reciprocal);
-                }
                 if constexpr (kCOUNT)
                 {
-                    // Division is monotonic: no value of the block clips unless its amax does, which is rare.
+                    // Division is monotonic: no value of the block clips unless its amax does, which is rare. Counted
+                    // before the codes, so that the amax is not kept alive beside them.
                     if (saturates<kFORMAT>(divideByReciprocal(amax[b], divisor, reciprocal)))
                     {
 #pragma unroll
@@ -118,6 +114,11 @@ __device__ __forceinline__ void quantizeLane(LaneValues<TensorT, kV> const& lane
                                 saturates<kFORMAT>(divideByReciprocal(lane.value(at), divisor, reciprocal));
                         }
                     }
+                }
+#pragma unroll
+                for (int32_t at = b * kPER_BLOCK; at < (b + 1) * kPER_BLOCK; at += 8)
+                {
+                    packed.words[at / 8] = e2m1Word(lane, at, divisor, reciprocal);
                 }
             }
             else
@@ -213,25 +214,63 @@ __device__ __forceinline__ void quantizeLane(LaneValues<TensorT, kV> const& lane
     }
 }
 
-//! Adds a warp's LaneSeen of one half to its counters: the warp's maximum and sum, by its first lane, which skips the
-//! atomics that would change nothing (most of them, once the amax has settled and while nothing saturates). Every lane
-//! of the warp calls it.
-__device__ __forceinline__ void addSeen(LaneSeen seen, float* amax, unsigned long long* saturated)
+//! Adds a block's LaneSeen of both halves to its counters. Each warp reduces its lanes', the first warp reduces the
+//! warps', and its first lane skips the atomics that would change nothing (most of them, once the amax has settled and
+//! while nothing saturates): one read of the counters a block, not a warp, as every block reads the same word. Every
+//! thread of the block calls it.
+__device__ __forceinline__ void addSeen(LaneSeen kSeen, LaneSeen vSeen, bool hasV, WriteCounters* counters)
 {
-    uint32_t const amaxBits = __reduce_max_sync(0xFFFFFFFFU, seen.amaxBits);
-    uint32_t const count = __reduce_add_sync(0xFFFFFFFFU, seen.saturated);
+    // Per warp: K amax bits, K saturated, V amax bits, V saturated.
+    __shared__ uint32_t warpSeen[kQUANT_WARPS_PER_BLOCK][4];
+    uint32_t const seen[4] = {__reduce_max_sync(0xFFFFFFFFU, kSeen.amaxBits),
+        __reduce_add_sync(0xFFFFFFFFU, kSeen.saturated), __reduce_max_sync(0xFFFFFFFFU, vSeen.amaxBits),
+        __reduce_add_sync(0xFFFFFFFFU, vSeen.saturated)};
     if (threadIdx.x == 0)
     {
-        // A non-negative float's bits order as its value, so an unsigned maximum on them is the float maximum.
-        auto* const amaxWord = reinterpret_cast<unsigned int*>(amax);
-        if (amaxBits > __ldcg(amaxWord))
+#pragma unroll
+        for (int32_t i = 0; i < 4; ++i)
         {
-            atomicMax(amaxWord, amaxBits);
+            warpSeen[threadIdx.y][i] = seen[i];
+        }
+    }
+    __syncthreads();
+    if (threadIdx.y != 0)
+    {
+        return;
+    }
+    bool const holds = threadIdx.x < blockDim.y;
+    uint32_t const kAmaxBits = __reduce_max_sync(0xFFFFFFFFU, holds ? warpSeen[threadIdx.x][0] : 0U);
+    // A warp's count is below 2^32 (its lanes' sum fit), a block's may not be.
+    unsigned long long kCount = holds ? warpSeen[threadIdx.x][1] : 0U;
+    uint32_t const vAmaxBits = __reduce_max_sync(0xFFFFFFFFU, holds ? warpSeen[threadIdx.x][2] : 0U);
+    unsigned long long vCount = holds ? warpSeen[threadIdx.x][3] : 0U;
+#pragma unroll
+    for (int32_t offset = kQUANT_WARPS_PER_BLOCK / 2; offset > 0; offset /= 2)
+    {
+        kCount += __shfl_down_sync(0xFFFFFFFFU, kCount, offset);
+        vCount += __shfl_down_sync(0xFFFFFFFFU, vCount, offset);
+    }
+    if (threadIdx.x != 0)
+    {
+        return;
+    }
+    // A non-negative float's bits order as its value, so an unsigned maximum on them is the float maximum.
+    auto const raise = [](float* amax, uint32_t bits, unsigned long long* saturated, unsigned long long count)
+    {
+        auto* const amaxWord = reinterpret_cast<unsigned int*>(amax);
+        if (bits > __ldcg(amaxWord))
+        {
+            atomicMax(amaxWord, bits);
         }
         if (count != 0)
         {
-            atomicAdd(saturated, static_cast<unsigned long long>(count));
+            atomicAdd(saturated, count);
         }
+    };
+    raise(&counters->kAmax, kAmaxBits, &counters->kSaturated, kCount);
+    if (hasV)
+    {
+        raise(&counters->vAmax, vAmaxBits, &counters->vSaturated, vCount);
     }
 }
 
@@ -375,12 +414,8 @@ __global__ void __launch_bounds__(32 * kQUANT_WARPS_PER_BLOCK) quantTokenKernel(
     }
     if constexpr (kCOUNT)
     {
-        // A warp's lanes leave the loop together (they share a token), so every lane takes part.
-        addSeen(kSeen, &params.counters->kAmax, &params.counters->kSaturated);
-        if (hasV)
-        {
-            addSeen(vSeen, &params.counters->vAmax, &params.counters->vSaturated);
-        }
+        // Every thread leaves the loop (the kernel returns nowhere before this), so the whole block takes part.
+        addSeen(kSeen, vSeen, hasV, params.counters);
     }
 }
 
