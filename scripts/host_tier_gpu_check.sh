@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The host tier's check on a GPU host: builds its targets with the "gpu" preset (build/gpu), runs the host and GPU
-# tests with KVCACHE_REQUIRE_GPU=1, the GPU tests (test_host_tier, test_host_tier_states, and test_host_tier_scales and
-# test_sequence_file_scales for quantized caches) under compute-sanitizer memcheck (with leak checking) and racecheck,
-# then kvcache-bench-host-tier. Logs go to $OUT when it is set, else to build/gpu/logs/host_tier. Prints a summary
-# last; exits non-zero on any failure. KVCACHE_BENCH_TIER_GIB (default 64) sizes the benchmark's construction run.
+# tests with KVCACHE_REQUIRE_GPU=1, the GPU tests (test_host_tier_contract over every cache variant,
+# test_host_tier_states, test_host_tier, and test_sequence_file_scales for quantized caches) under compute-sanitizer
+# memcheck (with leak checking) and racecheck, then kvcache-bench-host-tier. Logs go to $OUT when it is set, else to
+# build/gpu/logs/host_tier. Prints a summary last; exits non-zero on any failure. KVCACHE_BENCH_TIER_GIB (default 64)
+# sizes the benchmark's construction run.
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
@@ -42,7 +43,7 @@ logged()
 logged "${log_dir}/configure.log" cmake --preset gpu
 record configure $?
 host_tests=(test_sequence_file test_sequence_file_quantized test_sequence_file_states test_host_page_layout)
-gpu_tests=(test_host_tier test_host_tier_scales test_host_tier_states test_sequence_file_scales)
+gpu_tests=(test_host_tier_contract test_host_tier_states test_host_tier test_sequence_file_scales)
 logged "${log_dir}/build.log" cmake --build --preset gpu --target "${host_tests[@]}" "${gpu_tests[@]}" \
     kvcache-bench-host-tier
 status=$?

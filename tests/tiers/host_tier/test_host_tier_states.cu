@@ -1,8 +1,9 @@
-// Host states of the host tier against a model written here: a state slot's bytes packed state layer by state layer,
-// each layer's tensors in config order, sizes worked out from the config by hand. Round trips byte for byte into
-// another slot with every other slot untouched, a transfer on another stream waiting for one in flight on its host
-// state, sequence files holding a state slot with the pages, and the refusals made before anything is enqueued or
-// written, nothing changed.
+// The host tier's host state contract, instantiated over every variant of support/host_tier_contract.h whose cache
+// has state layers: state slots round trip bit for bit into other slots against the independent state model
+// (support/host_state_reference.h), every other slot and page unchanged; an onboard on another stream waits for the
+// offload in flight on its host state; the host state pool; sequence files holding a state with the pages; and every
+// refusal, with the named error and nothing changed. test_host_tier_contract.cu checks that caches without state layers
+// refuse every state call.
 
 #include "kvcache/core/errors.h"
 #include "kvcache/memory/kv_cache_manager.h"
@@ -11,343 +12,270 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <filesystem>
-#include <memory>
 #include <string>
 #include <vector>
 
-#include "support/config_builder.h"
 #include "support/cuda_raii.h"
 #include "support/error_matchers.h"
-#include "support/gpu_test.h"
+#include "support/held_stream.cuh"
+#include "support/host_tier_contract.h"
 
+namespace kvcache::rt
+{
 namespace
 {
 
-namespace rt = kvcache::rt;
-using kvcache::test::CudaStream;
-using kvcache::test::throwsNaming;
+using test::CudaStream;
+using test::hostStateContents;
+using test::kHOST_STATE_POISON;
+using test::poisonHostState;
+using test::throwsNaming;
 
-constexpr uint8_t kPOISON = 0xA5;
-
-//! Distinct bytes for every state layer, tensor, slot and byte (never all zero, K-and-V style distinct per tensor).
-uint8_t stateByte(int64_t layer, int64_t tensor, int64_t slot, int64_t offset)
+//! The contract's fixture, over the variants with state layers.
+class HostTierStateContract : public test::HostTierContract
 {
-    uint64_t h = static_cast<uint64_t>(layer + 1) * 0x9E3779B97F4A7C15ULL
-        ^ static_cast<uint64_t>(tensor + 1) * 0xC2B2AE3D27D4EB4FULL
-        ^ static_cast<uint64_t>(slot + 1) * 0x165667B19E3779F9ULL
-        ^ static_cast<uint64_t>(offset) * 0x27D4EB2F165667C5ULL;
-    h ^= h >> 29;
-    h *= 0xBF58476D1CE4E5B9ULL;
-    h ^= h >> 32;
-    auto const byte = static_cast<uint8_t>(h);
-    return byte == kPOISON ? static_cast<uint8_t>(byte + 1) : byte;
-}
-
-//! One state tensor of the model: its state layer, index and bytes a slot, worked out by hand.
-struct ModelTensor
-{
-    int32_t layer;
-    int32_t tensor;
-    int64_t slotBytes;
-};
-
-//! A cache with two state layers and 4 slots (3 sequences + 1 checkpoint). Layer 0: conv [6, 3] bfloat16 = 36 bytes a
-//! slot and recurrent [2, 4, 4] float32 = 128 bytes; layer 1: ssm [7] int8 = 7 bytes. A packed slot: 36 + 128 + 7 =
-//! 171 bytes, in that order.
-class StateCase
-{
-public:
-    StateCase()
+protected:
+    //! Returns a tier of two host pages and the variant's host states, each host state poisoned.
+    std::unique_ptr<HostTier> makeStateTier()
     {
-        rt::KVCacheConfig const config =
-            kvcache::test::ConfigBuilder({rt::KVLayerConfig{2, 64}})
-                .maxBatchSize(3)
-                .maxSequenceLength(64)
-                .tokensPerPage(16)
-                .stateLayers({rt::StateLayerConfig{{rt::StateTensorConfig{"conv", {6, 3}, rt::DataType::kBF16},
-                                  rt::StateTensorConfig{"recurrent", {2, 4, 4}, rt::DataType::kFLOAT}}},
-                    rt::StateLayerConfig{{rt::StateTensorConfig{"ssm", {7}, rt::DataType::kINT8}}}})
-                .numCheckpointSlots(1)
-                .build();
-        cache = std::make_unique<rt::KVCacheManager>(config, stream.get());
-        for (ModelTensor const& tensor : tensors)
+        auto tier = makeTier(2, options());
+        for (int32_t hostState = 0; hostState < tier->numHostStates(); ++hostState)
         {
-            for (int32_t slot = 0; slot < kSLOTS; ++slot)
+            poisonHostState(*tier, hostState);
+        }
+        return tier;
+    }
+    //! Returns what a poisoned host state holds.
+    std::vector<uint8_t> poisonedHostState()
+    {
+        return std::vector<uint8_t>(static_cast<size_t>(states().slotBytes()), kHOST_STATE_POISON);
+    }
+    //! Checks that every host state of `tier` is still poisoned and every page and state slot is what the models hold.
+    ::testing::AssertionResult nothingChangedWithStates(HostTier& tier)
+    {
+        for (int32_t hostState = 0; hostState < tier.numHostStates(); ++hostState)
+        {
+            if (hostStateContents(tier, hostState) != poisonedHostState())
             {
-                std::vector<uint8_t> bytes(static_cast<size_t>(tensor.slotBytes));
-                for (int64_t b = 0; b < tensor.slotBytes; ++b)
-                {
-                    bytes[static_cast<size_t>(b)] = stateByte(tensor.layer, tensor.tensor, slot, b);
-                }
-                kvcache::test::uploadBytes(slotAddress(tensor, slot), bytes, stream.get());
+                return ::testing::AssertionFailure() << "host state " << hostState << " was written";
             }
         }
-        stream.synchronize();
+        return nothingChanged(tier, {});
     }
-
-    //! Slot `slot` of `tensor`, through the public view: index `slot` of the first dimension.
-    void* slotAddress(ModelTensor const& tensor, int32_t slot) const
-    {
-        return static_cast<char*>(cache->stateView(tensor.layer, tensor.tensor).rawPointer()) + slot * tensor.slotBytes;
-    }
-    //! The packed bytes of slot `slot` as first written.
-    std::vector<uint8_t> expectedPacked(int32_t slot) const
-    {
-        std::vector<uint8_t> packed;
-        for (ModelTensor const& tensor : tensors)
-        {
-            for (int64_t b = 0; b < tensor.slotBytes; ++b)
-            {
-                packed.push_back(stateByte(tensor.layer, tensor.tensor, slot, b));
-            }
-        }
-        return packed;
-    }
-    //! The device bytes of slot `slot`, packed in the model's order.
-    std::vector<uint8_t> deviceSlot(int32_t slot) const
-    {
-        std::vector<uint8_t> packed;
-        for (ModelTensor const& tensor : tensors)
-        {
-            auto const part = kvcache::test::downloadBytes(slotAddress(tensor, slot), tensor.slotBytes, stream.get());
-            packed.insert(packed.end(), part.begin(), part.end());
-        }
-        return packed;
-    }
-    void poisonSlot(int32_t slot)
-    {
-        for (ModelTensor const& tensor : tensors)
-        {
-            KVCACHE_CUDA_TRY(cudaMemsetAsync(
-                slotAddress(tensor, slot), kPOISON, static_cast<size_t>(tensor.slotBytes), stream.get()));
-        }
-        stream.synchronize();
-    }
-
-    static constexpr int32_t kSLOTS = 4;
-    static constexpr int64_t kPACKED_BYTES = 36 + 128 + 7;
-    std::vector<ModelTensor> const tensors{{0, 0, 36}, {0, 1, 128}, {1, 0, 7}};
-    CudaStream stream;
-    std::unique_ptr<rt::KVCacheManager> cache;
 };
 
-std::vector<uint8_t> hostStateContents(rt::HostTier& tier, int32_t hostState)
+TEST_P(HostTierStateContract, AStateSlotRoundTripsIntoAnotherSlotBitwise)
 {
-    auto const* data = static_cast<uint8_t const*>(tier.hostStateData(hostState));
-    return std::vector<uint8_t>(data, data + tier.hostStateBytes());
+    auto const tier = makeStateTier();
+    ASSERT_EQ(tier->numHostStates(), 3);
+    ASSERT_EQ(tier->hostStateBytes(), states().slotBytes());
+    ASSERT_EQ(states().numSlots(), 4);
+    std::vector<uint8_t> const slot1 = states().slot(1);
+    std::vector<uint8_t> const slot3 = states().slot(3);
+    tier->offloadStates(cut().cache(), {{1, 2}, {3, 0}}, cut().stream());
+    ASSERT_NE(tier->lastEvent(), nullptr);
+    EXPECT_EQ(hostStateContents(*tier, 2), slot1);
+    EXPECT_EQ(hostStateContents(*tier, 0), slot3);
+    EXPECT_EQ(hostStateContents(*tier, 1), poisonedHostState()) << "host state 1 was not offloaded to";
+
+    // Slot 1's state into slot 2 and slot 3's into slot 0, both poisoned first; slots 1 and 3 keep their own.
+    states().poison(2, kHOST_STATE_POISON);
+    states().poison(0, kHOST_STATE_POISON);
+    tier->onboardStates(cut().cache(), {{2, 2}, {0, 0}}, cut().stream());
+    KVCACHE_CUDA_TRY(cudaStreamSynchronize(cut().stream()));
+    states().expect(2, slot1);
+    states().expect(0, slot3);
+    EXPECT_TRUE(states().matchesReference());
+    EXPECT_TRUE(cut().matchesReference()) << "a state transfer touched a page";
+    EXPECT_FALSE(tier->isHostStateBusy(2));
+    EXPECT_EQ(cudaEventQuery(tier->lastEvent()), cudaSuccess);
 }
 
-void poisonHostState(rt::HostTier& tier, int32_t hostState)
+TEST_P(HostTierStateContract, AnOnboardOnAnotherStreamWaitsForTheOffloadOfItsHostState)
 {
-    std::memset(tier.hostStateData(hostState), kPOISON, static_cast<size_t>(tier.hostStateBytes()));
-}
-
-std::vector<uint8_t> poisonState()
-{
-    return std::vector<uint8_t>(static_cast<size_t>(StateCase::kPACKED_BYTES), kPOISON);
-}
-
-using HostTierStatesTest = kvcache::test::GpuTest;
-
-TEST_F(HostTierStatesTest, AStateSlotRoundTripsIntoAnotherSlotByteForByte)
-{
-    StateCase setup;
-    rt::HostTierOptions options;
-    options.numHostStates = 3;
-    rt::HostTier tier(*setup.cache, 0, 2, options);
-    ASSERT_EQ(tier.numHostStates(), 3);
-    ASSERT_EQ(tier.hostStateBytes(), StateCase::kPACKED_BYTES);
-    for (int32_t h = 0; h < 3; ++h)
-    {
-        poisonHostState(tier, h);
-    }
-    cudaStream_t const stream = setup.stream.get();
-    tier.offloadStates(*setup.cache, {{1, 2}, {3, 0}}, stream);
-    ASSERT_NE(tier.lastEvent(), nullptr);
-    EXPECT_EQ(hostStateContents(tier, 2), setup.expectedPacked(1));
-    EXPECT_EQ(hostStateContents(tier, 0), setup.expectedPacked(3));
-    EXPECT_EQ(hostStateContents(tier, 1), poisonState()) << "host state 1 was not offloaded to";
-
-    // Slot 1's state into slot 2 and slot 3's into slot 0; slots 1 and 3 keep their own.
-    setup.poisonSlot(2);
-    setup.poisonSlot(0);
-    tier.onboardStates(*setup.cache, {{2, 2}, {0, 0}}, stream);
-    setup.stream.synchronize();
-    EXPECT_EQ(setup.deviceSlot(2), setup.expectedPacked(1));
-    EXPECT_EQ(setup.deviceSlot(0), setup.expectedPacked(3));
-    EXPECT_EQ(setup.deviceSlot(1), setup.expectedPacked(1));
-    EXPECT_EQ(setup.deviceSlot(3), setup.expectedPacked(3));
-}
-
-TEST_F(HostTierStatesTest, AnOnboardOnAnotherStreamWaitsForTheOffloadOfItsHostState)
-{
-    StateCase setup;
-    rt::HostTierOptions options;
-    options.numHostStates = 1;
-    rt::HostTier tier(*setup.cache, 0, 2, options);
-    poisonHostState(tier, 0);
-    setup.poisonSlot(2);
+    auto const tier = makeStateTier();
+    std::vector<uint8_t> const slot3 = states().slot(3);
     CudaStream other;
-    // Without the tier's wait, the onboard could read the host state before the offload wrote it.
-    tier.offloadStates(*setup.cache, {{3, 0}}, setup.stream.get());
-    tier.onboardStates(*setup.cache, {{2, 0}}, other.get());
+    // The cache's stream is held back, so the offload into host state 0 is still queued when `other` onboards it.
+    test::HeldStream const held(cut().stream());
+    tier->offloadStates(cut().cache(), {{3, 0}}, cut().stream());
+    bool const busy = tier->isHostStateBusy(0);
+    EXPECT_TRUE(busy || held.released());
+    tier->onboardStates(cut().cache(), {{2, 0}}, other.get());
     other.synchronize();
-    EXPECT_EQ(setup.deviceSlot(2), setup.expectedPacked(3));
+    // Had `other` not waited, slot 2 would hold the poisoned host state.
+    states().expect(2, slot3);
+    EXPECT_TRUE(states().matchesReference());
+    KVCACHE_CUDA_TRY(cudaStreamSynchronize(cut().stream()));
+    EXPECT_FALSE(tier->isHostStateBusy(0));
+    int32_t const both[] = {0, 1};
+    tier->synchronizeHostStates(both, 2);
+    EXPECT_EQ(cudaEventQuery(tier->lastEvent()), cudaSuccess);
 }
 
-TEST_F(HostTierStatesTest, BadInputIsRefusedWithNothingChanged)
+TEST_P(HostTierStateContract, BadStateTransfersAreRefusedWithNothingChanged)
 {
-    StateCase setup;
-    rt::HostTierOptions options;
-    options.numHostStates = 2;
-    rt::HostTier tier(*setup.cache, 0, 2, options);
-    poisonHostState(tier, 0);
-    poisonHostState(tier, 1);
-    cudaStream_t const stream = setup.stream.get();
-    EXPECT_TRUE(throwsNaming<rt::OutOfRangeError>(
-        [&] {
-            tier.offloadStates(*setup.cache, {{0, 0}, {4, 1}}, stream);
-        },
-        {"entries[1].slot", "4", "[0, 4)"}));
-    EXPECT_TRUE(throwsNaming<rt::OutOfRangeError>(
-        [&] {
-            tier.onboardStates(*setup.cache, {{-1, 0}}, stream);
-        },
-        {"entries[0].slot", "-1"}));
-    EXPECT_TRUE(throwsNaming<rt::OutOfRangeError>(
-        [&] {
-            tier.offloadStates(*setup.cache, {{0, 0}, {1, 2}}, stream);
-        },
-        {"entries[1].hostState", "2", "[0, 2)"}));
-    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
-        [&] {
-            tier.offloadStates(*setup.cache, {{0, 1}, {2, 1}}, stream);
-        },
-        {"host state 1", "more than once"}));
-    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
-        [&] {
-            tier.onboardStates(*setup.cache, {{3, 0}, {3, 1}}, stream);
-        },
-        {"slot 3", "more than once"}));
-    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
-        [&] { tier.offloadStates(*setup.cache, nullptr, 2, stream); }, {"null", "2"}));
-    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
-        [&] { tier.offloadStates(*setup.cache, nullptr, -1, stream); }, {"count", "-1"}));
-    EXPECT_TRUE(throwsNaming<rt::OutOfRangeError>([&] { tier.hostStateData(2); }, {"host state 2", "[0, 2)"}));
-    EXPECT_TRUE(throwsNaming<rt::OutOfRangeError>([&] { tier.isHostStateBusy(-1); }, {"host state -1"}));
-    for (int32_t h = 0; h < 2; ++h)
+    auto const tier = makeStateTier();
+    KVCacheManager const& cache = cut().cache();
+    cudaStream_t const stream = cut().stream();
+    int32_t const slots = states().numSlots();
+    auto const hostStates = static_cast<int32_t>(tier->numHostStates());
+    std::string const slotRange = "[0, " + std::to_string(slots) + ")";
+    std::string const hostStateRange = "[0, " + std::to_string(hostStates) + ")";
+    // Caches of other state layouts: none, one slot more, a tensor of other bytes.
+    KVCacheConfig moreSlots = GetParam().config;
+    ++moreSlots.numCheckpointSlots;
+    KVCacheConfig widerTensor = GetParam().config;
+    ++widerTensor.stateLayerConfigs.at(0).tensors.at(0).shape.at(0);
+    KVCacheManager const statelessCache(test::withoutStateLayers(GetParam().config), stream);
+    KVCacheManager const moreSlotsCache(moreSlots, stream);
+    KVCacheManager const widerTensorCache(widerTensor, stream);
+    CudaStream capturing;
+    for (bool const toHost : {true, false})
     {
-        EXPECT_EQ(hostStateContents(tier, h), poisonState()) << "a refused call wrote host state " << h;
-    }
-    for (int32_t slot = 0; slot < StateCase::kSLOTS; ++slot)
-    {
-        EXPECT_EQ(setup.deviceSlot(slot), setup.expectedPacked(slot)) << "a refused call wrote slot " << slot;
-    }
-
-    // Capacity: nothing handed out when the request does not fit.
-    std::vector<int32_t> const one = tier.allocateHostStates(1);
-    EXPECT_EQ(one.size(), 1U);
-    EXPECT_TRUE(throwsNaming<rt::OutOfMemoryError>(
-        [&] { tier.allocateHostStates(2); }, {"allocateHostStates", "count is 2", "1 free host states"}));
-    EXPECT_EQ(tier.numFreeHostStates(), 1);
-    int32_t const notHandedOut = 1 - one[0];
-    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
-        [&] { tier.releaseHostStates(&notHandedOut, 1); }, {"hostStates[0]", "not handed out"}));
-    EXPECT_TRUE(throwsNaming<rt::OutOfRangeError>(
-        [&]
+        std::string const what = toHost ? "HostTier::offloadStates" : "HostTier::onboardStates";
+        SCOPED_TRACE(what);
+        auto const call =
+            [&](KVCacheManager const& target, HostStateEntry const* entries, int32_t count, cudaStream_t on)
         {
-            int32_t const outside = 2;
-            tier.releaseHostStates(&outside, 1);
-        },
-        {"host state 2", "[0, 2)"}));
-    EXPECT_EQ(tier.numFreeHostStates(), 1);
-    tier.releaseHostStates(one.data(), 1);
-    EXPECT_EQ(tier.numFreeHostStates(), 2);
-
-    // The options: a negative count, and host states for a cache without state layers.
-    rt::HostTierOptions negative;
-    negative.numHostStates = -1;
-    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
-        [&] { rt::HostTier(*setup.cache, 0, 2, negative); }, {"numHostStates", "-1"}));
-    rt::KVCacheManager stateless(kvcache::test::ConfigBuilder({rt::KVLayerConfig{2, 64}})
-                                     .maxBatchSize(3)
-                                     .maxSequenceLength(64)
-                                     .tokensPerPage(16)
-                                     .build(),
-        stream);
-    rt::HostTierOptions wanted;
-    wanted.numHostStates = 1;
-    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
-        [&] { rt::HostTier(stateless, 0, 2, wanted); }, {"numHostStates", "1", "no state layers"}));
-    rt::HostTier plain(stateless, 0, 2);
-    EXPECT_EQ(plain.numHostStates(), 0);
-    EXPECT_EQ(plain.hostStateBytes(), 0);
-    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
-        [&] {
-            plain.offloadStates(stateless, {{0, 0}}, stream);
-        },
-        {"no state layers"}));
-    EXPECT_TRUE(
-        throwsNaming<rt::OutOfMemoryError>([&] { plain.allocateHostStates(1); }, {"count is 1", "numHostStates is 0"}));
-    // A tier with states against a cache of another state layout.
-    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
-        [&] {
-            tier.offloadStates(stateless, {{0, 0}}, stream);
-        },
-        {"no state layers"}));
+            if (toHost)
+            {
+                tier->offloadStates(target, entries, count, on);
+            }
+            else
+            {
+                tier->onboardStates(target, entries, count, on);
+            }
+        };
+        auto const list = [&](std::vector<HostStateEntry> const& entries)
+        { call(cache, entries.data(), static_cast<int32_t>(entries.size()), stream); };
+        std::vector<HostStateEntry> const one{{0, 0}};
+        test::expectListsRefused<HostStateEntry>(what,
+            {{{{0, 0}, {slots, 1}}, true, {"entries[1].slot is " + std::to_string(slots), slotRange}},
+                {{{-1, 0}}, true, {"entries[0].slot is -1"}},
+                {{{0, 0}, {1, hostStates}}, true,
+                    {"entries[1].hostState is " + std::to_string(hostStates), hostStateRange}},
+                {{{0, 1}, {2, 1}}, false, {"host state 1 is listed more than once"}},
+                {{{3, 0}, {3, 1}}, false, {"slot 3 is listed more than once"}}},
+            list);
+        EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
+            [&] { call(cache, nullptr, 2, stream); }, {what, "count is 2 with a null list"}));
+        EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
+            [&] { call(cache, one.data(), -1, stream); }, {what, "count is -1", ">= 0"}));
+        EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
+            [&] { call(statelessCache, one.data(), 1, stream); }, {what, "no state layers"}));
+        EXPECT_TRUE(throwsNaming<InvalidArgumentError>([&] { call(moreSlotsCache, one.data(), 1, stream); },
+            {what, "the cache has " + std::to_string(slots + 1) + " state slots"}));
+        EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
+            [&] { call(widerTensorCache, one.data(), 1, stream); }, {what, "state layer 0 tensor 0"}));
+        KVCACHE_CUDA_TRY(cudaStreamBeginCapture(capturing.get(), cudaStreamCaptureModeRelaxed));
+        EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
+            [&] { call(cache, one.data(), 1, capturing.get()); }, {what, "the stream is capturing"}));
+        cudaGraph_t graph = nullptr;
+        KVCACHE_CUDA_TRY(cudaStreamEndCapture(capturing.get(), &graph));
+        KVCACHE_CUDA_TRY(cudaGraphDestroy(graph));
+    }
+    // Host states outside the tier: each query names it and the limit.
+    EXPECT_TRUE(throwsNaming<OutOfRangeError>([&] { static_cast<void>(tier->hostStateData(hostStates)); },
+        {"host state " + std::to_string(hostStates), hostStateRange}));
+    EXPECT_TRUE(throwsNaming<OutOfRangeError>(
+        [&] { static_cast<void>(tier->isHostStateBusy(-1)); }, {"isHostStateBusy", "host state -1"}));
+    EXPECT_TRUE(throwsNaming<OutOfRangeError>([&] { tier->synchronizeHostStates(&hostStates, 1); },
+        {"synchronizeHostStates", "host state " + std::to_string(hostStates)}));
+    EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
+        [&] { tier->synchronizeHostStates(nullptr, 1); }, {"synchronizeHostStates", "count is 1", "null"}));
+    EXPECT_TRUE(nothingChangedWithStates(*tier));
+    EXPECT_EQ(tier->lastEvent(), nullptr) << "a refused transfer recorded an event";
 }
 
-TEST_F(HostTierStatesTest, ASequenceFileCarriesTheStateWithThePages)
+TEST_P(HostTierStateContract, HostStatesAreHandedOutAndTakenBackWithTheirRefusals)
 {
-    StateCase setup;
-    rt::HostTierOptions options;
-    options.numHostStates = 2;
-    rt::HostTier tier(*setup.cache, 0, 2, options);
-    cudaStream_t const stream = setup.stream.get();
+    auto const tier = makeStateTier();
+    ASSERT_EQ(tier->numFreeHostStates(), 3);
+    std::vector<int32_t> two = tier->allocateHostStates(2);
+    ASSERT_EQ(two.size(), 2U);
+    EXPECT_NE(two[0], two[1]);
+    EXPECT_EQ(tier->numFreeHostStates(), 1);
+    EXPECT_TRUE(throwsNaming<OutOfMemoryError>(
+        [&] { tier->allocateHostStates(2); }, {"allocateHostStates", "count is 2", "1 free host states"}));
+    EXPECT_TRUE(throwsNaming<InvalidArgumentError>([&] { tier->allocateHostStates(-1); }, {"count is -1"}));
+    // The one not handed out: 0 + 1 + 2 less the two.
+    int32_t const notHandedOut = 3 - two[0] - two[1];
+    EXPECT_TRUE(throwsNaming<InvalidArgumentError>([&] { tier->releaseHostStates(&notHandedOut, 1); },
+        {"releaseHostStates", "hostStates[0] is host state " + std::to_string(notHandedOut), "not handed out"}));
+    int32_t const outside = 3;
+    EXPECT_TRUE(
+        throwsNaming<OutOfRangeError>([&] { tier->releaseHostStates(&outside, 1); }, {"host state 3", "[0, 3)"}));
+    std::vector<int32_t> const twice{two[0], two[0]};
+    EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
+        [&] { tier->releaseHostStates(twice.data(), 2); }, {"host state " + std::to_string(two[0]), "more than once"}));
+    EXPECT_EQ(tier->numFreeHostStates(), 1);
+    tier->releaseHostStates(two.data(), 2);
+    EXPECT_EQ(tier->numFreeHostStates(), 3);
+    EXPECT_TRUE(nothingChangedWithStates(*tier));
+}
+
+TEST_P(HostTierStateContract, ASequenceFileCarriesTheStateWithThePages)
+{
+    auto const tier = makeStateTier();
+    KVCacheManager const& cache = cut().cache();
+    cudaStream_t const stream = cut().stream();
     std::filesystem::path const dir = std::filesystem::temp_directory_path()
-        / ("kvcache_host_tier_states_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()));
+        / ("kvcache_host_tier_states_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_"
+            + GetParam().name);
     std::filesystem::create_directories(dir);
     std::string const path = (dir / "with_state.kvseq").string();
     std::string const plainPath = (dir / "pages_only.kvseq").string();
+    int32_t const tokens = GetParam().config.tokensPerPage;
 
-    // Page 1 of the cache to host page 0 and slot 1's state to host state 0, saved together.
-    tier.offload(*setup.cache, {{1, 0}}, stream);
-    tier.offloadStates(*setup.cache, {{1, 0}}, stream);
+    // A page to host page 0 and slot 1's state to host state 0, saved together, and the page alone.
+    int32_t const page = cut().randomPages(1, group())[0];
+    std::vector<uint8_t> const slot1 = states().slot(1);
+    tier->offload(cache, {{page, 0}}, stream);
+    tier->offloadStates(cache, {{1, 0}}, stream);
     int32_t const hostPage0 = 0;
-    rt::saveSequence(path, tier, *setup.cache, &hostPage0, 1, 16, 0);
-    rt::saveSequence(plainPath, tier, *setup.cache, &hostPage0, 1, 16);
-    auto const* const page0 = static_cast<uint8_t const*>(tier.hostPageData(0));
-    std::vector<uint8_t> const pageBytes(page0, page0 + tier.hostPageBytes());
+    saveSequence(path, *tier, cache, &hostPage0, 1, tokens, 0);
+    saveSequence(plainPath, *tier, cache, &hostPage0, 1, tokens);
 
-    // Loaded into host page 1 and host state 1, both poisoned first, then onboarded into slot 3.
-    std::memset(tier.hostPageData(1), kPOISON, static_cast<size_t>(tier.hostPageBytes()));
-    poisonHostState(tier, 1);
+    // Loaded into host page 1 and host state 1, both poisoned, then onboarded into slot 3, poisoned too.
     int32_t const hostPage1 = 1;
-    EXPECT_EQ(rt::loadSequence(path, tier, *setup.cache, &hostPage1, 1, 1), 16);
-    auto const* const page1 = static_cast<uint8_t const*>(tier.hostPageData(1));
-    EXPECT_EQ(std::vector<uint8_t>(page1, page1 + tier.hostPageBytes()), pageBytes);
-    EXPECT_EQ(hostStateContents(tier, 1), setup.expectedPacked(1));
-    setup.poisonSlot(3);
-    tier.onboardStates(*setup.cache, {{3, 1}}, stream);
-    setup.stream.synchronize();
-    EXPECT_EQ(setup.deviceSlot(3), setup.expectedPacked(1));
+    EXPECT_EQ(loadSequence(path, *tier, cache, &hostPage1, 1, 1), tokens);
+    EXPECT_EQ(test::hostPageContents(*tier, 1), test::expectedHostPage(cut().reference(), group(), page));
+    EXPECT_EQ(hostStateContents(*tier, 1), slot1);
+    states().poison(3, kHOST_STATE_POISON);
+    tier->onboardStates(cache, {{3, 1}}, stream);
+    KVCACHE_CUDA_TRY(cudaStreamSynchronize(stream));
+    states().expect(3, slot1);
+    EXPECT_TRUE(states().matchesReference());
 
-    // A file without a state, or a host state out of range: refused, host state 1 untouched.
-    poisonHostState(tier, 1);
-    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
-        [&] { rt::loadSequence(plainPath, tier, *setup.cache, &hostPage1, 1, 1); }, {"holds no state"}));
-    EXPECT_TRUE(throwsNaming<rt::OutOfRangeError>(
-        [&] { rt::loadSequence(path, tier, *setup.cache, &hostPage1, 1, 2); }, {"hostState is 2", "[0, 2)"}));
-    EXPECT_TRUE(throwsNaming<rt::OutOfRangeError>(
-        [&] { rt::saveSequence(path, tier, *setup.cache, &hostPage0, 1, 16, -1); }, {"hostState is -1"}));
-    EXPECT_EQ(hostStateContents(tier, 1), poisonState());
-    // The pages-only load of a file with a state reads the pages.
-    EXPECT_EQ(rt::loadSequence(path, tier, *setup.cache, &hostPage1, 1), 16);
-    EXPECT_EQ(hostStateContents(tier, 1), poisonState());
+    // A file without a state, a host state out of range or a cache without state layers: refused, host state 1 and
+    // host page 1 untouched.
+    poisonHostState(*tier, 1);
+    test::poisonHostPage(*tier, 1);
+    auto const hostStates = static_cast<int32_t>(tier->numHostStates());
+    KVCacheManager const statelessCache(test::withoutStateLayers(GetParam().config), stream);
+    EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
+        [&] { loadSequence(plainPath, *tier, cache, &hostPage1, 1, 1); }, {"readSequenceFile", "holds no state"}));
+    EXPECT_TRUE(throwsNaming<OutOfRangeError>([&] { loadSequence(path, *tier, cache, &hostPage1, 1, hostStates); },
+        {"hostState is " + std::to_string(hostStates), "[0, " + std::to_string(hostStates) + ")"}));
+    EXPECT_TRUE(throwsNaming<OutOfRangeError>(
+        [&] { saveSequence(path, *tier, cache, &hostPage0, 1, tokens, -1); }, {"saveSequence", "hostState is -1"}));
+    EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
+        [&] { loadSequence(path, *tier, statelessCache, &hostPage1, 1, 1); }, {"no state layers"}));
+    EXPECT_EQ(hostStateContents(*tier, 1), poisonedHostState());
+    EXPECT_EQ(test::hostPageContents(*tier, 1), poisonedHostPage());
+    // The pages-only load of a file with a state reads the pages and leaves the host states alone.
+    EXPECT_EQ(loadSequence(path, *tier, cache, &hostPage1, 1), tokens);
+    EXPECT_EQ(test::hostPageContents(*tier, 1), test::expectedHostPage(cut().reference(), group(), page));
+    EXPECT_EQ(hostStateContents(*tier, 1), poisonedHostState());
     std::filesystem::remove_all(dir);
 }
 
+INSTANTIATE_TEST_SUITE_P(EveryVariantWithStateLayers, HostTierStateContract,
+    ::testing::ValuesIn(test::hostTierStateVariants()), test::variantName);
+
 } // namespace
+} // namespace kvcache::rt

@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "support/config_builder.h"
 #include "support/error_matchers.h"
 #include "support/sequence_file_fixture.h"
+#include "support/state_configs.h"
 
 namespace
 {
@@ -27,22 +27,8 @@ namespace fs = std::filesystem;
 using kvcache::test::patchHeader;
 using kvcache::test::throwsNaming;
 
-//! One KV layer of 2 x 64 float16, 16 tokens a page: 2 * 16 * 2 * 64 * 2 = 8192 bytes a page.
-rt::KVCacheConfig stateConfig()
-{
-    return kvcache::test::ConfigBuilder({rt::KVLayerConfig{2, 64}})
-        .maxBatchSize(3)
-        .maxSequenceLength(64)
-        .tokensPerPage(16)
-        .dataType(rt::DataType::kHALF)
-        .stateLayers({rt::StateLayerConfig{{rt::StateTensorConfig{"conv", {6, 3}, rt::DataType::kBF16},
-                          rt::StateTensorConfig{"recurrent", {2, 4, 4}, rt::DataType::kFLOAT}}},
-            rt::StateLayerConfig{{rt::StateTensorConfig{"ssm", {7}, rt::DataType::kINT8}}}})
-        .numCheckpointSlots(1)
-        .build();
-}
-
-//! The state of stateConfig(): conv 6 * 3 * 2 = 36 bytes, recurrent 2 * 4 * 4 * 4 = 128, ssm 7; 171 in all.
+//! The state of stateLayerConfig() (one KV layer of 2 x 64 float16, 8192 bytes a page): conv 6 * 3 * 2 = 36 bytes,
+//! recurrent 2 * 4 * 4 * 4 = 128, ssm 7; 171 in all.
 constexpr int64_t kSTATE_BYTES = 36 + 128 + 7;
 //! Its header: the fixed 56, one 24-byte layer record, the state tensor count and a reserved int32, three 80-byte
 //! state records, the checksum.
@@ -53,7 +39,7 @@ class SequenceFileStatesTest : public kvcache::test::SequenceFileFixture
 {
 protected:
     SequenceFileStatesTest()
-        : layout(rt::computeLayout(stateConfig()))
+        : layout(rt::computeLayout(kvcache::test::stateLayerConfig()))
         , geometry(rt::pageGeometry(layout, 0))
         , tensors(rt::sequenceStateTensors(layout))
         , pages(randomPages(geometry, 2, 11))
@@ -120,10 +106,8 @@ TEST_F(SequenceFileStatesTest, StateTensorsOfALayoutAreItsTensorsInPackedOrder)
         EXPECT_EQ(tensors[i].shape, expected[i].shape);
         EXPECT_EQ(tensors[i].slotBytes, expected[i].bytes);
     }
-    rt::KVCacheConfig plain = stateConfig();
-    plain.stateLayerConfigs.clear();
-    plain.numCheckpointSlots = 0;
-    EXPECT_TRUE(rt::sequenceStateTensors(rt::computeLayout(plain)).empty());
+    rt::KVCacheConfig const stateless = kvcache::test::withoutStateLayers(kvcache::test::stateLayerConfig());
+    EXPECT_TRUE(rt::sequenceStateTensors(rt::computeLayout(stateless)).empty());
 }
 
 TEST_F(SequenceFileStatesTest, PagesAndStateRoundTrip)
