@@ -11,7 +11,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <ostream>
 #include <string>
+#include <tuple>
 
 #include "support/config_builder.h"
 
@@ -90,6 +92,29 @@ FormatCase const kFORMAT_CASES[] = {
         {0.25F, 1.0F, {kBASE, Coords{8, 16, 1, 4}, DataType::kFP8_E4M3}, kNO_POOL}},
 };
 
+//! What a kernel multiplies a layer's K and V by, and the flags that pick its path: compared as one value, so that a
+//! failure shows them all.
+struct Scalars
+{
+    KVQuantization quantization;
+    float kScale;
+    float vScale;
+    bool tokenHeadScales;
+    bool tensorCoreDecode;
+
+    bool operator==(Scalars const& other) const
+    {
+        return std::tie(quantization, kScale, vScale, tokenHeadScales, tensorCoreDecode)
+            == std::tie(other.quantization, other.kScale, other.vScale, other.tokenHeadScales, other.tensorCoreDecode);
+    }
+};
+
+std::ostream& operator<<(std::ostream& out, Scalars const& scalars)
+{
+    return out << kvQuantizationName(scalars.quantization) << ", k " << scalars.kScale << ", v " << scalars.vScale
+               << ", tokenHeadScales " << scalars.tokenHeadScales << ", tensorCoreDecode " << scalars.tensorCoreDecode;
+}
+
 void expectPool(Tensor const& view, ExpectedPool const& expected)
 {
     EXPECT_EQ(view.rawPointer(), expected.pointer);
@@ -114,13 +139,12 @@ TEST(AttentionArguments, EveryFormatGivesTheScalesPoolsAndFlagsWorkedOutByHand)
             SCOPED_TRACE(layer == 0 ? "KV layer" : "latent layer");
             ExpectedLayer const& expected = layer == 0 ? c.kv : c.latent;
             AttentionArguments const arguments = detail::attentionArgumentsOf(layout, layer, kHOST_SCALES, c.scaleBase);
-            EXPECT_EQ(arguments.quantization, c.quantization);
-            EXPECT_EQ(arguments.kScale, expected.kScale);
-            EXPECT_EQ(arguments.vScale, expected.vScale);
+            Scalars const actual{arguments.quantization, arguments.kScale, arguments.vScale, arguments.tokenHeadScales,
+                arguments.tensorCoreDecode};
+            EXPECT_EQ(actual,
+                (Scalars{c.quantization, expected.kScale, expected.vScale, c.tokenHeadScales, c.tensorCoreDecode}));
             expectPool(arguments.kScalePool, expected.kPool);
             expectPool(arguments.vScalePool, expected.vPool);
-            EXPECT_EQ(arguments.tokenHeadScales, c.tokenHeadScales);
-            EXPECT_EQ(arguments.tensorCoreDecode, c.tensorCoreDecode);
         }
     }
 }
