@@ -18,6 +18,8 @@
 // GPU (1 under KVCACHE_REQUIRE_GPU=1). Flags: --reps=N (default 50) launches a timing; --smoke (5 reps, prefill and
 // decode only).
 
+#include "event_timing.h"
+
 #include "kvcache/core/errors.h"
 #include "kvcache/memory/kv_cache_manager.h"
 #include "kvcache/memory/kv_write.h"
@@ -46,6 +48,8 @@ namespace
 {
 
 namespace rt = kvcache::rt;
+using kvcache::bench::eventSeconds;
+using kvcache::bench::median;
 using kvcache::test::CudaStream;
 using kvcache::test::DeviceArray;
 
@@ -61,37 +65,22 @@ __global__ void emptyKernel()
 {
 }
 
-//! The median of `values` (an odd count).
-double median(std::vector<double> values)
-{
-    std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2), values.end());
-    return values[values.size() / 2];
-}
-
 //! Seconds one call of `enqueue` takes on the GPU: `gReps` calls back to back between two events, after two warm-ups.
 double secondsPerCall(cudaStream_t stream, std::function<void()> const& enqueue)
 {
-    cudaEvent_t events[2] = {nullptr, nullptr};
-    for (cudaEvent_t& event : events)
-    {
-        KVCACHE_CUDA_TRY(cudaEventCreate(&event));
-    }
+    kvcache::test::CudaEvent const start(cudaEventDefault);
+    kvcache::test::CudaEvent const stop(cudaEventDefault);
     enqueue();
     enqueue();
-    KVCACHE_CUDA_TRY(cudaEventRecord(events[0], stream));
-    for (int32_t r = 0; r < gReps; ++r)
-    {
-        enqueue();
-    }
-    KVCACHE_CUDA_TRY(cudaEventRecord(events[1], stream));
-    KVCACHE_CUDA_TRY(cudaEventSynchronize(events[1]));
-    float ms = 0;
-    KVCACHE_CUDA_TRY(cudaEventElapsedTime(&ms, events[0], events[1]));
-    for (cudaEvent_t event : events)
-    {
-        KVCACHE_CUDA_LOG(cudaEventDestroy(event));
-    }
-    return ms * 1e-3 / gReps;
+    double const seconds = eventSeconds(stream, start.get(), stop.get(),
+        [&]
+        {
+            for (int32_t r = 0; r < gReps; ++r)
+            {
+                enqueue();
+            }
+        });
+    return seconds / gReps;
 }
 
 //! One layer of `heads` x `dim` float16 with room for kPREFILL_TOKENS tokens, inputs of `tokens` tokens and their

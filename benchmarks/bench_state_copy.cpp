@@ -3,6 +3,7 @@
 // See docs/benchmarks.md, "State copies".
 
 #include "bench_main.h"
+#include "event_timing.h"
 
 #include "kvcache/core/errors.h"
 #include "kvcache/core/kv_cache_config.h"
@@ -17,6 +18,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support/config_builder.h"
@@ -70,26 +72,15 @@ Setup& setup()
 template <typename Enqueue>
 double secondsPerCall(cudaStream_t stream, Enqueue&& enqueue, int32_t reps = 7)
 {
-    cudaEvent_t start = nullptr;
-    cudaEvent_t stop = nullptr;
-    KVCACHE_CUDA_TRY(cudaEventCreate(&start));
-    KVCACHE_CUDA_TRY(cudaEventCreate(&stop));
+    test::CudaEvent const start(cudaEventDefault);
+    test::CudaEvent const stop(cudaEventDefault);
     enqueue();
-    std::vector<float> times;
+    std::vector<double> times;
     for (int32_t r = 0; r < reps; ++r)
     {
-        KVCACHE_CUDA_TRY(cudaEventRecord(start, stream));
-        enqueue();
-        KVCACHE_CUDA_TRY(cudaEventRecord(stop, stream));
-        KVCACHE_CUDA_TRY(cudaEventSynchronize(stop));
-        float milliseconds = 0;
-        KVCACHE_CUDA_TRY(cudaEventElapsedTime(&milliseconds, start, stop));
-        times.push_back(milliseconds);
+        times.push_back(eventSeconds(stream, start.get(), stop.get(), enqueue));
     }
-    KVCACHE_CUDA_LOG(cudaEventDestroy(start));
-    KVCACHE_CUDA_LOG(cudaEventDestroy(stop));
-    std::sort(times.begin(), times.end());
-    return times[times.size() / 2] * 1e-3;
+    return median(std::move(times));
 }
 
 void measureCopies(benchmark::State& state, int32_t count)

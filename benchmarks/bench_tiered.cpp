@@ -34,6 +34,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <initializer_list>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -96,6 +97,32 @@ void addStats(rt::TieredPrefixCacheStats& total, rt::TieredPrefixCacheStats cons
     total.diskFailures += run.diskFailures;
 }
 
+//! Runs `runOne(seed)` once an iteration, seeds 1, 2, ..., each iteration timed by its result `timed`; returns the last
+//! run with the results `served` and the statistics `stats` summed over every run (its page counts are every run's).
+template <typename Result, typename RunOne>
+Result summedOverSeeds(benchmark::State& state, RunOne&& runOne, ServingResult Result::*timed,
+    std::initializer_list<ServingResult Result::*> served,
+    std::initializer_list<rt::TieredPrefixCacheStats Result::*> stats)
+{
+    Result total;
+    uint64_t seed = 1;
+    for (auto _ : state)
+    {
+        Result run = runOne(seed++);
+        state.SetIterationTime((run.*timed).nanoseconds * 1e-9);
+        for (ServingResult Result::*const member : served)
+        {
+            addRun(run.*member, total.*member);
+        }
+        for (rt::TieredPrefixCacheStats Result::*const member : stats)
+        {
+            addStats(run.*member, total.*member);
+        }
+        total = std::move(run);
+    }
+    return total;
+}
+
 // Case g
 
 //! tiered_hit_rate/P: one iteration runs one seed on the four caches; hit rates are summed over the iterations.
@@ -104,21 +131,12 @@ void tieredHitRate(benchmark::State& state, int32_t tokensPerPage, int32_t hostQ
     guarded(state,
         [&]
         {
-            TieredRunResult total;
-            uint64_t seed = 1;
-            for (auto _ : state)
-            {
-                TieredRunResult const run = runTieredWorkload(tokensPerPage, hostQuarters, diskQuarters, seed++);
-                addRun(total.device, run.device);
-                addRun(total.tiered, run.tiered);
-                addRun(total.combined, run.combined);
-                addRun(total.oracle, run.oracle);
-                addStats(total.tieredStats, run.tieredStats);
-                total.devicePages = run.devicePages;
-                total.hostPages = run.hostPages;
-                total.diskPages = run.diskPages;
-                state.SetIterationTime(run.tiered.nanoseconds * 1e-9);
-            }
+            TieredRunResult const total = summedOverSeeds(state,
+                [&](uint64_t seed) { return runTieredWorkload(tokensPerPage, hostQuarters, diskQuarters, seed); },
+                &TieredRunResult::tiered,
+                {&TieredRunResult::device, &TieredRunResult::tiered, &TieredRunResult::combined,
+                    &TieredRunResult::oracle},
+                {&TieredRunResult::tieredStats});
             auto const hits = [](ServingResult const& r) { return r.deviceTokens + r.hostTokens; };
             int64_t const offered = total.device.offeredTokens;
             double const oracle = rate(hits(total.oracle), offered);
@@ -163,22 +181,12 @@ void tieredHybrid(
     guarded(state,
         [&]
         {
-            HybridTieredResult total;
-            uint64_t seed = 1;
-            for (auto _ : state)
-            {
-                HybridTieredResult const run =
-                    runHybridTieredWorkload(shape, split, tokensPerPage, hostQuarters, seed++);
-                addRun(total.twinDevice, run.twinDevice);
-                addRun(total.twinTiered, run.twinTiered);
-                addRun(total.hybridDevice, run.hybridDevice);
-                addRun(total.hybridTiered, run.hybridTiered);
-                addStats(total.hybridStats, run.hybridStats);
-                addStats(total.twinStats, run.twinStats);
-                total.twinPages = run.twinPages;
-                total.hybridPages = run.hybridPages;
-                state.SetIterationTime(run.hybridTiered.nanoseconds * 1e-9);
-            }
+            HybridTieredResult const total = summedOverSeeds(state,
+                [&](uint64_t seed) { return runHybridTieredWorkload(shape, split, tokensPerPage, hostQuarters, seed); },
+                &HybridTieredResult::hybridTiered,
+                {&HybridTieredResult::twinDevice, &HybridTieredResult::twinTiered, &HybridTieredResult::hybridDevice,
+                    &HybridTieredResult::hybridTiered},
+                {&HybridTieredResult::hybridStats, &HybridTieredResult::twinStats});
             auto const hits = [](ServingResult const& r) { return r.deviceTokens + r.hostTokens; };
             int64_t const offered = total.twinDevice.offeredTokens;
             double const twinTiered = rate(hits(total.twinTiered), offered);

@@ -17,6 +17,8 @@
 #include <random>
 #include <vector>
 
+#include "support/config_builder.h"
+
 namespace kvcache::bench
 {
 namespace
@@ -31,13 +33,11 @@ constexpr int32_t kTOKENS_PER_PAGE = 16;
 
 rt::TransferDescription describe(uint64_t address)
 {
-    rt::KVCacheConfig config;
-    config.numAttentionLayers = kLAYERS;
-    config.layerConfigs.assign(kLAYERS, rt::KVLayerConfig{8, 128});
-    config.maxBatchSize = kSEQUENCES;
-    config.maxSequenceLength = kPAGES * kTOKENS_PER_PAGE;
-    config.tokensPerPage = kTOKENS_PER_PAGE;
-    rt::KVCacheLayout const layout = rt::computeLayout(config);
+    rt::KVCacheLayout const layout =
+        rt::computeLayout(test::ConfigBuilder(std::vector<rt::KVLayerConfig>(kLAYERS, rt::KVLayerConfig{8, 128}))
+                              .maxBatchSize(kSEQUENCES)
+                              .maxSequenceLength(kPAGES * kTOKENS_PER_PAGE)
+                              .tokensPerPage(kTOKENS_PER_PAGE));
     std::vector<uint64_t> bases;
     for (int32_t layer = 0; layer < kLAYERS; ++layer)
     {

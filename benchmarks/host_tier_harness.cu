@@ -1,5 +1,7 @@
 #include "host_tier_harness.h"
 
+#include "event_timing.h"
+
 #include "kvcache/core/errors.h"
 #include "kvcache/memory/layer_ref.h"
 #include "kvcache/memory/page_ops.h"
@@ -134,19 +136,7 @@ namespace
 double timeOnce(cudaStream_t stream, cudaEvent_t start, cudaEvent_t stop, std::function<void()> const& enqueue)
 {
     enqueueSpin(stream, kSPIN_CYCLES);
-    KVCACHE_CUDA_TRY(cudaEventRecord(start, stream));
-    enqueue();
-    KVCACHE_CUDA_TRY(cudaEventRecord(stop, stream));
-    KVCACHE_CUDA_TRY(cudaEventSynchronize(stop));
-    float ms = 0;
-    KVCACHE_CUDA_TRY(cudaEventElapsedTime(&ms, start, stop));
-    return ms * 1e-3;
-}
-
-double median(std::vector<double> times)
-{
-    std::sort(times.begin(), times.end());
-    return times[times.size() / 2];
+    return eventSeconds(stream, start, stop, enqueue);
 }
 
 } // namespace

@@ -3,8 +3,8 @@
 // A seeded stream of serving requests: prompts that share prefixes, repeat earlier prompts exactly and follow up
 // earlier conversations. The serving workload (serving_workload.cpp, cases f and g) and case j
 // (state_checkpoint_sim.cpp) draw their requests from it, each with its own lengths and shares. The stream never looks
-// at a cache, so every cache a case compares sees the same requests in the same order. Both also decode their running
-// requests the same way: RunningRequest and decodeAppends.
+// at a cache, so every cache a case compares sees the same requests in the same order. Both also run their requests
+// the same way: serveRequests, the continuous-batching loop over RunningRequest.
 
 #include "split_mix64.h"
 
@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace kvcache::bench
@@ -122,5 +123,52 @@ private:
     size_t mNextPrompt = 0;
     size_t mNextConversation = 0;
 };
+
+//! Runs `steps` decode steps of continuous batching over `source`, `runningCount` requests at a time. A request drawn
+//! from the stream goes to `admit(entry)`, which creates its sequence and prefills its prompt (its first output token
+//! is then sampled). Each step hands the running requests' next tokens to `step(index, appends)`; then a request with
+//! more to produce goes to `decoded(entry)`, and a finished one to `finished(entry)`, which frees its sequence, and
+//! back to the stream; new requests take the finished ones' places. `Running` is RunningRequest or a type derived from
+//! it.
+template <typename Running, typename Admit, typename Step, typename Decoded, typename Finished>
+void serveRequests(RequestStream& source, int32_t runningCount, int32_t steps, Admit&& admit, Step&& step,
+    Decoded&& decoded, Finished&& finished)
+{
+    std::vector<Running> running;
+    std::vector<Running> still;
+    std::vector<rt::SequenceAppend> appends;
+    auto const fill = [&]
+    {
+        while (static_cast<int32_t>(running.size()) < runningCount)
+        {
+            Running entry;
+            entry.request = source.next();
+            admit(entry);
+            entry.produced = 1;
+            running.push_back(std::move(entry));
+        }
+    };
+    fill();
+    for (int32_t index = 0; index < steps; ++index)
+    {
+        decodeAppends(running, appends);
+        step(index, appends);
+        still.clear();
+        for (Running& entry : running)
+        {
+            if (entry.decoding())
+            {
+                ++entry.produced;
+                decoded(entry);
+                still.push_back(std::move(entry));
+                continue;
+            }
+            finished(entry);
+            source.finished(entry.request);
+        }
+        running.swap(still);
+        fill();
+    }
+}
 
 } // namespace kvcache::bench

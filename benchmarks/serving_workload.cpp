@@ -52,61 +52,46 @@ ServingShape servingShape()
 ServingResult runServingWorkload(ServingCache& cache, uint64_t seed, ServingShape const& shape)
 {
     RequestStream source(shape.requests, seed);
-    std::vector<RunningRequest> running;
-    std::vector<RunningRequest> still;
-    std::vector<rt::SequenceAppend> appends;
     ServingResult result;
     bool measuring = false;
-    auto admit = [&]
-    {
-        RunningRequest entry;
-        entry.request = source.next();
-        std::vector<int32_t> const& prompt = entry.request.prompt;
-        int32_t const length = static_cast<int32_t>(prompt.size());
-        entry.id = cache.create();
-        ServingHit const hit = cache.admit(entry.id, prompt.data(), length);
-        for (int32_t at = hit.deviceTokens + hit.hostTokens; at < length; at += shape.chunk)
-        {
-            rt::SequenceAppend const chunk{entry.id, prompt.data() + at, std::min(shape.chunk, length - at)};
-            cache.step(&chunk, 1);
-        }
-        entry.produced = 1;
-        if (measuring)
-        {
-            auto const kind = static_cast<size_t>(entry.request.kind);
-            result.offeredTokens += length;
-            result.deviceTokens += hit.deviceTokens;
-            result.hostTokens += hit.hostTokens;
-            result.offeredByKind[kind] += length;
-            result.hitByKind[kind] += hit.deviceTokens + hit.hostTokens;
-            ++result.admitted;
-        }
-        running.push_back(std::move(entry));
-    };
-    for (int32_t i = 0; i < shape.running; ++i)
-    {
-        admit();
-    }
     auto start = std::chrono::steady_clock::now();
-    for (int32_t step = 0; step < shape.warmSteps + shape.measuredSteps; ++step)
-    {
-        if (step == shape.warmSteps)
+    serveRequests<RunningRequest>(
+        source, shape.running, shape.warmSteps + shape.measuredSteps,
+        [&](RunningRequest& entry)
         {
-            measuring = true;
-            cache.measuring();
-            start = std::chrono::steady_clock::now();
-        }
-        decodeAppends(running, appends);
-        cache.step(appends.data(), static_cast<int32_t>(appends.size()));
-        still.clear();
-        for (RunningRequest& entry : running)
-        {
-            if (entry.decoding())
+            std::vector<int32_t> const& prompt = entry.request.prompt;
+            int32_t const length = static_cast<int32_t>(prompt.size());
+            entry.id = cache.create();
+            ServingHit const hit = cache.admit(entry.id, prompt.data(), length);
+            for (int32_t at = hit.deviceTokens + hit.hostTokens; at < length; at += shape.chunk)
             {
-                ++entry.produced;
-                still.push_back(std::move(entry));
-                continue;
+                rt::SequenceAppend const chunk{entry.id, prompt.data() + at, std::min(shape.chunk, length - at)};
+                cache.step(&chunk, 1);
             }
+            if (measuring)
+            {
+                auto const kind = static_cast<size_t>(entry.request.kind);
+                result.offeredTokens += length;
+                result.deviceTokens += hit.deviceTokens;
+                result.hostTokens += hit.hostTokens;
+                result.offeredByKind[kind] += length;
+                result.hitByKind[kind] += hit.deviceTokens + hit.hostTokens;
+                ++result.admitted;
+            }
+        },
+        [&](int32_t step, std::vector<rt::SequenceAppend> const& appends)
+        {
+            if (step == shape.warmSteps)
+            {
+                measuring = true;
+                cache.measuring();
+                start = std::chrono::steady_clock::now();
+            }
+            cache.step(appends.data(), static_cast<int32_t>(appends.size()));
+        },
+        [](RunningRequest&) {},
+        [&](RunningRequest& entry)
+        {
             int32_t const expected = entry.finishedLength();
             int32_t const held = cache.length(entry.id);
             if (held != expected)
@@ -115,14 +100,7 @@ ServingResult runServingWorkload(ServingCache& cache, uint64_t seed, ServingShap
                     + " tokens, not " + std::to_string(expected));
             }
             cache.free(entry.id);
-            source.finished(entry.request);
-        }
-        running.swap(still);
-        while (static_cast<int32_t>(running.size()) < shape.running)
-        {
-            admit();
-        }
-    }
+        });
     result.nanoseconds = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count();
     return result;
 }

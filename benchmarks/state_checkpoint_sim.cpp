@@ -153,86 +153,66 @@ CheckpointRunResult runCheckpointWorkload(
         int32_t boundary = -1; //!< the length at which its state is saved next
     };
     RequestStream source(checkpointShape(), seed);
-    std::vector<Running> running;
-    std::vector<Running> still;
-    std::vector<rt::SequenceAppend> appends;
     CheckpointRunResult result;
     bool measuring = false;
-    auto admit = [&]
-    {
-        Running entry;
-        entry.request = source.next();
-        std::vector<int32_t> const& prompt = entry.request.prompt;
-        int32_t const length = static_cast<int32_t>(prompt.size());
-        entry.id = manager.create();
-        auto const start = std::chrono::steady_clock::now();
-        int32_t const hit = manager.adoptPrefix(entry.id, prompt.data(), length);
-        double const nanoseconds =
-            std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count();
-        for (int32_t at = hit; at < length;)
-        {
-            int32_t const boundary = boundaryOf(entry.id);
-            int32_t end = std::min(length, at + kCHUNK);
-            end = boundary > at && boundary < end ? boundary : end;
-            rt::SequenceAppend const chunk{entry.id, prompt.data() + at, end - at};
-            manager.step(&chunk, 1);
-            at = end;
-            if (at == boundary)
-            {
-                manager.checkpointState(entry.id);
-            }
-        }
-        entry.produced = 1;
-        entry.boundary = boundaryOf(entry.id);
-        if (measuring)
-        {
-            result.offeredTokens += length;
-            result.adoptedTokens += hit;
-            result.adoptNanoseconds += nanoseconds;
-            ++result.adoptCalls;
-            ++result.admitted;
-        }
-        running.push_back(std::move(entry));
-    };
-    for (int32_t i = 0; i < kRUNNING; ++i)
-    {
-        admit();
-    }
     rt::PageManagerStats before{};
-    for (int32_t step = 0; step < kWARM_STEPS + kMEASURED_STEPS; ++step)
-    {
-        if (step == kWARM_STEPS)
+    serveRequests<Running>(
+        source, kRUNNING, kWARM_STEPS + kMEASURED_STEPS,
+        [&](Running& entry)
         {
-            measuring = true;
-            before = manager.stats();
-        }
-        decodeAppends(running, appends);
-        manager.step(appends.data(), static_cast<int32_t>(appends.size()));
-        still.clear();
-        for (Running& entry : running)
-        {
-            if (entry.decoding())
+            std::vector<int32_t> const& prompt = entry.request.prompt;
+            int32_t const length = static_cast<int32_t>(prompt.size());
+            entry.id = manager.create();
+            auto const start = std::chrono::steady_clock::now();
+            int32_t const hit = manager.adoptPrefix(entry.id, prompt.data(), length);
+            double const nanoseconds =
+                std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start).count();
+            for (int32_t at = hit; at < length;)
             {
-                ++entry.produced;
-                if (manager.length(entry.id) == entry.boundary)
+                int32_t const boundary = boundaryOf(entry.id);
+                int32_t end = std::min(length, at + kCHUNK);
+                end = boundary > at && boundary < end ? boundary : end;
+                rt::SequenceAppend const chunk{entry.id, prompt.data() + at, end - at};
+                manager.step(&chunk, 1);
+                at = end;
+                if (at == boundary)
                 {
                     manager.checkpointState(entry.id);
-                    entry.boundary = boundaryOf(entry.id);
                 }
-                still.push_back(std::move(entry));
-                continue;
             }
+            entry.boundary = boundaryOf(entry.id);
+            if (measuring)
+            {
+                result.offeredTokens += length;
+                result.adoptedTokens += hit;
+                result.adoptNanoseconds += nanoseconds;
+                ++result.adoptCalls;
+                ++result.admitted;
+            }
+        },
+        [&](int32_t step, std::vector<rt::SequenceAppend> const& appends)
+        {
+            if (step == kWARM_STEPS)
+            {
+                measuring = true;
+                before = manager.stats();
+            }
+            manager.step(appends.data(), static_cast<int32_t>(appends.size()));
+        },
+        [&](Running& entry)
+        {
+            if (manager.length(entry.id) == entry.boundary)
+            {
+                manager.checkpointState(entry.id);
+                entry.boundary = boundaryOf(entry.id);
+            }
+        },
+        [&](Running& entry)
+        {
             check(
                 manager.length(entry.id) == entry.finishedLength(), "a finished sequence holds other than its tokens");
             manager.free(entry.id);
-            source.finished(entry.request);
-        }
-        running.swap(still);
-        while (static_cast<int32_t>(running.size()) < kRUNNING)
-        {
-            admit();
-        }
-    }
+        });
     manager.checkInvariants();
     rt::PageManagerStats const after = manager.stats();
     result.checkpointsSaved = after.checkpointsSaved - before.checkpointsSaved;

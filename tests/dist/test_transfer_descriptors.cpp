@@ -30,6 +30,7 @@ namespace
 {
 
 using test::ConfigBuilder;
+using test::smallCacheOf;
 using test::throwsNaming;
 
 KVLayerConfig kvLayer(int32_t heads, int32_t dim, int32_t window = 0)
@@ -358,10 +359,7 @@ constexpr uint64_t kREMOTE2 = 0x5800'0000'0000;
 //! Layers of 4, 2 and 1 KV heads (the last replicated at tp 2), and the model's shards at tp 2 and tp 1.
 struct ShardedModel
 {
-    KVCacheConfig model = ConfigBuilder({kvLayer(4, 8), kvLayer(2, 16), kvLayer(1, 8)})
-                              .tokensPerPage(16)
-                              .maxSequenceLength(64)
-                              .maxBatchSize(2);
+    KVCacheConfig model = smallCacheOf({kvLayer(4, 8), kvLayer(2, 16), kvLayer(1, 8)});
     TensorParallelShard rank0 = tensorParallelShard(model, 2, 0);
     TensorParallelShard rank1 = tensorParallelShard(model, 2, 1);
     TensorParallelShard whole = tensorParallelShard(model, 1, 0);
@@ -403,12 +401,8 @@ OneRemoteMove latentFp8Move()
 OneRemoteMove nvfp4Move()
 {
     OneRemoteMove move;
-    move.config = ConfigBuilder({kvLayer(2, 32), kvLayer(4, 16)})
-                      .tokensPerPage(16)
-                      .maxSequenceLength(64)
-                      .maxBatchSize(2)
-                      .dataType(DataType::kUINT8)
-                      .quantization(KVQuantization::kNVFP4);
+    move.config =
+        smallCacheOf({kvLayer(2, 32), kvLayer(4, 16)}).dataType(DataType::kUINT8).quantization(KVQuantization::kNVFP4);
     move.scales = {{0.5F, 0.25F}, {2.0F, 4.0F}};
     move.remoteSeed = 23;
     move.localPages = {2, 5};
@@ -566,10 +560,7 @@ TEST(TransferDescriptors, WindowedGroupSkipsReleasedPages)
 
 TEST(TransferDescriptors, DescriptionBytesRoundTripAndBadBytesAreRefused)
 {
-    KVCacheConfig const model = ConfigBuilder({kvLayer(4, 8), kvLayer(2, 16, 32)})
-                                    .tokensPerPage(16)
-                                    .maxSequenceLength(64)
-                                    .maxBatchSize(2)
+    KVCacheConfig const model = smallCacheOf({kvLayer(4, 8), kvLayer(2, 16, 32)})
                                     .dataType(DataType::kFP8_E4M3)
                                     .quantization(KVQuantization::kFP8_PER_TENSOR);
     TensorParallelShard const rank1 = tensorParallelShard(model, 2, 1);
@@ -621,10 +612,7 @@ TEST(TransferDescriptors, DescriptionBytesRoundTripAndBadBytesAreRefused)
 
 TEST(TransferDescriptors, RegistrationCoversEveryPoolOnce)
 {
-    KVCacheConfig const config = ConfigBuilder({kvLayer(2, 32), KVLayerConfig{1, 64, 0, KVLayerKind::kLATENT}})
-                                     .tokensPerPage(16)
-                                     .maxSequenceLength(64)
-                                     .maxBatchSize(2)
+    KVCacheConfig const config = smallCacheOf({kvLayer(2, 32), KVLayerConfig{1, 64, 0, KVLayerKind::kLATENT}})
                                      .dataType(DataType::kFP8_E4M3)
                                      .quantization(KVQuantization::kFP8_PER_TOKEN_HEAD);
     Side const side = makeSide(config, kLOCAL, 2, 1);
@@ -642,9 +630,7 @@ TEST(TransferDescriptors, RegistrationCoversEveryPoolOnce)
 
 TEST(TransferDescriptors, MismatchesAreRefusedByName)
 {
-    auto const builder = [] {
-        return ConfigBuilder({kvLayer(2, 8), kvLayer(2, 8)}).tokensPerPage(16).maxSequenceLength(64).maxBatchSize(2);
-    };
+    auto const builder = [] { return smallCacheOf({kvLayer(2, 8), kvLayer(2, 8)}); };
     Side const local = makeSide(builder(), kLOCAL, 0, 0);
     std::vector<int32_t> const pages{0, 1};
     auto const refused = [&](std::vector<TransferDescription> const& remotes, std::vector<std::string> const& words,
@@ -665,10 +651,7 @@ TEST(TransferDescriptors, MismatchesAreRefusedByName)
     odd.groups[0].geometry.tokensPerPage = 24;
     EXPECT_TRUE(
         refused({odd}, {"tokensPerPage is 16 in the local cache and 24 in the remote cache", "whole multiple"}));
-    EXPECT_TRUE(refused(
-        {makeSide(ConfigBuilder({kvLayer(4, 8), kvLayer(2, 8)}).tokensPerPage(16).maxSequenceLength(64).maxBatchSize(2),
-            kREMOTE, 0, 1)
-                .description},
+    EXPECT_TRUE(refused({makeSide(smallCacheOf({kvLayer(4, 8), kvLayer(2, 8)}), kREMOTE, 0, 1).description},
         {"layers[0].numKVHeads is 2 in the local cache and 4 in the remote cache", "model heads"}));
     EXPECT_TRUE(refused({makeSide(builder(), kREMOTE, 0, 1).description}, {"numTokens is -1"}, -1));
     EXPECT_TRUE(refused({makeSide(builder(), kREMOTE, 0, 1).description}, {"localPages holds 1 pages", "need 2"}, 32,

@@ -22,6 +22,7 @@ namespace
 {
 
 using test::ConfigBuilder;
+using test::smallCacheOf;
 using test::throwsNaming;
 
 class TransferDescriptionGpu : public test::GpuTest
@@ -35,10 +36,7 @@ uint64_t addressOf(void const* pointer)
 
 TEST_F(TransferDescriptionGpu, NamesTheManagersPoolsScalesAndHeads)
 {
-    KVCacheConfig const model = ConfigBuilder({KVLayerConfig{4, 32}, KVLayerConfig{2, 64}})
-                                    .tokensPerPage(16)
-                                    .maxSequenceLength(64)
-                                    .maxBatchSize(2)
+    KVCacheConfig const model = smallCacheOf({KVLayerConfig{4, 32}, KVLayerConfig{2, 64}})
                                     .dataType(DataType::kUINT8)
                                     .quantization(KVQuantization::kNVFP4);
     TensorParallelShard const rank1 = tensorParallelShard(model, 2, 1);

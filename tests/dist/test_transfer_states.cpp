@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support/config_builder.h"
@@ -182,37 +183,52 @@ TEST(TransferStates, DescriptionHoldsEachTensorBySlot)
     }
 }
 
-TEST(TransferStates, RangesMoveEveryTensorOfEachSlotPair)
+//! The state ranges that move remote slots `remoteSlots` into local slots `localSlots`, and both sides.
+struct SlotTransfer
 {
     Side remote = makeSide(1);
     Side local = makeSide(-1);
-    std::vector<int32_t> const localSlots = {0, 5, 2};
-    std::vector<int32_t> const remoteSlots = {6, 1, 3};
-    TransferDescriptors const ranges = stateTransferDescriptors(
-        local.description, localSlots.data(), remote.description, remoteSlots.data(), 3);
+    std::vector<int32_t> localSlots;
+    std::vector<int32_t> remoteSlots;
+    TransferDescriptors ranges;
+
+    SlotTransfer(std::vector<int32_t> localSlotList, std::vector<int32_t> remoteSlotList)
+        : localSlots(std::move(localSlotList))
+        , remoteSlots(std::move(remoteSlotList))
+        , ranges(stateTransferDescriptors(local.description, localSlots.data(), remote.description, remoteSlots.data(),
+              static_cast<int32_t>(localSlots.size())))
+    {
+    }
+
+    //! Applies the ranges as a transfer library would and checks every byte of the local side.
+    void applyAndCheck()
+    {
+        apply(ranges);
+        expectMoved(local, localSlots, remoteSlots);
+    }
+};
+
+TEST(TransferStates, RangesMoveEveryTensorOfEachSlotPair)
+{
+    SlotTransfer transfer({0, 5, 2}, {6, 1, 3});
+    TransferDescriptors const& ranges = transfer.ranges;
     // No two pairs are adjacent on both sides: one range per pair and tensor, layer by layer.
     EXPECT_EQ(ranges.local.size(), 9U);
     EXPECT_EQ(ranges.layerEnds, (std::vector<int64_t>{6, 9}));
-    EXPECT_EQ(ranges.local[0].address, reinterpret_cast<uint64_t>(local.slot(0, 0, 0)));
-    EXPECT_EQ(ranges.remote[0].address, reinterpret_cast<uint64_t>(remote.slot(0, 0, 6)));
-    apply(ranges);
-    expectMoved(local, localSlots, remoteSlots);
+    EXPECT_EQ(ranges.local[0].address, reinterpret_cast<uint64_t>(transfer.local.slot(0, 0, 0)));
+    EXPECT_EQ(ranges.remote[0].address, reinterpret_cast<uint64_t>(transfer.remote.slot(0, 0, 6)));
+    transfer.applyAndCheck();
 }
 
 TEST(TransferStates, RunsOfSlotsMergeWithinATensor)
 {
-    Side const remote = makeSide(1);
-    Side local = makeSide(-1);
-    std::vector<int32_t> const localSlots = {1, 2, 3};
-    std::vector<int32_t> const remoteSlots = {4, 5, 6};
-    TransferDescriptors const ranges = stateTransferDescriptors(
-        local.description, localSlots.data(), remote.description, remoteSlots.data(), 3);
+    SlotTransfer transfer({1, 2, 3}, {4, 5, 6});
+    TransferDescriptors const& ranges = transfer.ranges;
     ASSERT_EQ(ranges.local.size(), 3U);
     EXPECT_EQ(ranges.layerEnds, (std::vector<int64_t>{2, 3}));
     EXPECT_EQ(ranges.local[1].bytes, 3U * 128U);
     EXPECT_EQ(ranges.local[2].bytes, 3U * 33U);
-    apply(ranges);
-    expectMoved(local, localSlots, remoteSlots);
+    transfer.applyAndCheck();
 }
 
 TEST(TransferStates, PreparedListsNameSlotsByIndex)

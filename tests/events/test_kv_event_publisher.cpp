@@ -109,6 +109,13 @@ Bytes payloadOf(KVEventBatch const& batch, double ts, KVEventPublisherOptions co
     return out;
 }
 
+//! The publisher's counts once every queued batch has been sent or dropped.
+KVEventPublisherStats statsOnceFlushed(KVEventPublisher& publisher)
+{
+    EXPECT_TRUE(publisher.flush(10000)) << "the queue did not drain";
+    return publisher.stats();
+}
+
 TEST(KVEventPublisher, RefusesBadOptionsNamingThem)
 {
     KVEventPublisherOptions options;
@@ -174,8 +181,7 @@ TEST(KVEventPublisher, SubscriberReceivesEachBatchAsThreeFrames)
             EXPECT_EQ(sequenceOf(parts[1]), static_cast<int64_t>(i));
             EXPECT_EQ(bytesOf(parts[2]), payloadOf(batchOf(i, 2), 10.0 + static_cast<double>(i), options));
         }
-        ASSERT_TRUE(publisher.flush(5000));
-        KVEventPublisherStats const stats = publisher.stats();
+        KVEventPublisherStats const stats = statsOnceFlushed(publisher);
         EXPECT_EQ(stats.batches, 3);
         EXPECT_EQ(stats.events, 3);
         EXPECT_EQ(stats.droppedBatches, 0);
@@ -209,8 +215,7 @@ TEST(KVEventPublisher, SlowSubscriberNeverBlocksDropsAreCountedAndReplayRecovers
         slowest = std::max(slowest, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
         ++published;
     }
-    ASSERT_TRUE(publisher.flush(10000));
-    KVEventPublisherStats const stats = publisher.stats();
+    KVEventPublisherStats const stats = statsOnceFlushed(publisher);
     EXPECT_GT(stats.droppedBatches, 0) << "published " << published;
     EXPECT_EQ(stats.batches, published);
     // A send that waited for the subscriber would wait forever; this bound only catches a gross stall.
@@ -288,8 +293,7 @@ TEST(KVEventPublisher, AReplayLongerThanTheQueuesArrivesWhole)
             ASSERT_TRUE(publisher.flush(10000)); // the queue never fills: every batch is kept
         }
     }
-    ASSERT_TRUE(publisher.flush(10000));
-    ASSERT_EQ(publisher.stats().droppedBatches, 0);
+    ASSERT_EQ(statsOnceFlushed(publisher).droppedBatches, 0);
 
     zmq::context_t context;
     zmq::socket_t dealer(context, zmq::socket_type::dealer);
@@ -372,26 +376,26 @@ TEST(KVEventPublisher, PublishSwapSendsWhatWasRecordedAndHandsBackACleanBatch)
         recordInto(expected, i, pagesOf(i), i % 2 == 0);
         EXPECT_EQ(bytesOf(parts[2]), payloadOf(expected, 100.0 + static_cast<double>(i), options)) << "batch " << i;
     }
-    ASSERT_TRUE(publisher.flush(5000));
-    EXPECT_EQ(publisher.stats().batches, static_cast<int64_t>(kBATCHES));
-    EXPECT_EQ(publisher.stats().droppedBatches, 0);
+    KVEventPublisherStats const stats = statsOnceFlushed(publisher);
+    EXPECT_EQ(stats.batches, static_cast<int64_t>(kBATCHES));
+    EXPECT_EQ(stats.droppedBatches, 0);
 }
 
-TEST(KVEventPublisher, PublishSwapIntoAFullQueueDropsCountsAndClears)
+//! Publishes 2000 batches, each through `publishOne(publisher, i)`, into a queue of one slot: some find the slot taken
+//! (the sending thread is busy with the one before). Each still gets its sequence number, and every batch ends up
+//! sent or dropped.
+template <typename PublishOne>
+void expectAFullQueueDropsAndCounts(PublishOne&& publishOne)
 {
     KVEventPublisherOptions options;
     options.endpoint = "tcp://127.0.0.1:*";
     options.queueBatches = 1;
     KVEventPublisher publisher(options);
-    KVEventBatch batch;
     for (int64_t i = 0; i < 2000; ++i)
     {
-        recordInto(batch, static_cast<uint64_t>(i), 64, false);
-        ASSERT_EQ(publisher.publishSwap(batch, 1.0), i);
-        ASSERT_TRUE(batch.empty()) << "batch " << i;
+        ASSERT_EQ(publishOne(publisher, i), i);
     }
-    ASSERT_TRUE(publisher.flush(10000));
-    KVEventPublisherStats const stats = publisher.stats();
+    KVEventPublisherStats const stats = statsOnceFlushed(publisher);
     EXPECT_EQ(stats.batches, 2000);
     EXPECT_GT(stats.droppedBatches, 0);
     EXPECT_LT(stats.droppedBatches, 2000);
@@ -399,22 +403,21 @@ TEST(KVEventPublisher, PublishSwapIntoAFullQueueDropsCountsAndClears)
 
 TEST(KVEventPublisher, AFullQueueDropsAndCountsTheBatch)
 {
-    // One queue slot and many batches at once: some find the slot taken (the sending thread is busy with the one
-    // before). Each still gets its sequence number, and every batch ends up sent or dropped.
-    KVEventPublisherOptions options;
-    options.endpoint = "tcp://127.0.0.1:*";
-    options.queueBatches = 1;
-    KVEventPublisher publisher(options);
     KVEventBatch const batch = batchOf(1, 256);
-    for (int64_t i = 0; i < 2000; ++i)
-    {
-        ASSERT_EQ(publisher.publish(batch, 1.0), i);
-    }
-    ASSERT_TRUE(publisher.flush(10000));
-    KVEventPublisherStats const stats = publisher.stats();
-    EXPECT_EQ(stats.batches, 2000);
-    EXPECT_GT(stats.droppedBatches, 0);
-    EXPECT_LT(stats.droppedBatches, 2000);
+    expectAFullQueueDropsAndCounts([&](KVEventPublisher& publisher, int64_t) { return publisher.publish(batch, 1.0); });
+}
+
+TEST(KVEventPublisher, PublishSwapIntoAFullQueueDropsCountsAndClears)
+{
+    KVEventBatch batch;
+    expectAFullQueueDropsAndCounts(
+        [&](KVEventPublisher& publisher, int64_t i)
+        {
+            recordInto(batch, static_cast<uint64_t>(i), 64, false);
+            int64_t const sequence = publisher.publishSwap(batch, 1.0);
+            EXPECT_TRUE(batch.empty()) << "batch " << i;
+            return sequence;
+        });
 }
 
 } // namespace

@@ -60,4 +60,12 @@ private:
     rt::KVCacheConfig mConfig{};
 };
 
+//! A builder for a small cache of `layers`: two sequences of up to 64 tokens in pages of 16.
+inline ConfigBuilder smallCacheOf(std::vector<rt::KVLayerConfig> layers)
+{
+    ConfigBuilder builder(std::move(layers));
+    builder.tokensPerPage(16).maxSequenceLength(64).maxBatchSize(2);
+    return builder;
+}
+
 } // namespace kvcache::test

@@ -1,8 +1,10 @@
 #pragma once
 
-// GoogleTest expectations of a page group's and a layer's layout against the independent model.
+// GoogleTest expectations of a page group's and a layer's layout against the independent model, and of two LayerRefs
+// (the library's and the model's) against each other.
 
 #include "kvcache/core/kv_cache_layout.h"
+#include "kvcache/memory/layer_ref.h"
 
 #include <gtest/gtest.h>
 
@@ -75,6 +77,43 @@ inline void expectLayoutMatchesModel(rt::KVCacheLayout const& layout, LayoutMode
     {
         expectLayerMatchesModel(layout.layers[i], model, i);
     }
+}
+
+//! Returns success when `actual` and `expected` hold the same pointers and fields; names the first that differs.
+inline ::testing::AssertionResult sameLayerRef(rt::LayerRef const& actual, rt::LayerRef const& expected)
+{
+    auto const address = [](void const* pointer) { return static_cast<int64_t>(reinterpret_cast<uintptr_t>(pointer)); };
+    struct Field
+    {
+        char const* name;
+        int64_t actual;
+        int64_t expected;
+    };
+    Field const fields[] = {
+        {"kPool", address(actual.kPool), address(expected.kPool)},
+        {"vPool", address(actual.vPool), address(expected.vPool)},
+        {"pageStride", actual.pageStride, expected.pageStride},
+        {"tokenStride", actual.tokenStride, expected.tokenStride},
+        {"headStride", actual.headStride, expected.headStride},
+        {"elementBytes", actual.elementBytes, expected.elementBytes},
+        {"numPages", actual.numPages, expected.numPages},
+        {"tokensPerPage", actual.tokensPerPage, expected.tokensPerPage},
+        {"numKVHeads", actual.numKVHeads, expected.numKVHeads},
+        {"headDim", actual.headDim, expected.headDim},
+        {"kScalePool", address(actual.kScalePool), address(expected.kScalePool)},
+        {"vScalePool", address(actual.vScalePool), address(expected.vScalePool)},
+        {"scalesPerHead", actual.scalesPerHead, expected.scalesPerHead},
+        {"scaleElementBytes", actual.scaleElementBytes, expected.scaleElementBytes},
+    };
+    for (Field const& field : fields)
+    {
+        if (field.actual != field.expected)
+        {
+            return ::testing::AssertionFailure()
+                << "LayerRef::" << field.name << " is " << field.actual << ", expected " << field.expected;
+        }
+    }
+    return ::testing::AssertionSuccess();
 }
 
 } // namespace kvcache::test

@@ -97,6 +97,13 @@ public:
         EXPECT_EQ(model.step(&a, 1), ModelOutcome::kOK);
         expectMatch();
     }
+    //! Creates a sequence (no salt) and appends `tokens` to it.
+    rt::SequenceId createWith(std::vector<int32_t> const& tokens)
+    {
+        rt::SequenceId const id = create();
+        append(id, tokens);
+        return id;
+    }
     void step(std::vector<rt::SequenceAppend> const& appends)
     {
         copies.add(manager.step(appends.data(), static_cast<int32_t>(appends.size())));

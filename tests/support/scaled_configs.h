@@ -28,6 +28,13 @@ inline constexpr ScaledFormat kSCALED_FORMATS[] = {
     {rt::KVQuantization::kNVFP4, rt::DataType::kUINT8},
 };
 
+//! The quantizations the token write quantizes into: per tensor, and the two with scale pools.
+inline constexpr ScaledFormat kQUANTIZED_FORMATS[] = {
+    {rt::KVQuantization::kFP8_PER_TENSOR, rt::DataType::kFP8_E4M3},
+    kSCALED_FORMATS[0],
+    kSCALED_FORMATS[1],
+};
+
 //! Every quantization with the storage type it needs (kNONE in float16 and in FP8 E4M3).
 inline constexpr ScaledFormat kEVERY_FORMAT[] = {
     {rt::KVQuantization::kNONE, rt::DataType::kHALF},

@@ -122,4 +122,27 @@ void patchHeader(std::vector<char>& bytes, int64_t headerBytes, int64_t offset, 
     std::memcpy(bytes.data() + headerBytes - 8, &checksum, sizeof(checksum));
 }
 
+//! A header field set to a value its own check must refuse, and the words the refusal must name.
+struct BadHeaderField
+{
+    int64_t offset;
+    int64_t value;
+    bool wide; //!< an int64 field; otherwise an int32 one
+    std::vector<std::string> words;
+};
+
+//! Returns `bytes` with `field` written into its header of `headerBytes` bytes, under a recomputed checksum.
+inline std::vector<char> withBadField(std::vector<char> bytes, int64_t headerBytes, BadHeaderField const& field)
+{
+    if (field.wide)
+    {
+        patchHeader<int64_t>(bytes, headerBytes, field.offset, field.value);
+    }
+    else
+    {
+        patchHeader<int32_t>(bytes, headerBytes, field.offset, static_cast<int32_t>(field.value));
+    }
+    return bytes;
+}
+
 } // namespace kvcache::test

@@ -111,23 +111,11 @@ public:
     }
     void offloadStates(HostStateEntry const* entries, int32_t count) override
     {
-        MoverCall call{MoverCall::kOFFLOAD_STATES, -1, {}};
-        for (int32_t i = 0; i < count; ++i)
-        {
-            call.pairs.emplace_back(entries[i].slot, entries[i].hostState);
-            hostStates.at(static_cast<size_t>(entries[i].hostState)) = states.at(static_cast<size_t>(entries[i].slot));
-        }
-        calls.push_back(std::move(call));
+        moveStates(MoverCall::kOFFLOAD_STATES, entries, count);
     }
     void onboardStates(HostStateEntry const* entries, int32_t count) override
     {
-        MoverCall call{MoverCall::kONBOARD_STATES, -1, {}};
-        for (int32_t i = 0; i < count; ++i)
-        {
-            call.pairs.emplace_back(entries[i].slot, entries[i].hostState);
-            states.at(static_cast<size_t>(entries[i].slot)) = hostStates.at(static_cast<size_t>(entries[i].hostState));
-        }
-        calls.push_back(std::move(call));
+        moveStates(MoverCall::kONBOARD_STATES, entries, count);
     }
     //! Runs a step's state copies (the runtime's, before the step's kernels), all reading before any writes.
     void copyStates(std::vector<StateSlotCopy> const& copies)
@@ -233,6 +221,26 @@ private:
                           << usable.at(static_cast<size_t>(group)) << " are)";
         }
         return host.at(static_cast<size_t>(group)).at(static_cast<size_t>(hostPage));
+    }
+    //! Copies each entry's state from its slot to its host state (kOFFLOAD_STATES) or back (kONBOARD_STATES).
+    void moveStates(MoverCall::Kind kind, HostStateEntry const* entries, int32_t count)
+    {
+        MoverCall call{kind, -1, {}};
+        for (int32_t i = 0; i < count; ++i)
+        {
+            call.pairs.emplace_back(entries[i].slot, entries[i].hostState);
+            uint64_t& inSlot = states.at(static_cast<size_t>(entries[i].slot));
+            uint64_t& onHost = hostStates.at(static_cast<size_t>(entries[i].hostState));
+            if (kind == MoverCall::kOFFLOAD_STATES)
+            {
+                onHost = inSlot;
+            }
+            else
+            {
+                inSlot = onHost;
+            }
+        }
+        calls.push_back(std::move(call));
     }
     //! The entries as pairs; a page or host page listed twice is a failure (HostTier refuses such a list).
     static MoverCall listed(MoverCall::Kind kind, int32_t group, HostTierEntry const* entries, int32_t count)

@@ -22,6 +22,7 @@
 
 #include "support/cuda_raii.h"
 #include "support/gpu_test.h"
+#include "support/layout_expectations.h"
 #include "support/layout_model.h"
 
 namespace kvcache::test
@@ -190,39 +191,6 @@ inline ::testing::AssertionResult viewIs(rt::Tensor const& view, void const* bas
     if (view.getDeviceType() != rt::DeviceType::kGPU)
     {
         return ::testing::AssertionFailure() << "device type is not kGPU";
-    }
-    return ::testing::AssertionSuccess();
-}
-
-//! Returns success when `actual` and `expected` hold the same pointers and fields; names the first that differs.
-inline ::testing::AssertionResult sameLayerRef(rt::LayerRef const& actual, rt::LayerRef const& expected)
-{
-    auto const address = [](void const* pointer) { return static_cast<int64_t>(reinterpret_cast<uintptr_t>(pointer)); };
-    struct Field
-    {
-        char const* name;
-        int64_t actual;
-        int64_t expected;
-    };
-    Field const fields[] = {
-        {"kPool", address(actual.kPool), address(expected.kPool)},
-        {"vPool", address(actual.vPool), address(expected.vPool)},
-        {"pageStride", actual.pageStride, expected.pageStride},
-        {"tokenStride", actual.tokenStride, expected.tokenStride},
-        {"headStride", actual.headStride, expected.headStride},
-        {"elementBytes", actual.elementBytes, expected.elementBytes},
-        {"numPages", actual.numPages, expected.numPages},
-        {"tokensPerPage", actual.tokensPerPage, expected.tokensPerPage},
-        {"numKVHeads", actual.numKVHeads, expected.numKVHeads},
-        {"headDim", actual.headDim, expected.headDim},
-    };
-    for (Field const& field : fields)
-    {
-        if (field.actual != field.expected)
-        {
-            return ::testing::AssertionFailure()
-                << "LayerRef::" << field.name << " is " << field.actual << ", expected " << field.expected;
-        }
     }
     return ::testing::AssertionSuccess();
 }

@@ -11,6 +11,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <ostream>
+#include <string>
+#include <tuple>
 
 #include "support/config_builder.h"
 
@@ -39,95 +42,111 @@ char* const kBASE = reinterpret_cast<char*>(0x100000);
 //! Distinct from 1 and from each other, so that a swapped or dropped scale shows.
 LayerScales const kHOST_SCALES{0.25F, 0.75F};
 
-void expectEmpty(Tensor const& view)
+//! A scale pool view: at `pointer`, or an empty view where `pointer` is null.
+struct ExpectedPool
 {
-    EXPECT_EQ(view.rawPointer(), nullptr);
-    EXPECT_EQ(view.getShape().getNumDims(), 0);
-}
+    char* pointer;
+    Coords shape;
+    DataType type;
+};
 
-TEST(AttentionArguments, UnquantizedLayersMultiplyByOneAndHaveNoScalePools)
+ExpectedPool const kNO_POOL{nullptr, Coords{}, DataType::kFLOAT};
+
+//! What a kernel multiplies one layer's K and V by, and where it finds the page scales.
+struct ExpectedLayer
 {
-    KVCacheLayout const layout = layoutOf(KVQuantization::kNONE);
-    for (int32_t layer : {0, 1})
+    float kScale;
+    float vScale;
+    ExpectedPool kPool;
+    ExpectedPool vPool;
+};
+
+//! The arguments of layoutOf(quantization)'s KV layer and latent layer, given `scaleBase`.
+struct FormatCase
+{
+    KVQuantization quantization;
+    char* scaleBase;
+    bool tokenHeadScales;
+    bool tensorCoreDecode;
+    ExpectedLayer kv;
+    ExpectedLayer latent;
+};
+
+FormatCase const kFORMAT_CASES[] = {
+    // Unquantized: nothing to multiply by, no scale pools.
+    {KVQuantization::kNONE, nullptr, false, false, {1.0F, 1.0F, kNO_POOL, kNO_POOL}, {1.0F, 1.0F, kNO_POOL, kNO_POOL}},
+    // The host scales; a latent layer has no V: its v scale is unused, so the kernel's factor is 1.
+    {KVQuantization::kFP8_PER_TENSOR, nullptr, false, false, {0.25F, 0.75F, kNO_POOL, kNO_POOL},
+        {0.25F, 1.0F, kNO_POOL, kNO_POOL}},
+    // The scales are in the pages; the host scales (there are none for this format) must not leak in. K: [8 pages,
+    // 16 tokens, 2 heads] float32 at the base; a half is 8 * 16 * 2 * 4 = 1024 bytes, so V at + 1024. Latent: K
+    // scales [8, 16, 1] only.
+    {KVQuantization::kFP8_PER_TOKEN_HEAD, kBASE, true, true,
+        {1.0F, 1.0F, {kBASE, Coords{8, 16, 2}, DataType::kFLOAT}, {kBASE + 1024, Coords{8, 16, 2}, DataType::kFLOAT}},
+        {1.0F, 1.0F, {kBASE, Coords{8, 16, 1}, DataType::kFLOAT}, kNO_POOL}},
+    // Global scales from the host. K: [8 pages, 16 tokens, 2 heads, 32 / 16 = 2 blocks] E4M3; a half is
+    // 8 * 16 * 2 * 2 = 512 bytes. Latent: 64 / 16 = 4 blocks a head, K only, with its global scale k.
+    {KVQuantization::kNVFP4, kBASE, false, true,
+        {0.25F, 0.75F, {kBASE, Coords{8, 16, 2, 2}, DataType::kFP8_E4M3},
+            {kBASE + 512, Coords{8, 16, 2, 2}, DataType::kFP8_E4M3}},
+        {0.25F, 1.0F, {kBASE, Coords{8, 16, 1, 4}, DataType::kFP8_E4M3}, kNO_POOL}},
+};
+
+//! What a kernel multiplies a layer's K and V by, and the flags that pick its path: compared as one value, so that a
+//! failure shows them all.
+struct Scalars
+{
+    KVQuantization quantization;
+    float kScale;
+    float vScale;
+    bool tokenHeadScales;
+    bool tensorCoreDecode;
+
+    bool operator==(Scalars const& other) const
     {
-        AttentionArguments const arguments = detail::attentionArgumentsOf(layout, layer, kHOST_SCALES, nullptr);
-        EXPECT_EQ(arguments.quantization, KVQuantization::kNONE);
-        EXPECT_EQ(arguments.kScale, 1.0F);
-        EXPECT_EQ(arguments.vScale, 1.0F);
-        expectEmpty(arguments.kScalePool);
-        expectEmpty(arguments.vScalePool);
-        EXPECT_FALSE(arguments.tokenHeadScales);
-        EXPECT_FALSE(arguments.tensorCoreDecode);
+        return std::tie(quantization, kScale, vScale, tokenHeadScales, tensorCoreDecode)
+            == std::tie(other.quantization, other.kScale, other.vScale, other.tokenHeadScales, other.tensorCoreDecode);
     }
+};
+
+std::ostream& operator<<(std::ostream& out, Scalars const& scalars)
+{
+    return out << kvQuantizationName(scalars.quantization) << ", k " << scalars.kScale << ", v " << scalars.vScale
+               << ", tokenHeadScales " << scalars.tokenHeadScales << ", tensorCoreDecode " << scalars.tensorCoreDecode;
 }
 
-TEST(AttentionArguments, Fp8PerTensorPassesTheHostScales)
+void expectPool(Tensor const& view, ExpectedPool const& expected)
 {
-    KVCacheLayout const layout = layoutOf(KVQuantization::kFP8_PER_TENSOR);
-    AttentionArguments const kv = detail::attentionArgumentsOf(layout, 0, kHOST_SCALES, nullptr);
-    EXPECT_EQ(kv.quantization, KVQuantization::kFP8_PER_TENSOR);
-    EXPECT_EQ(kv.kScale, 0.25F);
-    EXPECT_EQ(kv.vScale, 0.75F);
-    expectEmpty(kv.kScalePool);
-    expectEmpty(kv.vScalePool);
-    EXPECT_FALSE(kv.tokenHeadScales);
-    EXPECT_FALSE(kv.tensorCoreDecode);
-
-    // A latent layer has no V: its v scale is unused, so the kernel's factor is 1.
-    AttentionArguments const latent = detail::attentionArgumentsOf(layout, 1, kHOST_SCALES, nullptr);
-    EXPECT_EQ(latent.kScale, 0.25F);
-    EXPECT_EQ(latent.vScale, 1.0F);
+    EXPECT_EQ(view.rawPointer(), expected.pointer);
+    if (expected.pointer == nullptr)
+    {
+        EXPECT_EQ(view.getShape().getNumDims(), 0);
+        return;
+    }
+    EXPECT_EQ(view.getShape(), expected.shape);
+    EXPECT_EQ(view.getDataType(), expected.type);
+    EXPECT_EQ(view.getDeviceType(), DeviceType::kGPU);
 }
 
-TEST(AttentionArguments, Fp8PerTokenHeadSplitsTheFloatScalePoolIntoKAndV)
+TEST(AttentionArguments, EveryFormatGivesTheScalesPoolsAndFlagsWorkedOutByHand)
 {
-    KVCacheLayout const layout = layoutOf(KVQuantization::kFP8_PER_TOKEN_HEAD);
-    AttentionArguments const kv = detail::attentionArgumentsOf(layout, 0, kHOST_SCALES, kBASE);
-    EXPECT_EQ(kv.quantization, KVQuantization::kFP8_PER_TOKEN_HEAD);
-    // The scales are in the pages; the host scales (there are none for this format) must not leak in.
-    EXPECT_EQ(kv.kScale, 1.0F);
-    EXPECT_EQ(kv.vScale, 1.0F);
-    // K: [8 pages, 16 tokens, 2 heads] float32 at the base; a half is 8 * 16 * 2 * 4 = 1024 bytes, so V at + 1024.
-    EXPECT_EQ(kv.kScalePool.rawPointer(), kBASE);
-    EXPECT_EQ(kv.kScalePool.getShape(), (Coords{8, 16, 2}));
-    EXPECT_EQ(kv.kScalePool.getDataType(), DataType::kFLOAT);
-    EXPECT_EQ(kv.vScalePool.rawPointer(), kBASE + 1024);
-    EXPECT_EQ(kv.vScalePool.getShape(), (Coords{8, 16, 2}));
-    EXPECT_EQ(kv.vScalePool.getDataType(), DataType::kFLOAT);
-    EXPECT_EQ(kv.kScalePool.getDeviceType(), DeviceType::kGPU);
-    EXPECT_TRUE(kv.tokenHeadScales);
-    EXPECT_TRUE(kv.tensorCoreDecode);
-
-    // Latent: K scales [8, 16, 1] only.
-    AttentionArguments const latent = detail::attentionArgumentsOf(layout, 1, kHOST_SCALES, kBASE);
-    EXPECT_EQ(latent.kScalePool.rawPointer(), kBASE);
-    EXPECT_EQ(latent.kScalePool.getShape(), (Coords{8, 16, 1}));
-    expectEmpty(latent.vScalePool);
-    EXPECT_EQ(latent.vScale, 1.0F);
-}
-
-TEST(AttentionArguments, Nvfp4PassesGlobalScalesAndSplitsTheBlockScales)
-{
-    KVCacheLayout const layout = layoutOf(KVQuantization::kNVFP4);
-    AttentionArguments const kv = detail::attentionArgumentsOf(layout, 0, kHOST_SCALES, kBASE);
-    EXPECT_EQ(kv.quantization, KVQuantization::kNVFP4);
-    EXPECT_EQ(kv.kScale, 0.25F);
-    EXPECT_EQ(kv.vScale, 0.75F);
-    // K: [8 pages, 16 tokens, 2 heads, 32 / 16 = 2 blocks] E4M3; a half is 8 * 16 * 2 * 2 = 512 bytes.
-    EXPECT_EQ(kv.kScalePool.rawPointer(), kBASE);
-    EXPECT_EQ(kv.kScalePool.getShape(), (Coords{8, 16, 2, 2}));
-    EXPECT_EQ(kv.kScalePool.getDataType(), DataType::kFP8_E4M3);
-    EXPECT_EQ(kv.vScalePool.rawPointer(), kBASE + 512);
-    EXPECT_EQ(kv.vScalePool.getShape(), (Coords{8, 16, 2, 2}));
-    EXPECT_FALSE(kv.tokenHeadScales);
-    EXPECT_TRUE(kv.tensorCoreDecode);
-
-    // Latent: 64 / 16 = 4 blocks a head, K only; its global scale k, and 1 for the V it does not have.
-    AttentionArguments const latent = detail::attentionArgumentsOf(layout, 1, kHOST_SCALES, kBASE);
-    EXPECT_EQ(latent.kScale, 0.25F);
-    EXPECT_EQ(latent.vScale, 1.0F);
-    EXPECT_EQ(latent.kScalePool.getShape(), (Coords{8, 16, 1, 4}));
-    expectEmpty(latent.vScalePool);
+    for (FormatCase const& c : kFORMAT_CASES)
+    {
+        SCOPED_TRACE(std::string(kvQuantizationName(c.quantization)));
+        KVCacheLayout const layout = layoutOf(c.quantization);
+        for (int32_t const layer : {0, 1})
+        {
+            SCOPED_TRACE(layer == 0 ? "KV layer" : "latent layer");
+            ExpectedLayer const& expected = layer == 0 ? c.kv : c.latent;
+            AttentionArguments const arguments = detail::attentionArgumentsOf(layout, layer, kHOST_SCALES, c.scaleBase);
+            Scalars const actual{arguments.quantization, arguments.kScale, arguments.vScale, arguments.tokenHeadScales,
+                arguments.tensorCoreDecode};
+            EXPECT_EQ(actual,
+                (Scalars{c.quantization, expected.kScale, expected.vScale, c.tokenHeadScales, c.tensorCoreDecode}));
+            expectPool(arguments.kScalePool, expected.kPool);
+            expectPool(arguments.vScalePool, expected.vPool);
+        }
+    }
 }
 
 TEST(AttentionArguments, ScalePoolTensorKeepsBothHalvesInOneView)

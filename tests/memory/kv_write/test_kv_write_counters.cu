@@ -28,21 +28,17 @@
 #include "support/gpu_test.h"
 #include "support/layout_model.h"
 #include "support/quantize_reference.h"
+#include "support/scaled_configs.h"
 #include "support/token_write_model.h"
 
+namespace kvcache::test
+{
 namespace
 {
 
-namespace rt = kvcache::rt;
-namespace quant = kvcache::test::quant;
-using kvcache::test::ConfigBuilder;
-using kvcache::test::CudaStream;
-using kvcache::test::DeviceArray;
-using kvcache::test::floatToHalfWithNan;
-using kvcache::test::roundedTo;
 using Q = rt::KVQuantization;
 
-using WriteCountersTest = kvcache::test::GpuTest;
+using WriteCountersTest = GpuTest;
 
 constexpr int32_t kTOKENS_PER_PAGE = 16;
 constexpr int kPOISON_BYTE = 0x7B;
@@ -59,18 +55,6 @@ constexpr int32_t kSPECIAL_TOKEN = 3;
 
 //! Layer 0: 2 heads of 64 (full attention); layer 1: latent, 1 head of 96.
 std::vector<rt::KVLayerConfig> const kLAYERS{{2, 64}, {1, 96, 0, rt::KVLayerKind::kLATENT}};
-
-struct Format
-{
-    Q quantization;
-    rt::DataType storage;
-};
-
-constexpr Format kFORMATS[] = {
-    {Q::kFP8_PER_TENSOR, rt::DataType::kFP8_E4M3},
-    {Q::kFP8_PER_TOKEN_HEAD, rt::DataType::kFP8_E4M3},
-    {Q::kNVFP4, rt::DataType::kUINT8},
-};
 
 //! What the counters start from: not zero, so that a write that overwrote them instead of raising them shows.
 constexpr rt::WriteCounters kSTART{0.5F, 0.25F, 1000, 2000};
@@ -196,13 +180,12 @@ constexpr Case kCASES[] = {
 
 std::vector<uint8_t> poolBytes(rt::KVCacheManager const& cache, int32_t layer, cudaStream_t stream)
 {
-    auto const model = kvcache::test::modelLayout(cache.getConfig());
+    auto const model = modelLayout(cache.getConfig());
     auto const& sizes = model.layers[static_cast<size_t>(layer)];
-    std::vector<uint8_t> bytes = kvcache::test::downloadBytes(cache.kPoolPtr(layer), sizes.layerBytes, stream);
+    std::vector<uint8_t> bytes = downloadBytes(cache.kPoolPtr(layer), sizes.layerBytes, stream);
     if (sizes.scaleBytes > 0)
     {
-        std::vector<uint8_t> const scales =
-            kvcache::test::downloadBytes(cache.layerRef(layer).kScalePool, sizes.scaleBytes, stream);
+        std::vector<uint8_t> const scales = downloadBytes(cache.layerRef(layer).kScalePool, sizes.scaleBytes, stream);
         bytes.insert(bytes.end(), scales.begin(), scales.end());
     }
     return bytes;
@@ -210,7 +193,7 @@ std::vector<uint8_t> poolBytes(rt::KVCacheManager const& cache, int32_t layer, c
 
 void poison(rt::KVCacheManager const& cache, int32_t layer, cudaStream_t stream)
 {
-    auto const model = kvcache::test::modelLayout(cache.getConfig());
+    auto const model = modelLayout(cache.getConfig());
     auto const& sizes = model.layers[static_cast<size_t>(layer)];
     KVCACHE_CUDA_TRY(
         cudaMemsetAsync(cache.kPoolPtr(layer), kPOISON_BYTE, static_cast<size_t>(sizes.layerBytes), stream));
@@ -223,7 +206,7 @@ void poison(rt::KVCacheManager const& cache, int32_t layer, cudaStream_t stream)
 
 TEST_F(WriteCountersTest, CountersHoldTheAmaxAndTheSaturatedValuesWorkedOutOnTheHost)
 {
-    for (Format const format : kFORMATS)
+    for (ScaledFormat const format : kQUANTIZED_FORMATS)
     {
         for (Case const& c : kCASES)
         {
@@ -386,10 +369,11 @@ TEST_F(WriteCountersTest, CalibrationFromTheCountersLandsTheLargestValueOnTheLar
     rt::writeTokens(cache, 0, kTensor, vTensor, address.get(), stream.get());
     rt::LayerRef const ref = cache.layerRef(0);
     std::vector<uint8_t> const pool =
-        kvcache::test::downloadBytes(cache.kPoolPtr(0), 2 * int64_t{ref.numPages} * ref.pageStride, stream.get());
+        downloadBytes(cache.kPoolPtr(0), 2 * int64_t{ref.numPages} * ref.pageStride, stream.get());
     int64_t const at = ref.offset(0, 5, 0);
     EXPECT_EQ(pool[static_cast<size_t>(at + 31)], 0x7E) << "K's largest value stores as +448";
     EXPECT_EQ(pool[static_cast<size_t>(ref.numPages * ref.pageStride + at + 31)], 0xFE) << "V's as -448";
 }
 
 } // namespace
+} // namespace kvcache::test

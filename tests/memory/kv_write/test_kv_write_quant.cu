@@ -27,20 +27,15 @@
 #include "support/gpu_test.h"
 #include "support/layout_model.h"
 #include "support/quantize_reference.h"
+#include "support/scaled_configs.h"
 #include "support/token_write_model.h"
 
+namespace kvcache::test
+{
 namespace
 {
 
-namespace rt = kvcache::rt;
-namespace quant = kvcache::test::quant;
-using kvcache::test::ConfigBuilder;
-using kvcache::test::CudaStream;
-using kvcache::test::DeviceArray;
-using kvcache::test::floatToHalfWithNan;
-using kvcache::test::roundedTo;
-
-using QuantWriteTest = kvcache::test::GpuTest;
+using QuantWriteTest = GpuTest;
 
 constexpr int32_t kTOKENS_PER_PAGE = 16;
 constexpr int kPOISON_BYTE = 0x7B;
@@ -52,17 +47,6 @@ constexpr int32_t kBAD_TOKEN = 7;
 //! A bad address past the count: neither written nor counted (the kernel loads it before it compares the count).
 constexpr int32_t kUNCOUNTED_BAD_TOKEN = kTOKENS - 2;
 
-struct Format
-{
-    rt::KVQuantization quantization;
-    rt::DataType storage;
-};
-
-constexpr Format kFORMATS[] = {
-    {rt::KVQuantization::kFP8_PER_TENSOR, rt::DataType::kFP8_E4M3},
-    {rt::KVQuantization::kFP8_PER_TOKEN_HEAD, rt::DataType::kFP8_E4M3},
-    {rt::KVQuantization::kNVFP4, rt::DataType::kUINT8},
-};
 constexpr rt::DataType kINPUT_TYPES[] = {rt::DataType::kFLOAT, rt::DataType::kHALF, rt::DataType::kBF16};
 
 //! Full attention 2 x 128 (fewer heads than a warp holds: idle lanes); window 32, 1 x 64 (its own group); latent
@@ -136,8 +120,7 @@ DeviceArray<uint8_t> uploadInput(
             }
             else
             {
-                uint16_t const half =
-                    type == rt::DataType::kHALF ? floatToHalfWithNan(x) : kvcache::test::floatToBfloat16(x);
+                uint16_t const half = type == rt::DataType::kHALF ? floatToHalfWithNan(x) : floatToBfloat16(x);
                 std::memcpy(to, &half, 2);
             }
         }
@@ -148,7 +131,7 @@ DeviceArray<uint8_t> uploadInput(
 //! One quantized cache of kLAYERS on its own stream, with its host-held scales set.
 struct QuantCache
 {
-    explicit QuantCache(Format format)
+    explicit QuantCache(ScaledFormat format)
         : manager(ConfigBuilder(kLAYERS)
                       .maxBatchSize(2)
                       .maxSequenceLength(64)
@@ -179,11 +162,11 @@ struct QuantCache
     }
     int64_t dataBytes(int32_t layer) const
     {
-        return kvcache::test::modelLayout(manager.getConfig()).layers[static_cast<size_t>(layer)].layerBytes;
+        return modelLayout(manager.getConfig()).layers[static_cast<size_t>(layer)].layerBytes;
     }
     int64_t scaleBytes(int32_t layer) const
     {
-        return kvcache::test::modelLayout(manager.getConfig()).layers[static_cast<size_t>(layer)].scaleBytes;
+        return modelLayout(manager.getConfig()).layers[static_cast<size_t>(layer)].scaleBytes;
     }
     void* scalePool(int32_t layer) const
     {
@@ -202,17 +185,16 @@ struct QuantCache
     }
     std::vector<uint8_t> data(int32_t layer) const
     {
-        return kvcache::test::downloadBytes(manager.kPoolPtr(layer), dataBytes(layer), stream.get());
+        return downloadBytes(manager.kPoolPtr(layer), dataBytes(layer), stream.get());
     }
     std::vector<uint8_t> scales(int32_t layer) const
     {
-        return scalePools() ? kvcache::test::downloadBytes(scalePool(layer), scaleBytes(layer), stream.get())
-                            : std::vector<uint8_t>{};
+        return scalePools() ? downloadBytes(scalePool(layer), scaleBytes(layer), stream.get()) : std::vector<uint8_t>{};
     }
 
     CudaStream stream;
     rt::KVCacheManager manager;
-    Format format;
+    ScaledFormat format;
 };
 
 //! Distinct token addresses inside the layer's group, with the skipped, bad and uncounted tokens as the test says.
@@ -246,7 +228,7 @@ struct Expected
 };
 
 //! Places one head's codes, scale and read-back by the reference.
-void expectHead(Format format, rt::LayerRef const& ref, float hostScale, float const* values, int64_t dataOffset,
+void expectHead(ScaledFormat format, rt::LayerRef const& ref, float hostScale, float const* values, int64_t dataOffset,
     int64_t scaleOffset, Expected& expected, float* read)
 {
     int32_t const dim = ref.headDim;
@@ -361,7 +343,7 @@ std::string firstDifference(std::vector<float> const& actual, std::vector<float>
 
 TEST_F(QuantWriteTest, WritesAndReadsBackEveryFormatByTheRules)
 {
-    for (Format const format : kFORMATS)
+    for (ScaledFormat const format : kQUANTIZED_FORMATS)
     {
         SCOPED_TRACE(std::string(rt::kvQuantizationName(format.quantization)));
         QuantCache cache(format);
@@ -427,7 +409,7 @@ TEST_F(QuantWriteTest, WritesAndReadsBackEveryFormatByTheRules)
 
 TEST_F(QuantWriteTest, PageTableFormWritesWhatTheAddressFormWrites)
 {
-    for (Format const format : kFORMATS)
+    for (ScaledFormat const format : kQUANTIZED_FORMATS)
     {
         SCOPED_TRACE(std::string(rt::kvQuantizationName(format.quantization)));
         QuantCache byAddress(format);
@@ -473,3 +455,4 @@ TEST_F(QuantWriteTest, PageTableFormWritesWhatTheAddressFormWrites)
 }
 
 } // namespace
+} // namespace kvcache::test

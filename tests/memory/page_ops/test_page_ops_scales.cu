@@ -2,7 +2,7 @@
 // against the host model: data and scales move together in every targeted layer half of windowed and latent layers
 // (a latent layer has no V scales), untouched pages and scale pages stay as they were, device lists count a bad id
 // once; the scale views, LayerRef's scale fields, allocatedBytes and the host-held layer scales. Host tiers and
-// sequence files carry scales too (test_host_tier_scales.cu), and so does page transfer (test_page_transfer_scales.cu).
+// sequence files carry scales too (test_host_tier_contract.cu), and so does page transfer (test_page_transfer_scales.cu).
 
 #include "kvcache/core/errors.h"
 #include "kvcache/memory/kv_write.h"
@@ -20,6 +20,7 @@
 #include "support/cuda_raii.h"
 #include "support/error_matchers.h"
 #include "support/gpu_test.h"
+#include "support/layout_expectations.h"
 #include "support/layout_model.h"
 #include "support/page_op_reference.h"
 #include "support/scaled_configs.h"
@@ -207,12 +208,7 @@ TEST_F(ScaledPageOpsTest, ScaleViewsLayerRefsAndBytesFollowTheModel)
             EXPECT_EQ(cache.getCombinedKVCachePoolView(layer).sizeBytes(), m.layerBytes);
             LayerRef const ref = cache.layerRef(layer);
             LayerRef const byModel = model.layerRef(layer, cache.kPoolPtr(layer), scales.rawPointer());
-            EXPECT_EQ(ref.kScalePool, byModel.kScalePool);
-            EXPECT_EQ(ref.vScalePool, byModel.vScalePool);
-            EXPECT_EQ(ref.scalesPerHead, byModel.scalesPerHead);
-            EXPECT_EQ(ref.scaleElementBytes, byModel.scaleElementBytes);
-            EXPECT_EQ(ref.headStride, byModel.headStride);
-            EXPECT_EQ(ref.tokenStride, byModel.tokenStride);
+            EXPECT_TRUE(test::sameLayerRef(ref, byModel));
             EXPECT_EQ(ref.scaleOffset(1, 2, 0) * ref.scaleElementBytes,
                 (model.tokensPerPage + 2) * m.numKVHeads * (m.scalePageBytes / (model.tokensPerPage * m.numKVHeads)));
             tableEntries += 2;

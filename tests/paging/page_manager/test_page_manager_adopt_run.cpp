@@ -112,17 +112,22 @@ void serveAndCheckpoint(PageManager& manager, std::vector<int32_t> const& prompt
     manager.free(id);
 }
 
-//! Expects a new sequence's run of `prompt`'s first 4 pages, its state brought from the host, refused: no slot
-//! handed out and the sequence left empty.
+//! Expects `sequence`'s adoption of `run`'s first `pages` pages, with a state brought from the host when
+//! `bringsState`, refused: no slot handed out and the sequence left empty.
+void expectRunRefused(PageManager& manager, SequenceId sequence, HashedRun const& run, int32_t pages, bool bringsState)
+{
+    std::vector<std::vector<FreshPage>> fresh;
+    int32_t fillSlot = 7;
+    EXPECT_FALSE(PageManagerInternal::adoptRun(manager, run.known, pages, fresh, bringsState, &fillSlot));
+    EXPECT_EQ(fillSlot, -1);
+    EXPECT_EQ(manager.length(sequence), 0);
+}
+
+//! Expects a new sequence's run of `prompt`'s first 4 pages, its state brought from the host, refused.
 void expectRunWithAHostStateRefused(PageManager& manager, std::vector<int32_t> const& prompt)
 {
     SequenceId const second = manager.create();
-    HashedRun const run = hashRun(manager, second, prompt, 0, 4);
-    std::vector<std::vector<FreshPage>> fresh;
-    int32_t fillSlot = 7;
-    EXPECT_FALSE(PageManagerInternal::adoptRun(manager, run.known, 4, fresh, true, &fillSlot));
-    EXPECT_EQ(fillSlot, -1);
-    EXPECT_EQ(manager.length(second), 0);
+    expectRunRefused(manager, second, hashRun(manager, second, prompt, 0, 4), 4, true);
 }
 
 TEST(PageManagerAdoptRun, WithStateLayersARunEndsAtTheDevicesCheckpointOrOneTheCallerBrings)
@@ -134,16 +139,14 @@ TEST(PageManagerAdoptRun, WithStateLayersARunEndsAtTheDevicesCheckpointOrOneTheC
     ASSERT_EQ(manager.numCheckpoints(), 1);
     SequenceId const second = manager.create();
     HashedRun const run = hashRun(manager, second, prompt, 0, 5);
-    std::vector<std::vector<FreshPage>> fresh;
-    int32_t fillSlot = 7;
     // No checkpoint after 5 pages, none brought: refused, nothing changed.
-    EXPECT_FALSE(PageManagerInternal::adoptRun(manager, run.known, 5, fresh, false, &fillSlot));
-    EXPECT_EQ(fillSlot, -1);
-    EXPECT_EQ(manager.length(second), 0);
+    expectRunRefused(manager, second, run, 5, false);
     EXPECT_EQ(manager.counts(0).cached, 5);
     EXPECT_TRUE(pendingPairs(manager).empty());
     // The device's checkpoint after 3 pages: held pages, its restore queued (slot 2 into the sequence's).
     int32_t const slot = manager.stateSlot(second);
+    std::vector<std::vector<FreshPage>> fresh;
+    int32_t fillSlot = 7;
     ASSERT_TRUE(PageManagerInternal::adoptRun(manager, run.known, 3, fresh, true, &fillSlot));
     EXPECT_EQ(fillSlot, -1) << "the device's checkpoint serves; nothing to fill";
     EXPECT_EQ(manager.length(second), 3 * kP);

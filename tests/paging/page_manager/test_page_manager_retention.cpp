@@ -71,12 +71,9 @@ std::vector<int32_t> prioritiesOf(PageManager const& manager, int32_t group, std
 TEST(Retention, LowestPriorityIsEvictedFirstThenLeastRecentlyReleased)
 {
     Pair pair(singleGroupConfig(), optionsWith(4));
-    SequenceId const a = pair.create();
-    pair.append(a, tokensFrom(0, 8)); // pages 0, 1
-    SequenceId const b = pair.create();
-    pair.append(b, tokensFrom(100, 8)); // pages 2, 3
-    SequenceId const c = pair.create();
-    pair.append(c, tokensFrom(200, 8)); // pages 4, 5
+    SequenceId const a = pair.createWith(tokensFrom(0, 8));   // pages 0, 1
+    SequenceId const b = pair.createWith(tokensFrom(100, 8)); // pages 2, 3
+    SequenceId const c = pair.createWith(tokensFrom(200, 8)); // pages 4, 5
     EXPECT_EQ(prioritiesOf(pair.manager, 0, {0, 1, 2, 3, 4, 5}), std::vector<int32_t>(6, kDEFAULT));
 
     pair.retain(a, 0, 8, 80);  // pages 0, 1
@@ -99,15 +96,12 @@ TEST(Retention, TakingAPageEvictsTheLowestPriority)
     // 4 pages: one slot of 16 tokens.
     Pair pair(
         ConfigBuilder({{1, 8}}).maxBatchSize(1).maxSequenceLength(16).tokensPerPage(P).numPages(4), optionsWith(4));
-    SequenceId const a = pair.create();
-    pair.append(a, tokensFrom(0, 8)); // pages 0, 1
-    SequenceId const b = pair.create();
-    pair.append(b, tokensFrom(100, 8)); // pages 2, 3
+    SequenceId const a = pair.createWith(tokensFrom(0, 8));   // pages 0, 1
+    SequenceId const b = pair.createWith(tokensFrom(100, 8)); // pages 2, 3
     pair.retain(a, 0, 8, 60);
-    pair.free(a); // cached at 60: 1, 0
-    pair.free(b); // cached at 35: 3, 2
-    SequenceId const c = pair.create();
-    pair.append(c, tokensFrom(300, 12)); // takes 3, 2, then 1 (the oldest at 60)
+    pair.free(a);                                              // cached at 60: 1, 0
+    pair.free(b);                                              // cached at 35: 3, 2
+    SequenceId const c = pair.createWith(tokensFrom(300, 12)); // takes 3, 2, then 1 (the oldest at 60)
     EXPECT_EQ(pair.pages(c), (std::vector<int32_t>{3, 2, 1}));
     EXPECT_EQ(evictedPages(pair, 0), (std::vector<int32_t>{3, 2, 1}));
     // Taken pages start at the default.
@@ -117,8 +111,7 @@ TEST(Retention, TakingAPageEvictsTheLowestPriority)
 TEST(Retention, APageHasTheHighestPriorityOfItsHoldersAndKeepsItWhenCachedAndAdopted)
 {
     Pair pair(singleGroupConfig(), optionsWith(4));
-    SequenceId const a = pair.create();
-    pair.append(a, tokensFrom(0, 10)); // pages 0, 1 full, 2 partial
+    SequenceId const a = pair.createWith(tokensFrom(0, 10)); // pages 0, 1 full, 2 partial
     SequenceId const child = pair.fork(a);
     pair.retain(a, 0, 4, 90);      // page 0
     pair.retain(child, 0, 8, 20);  // pages 0 (stays 90: 20 is lower) and 1 (20: none was set, below the default)
@@ -136,9 +129,8 @@ TEST(Retention, APageHasTheHighestPriorityOfItsHoldersAndKeepsItWhenCachedAndAdo
     EXPECT_EQ(pair.pages(again), (std::vector<int32_t>{0, 1}));
     EXPECT_EQ(prioritiesOf(pair.manager, 0, {0, 1}), (std::vector<int32_t>{90, 20}));
     pair.free(again);
-    SequenceId const other = pair.create();
-    pair.append(other, tokensFrom(500, 4)); // page 2 (most recently freed)
-    pair.free(other);                       // cached at 35: between 1 (20) and 0 (90)
+    SequenceId const other = pair.createWith(tokensFrom(500, 4)); // page 2 (most recently freed)
+    pair.free(other);                                             // cached at 35: between 1 (20) and 0 (90)
     EXPECT_EQ(pair.evict(0, 3), 3);
     EXPECT_EQ(evictedPages(pair, 0), (std::vector<int32_t>{1, 2, 0}));
 }
@@ -181,10 +173,8 @@ TEST(Retention, AHybridCacheEvictsUnanchoredPagesFirstThenByPriority)
 TEST(Retention, ADurationEndsAtTheNextEvictionAndTheCachedPageMovesToItsNewPriority)
 {
     Pair pair(singleGroupConfig(), optionsWith(4));
-    SequenceId const a = pair.create();
-    pair.append(a, tokensFrom(0, 8)); // pages 0, 1
-    SequenceId const b = pair.create();
-    pair.append(b, tokensFrom(100, 8)); // pages 2, 3
+    SequenceId const a = pair.createWith(tokensFrom(0, 8));   // pages 0, 1
+    SequenceId const b = pair.createWith(tokensFrom(100, 8)); // pages 2, 3
     pair.model.setNow(1000);
     pair.retain(a, 0, 8, 80, 100); // until 1100
     pair.retain(b, 0, 8, 60);
@@ -212,8 +202,7 @@ TEST(Retention, BadInputIsRefusedWithNamedErrorsAndChangesNothing)
 {
     Pair pair(singleGroupConfig(), optionsWith(4));
     PageManager& m = pair.manager;
-    SequenceId const a = pair.create();
-    pair.append(a, tokensFrom(0, 10));
+    SequenceId const a = pair.createWith(tokensFrom(0, 10));
     pair.retain(a, 0, 4, 50);
     SequenceId const gone = pair.create();
     pair.free(gone);

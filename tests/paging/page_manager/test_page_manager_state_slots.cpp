@@ -77,25 +77,27 @@ CopyList stepOne(PageManager& manager, std::vector<SequenceId> const& sequences,
     return pairsOf(manager.step(appends.data(), static_cast<int32_t>(appends.size())).stateCopies());
 }
 
+//! Creates a sequence and expects it to be handed state slot `slot`.
+SequenceId createInSlot(PageManager& manager, int32_t slot)
+{
+    SequenceId const id = manager.create();
+    EXPECT_EQ(manager.stateSlot(id), slot) << "sequence " << id;
+    return id;
+}
+
 TEST(StateSlots, HandedOutInOrderAndReused)
 {
     PageManager manager(slotConfig(4), options());
     ASSERT_EQ(manager.layout().numStateSlots, 6); // 4 sequences + 2 checkpoints
-    SequenceId const a = manager.create();
-    SequenceId const b = manager.create();
-    SequenceId const c = manager.create();
-    EXPECT_EQ(manager.stateSlot(a), 0);
-    EXPECT_EQ(manager.stateSlot(b), 1);
-    EXPECT_EQ(manager.stateSlot(c), 2);
+    SequenceId const a = createInSlot(manager, 0);
+    SequenceId const b = createInSlot(manager, 1);
+    SequenceId const c = createInSlot(manager, 2);
     manager.free(b);
     manager.free(a);
     // The most recently freed first: a's slot, then b's, then the unused 3.
-    SequenceId const d = manager.create();
-    SequenceId const e = manager.create();
-    SequenceId const f = manager.create();
-    EXPECT_EQ(manager.stateSlot(d), 0);
-    EXPECT_EQ(manager.stateSlot(e), 1);
-    EXPECT_EQ(manager.stateSlot(f), 3);
+    SequenceId const d = createInSlot(manager, 0);
+    SequenceId const e = createInSlot(manager, 1);
+    SequenceId const f = createInSlot(manager, 3);
     // Checkpoint slots 4 and 5 are never handed out: all four sequence slots are taken.
     EXPECT_TRUE(throwsNaming<InvalidArgumentError>([&] { manager.create(); }, {"create", "maxSequences is 4"}));
     std::vector<SequenceId> const batch = {f, c, d, e};
@@ -168,7 +170,7 @@ TEST(StateSlots, AFreedSlotAQueuedCopyReadsIsHeldUntilTheStep)
     manager.checkInvariants();
     EXPECT_EQ(stepOne(manager, {c, d}), (CopyList{{0, 2}, {1, 3}}));
     // The step ran the copies that read slot 0: it is free again.
-    EXPECT_EQ(manager.stateSlot(manager.create()), 0);
+    createInSlot(manager, 0);
     manager.checkInvariants();
 }
 
@@ -184,12 +186,12 @@ TEST(StateSlots, HeldSlotsComeBackInTheOrderFreed)
     manager.free(b); // free: nothing reads it
     manager.free(a); // held
     manager.checkInvariants();
-    EXPECT_EQ(manager.stateSlot(manager.create()), 1);
+    createInSlot(manager, 1);
     manager.step(nullptr, 0);
     // Held 2 then 0 went on the free slots in that order: 0 is the most recently freed.
-    EXPECT_EQ(manager.stateSlot(manager.create()), 0);
-    EXPECT_EQ(manager.stateSlot(manager.create()), 2);
-    EXPECT_EQ(manager.stateSlot(manager.create()), 5);
+    createInSlot(manager, 0);
+    createInSlot(manager, 2);
+    createInSlot(manager, 5);
     manager.checkInvariants();
 }
 

@@ -19,13 +19,12 @@
 #include "support/error_matchers.h"
 #include "support/sequence_file_fixture.h"
 
+namespace kvcache::test
+{
 namespace
 {
 
-namespace rt = kvcache::rt;
 namespace fs = std::filesystem;
-using kvcache::test::patchHeader;
-using kvcache::test::throwsNaming;
 
 //! Two KV layers and one latent layer, bfloat16, 16 tokens a page; page bytes worked out by hand below.
 rt::PageGeometry mixedGeometry()
@@ -43,7 +42,7 @@ rt::PageGeometry mixedGeometry()
 //! tensor count and a reserved int32 (8), the 8-byte checksum.
 constexpr int64_t kMIXED_HEADER_BYTES = 56 + 3 * 24 + 8 + 8;
 
-class SequenceFileTest : public kvcache::test::SequenceFileFixture
+class SequenceFileTest : public SequenceFileFixture
 {
 protected:
     //! Writes `count` pages of random bytes of mixedGeometry() holding `tokens` tokens and returns the file's bytes.
@@ -87,7 +86,7 @@ TEST_F(SequenceFileTest, EmptySequenceRoundTrips)
 
 TEST_F(SequenceFileTest, GeometryOfALayoutMatchesTheFormulas)
 {
-    rt::KVCacheConfig const config = kvcache::test::ConfigBuilder(
+    rt::KVCacheConfig const config = ConfigBuilder(
         {{2, 64, 0, rt::KVLayerKind::kKV}, {1, 96, 0, rt::KVLayerKind::kLATENT}, {4, 32, 0, rt::KVLayerKind::kKV}})
                                          .tokensPerPage(16)
                                          .dataType(rt::DataType::kBF16);
@@ -239,14 +238,7 @@ TEST_F(SequenceFileTest, OutOfRangeHeaderFieldsWithAValidChecksumAreRefused)
     int64_t const headerBytes = kMIXED_HEADER_BYTES;
     int32_t const huge = 1 << 30;
     int64_t const int64Max = std::numeric_limits<int64_t>::max();
-    struct Case
-    {
-        int64_t offset;
-        int64_t value;
-        bool wide;
-        std::vector<std::string> words;
-    };
-    std::vector<Case> const cases{
+    std::vector<BadHeaderField> const cases{
         {16, huge, false, {"tokensPerPage is 1073741824", "power of two in [1, 1024]"}},
         {16, 3, false, {"tokensPerPage is 3", "power of two in [1, 1024]"}},
         {16, 0, false, {"tokensPerPage is 0", "power of two in [1, 1024]"}},
@@ -271,18 +263,9 @@ TEST_F(SequenceFileTest, OutOfRangeHeaderFieldsWithAValidChecksumAreRefused)
         {40, -1, true, {"pageCount is -1", ">= 0"}},
         {48, 17, true, {"tokenCount is 17", "at most 16"}},
     };
-    for (Case const& c : cases)
+    for (BadHeaderField const& c : cases)
     {
-        std::vector<char> bad = good;
-        if (c.wide)
-        {
-            patchHeader<int64_t>(bad, headerBytes, c.offset, c.value);
-        }
-        else
-        {
-            patchHeader<int32_t>(bad, headerBytes, c.offset, static_cast<int32_t>(c.value));
-        }
-        writeBytes(bad);
+        writeBytes(withBadField(good, headerBytes, c));
         EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>([&] { rt::readSequenceFileInfo(mPath); }, c.words))
             << "byte " << c.offset << " = " << c.value;
         auto loaded = poisoned(geometry, 1);
@@ -362,3 +345,4 @@ TEST_F(SequenceFileTest, RewritingReplacesTheWholeFile)
 }
 
 } // namespace
+} // namespace kvcache::test

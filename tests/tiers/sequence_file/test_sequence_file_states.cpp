@@ -19,13 +19,12 @@
 #include "support/sequence_file_fixture.h"
 #include "support/state_configs.h"
 
+namespace kvcache::test
+{
 namespace
 {
 
-namespace rt = kvcache::rt;
 namespace fs = std::filesystem;
-using kvcache::test::patchHeader;
-using kvcache::test::throwsNaming;
 
 //! The state of stateLayerConfig() (one KV layer of 2 x 64 float16, 8192 bytes a page): conv 6 * 3 * 2 = 36 bytes,
 //! recurrent 2 * 4 * 4 * 4 = 128, ssm 7; 171 in all.
@@ -35,11 +34,11 @@ constexpr int64_t kSTATE_BYTES = 36 + 128 + 7;
 constexpr int64_t kHEADER_BYTES = 56 + 24 + 8 + 3 * 80 + 8;
 constexpr int64_t kSTATE_RECORDS_AT = 56 + 24 + 8;
 
-class SequenceFileStatesTest : public kvcache::test::SequenceFileFixture
+class SequenceFileStatesTest : public SequenceFileFixture
 {
 protected:
     SequenceFileStatesTest()
-        : layout(rt::computeLayout(kvcache::test::stateLayerConfig()))
+        : layout(rt::computeLayout(stateLayerConfig()))
         , geometry(rt::pageGeometry(layout, 0))
         , tensors(rt::sequenceStateTensors(layout))
         , pages(randomPages(geometry, 2, 11))
@@ -63,7 +62,7 @@ protected:
         std::vector<rt::SequenceStateTensor> const& expected, std::vector<std::string> const& words)
     {
         auto loaded = poisoned(geometry, 2);
-        std::vector<uint8_t> loadedState(static_cast<size_t>(kSTATE_BYTES), kvcache::test::kPAGE_POISON);
+        std::vector<uint8_t> loadedState(static_cast<size_t>(kSTATE_BYTES), kPAGE_POISON);
         ::testing::AssertionResult result = throwsNaming<Error>([&]
             { rt::readSequenceFile(mPath, geometry, pointers(loaded).data(), 2, {}, expected, loadedState.data()); },
             words);
@@ -71,7 +70,7 @@ protected:
         {
             return result;
         }
-        if (!allPoison(loaded) || loadedState != std::vector<uint8_t>(loadedState.size(), kvcache::test::kPAGE_POISON))
+        if (!allPoison(loaded) || loadedState != std::vector<uint8_t>(loadedState.size(), kPAGE_POISON))
         {
             return ::testing::AssertionFailure() << "a refused read wrote a page or the state";
         }
@@ -106,7 +105,7 @@ TEST_F(SequenceFileStatesTest, StateTensorsOfALayoutAreItsTensorsInPackedOrder)
         EXPECT_EQ(tensors[i].shape, expected[i].shape);
         EXPECT_EQ(tensors[i].slotBytes, expected[i].bytes);
     }
-    rt::KVCacheConfig const stateless = kvcache::test::withoutStateLayers(kvcache::test::stateLayerConfig());
+    rt::KVCacheConfig const stateless = withoutStateLayers(stateLayerConfig());
     EXPECT_TRUE(rt::sequenceStateTensors(rt::computeLayout(stateless)).empty());
 }
 
@@ -123,7 +122,7 @@ TEST_F(SequenceFileStatesTest, PagesAndStateRoundTrip)
     EXPECT_EQ(info.stateTensors[2].dataType, rt::DataType::kINT8);
 
     auto loaded = poisoned(geometry, 2);
-    std::vector<uint8_t> loadedState(static_cast<size_t>(kSTATE_BYTES), kvcache::test::kPAGE_POISON);
+    std::vector<uint8_t> loadedState(static_cast<size_t>(kSTATE_BYTES), kPAGE_POISON);
     EXPECT_EQ(rt::readSequenceFile(mPath, geometry, pointers(loaded).data(), 2, {}, tensors, loadedState.data()), 20);
     EXPECT_EQ(loaded, pages);
     EXPECT_EQ(loadedState, state);
@@ -192,15 +191,8 @@ TEST_F(SequenceFileStatesTest, CorruptStateRecordsWithAValidChecksumAreRefused)
     writeWithState();
     std::vector<char> const good = fileBytes();
     // A record: stateLayer +0, tensor +4, dataType +8, dimensions +12, slotBytes +16, extents from +24.
-    struct Case
-    {
-        int64_t offset;
-        int64_t value;
-        bool wide;
-        std::vector<std::string> words;
-    };
     int64_t const second = kSTATE_RECORDS_AT + 80;
-    std::vector<Case> const cases{
+    std::vector<BadHeaderField> const cases{
         {second + 4, 2, false, {"stateTensors[1] is state layer 0 tensor 2", "layer by layer"}},
         {kSTATE_RECORDS_AT, 1, false, {"stateTensors[0] is state layer 1 tensor 0"}},
         {second + 8, 99, false, {"stateTensors[1].dataType is 99", "not a DataType"}},
@@ -210,18 +202,9 @@ TEST_F(SequenceFileStatesTest, CorruptStateRecordsWithAValidChecksumAreRefused)
         {second + 24, -2, true, {"stateTensors[1].shape[0] is -2", "> 0"}},
         {second + 24 + 3 * 8, 5, true, {"stateTensors[1] extent 3", "is 5", "must be 0"}},
     };
-    for (Case const& c : cases)
+    for (BadHeaderField const& c : cases)
     {
-        std::vector<char> bad = good;
-        if (c.wide)
-        {
-            patchHeader<int64_t>(bad, kHEADER_BYTES, c.offset, c.value);
-        }
-        else
-        {
-            patchHeader<int32_t>(bad, kHEADER_BYTES, c.offset, static_cast<int32_t>(c.value));
-        }
-        writeBytes(bad);
+        writeBytes(withBadField(good, kHEADER_BYTES, c));
         EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>([&] { rt::readSequenceFileInfo(mPath); }, c.words))
             << "byte " << c.offset << " = " << c.value;
         EXPECT_TRUE(refusedUntouched<rt::InvalidArgumentError>(tensors, {}));
@@ -277,3 +260,4 @@ TEST_F(SequenceFileStatesTest, BadStateArgumentsAreRefusedAndLeaveNoFile)
 }
 
 } // namespace
+} // namespace kvcache::test

@@ -9,6 +9,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support/config_builder.h"
@@ -214,20 +215,27 @@ std::string randomRun(KVCacheConfig const& config, std::vector<int64_t> const& n
             return "seed " + std::to_string(seed) + ", operation " + std::to_string(op) + " (" + what + "): " + failure;
         }
     }
+    // The statistics the run's paths must reach, by the names the tests ask for.
+    static constexpr std::pair<char const*, int64_t TieredPrefixCacheStats::*> kCOUNTED_STATS[] = {
+        {"offloaded pages", &TieredPrefixCacheStats::offloadedPages},
+        {"already on host", &TieredPrefixCacheStats::alreadyOnHostPages},
+        {"evicted host pages", &TieredPrefixCacheStats::evictedHostPages},
+        {"onboarded pages", &TieredPrefixCacheStats::onboardedPages},
+        {"spilled pages", &TieredPrefixCacheStats::spilledPages},
+        {"restored pages", &TieredPrefixCacheStats::restoredPages},
+        {"disk failures", &TieredPrefixCacheStats::diskFailures},
+        {"offloaded states", &TieredPrefixCacheStats::offloadedStates},
+        {"dropped states", &TieredPrefixCacheStats::droppedStates},
+        {"released states", &TieredPrefixCacheStats::releasedStates},
+        {"onboarded states", &TieredPrefixCacheStats::onboardedStates},
+        {"spilled states", &TieredPrefixCacheStats::spilledStates},
+        {"restored states", &TieredPrefixCacheStats::restoredStates},
+    };
     TieredPrefixCacheStats const& stats = sim.core.stats();
-    tally["offloaded pages"] += stats.offloadedPages;
-    tally["already on host"] += stats.alreadyOnHostPages;
-    tally["evicted host pages"] += stats.evictedHostPages;
-    tally["onboarded pages"] += stats.onboardedPages;
-    tally["spilled pages"] += stats.spilledPages;
-    tally["restored pages"] += stats.restoredPages;
-    tally["disk failures"] += stats.diskFailures;
-    tally["offloaded states"] += stats.offloadedStates;
-    tally["dropped states"] += stats.droppedStates;
-    tally["released states"] += stats.releasedStates;
-    tally["onboarded states"] += stats.onboardedStates;
-    tally["spilled states"] += stats.spilledStates;
-    tally["restored states"] += stats.restoredStates;
+    for (auto const& [name, field] : kCOUNTED_STATS)
+    {
+        tally[name] += stats.*field;
+    }
     tally["onboards"] += sim.mover.count(MoverCall::kONBOARD);
     tally["copy-on-write copies"] += sim.mover.count(MoverCall::kCOPY);
     for (auto const& [name, count] : sim.eventTally)
