@@ -2,7 +2,8 @@
 // against the host model: data and scales move together in every targeted layer half of windowed and latent layers
 // (a latent layer has no V scales), untouched pages and scale pages stay as they were, device lists count a bad id
 // once; the scale views, LayerRef's scale fields, allocatedBytes and the host-held layer scales. Host tiers and
-// sequence files carry scales too (test_host_tier_contract.cu), and so does page transfer (test_page_transfer_scales.cu).
+// sequence files carry scales too (test_host_tier_contract.cu), and so does page transfer
+// (test_page_transfer_scales.cu).
 
 #include "kvcache/core/errors.h"
 #include "kvcache/memory/kv_write.h"
