@@ -1,7 +1,7 @@
 // Host tests of the state checkpoints of a PageManager (the "State checkpoints" paragraph of
 // kvcache/paging/page_manager.h): the boundaries asked for, saves and restores worked out by hand, the clock that
-// reuses checkpoint slots, checkpoints dropped with their carrier page, a random run against a small model of the
-// header's rules written here, and misuse refused with nothing changed.
+// reuses checkpoint slots, checkpoints dropped with their carrier page, and misuse refused with nothing changed. A
+// random run against a model of the header's rules is in test_page_manager_checkpoints_random.cpp.
 
 #include "kvcache/core/errors.h"
 #include "kvcache/core/kv_cache_layout.h"
@@ -9,73 +9,30 @@
 
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cstdint>
-#include <map>
-#include <random>
-#include <set>
-#include <utility>
+#include <string>
 #include <vector>
 
-#include "support/config_builder.h"
 #include "support/error_matchers.h"
 #include "support/page_manager_inputs.h"
+#include "support/state_checkpoint_inputs.h"
 
 namespace kvcache::rt
 {
 namespace
 {
 
-using test::ConfigBuilder;
+using test::checkpointConfig;
+using test::checkpointOptions;
+using test::pairsOf;
+using test::prefixHash;
 using test::throwsNaming;
 using test::tokensFrom;
 
-using CopyList = std::vector<std::pair<int32_t, int32_t>>;
-using Tokens = std::vector<int32_t>;
+using CopyList = test::SlotCopyPairs;
+using Tokens = test::TokenList;
 
-constexpr int32_t kPAGE = 4;
-constexpr int32_t kMAX_LENGTH = 64;
-
-std::vector<StateLayerConfig> stateLayers()
-{
-    return {StateLayerConfig{{StateTensorConfig{"ssm", {2, 4, 4}, DataType::kFLOAT}}}};
-}
-
-//! `layers` (default one full-attention layer), 4 tokens a page, 64 tokens a sequence, `maxBatchSize` sequences,
-//! `numPages` pages (0: the minimum), one state layer and `checkpointSlots` checkpoint slots (no state layer when
-//! negative).
-KVCacheConfig checkpointConfig(
-    int32_t maxBatchSize, int32_t checkpointSlots, int32_t numPages, std::vector<KVLayerConfig> layers = {{1, 8}})
-{
-    ConfigBuilder builder(std::move(layers));
-    builder.maxBatchSize(maxBatchSize)
-        .maxSequenceLength(kMAX_LENGTH)
-        .tokensPerPage(kPAGE)
-        .maxTokensPerStep(kMAX_LENGTH)
-        .numPages(numPages);
-    if (checkpointSlots >= 0)
-    {
-        builder.stateLayers(stateLayers()).numCheckpointSlots(checkpointSlots);
-    }
-    return builder;
-}
-
-PageManagerOptions options(int32_t intervalPages = 0, bool prefixCaching = true)
-{
-    PageManagerOptions o = test::seededOptions(0, 11, prefixCaching);
-    o.checkpointIntervalPages = intervalPages;
-    return o;
-}
-
-CopyList pairsOf(std::vector<StateSlotCopy> const& copies)
-{
-    CopyList pairs;
-    for (StateSlotCopy const& copy : copies)
-    {
-        pairs.emplace_back(copy.src, copy.dst);
-    }
-    return pairs;
-}
+constexpr int32_t kPAGE = test::kCHECKPOINT_TOKENS_PER_PAGE;
 
 Tokens concat(Tokens a, Tokens const& b)
 {
@@ -88,14 +45,6 @@ CopyList appendRange(PageManager& manager, SequenceId id, Tokens const& tokens, 
 {
     SequenceAppend const append{id, tokens.data() + from, to - from};
     return pairsOf(manager.append(append).stateCopies());
-}
-
-//! Returns the hash of the first `pages` whole pages of `tokens` without salt, from the manager's hasher.
-PageHash prefixHash(PageManager const& manager, Tokens const& tokens, int32_t pages)
-{
-    std::vector<PageHash> hashes(static_cast<size_t>(pages));
-    manager.hasher().chain(manager.hasher().root(nullptr, 0), tokens.data(), pages, kPAGE, hashes.data());
-    return hashes.back();
 }
 
 //! A request served as a runtime serves it: adoptPrefix(), the prompt appended up to each boundary asked for, the
@@ -124,7 +73,7 @@ int32_t serve(PageManager& manager, Tokens const& prompt)
 
 TEST(StateCheckpoints, ThePromptsLastWholePageIsSavedAndRestored)
 {
-    PageManager manager(checkpointConfig(4, 2, 64), options());
+    PageManager manager(checkpointConfig(4, 2, 64), checkpointOptions());
     Tokens const prompt = tokensFrom(100, 18);
     SequenceId const a = manager.create();
     EXPECT_EQ(manager.adoptPrefix(a, prompt.data(), 18), 0);
@@ -164,7 +113,7 @@ TEST(StateCheckpoints, ThePromptsLastWholePageIsSavedAndRestored)
 
 TEST(StateCheckpoints, WhereAMatchEndsWithoutOneASaveIsAskedFor)
 {
-    PageManager manager(checkpointConfig(4, 4, 64), options());
+    PageManager manager(checkpointConfig(4, 4, 64), checkpointOptions());
     Tokens const first = tokensFrom(0, 24);
     EXPECT_EQ(serve(manager, first), 0); // saved at 20: (24 - 1) / 4 = 5 pages
     EXPECT_EQ(manager.numCheckpoints(), 1);
@@ -188,7 +137,7 @@ TEST(StateCheckpoints, WhereAMatchEndsWithoutOneASaveIsAskedFor)
 
 TEST(StateCheckpoints, EveryNPagesWithinTheLongestSequence)
 {
-    PageManager manager(checkpointConfig(2, 2, 64), options(3));
+    PageManager manager(checkpointConfig(2, 2, 64), checkpointOptions(3));
     SequenceId const a = manager.create();
     EXPECT_EQ(manager.checkpointBoundary(a), 12);
     Tokens const prompt = tokensFrom(7, 64);
@@ -206,7 +155,7 @@ TEST(StateCheckpoints, EveryNPagesWithinTheLongestSequence)
 
 TEST(StateCheckpoints, EvictingTheCarrierPageDropsTheCheckpoint)
 {
-    PageManager manager(checkpointConfig(2, 2, 64), options());
+    PageManager manager(checkpointConfig(2, 2, 64), checkpointOptions());
     Tokens const prompt = tokensFrom(40, 9);
     EXPECT_EQ(serve(manager, prompt), 0);
     EXPECT_EQ(manager.checkpointSlot(prefixHash(manager, prompt, 2)), 2);
@@ -226,7 +175,7 @@ TEST(StateCheckpoints, EvictingTheCarrierPageDropsTheCheckpoint)
 TEST(StateCheckpoints, TheClockKeepsWhatIsHit)
 {
     // Two checkpoint slots, 4 and 5; prompts of one page and a token, saved at 4.
-    PageManager manager(checkpointConfig(2, 2, 64), options());
+    PageManager manager(checkpointConfig(2, 2, 64), checkpointOptions());
     Tokens const a = tokensFrom(1000, 5);
     Tokens const b = tokensFrom(2000, 5);
     Tokens const c = tokensFrom(3000, 5);
@@ -253,7 +202,7 @@ TEST(StateCheckpoints, TheClockKeepsWhatIsHit)
 
 TEST(StateCheckpoints, ASlotAQueuedCopyReadsOrFillsIsNotReused)
 {
-    PageManager manager(checkpointConfig(4, 1, 64), options());
+    PageManager manager(checkpointConfig(4, 1, 64), checkpointOptions());
     Tokens const a = tokensFrom(10, 5);
     Tokens const b = tokensFrom(20, 5);
     SequenceId const x = manager.create();
@@ -281,7 +230,7 @@ TEST(StateCheckpoints, ASlotAQueuedCopyReadsOrFillsIsNotReused)
 
 TEST(StateCheckpoints, RestoresAndForksShareTheQueueSafely)
 {
-    PageManager manager(checkpointConfig(4, 2, 64), options());
+    PageManager manager(checkpointConfig(4, 2, 64), checkpointOptions());
     Tokens const prompt = tokensFrom(50, 9);
     EXPECT_EQ(serve(manager, prompt), 0); // saved at 8, in slot 4
     SequenceId const a = manager.create();
@@ -311,7 +260,7 @@ TEST(StateCheckpoints, EveryGroupMustServeThePrefix)
 {
     // A full-attention group, a windowed group of 8 tokens (its window before token 12: pages 1 and 2) and a state
     // layer.
-    PageManager manager(checkpointConfig(2, 2, 0, {{1, 8, 0}, {1, 8, 8}}), options());
+    PageManager manager(checkpointConfig(2, 2, 0, {{1, 8, 0}, {1, 8, 8}}), checkpointOptions());
     Tokens const prompt = tokensFrom(300, 13);
     EXPECT_EQ(serve(manager, prompt), 0);
     EXPECT_EQ(manager.numCheckpoints(), 1);
@@ -328,7 +277,7 @@ TEST(StateCheckpoints, WithoutCheckpointsStateLayersAdoptNothing)
 {
     for (bool const prefixCaching : {true, false})
     {
-        PageManager manager(checkpointConfig(2, prefixCaching ? 0 : 2, 64), options(2, prefixCaching));
+        PageManager manager(checkpointConfig(2, prefixCaching ? 0 : 2, 64), checkpointOptions(2, prefixCaching));
         Tokens const prompt = tokensFrom(5, 13);
         SequenceId const a = manager.create();
         EXPECT_EQ(manager.checkpointBoundary(a), -1);
@@ -343,7 +292,7 @@ TEST(StateCheckpoints, WithoutCheckpointsStateLayersAdoptNothing)
         manager.checkInvariants();
     }
     // Without state layers, pages alone are adopted, as before.
-    PageManager plain(checkpointConfig(2, -1, 64), options(2));
+    PageManager plain(checkpointConfig(2, -1, 64), checkpointOptions(2));
     Tokens const prompt = tokensFrom(5, 13);
     SequenceId const a = plain.create();
     EXPECT_EQ(plain.checkpointBoundary(a), -1);
@@ -354,16 +303,17 @@ TEST(StateCheckpoints, WithoutCheckpointsStateLayersAdoptNothing)
 
 TEST(StateCheckpoints, MisuseIsRefusedAndChangesNothing)
 {
-    EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
-        [&] { PageManager manager(checkpointConfig(2, 2, 64), options(-1)); }, {"checkpointIntervalPages is -1"}));
-    PageManager plain(checkpointConfig(2, -1, 64), options());
+    EXPECT_TRUE(throwsNaming<InvalidArgumentError>([&]
+        { PageManager manager(checkpointConfig(2, 2, 64), checkpointOptions(-1)); },
+        {"checkpointIntervalPages is -1"}));
+    PageManager plain(checkpointConfig(2, -1, 64), checkpointOptions());
     SequenceId const p = plain.create();
     Tokens const prompt = tokensFrom(1, 13);
     appendRange(plain, p, prompt, 0, 8);
     EXPECT_TRUE(
         throwsNaming<InvalidArgumentError>([&] { plain.checkpointState(p); }, {"checkpointState", "no state layers"}));
 
-    PageManager manager(checkpointConfig(3, 2, 64), options());
+    PageManager manager(checkpointConfig(3, 2, 64), checkpointOptions());
     Tokens const a = tokensFrom(10, 9);
     EXPECT_EQ(serve(manager, a), 0);
     SequenceId const x = manager.create();
@@ -388,461 +338,6 @@ TEST(StateCheckpoints, MisuseIsRefusedAndChangesNothing)
     EXPECT_EQ(manager.length(y), 0);
     EXPECT_EQ(manager.checkpointSlot(PageHash{}), -1);
     manager.checkInvariants();
-}
-
-// A random run against a model ---------------------------------------------------------------------------------------
-
-//! The header's checkpoint rules, kept apart from the library, for a pool that never evicts a page: the whole-page
-//! prefixes registered, the checkpoint slots (the prefix each holds, its count, whether it was restored or made again,
-//! when it was made, whether a queued copy fills it, how many read it), the held slots in the clock's order from the
-//! hand on, the target, what was dropped for each prefix, each sequence's tokens, source and boundaries, and the queue
-//! of copies.
-class CheckpointModel
-{
-public:
-    CheckpointModel(int32_t numSlots, int32_t firstSlot, int32_t intervalPages)
-        : mSlots(static_cast<size_t>(numSlots))
-        , mFirstSlot(firstSlot)
-        , mInterval(intervalPages)
-        , mTarget(numSlots)
-    {
-    }
-
-    void create(SequenceId id, int32_t row)
-    {
-        mSequences[id] = Sequence{{}, row, -1, 0, 0};
-    }
-    void fork(SequenceId parent, SequenceId child, int32_t row)
-    {
-        Sequence copy = mSequences.at(parent);
-        int32_t const source = copy.source >= 0 ? copy.source : copy.row;
-        copy.row = row;
-        copy.source = source;
-        mSequences[child] = copy;
-        queue(source, row);
-    }
-    void free(SequenceId id)
-    {
-        Sequence const& sequence = mSequences.at(id);
-        if (sequence.source >= 0)
-        {
-            dropCopyInto(sequence.row);
-        }
-        mSequences.erase(id);
-    }
-    int32_t adopt(SequenceId id, Tokens const& prompt)
-    {
-        Sequence& sequence = mSequences.at(id);
-        int32_t const count = static_cast<int32_t>(prompt.size());
-        sequence.promptEnd = 0;
-        sequence.matchEnd = 0;
-        if (count <= kPAGE)
-        {
-            return 0;
-        }
-        int32_t const maxPages = (count - 1) / kPAGE;
-        int32_t found = 0;
-        while (found < maxPages && mRegistered.count(Tokens(prompt.begin(), prompt.begin() + (found + 1) * kPAGE)) > 0)
-        {
-            ++found;
-        }
-        bool const read = std::any_of(mQueue.begin(), mQueue.end(),
-            [&](std::pair<int32_t, int32_t> const& c) { return c.first == sequence.row; });
-        int32_t pages = 0;
-        int32_t slot = -1;
-        for (int32_t k = found; k > 0 && !read && slot < 0; --k)
-        {
-            slot = slotOf(Tokens(prompt.begin(), prompt.begin() + k * kPAGE));
-            if (slot >= 0 && mSlots[static_cast<size_t>(slot)].filling)
-            {
-                slot = -1;
-            }
-            pages = slot >= 0 ? k : 0;
-        }
-        sequence.promptEnd = maxPages > pages ? maxPages : 0;
-        sequence.matchEnd = found > pages ? found : 0;
-        if (pages == 0)
-        {
-            return 0;
-        }
-        sequence.tokens.assign(prompt.begin(), prompt.begin() + pages * kPAGE);
-        if (sequence.source >= 0)
-        {
-            dropCopyInto(sequence.row);
-        }
-        Slot& s = mSlots[static_cast<size_t>(slot)];
-        s.hits = std::min(s.hits + 1, 3);
-        s.hit = true;
-        sequence.source = mFirstSlot + slot;
-        queue(sequence.source, sequence.row);
-        return pages * kPAGE;
-    }
-    //! A successful step: the queue handed out, then the appends.
-    CopyList step(std::vector<std::pair<SequenceId, Tokens>> const& appends)
-    {
-        for (auto const& [src, dst] : mQueue)
-        {
-            if (dst >= mFirstSlot)
-            {
-                mSlots[static_cast<size_t>(dst - mFirstSlot)].filling = false;
-            }
-            if (src >= mFirstSlot)
-            {
-                --mSlots[static_cast<size_t>(src - mFirstSlot)].reads;
-            }
-        }
-        for (auto& [id, sequence] : mSequences)
-        {
-            sequence.source = -1;
-        }
-        CopyList taken;
-        taken.swap(mQueue);
-        for (auto const& [id, tokens] : appends)
-        {
-            Tokens& held = mSequences.at(id).tokens;
-            held.insert(held.end(), tokens.begin(), tokens.end());
-            for (size_t end = kPAGE; end <= held.size(); end += kPAGE)
-            {
-                mRegistered.insert(Tokens(held.begin(), held.begin() + static_cast<int64_t>(end)));
-            }
-        }
-        return taken;
-    }
-    bool checkpoint(SequenceId id)
-    {
-        Sequence const& sequence = mSequences.at(id);
-        if (slotOf(sequence.tokens) >= 0)
-        {
-            return true;
-        }
-        int32_t slot = -1;
-        for (size_t c = 0; c < mSlots.size() && slot < 0; ++c)
-        {
-            slot =
-                mSlots[c].prefix.empty() && !mSlots[c].filling && mSlots[c].reads == 0 ? static_cast<int32_t>(c) : -1;
-        }
-        auto const busy = [this](int32_t c)
-        { return mSlots[static_cast<size_t>(c)].filling || mSlots[static_cast<size_t>(c)].reads > 0; };
-        auto const numNeverHit = [this]
-        {
-            return static_cast<int32_t>(
-                std::count_if(mSlots.begin(), mSlots.end(), [](Slot const& c) { return !c.prefix.empty() && !c.hit; }));
-        };
-        // While more checkpoints were never restored than the target, the one of them made first goes (none busy).
-        if (slot < 0 && numNeverHit() > mTarget)
-        {
-            for (size_t c = 0; c < mSlots.size(); ++c)
-            {
-                Slot const& candidate = mSlots[c];
-                if (!candidate.prefix.empty() && !candidate.hit && !busy(static_cast<int32_t>(c))
-                    && (slot < 0 || candidate.made < mSlots[static_cast<size_t>(slot)].made))
-                {
-                    slot = static_cast<int32_t>(c);
-                }
-            }
-        }
-        // Else the clock: from the hand on, a busy slot is passed, a positive count lowered, the first at 0 reused.
-        for (size_t step = 0; slot < 0 && step < mRing.size() * 4; ++step)
-        {
-            int32_t const at = mRing.front();
-            mRing.erase(mRing.begin());
-            mRing.push_back(at);
-            Slot& s = mSlots[static_cast<size_t>(at)];
-            if (busy(at))
-            {
-                continue;
-            }
-            if (s.hits > 0)
-            {
-                --s.hits;
-                continue;
-            }
-            slot = at;
-        }
-        if (slot >= 0 && !mSlots[static_cast<size_t>(slot)].prefix.empty())
-        {
-            mDropped[mSlots[static_cast<size_t>(slot)].prefix] = mSlots[static_cast<size_t>(slot)].hit;
-            mRing.erase(std::find(mRing.begin(), mRing.end(), slot));
-            mSlots[static_cast<size_t>(slot)].prefix.clear();
-        }
-        if (slot < 0)
-        {
-            return false;
-        }
-        Slot& s = mSlots[static_cast<size_t>(slot)];
-        // Made again after being dropped: as if restored; the target rises when it had never been, else falls below
-        // the checkpoints never restored.
-        bool again = false;
-        auto const dropped = mDropped.find(sequence.tokens);
-        if (dropped != mDropped.end())
-        {
-            mTarget = !dropped->second ? std::min(mTarget + 1, static_cast<int32_t>(mSlots.size()))
-                                       : std::max(std::min(mTarget, numNeverHit()) - 1, 0);
-            again = true;
-            mDropped.erase(dropped);
-        }
-        s = Slot{sequence.tokens, 0, again, ++mMade, true, s.reads};
-        mRing.push_back(slot);
-        queue(sequence.source >= 0 ? sequence.source : sequence.row, mFirstSlot + slot);
-        return true;
-    }
-    int32_t boundary(SequenceId id) const
-    {
-        Sequence const& sequence = mSequences.at(id);
-        auto const length = static_cast<int32_t>(sequence.tokens.size());
-        int32_t best = 1 << 30;
-        for (int32_t const pages : {sequence.promptEnd, sequence.matchEnd})
-        {
-            if (pages * kPAGE > length)
-            {
-                best = std::min(best, pages * kPAGE);
-            }
-        }
-        if (mInterval > 0)
-        {
-            best = std::min(best, (length / (mInterval * kPAGE) + 1) * mInterval * kPAGE);
-        }
-        return best <= kMAX_LENGTH ? best : -1;
-    }
-    CopyList const& queued() const
-    {
-        return mQueue;
-    }
-    int32_t held() const
-    {
-        return static_cast<int32_t>(
-            std::count_if(mSlots.begin(), mSlots.end(), [](Slot const& s) { return !s.prefix.empty(); }));
-    }
-    //! The prefix each checkpoint slot holds (empty: none).
-    std::vector<Tokens> prefixes() const
-    {
-        std::vector<Tokens> result;
-        for (Slot const& s : mSlots)
-        {
-            result.push_back(s.prefix);
-        }
-        return result;
-    }
-    Tokens const& tokens(SequenceId id) const
-    {
-        return mSequences.at(id).tokens;
-    }
-
-private:
-    struct Slot
-    {
-        Tokens prefix;
-        int32_t hits = 0;
-        bool hit = false;
-        int64_t made = 0;
-        bool filling = false;
-        int32_t reads = 0;
-    };
-    struct Sequence
-    {
-        Tokens tokens;
-        int32_t row = -1;
-        int32_t source = -1;
-        int32_t promptEnd = 0;
-        int32_t matchEnd = 0;
-    };
-    int32_t slotOf(Tokens const& prefix) const
-    {
-        for (size_t c = 0; c < mSlots.size(); ++c)
-        {
-            if (!prefix.empty() && mSlots[c].prefix == prefix)
-            {
-                return static_cast<int32_t>(c);
-            }
-        }
-        return -1;
-    }
-    void queue(int32_t src, int32_t dst)
-    {
-        if (src >= mFirstSlot)
-        {
-            ++mSlots[static_cast<size_t>(src - mFirstSlot)].reads;
-        }
-        mQueue.emplace_back(src, dst);
-    }
-    void dropCopyInto(int32_t row)
-    {
-        auto const found = std::find_if(
-            mQueue.begin(), mQueue.end(), [row](std::pair<int32_t, int32_t> const& c) { return c.second == row; });
-        if (found->first >= mFirstSlot)
-        {
-            --mSlots[static_cast<size_t>(found->first - mFirstSlot)].reads;
-        }
-        mQueue.erase(found);
-        for (auto& [id, sequence] : mSequences)
-        {
-            sequence.source = sequence.row == row ? -1 : sequence.source;
-        }
-    }
-
-    std::vector<Slot> mSlots;
-    int32_t mFirstSlot;
-    int32_t mInterval;
-    //! The held slots from the hand on.
-    std::vector<int32_t> mRing;
-    int32_t mTarget;
-    int64_t mMade = 0;
-    //! Per prefix whose checkpoint the clock dropped: whether it had been restored (or made again).
-    std::map<Tokens, bool> mDropped;
-    std::set<Tokens> mRegistered;
-    std::map<SequenceId, Sequence> mSequences;
-    CopyList mQueue;
-};
-
-void randomRun(uint32_t seed, int32_t numSlots, int32_t intervalPages)
-{
-    SCOPED_TRACE(::testing::Message() << "seed " << seed << ", " << numSlots << " slots, every " << intervalPages);
-    constexpr int32_t kBATCH = 4;
-    PageManager manager(checkpointConfig(kBATCH, numSlots, 4096), options(intervalPages));
-    CheckpointModel model(numSlots, kBATCH, intervalPages);
-    std::mt19937 random(seed);
-    // Three families of 40 tokens: prompts share their prefixes; suffixes from 2 tokens often coincide too.
-    std::vector<Tokens> families;
-    for (int32_t f = 0; f < 3; ++f)
-    {
-        families.push_back(tokensFrom(1000 * (f + 1), 40));
-    }
-    std::map<SequenceId, Tokens> prompts;
-    std::vector<SequenceId> live;
-    int64_t hits = 0;
-    int64_t saves = 0;
-    auto const check = [&]
-    {
-        ASSERT_EQ(pairsOf(manager.pendingStateCopies()), model.queued());
-        ASSERT_EQ(manager.numCheckpoints(), model.held());
-        std::vector<Tokens> const prefixes = model.prefixes();
-        for (size_t c = 0; c < prefixes.size(); ++c)
-        {
-            if (!prefixes[c].empty())
-            {
-                auto const pages = static_cast<int32_t>(prefixes[c].size()) / kPAGE;
-                ASSERT_EQ(
-                    manager.checkpointSlot(prefixHash(manager, prefixes[c], pages)), kBATCH + static_cast<int32_t>(c));
-            }
-        }
-        manager.checkInvariants();
-    };
-    for (int32_t op = 0; op < 2500; ++op)
-    {
-        int32_t const kind = static_cast<int32_t>(random() % 10);
-        if (kind < 3 && manager.numSequences() < kBATCH)
-        {
-            SequenceId id = -1;
-            try
-            {
-                id = manager.create();
-            }
-            catch (InvalidArgumentError const&)
-            {
-                continue; // the free rows are held until the next step
-            }
-            model.create(id, manager.stateSlot(id));
-            Tokens prompt = families[random() % families.size()];
-            prompt.resize(4 + random() % 37);
-            for (auto extra = random() % 13; extra > 0; --extra)
-            {
-                prompt.push_back(static_cast<int32_t>(random() % 2));
-            }
-            int32_t const adopted = manager.adoptPrefix(id, prompt.data(), static_cast<int32_t>(prompt.size()));
-            ASSERT_EQ(adopted, model.adopt(id, prompt));
-            hits += adopted > 0 ? 1 : 0;
-            prompts[id] = prompt;
-            live.push_back(id);
-        }
-        else if (kind < 6 && !live.empty())
-        {
-            // A prefill chunk, or a decoded token past the prompt, ending at the boundary asked for when it comes
-            // first; the state saved there.
-            SequenceId const id = live[random() % live.size()];
-            Tokens const& prompt = prompts.at(id);
-            auto const length = static_cast<int32_t>(model.tokens(id).size());
-            int32_t const boundary = manager.checkpointBoundary(id);
-            ASSERT_EQ(boundary, model.boundary(id));
-            int32_t end = length < static_cast<int32_t>(prompt.size())
-                ? std::min(static_cast<int32_t>(prompt.size()), length + 1 + static_cast<int32_t>(random() % 16))
-                : length + 1;
-            end = boundary > length ? std::min(end, boundary) : end;
-            if (end > kMAX_LENGTH)
-            {
-                continue;
-            }
-            Tokens chunk;
-            for (int32_t t = length; t < end; ++t)
-            {
-                chunk.push_back(t < static_cast<int32_t>(prompt.size()) ? prompt[static_cast<size_t>(t)] : 7);
-            }
-            SequenceAppend const append{id, chunk.data(), static_cast<int32_t>(chunk.size())};
-            ASSERT_EQ(pairsOf(manager.append(append).stateCopies()), model.step({{id, chunk}}));
-            if (end == boundary)
-            {
-                bool const kept = manager.checkpointState(id);
-                ASSERT_EQ(kept, model.checkpoint(id));
-                saves += kept ? 1 : 0;
-            }
-        }
-        else if (kind < 7 && !live.empty())
-        {
-            // A save at any whole page the runtime chooses.
-            SequenceId const id = live[random() % live.size()];
-            auto const length = static_cast<int32_t>(model.tokens(id).size());
-            if (length > 0 && length % kPAGE == 0)
-            {
-                ASSERT_EQ(manager.checkpointState(id), model.checkpoint(id));
-            }
-        }
-        else if (kind < 8 && !live.empty() && manager.numSequences() < kBATCH)
-        {
-            SequenceId const parent = live[random() % live.size()];
-            SequenceId child = -1;
-            try
-            {
-                child = manager.fork(parent);
-            }
-            catch (InvalidArgumentError const&)
-            {
-                continue;
-            }
-            model.fork(parent, child, manager.stateSlot(child));
-            prompts[child] = prompts.at(parent);
-            live.push_back(child);
-        }
-        else if (kind < 9 && !live.empty())
-        {
-            size_t const index = random() % live.size();
-            manager.free(live[index]);
-            model.free(live[index]);
-            live.erase(live.begin() + static_cast<int64_t>(index));
-        }
-        else
-        {
-            ASSERT_EQ(pairsOf(manager.step(nullptr, 0).stateCopies()), model.step({}));
-        }
-        check();
-        if (::testing::Test::HasFatalFailure())
-        {
-            return;
-        }
-    }
-    // The run must have exercised what it checks.
-    EXPECT_GT(hits, 20);
-    EXPECT_GT(saves, 20);
-    EXPECT_EQ(manager.stats().evictedPages, 0);
-    EXPECT_EQ(manager.stats().checkpointsRestored, hits);
-}
-
-TEST(StateCheckpoints, RandomRunsFollowTheModel)
-{
-    for (uint32_t seed = 1; seed <= 3; ++seed)
-    {
-        randomRun(seed, 3, 0);
-        randomRun(seed + 100, 1, 2);
-        randomRun(seed + 200, 8, 5);
-    }
 }
 
 } // namespace
