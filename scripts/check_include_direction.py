@@ -10,9 +10,12 @@ import pathlib
 import re
 import sys
 
-# From the bottom up. A folder's subfolders belong to it (memory/kv_write/quant is part of memory/kv_write).
+# From the bottom up. A subfolder listed here is a folder of its own, placed where its includes point downward (below
+# its parent when the parent's files use it, above when it uses them); one not listed belongs to its folder
+# (memory/kv_write/quant is part of memory/kv_write).
 ORDER = [
     "core",
+    "core/layout",
     "device",
     "memory/cache",
     "memory/page_ops",

@@ -14,8 +14,8 @@
 #include <cstring>
 #include <limits>
 
-#include "../core/page_anatomy.h"
-#include "../core/scale_support.h"
+#include "core/layout/page_anatomy.h"
+#include "core/layout/scale_support.h"
 #include "../memory/cache/layer_table.h"
 
 namespace kvcache::rt

@@ -11,7 +11,7 @@
 
 #include <algorithm>
 
-#include "../core/page_anatomy.h"
+#include "core/layout/page_anatomy.h"
 
 namespace kvcache::rt
 {

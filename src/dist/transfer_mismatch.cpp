@@ -9,8 +9,8 @@
 
 #include <algorithm>
 
-#include "../core/page_anatomy.h"
-#include "../core/scale_support.h"
+#include "core/layout/page_anatomy.h"
+#include "core/layout/scale_support.h"
 
 namespace kvcache::rt
 {

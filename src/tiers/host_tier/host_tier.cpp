@@ -4,7 +4,7 @@
 #include "kvcache/tiers/host_tier.h"
 
 #include "core/cuda_owners.h"
-#include "core/page_anatomy.h"
+#include "core/layout/page_anatomy.h"
 #include "core/scoped_device.h"
 #include "memory/cache/cache_geometry.h"
 #include "memory/cache/layer_table.h"
