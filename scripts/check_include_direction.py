@@ -21,6 +21,8 @@ ORDER = [
     "memory/page_ops",
     "memory/kv_write",
     "paging/parts",
+    "paging/parts/boundaries",
+    "paging/parts/prefix",
     "paging/page_manager",
     "paging/page_table",
     "tiers/host_tier",
