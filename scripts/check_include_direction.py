@@ -25,6 +25,7 @@ ORDER = [
     "paging/parts/prefix",
     "paging/page_manager",
     "paging/page_table",
+    "tiers/host_tier/host_pages",
     "tiers/host_tier",
     "tiers/sequence_file",
     "tiers/tiered",
@@ -33,8 +34,8 @@ ORDER = [
 ]
 # The public headers' layers, from the bottom up, and the first folder of src/ that may use each.
 PUBLIC_LAYERS = ["core", "memory", "paging", "tiers", "dist", "events"]
-PUBLIC_FLOOR = {"core": "core", "memory": "memory/cache", "paging": "paging/parts", "tiers": "tiers/host_tier",
-                "dist": "dist", "events": "events"}
+PUBLIC_FLOOR = {"core": "core", "memory": "memory/cache", "paging": "paging/parts",
+                "tiers": "tiers/host_tier/host_pages", "dist": "dist", "events": "events"}
 INCLUDE = re.compile(r'^\s*#\s*include\s+[<"]([^>"]+)[>"]', re.MULTILINE)
 
 

@@ -9,10 +9,10 @@
 #include "memory/cache/cache_geometry.h"
 #include "memory/cache/layer_table.h"
 #include "memory/page_ops/page_list_validation.h"
-#include "tiers/host_tier/host_page_pool.h"
+#include "tiers/host_tier/host_pages/host_page_pool.h"
+#include "tiers/host_tier/host_pages/pinned_chunks.h"
 #include "tiers/host_tier/host_states.h"
 #include "tiers/host_tier/host_tier_kernels.h"
-#include "tiers/host_tier/pinned_chunks.h"
 #include "tiers/host_tier/staged_copy.h"
 #include "tiers/host_tier/transfer_tracker.h"
 

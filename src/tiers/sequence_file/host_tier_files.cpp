@@ -4,7 +4,7 @@
 #include "core/layout/scale_support.h"
 #include "memory/cache/cache_geometry.h"
 #include "memory/page_ops/page_list_validation.h"
-#include "tiers/host_tier/host_page_pool.h"
+#include "tiers/host_tier/host_pages/host_page_pool.h"
 
 #include "kvcache/core/errors.h"
 #include "kvcache/tiers/host_tier.h"
