@@ -3,8 +3,8 @@
 
 Folders of src/ are ordered from the bottom up (ORDER). A file may include internal headers of its own folder and of
 folders below it, and public headers (kvcache/<layer>/...) of its own layer and the layers below. Public headers may
-include only public headers of their own layer and the layers below. Prints every include that points upward and
-exits 1 if there is one.
+include only public headers of their own layer and the layers below. Internal headers are included by folder from src/,
+never by a relative path. Prints every include that points upward or is relative and exits 1 if there is one.
 """
 import pathlib
 import re
@@ -63,6 +63,10 @@ def main():
             continue
         for included in INCLUDE.findall(path.read_text()):
             parts = included.split("/")
+            if parts[0] in (".", ".."):
+                # A relative path would pass unchecked: internal headers are included by folder from src/.
+                problems.append(f"src/{relative}: includes {included} by a relative path, not by folder from src/")
+                continue
             if parts[0] == "kvcache" and len(parts) == 3:
                 target = PUBLIC_FLOOR.get(parts[1])
             elif parts[0] == "kvcache":
