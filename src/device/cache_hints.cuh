@@ -3,7 +3,7 @@
 // PTX helpers for the page kernels: non-coherent loads of lists and the layer table, and the L2 eviction-priority
 // hints that large copies use.
 
-#include "core/page_anatomy.h"
+#include "core/layout/page_anatomy.h"
 
 #include <cstdint>
 

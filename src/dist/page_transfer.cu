@@ -1,7 +1,7 @@
 #include "kvcache/dist/page_transfer.h"
 
-#include "core/page_anatomy.h"
-#include "core/scale_support.h"
+#include "core/layout/page_anatomy.h"
+#include "core/layout/scale_support.h"
 #include "core/scoped_device.h"
 #include "device/page_mover.cuh"
 #include "dist/transfer_header.h"

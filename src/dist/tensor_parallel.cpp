@@ -1,8 +1,8 @@
 #include "kvcache/dist/tensor_parallel.h"
 
-#include "kvcache/core/errors.h"
+#include "core/layout/kv_cache_layout_internal.h"
 
-#include "core/kv_cache_layout_internal.h"
+#include "kvcache/core/errors.h"
 
 #include <fmt/format.h>
 

@@ -1,7 +1,10 @@
 // Transfer descriptions: what a cache holds and where, as bytes a peer can read, and whether two caches' pages can
 // move between them. The parts of a page come from the page anatomy; nothing here writes their order out again.
 
-#include "transfer_bits.h"
+#include "core/layout/page_anatomy.h"
+#include "core/layout/scale_support.h"
+#include "dist/transfer_bits.h"
+#include "memory/cache/layer_table.h"
 
 #include "kvcache/core/errors.h"
 #include "kvcache/dist/transfer_descriptors.h"
@@ -13,10 +16,6 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
-
-#include "../core/page_anatomy.h"
-#include "../core/scale_support.h"
-#include "../memory/cache/layer_table.h"
 
 namespace kvcache::rt
 {

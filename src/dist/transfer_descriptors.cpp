@@ -3,6 +3,8 @@
 
 #include "kvcache/dist/transfer_descriptors.h"
 
+#include "core/layout/page_anatomy.h"
+
 #include "kvcache/core/errors.h"
 #include "kvcache/paging/page_table.h"
 
@@ -10,8 +12,6 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-
-#include "../core/page_anatomy.h"
 
 namespace kvcache::rt
 {

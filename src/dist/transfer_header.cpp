@@ -4,7 +4,7 @@
 #include "dist/transfer_header.h"
 
 #include "core/fnv1a.h"
-#include "core/scale_support.h"
+#include "core/layout/scale_support.h"
 
 #include "kvcache/core/page_geometry.h"
 #include "kvcache/dist/page_transfer.h"

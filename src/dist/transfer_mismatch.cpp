@@ -1,6 +1,8 @@
 // Whether two caches' pages, and their state slots, can move between them: the first difference, named.
 
-#include "transfer_bits.h"
+#include "core/layout/page_anatomy.h"
+#include "core/layout/scale_support.h"
+#include "dist/transfer_bits.h"
 
 #include "kvcache/dist/transfer_descriptors.h"
 
@@ -8,9 +10,6 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-
-#include "../core/page_anatomy.h"
-#include "../core/scale_support.h"
 
 namespace kvcache::rt
 {

@@ -3,7 +3,7 @@
 // out by hand, the layer table built from it, and the geometry identity: equality, the first difference, the
 // fingerprint.
 
-#include "core/page_anatomy.h"
+#include "core/layout/page_anatomy.h"
 #include "memory/cache/layer_table.h"
 
 #include "kvcache/core/errors.h"

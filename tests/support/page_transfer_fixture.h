@@ -5,7 +5,7 @@
 // (data and scale pages alike), the receiver's a poison byte, and the receiver's pages are checked byte for byte
 // against that model. Skips with fewer than two GPUs, fails under KVCACHE_REQUIRE_GPU=1.
 
-#include "core/scale_support.h"
+#include "core/layout/scale_support.h"
 
 #include "kvcache/core/errors.h"
 #include "kvcache/core/kv_cache_config.h"

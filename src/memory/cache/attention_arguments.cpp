@@ -1,6 +1,6 @@
 #include "memory/cache/attention_arguments.h"
 
-#include "core/scale_support.h"
+#include "core/layout/scale_support.h"
 
 namespace kvcache::rt::detail
 {

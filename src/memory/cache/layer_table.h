@@ -1,7 +1,7 @@
 #pragma once
 
-#include "core/page_anatomy.h"
-#include "core/scale_support.h"
+#include "core/layout/page_anatomy.h"
+#include "core/layout/scale_support.h"
 
 #include "kvcache/core/device_allocation.h"
 #include "kvcache/core/kv_cache_layout.h"

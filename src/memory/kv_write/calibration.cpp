@@ -1,6 +1,6 @@
 // Host-held scales from the amax the quantizing write observed (docs/layout.md, "Calibration").
 
-#include "core/scale_support.h"
+#include "core/layout/scale_support.h"
 
 #include "kvcache/core/errors.h"
 #include "kvcache/memory/kv_write.h"

@@ -1,11 +1,11 @@
 #pragma once
 
 #include "paging/page_manager/page_manager_internal.h"
-#include "paging/page_manager/prefix_cuts.h"
-#include "paging/page_manager/state_checkpoints.h"
+#include "paging/parts/boundaries/prefix_cuts.h"
+#include "paging/parts/boundaries/state_checkpoints.h"
 #include "paging/parts/group_policy.h"
 #include "paging/parts/page_pool.h"
-#include "paging/parts/prefix_cache.h"
+#include "paging/parts/prefix/prefix_cache.h"
 #include "paging/parts/sequence_table.h"
 
 #include "kvcache/paging/page_manager.h"

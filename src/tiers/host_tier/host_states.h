@@ -4,8 +4,8 @@
 // list, and the transfers between them and a cache's state slots, tracked like host pages.
 
 #include "core/cuda_owners.h"
-#include "core/page_anatomy.h"
-#include "tiers/host_tier/host_page_pool.h"
+#include "core/layout/page_anatomy.h"
+#include "tiers/host_tier/host_pages/host_page_pool.h"
 #include "tiers/host_tier/transfer_tracker.h"
 
 #include "kvcache/memory/kv_cache_manager.h"

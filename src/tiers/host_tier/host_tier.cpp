@@ -4,15 +4,15 @@
 #include "kvcache/tiers/host_tier.h"
 
 #include "core/cuda_owners.h"
-#include "core/page_anatomy.h"
+#include "core/layout/page_anatomy.h"
 #include "core/scoped_device.h"
 #include "memory/cache/cache_geometry.h"
 #include "memory/cache/layer_table.h"
 #include "memory/page_ops/page_list_validation.h"
-#include "tiers/host_tier/host_page_pool.h"
+#include "tiers/host_tier/host_pages/host_page_pool.h"
+#include "tiers/host_tier/host_pages/pinned_chunks.h"
 #include "tiers/host_tier/host_states.h"
 #include "tiers/host_tier/host_tier_kernels.h"
-#include "tiers/host_tier/pinned_chunks.h"
 #include "tiers/host_tier/staged_copy.h"
 #include "tiers/host_tier/transfer_tracker.h"
 

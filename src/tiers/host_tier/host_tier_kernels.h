@@ -2,7 +2,7 @@
 
 // The host tier's kernels: whole host pages between the cache's pages and mapped pinned memory (the kernel path) or
 // device staging host pages (the copy-engine path's gather and scatter). A host page holds every table entry of the
-// group (data pages, then scale pages: core/page_anatomy.h), so scales move with data in the same
+// group (data pages, then scale pages: core/layout/page_anatomy.h), so scales move with data in the same
 // launches.
 
 #include "device/block_shape.h"

@@ -1,7 +1,7 @@
 #include "tiers/host_tier/staged_copy.h"
 
 #include "core/scoped_device.h"
-#include "tiers/host_tier/pinned_chunks.h"
+#include "tiers/host_tier/host_pages/pinned_chunks.h"
 
 #include "kvcache/core/errors.h"
 #include "kvcache/memory/page_ops.h"

@@ -7,7 +7,7 @@
 // (enqueue).
 
 #include "core/cuda_owners.h"
-#include "core/page_anatomy.h"
+#include "core/layout/page_anatomy.h"
 #include "memory/cache/layer_table.h"
 #include "tiers/host_tier/host_tier_kernels.h"
 

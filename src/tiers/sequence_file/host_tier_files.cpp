@@ -1,10 +1,10 @@
 // Sequence files over a host tier's host pages: the pages hold data and page scales; the host-held scales (per-tensor
 // FP8, NVFP4 global scales) come from the cache and are recorded in, or compared with, the file's header.
 
-#include "core/scale_support.h"
+#include "core/layout/scale_support.h"
 #include "memory/cache/cache_geometry.h"
 #include "memory/page_ops/page_list_validation.h"
-#include "tiers/host_tier/host_page_pool.h"
+#include "tiers/host_tier/host_pages/host_page_pool.h"
 
 #include "kvcache/core/errors.h"
 #include "kvcache/tiers/host_tier.h"

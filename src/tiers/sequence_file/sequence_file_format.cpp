@@ -2,8 +2,8 @@
 
 #include "tiers/sequence_file/sequence_file_format.h"
 
-#include "core/page_anatomy.h"
-#include "core/scale_support.h"
+#include "core/layout/page_anatomy.h"
+#include "core/layout/scale_support.h"
 
 #include "kvcache/core/errors.h"
 

@@ -3,7 +3,7 @@
 
 #include "tiers/sequence_file/sequence_file_scales.h"
 
-#include "core/scale_support.h"
+#include "core/layout/scale_support.h"
 
 #include "kvcache/core/errors.h"
 

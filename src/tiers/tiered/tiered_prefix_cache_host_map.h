@@ -5,7 +5,7 @@
 // allocated after construction.
 
 #include "paging/parts/cached_page_list.h"
-#include "paging/parts/page_hash_table.h"
+#include "paging/parts/prefix/page_hash_table.h"
 
 #include "kvcache/paging/kv_events.h"
 #include "kvcache/paging/page_hash.h"

@@ -2,8 +2,8 @@
 // with scale pools, their scale entries in the same order (docs/layout.md, "How every page operation carries
 // scales"), checked against the tests' layout model; and which quantizations keep scale pools.
 
+#include "core/layout/scale_support.h"
 #include "memory/cache/layer_table.h"
-#include "core/scale_support.h"
 
 #include "kvcache/core/errors.h"
 #include "kvcache/core/kv_cache_config.h"

@@ -3,9 +3,9 @@
 // combines them (page_pool.h) and the two group policies (group_policy.h), whose window rule is checked against a
 // token-by-token count.
 
+#include "paging/parts/boundaries/hit_clock.h"
 #include "paging/parts/cached_page_list.h"
 #include "paging/parts/group_policy.h"
-#include "paging/parts/hit_clock.h"
 #include "paging/parts/page_pool.h"
 
 #include "kvcache/core/errors.h"

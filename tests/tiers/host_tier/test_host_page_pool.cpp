@@ -2,7 +2,7 @@
 // in, the pinned limit, and refused calls that change nothing. The order is the one the host tier has always promised:
 // released host pages first, most recent first, then never used ones in ascending order.
 
-#include "tiers/host_tier/host_page_pool.h"
+#include "tiers/host_tier/host_pages/host_page_pool.h"
 
 #include "kvcache/core/errors.h"
 

@@ -1,4 +1,4 @@
-#include "paging/parts/prefix_cache.h"
+#include "paging/parts/prefix/prefix_cache.h"
 
 #include <cstring>
 #include <exception>

@@ -1,7 +1,7 @@
 #pragma once
 
-#include "paging/parts/page_hash_table.h"
 #include "paging/parts/page_pool.h"
+#include "paging/parts/prefix/page_hash_table.h"
 
 #include "kvcache/paging/kv_events.h"
 #include "kvcache/paging/page_manager.h"

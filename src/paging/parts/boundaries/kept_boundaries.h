@@ -1,6 +1,6 @@
 #pragma once
 
-#include "paging/parts/hit_clock.h"
+#include "paging/parts/boundaries/hit_clock.h"
 
 #include <cstdint>
 #include <vector>

@@ -1,6 +1,6 @@
 // Chunked pinning of a host tier's memory: mmap, NUMA placement through mbind, cudaHostRegister, a background thread.
 
-#include "tiers/host_tier/pinned_chunks.h"
+#include "tiers/host_tier/host_pages/pinned_chunks.h"
 
 #include "core/scoped_device.h"
 

@@ -1,6 +1,6 @@
 #pragma once
 
-#include "paging/parts/kept_boundaries.h"
+#include "paging/parts/boundaries/kept_boundaries.h"
 
 #include "kvcache/paging/page_hash.h"
 

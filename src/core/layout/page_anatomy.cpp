@@ -1,6 +1,6 @@
-#include "core/page_anatomy.h"
+#include "core/layout/page_anatomy.h"
 
-#include "core/scale_support.h"
+#include "core/layout/scale_support.h"
 
 #include "kvcache/core/errors.h"
 

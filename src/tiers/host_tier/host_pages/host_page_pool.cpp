@@ -1,4 +1,4 @@
-#include "tiers/host_tier/host_page_pool.h"
+#include "tiers/host_tier/host_pages/host_page_pool.h"
 
 #include "memory/page_ops/page_list_validation.h"
 

@@ -1,7 +1,7 @@
 #include "kvcache/core/kv_cache_layout.h"
 
-#include "core/kv_cache_layout_internal.h"
-#include "core/scale_support.h"
+#include "core/layout/kv_cache_layout_internal.h"
+#include "core/layout/scale_support.h"
 
 #include "kvcache/core/errors.h"
 

@@ -1,7 +1,7 @@
 #pragma once
 
+#include "paging/parts/boundaries/kept_boundaries.h"
 #include "paging/parts/cached_page_list.h"
-#include "paging/parts/kept_boundaries.h"
 
 #include <cstdint>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "core/scale_support.h"
+#include "core/layout/scale_support.h"
 
 #include <cmath>
 

@@ -1,6 +1,6 @@
 // The state layers' part of computeLayout: each state tensor's slot and pool, the layers' tensors aligned one after the
 // other, and the slots of running sequences and checkpoints.
-#include "core/kv_cache_layout_internal.h"
+#include "core/layout/kv_cache_layout_internal.h"
 
 #include <limits>
 #include <string>
