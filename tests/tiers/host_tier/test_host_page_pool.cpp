@@ -1,6 +1,6 @@
-// The host tier's free host pages (src/tiers/host_tier/host_pages/host_page_pool.h), on the host: the order they are handed out
-// in, the pinned limit, and refused calls that change nothing. The order is the one the host tier has always promised:
-// released host pages first, most recent first, then never used ones in ascending order.
+// The host tier's free host pages (src/tiers/host_tier/host_pages/host_page_pool.h), on the host: the order they
+// are handed out in, the pinned limit, and refused calls that change nothing. The order is the one the host tier has
+// always promised: released host pages first, most recent first, then never used ones in ascending order.
 
 #include "tiers/host_tier/host_pages/host_page_pool.h"
 
