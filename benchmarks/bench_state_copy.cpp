@@ -14,10 +14,12 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -68,11 +70,16 @@ Setup& setup()
     return *instance;
 }
 
-//! Calls timed back to back between two events, so that the GPU never waits for the host to enqueue the next one: the
-//! time is the GPU's, as in a serving loop whose host runs ahead.
-constexpr int32_t kCALLS_PER_TIMING = 8;
+//! How long the stream waits on the host before each timed call: long enough for the host to enqueue the call, so the
+//! time between the events is the GPU's alone (as in a serving loop whose host runs ahead), not the host's enqueueing.
+constexpr int32_t kHOLD_MICROSECONDS = 200;
 
-//! Times `enqueue` with CUDA events: the seconds of one call, the median of `reps` timings of kCALLS_PER_TIMING calls
+void CUDART_CB holdStream(void* /*unused*/)
+{
+    std::this_thread::sleep_for(std::chrono::microseconds(kHOLD_MICROSECONDS));
+}
+
+//! Times `enqueue` with CUDA events behind a hold of the stream: the seconds of one call, the median of `reps` calls
 //! after a warm-up.
 template <typename Enqueue>
 double secondsPerCall(cudaStream_t stream, Enqueue&& enqueue, int32_t reps = 7)
@@ -83,15 +90,8 @@ double secondsPerCall(cudaStream_t stream, Enqueue&& enqueue, int32_t reps = 7)
     std::vector<double> times;
     for (int32_t r = 0; r < reps; ++r)
     {
-        times.push_back(eventSeconds(stream, start.get(), stop.get(),
-                            [&]
-                            {
-                                for (int32_t call = 0; call < kCALLS_PER_TIMING; ++call)
-                                {
-                                    enqueue();
-                                }
-                            })
-            / kCALLS_PER_TIMING);
+        KVCACHE_CUDA_TRY(cudaLaunchHostFunc(stream, holdStream, nullptr));
+        times.push_back(eventSeconds(stream, start.get(), stop.get(), enqueue));
     }
     return median(std::move(times));
 }

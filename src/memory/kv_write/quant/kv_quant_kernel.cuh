@@ -13,6 +13,7 @@
 
 #include "kvcache/core/kv_cache_config.h"
 
+#include <cstddef>
 #include <cstdint>
 
 namespace kvcache::rt::detail
@@ -214,11 +215,22 @@ __device__ __forceinline__ void quantizeLane(LaneValues<TensorT, kV> const& lane
     }
 }
 
+//! The counters' amax words as a block's first thread read them when the block started (other threads hold zeros).
+//! Read at the start, so that the read's latency overlaps the block's work instead of lengthening its end; a value
+//! that rose since only costs an atomic that changes nothing.
+__device__ __forceinline__ uint2 amaxAtStart(WriteCounters const* counters)
+{
+    static_assert(offsetof(WriteCounters, vAmax) == offsetof(WriteCounters, kAmax) + sizeof(float),
+        "the two amax words are read as one");
+    return threadIdx.x == 0 && threadIdx.y == 0 ? __ldcg(reinterpret_cast<uint2 const*>(&counters->kAmax))
+                                                : make_uint2(0U, 0U);
+}
+
 //! Adds a block's LaneSeen of both halves to its counters. Each warp reduces its lanes', the first warp reduces the
-//! warps', and its first lane skips the atomics that would change nothing (most of them, once the amax has settled and
-//! while nothing saturates): one read of the counters a block, not a warp, as every block reads the same word. Every
-//! thread of the block calls it.
-__device__ __forceinline__ void addSeen(LaneSeen kSeen, LaneSeen vSeen, bool hasV, WriteCounters* counters)
+//! warps', and the block's first thread raises what the block saw past `before` (amaxAtStart) and adds what saturated:
+//! one atomic a half at most, whose result nothing waits for. Every thread of the block calls it.
+__device__ __forceinline__ void addSeen(
+    LaneSeen kSeen, LaneSeen vSeen, bool hasV, uint2 before, WriteCounters* counters)
 {
     // Per warp: K amax bits, K saturated, V amax bits, V saturated.
     __shared__ uint32_t warpSeen[kQUANT_WARPS_PER_BLOCK][4];
@@ -255,22 +267,22 @@ __device__ __forceinline__ void addSeen(LaneSeen kSeen, LaneSeen vSeen, bool has
         return;
     }
     // A non-negative float's bits order as its value, so an unsigned maximum on them is the float maximum.
-    auto const raise = [](float* amax, uint32_t bits, unsigned long long* saturated, unsigned long long count)
+    auto const raise =
+        [](float* amax, uint32_t bits, uint32_t beforeBits, unsigned long long* saturated, unsigned long long count)
     {
-        auto* const amaxWord = reinterpret_cast<unsigned int*>(amax);
-        if (bits > __ldcg(amaxWord))
+        if (bits > beforeBits)
         {
-            atomicMax(amaxWord, bits);
+            atomicMax(reinterpret_cast<unsigned int*>(amax), bits);
         }
         if (count != 0)
         {
             atomicAdd(saturated, count);
         }
     };
-    raise(&counters->kAmax, kAmaxBits, &counters->kSaturated, kCount);
+    raise(&counters->kAmax, kAmaxBits, before.x, &counters->kSaturated, kCount);
     if (hasV)
     {
-        raise(&counters->vAmax, vAmaxBits, &counters->vSaturated, vCount);
+        raise(&counters->vAmax, vAmaxBits, before.y, &counters->vSaturated, vCount);
     }
 }
 
@@ -342,6 +354,11 @@ __global__ void __launch_bounds__(32 * kQUANT_WARPS_PER_BLOCK) quantTokenKernel(
     int64_t const tokensPerGrid = int64_t{gridDim.x} * blockDim.y;
     LaneSeen kSeen;
     LaneSeen vSeen;
+    uint2 amaxBefore = make_uint2(0U, 0U);
+    if constexpr (kCOUNT)
+    {
+        amaxBefore = amaxAtStart(params.counters);
+    }
     // Tokens run to capacity, not count: a write loads a token's rows (which the tensors hold up to capacity) and its
     // address before the count, itself a load, says whether it moves, so the three loads' latencies overlap instead of
     // following one another.
@@ -415,7 +432,7 @@ __global__ void __launch_bounds__(32 * kQUANT_WARPS_PER_BLOCK) quantTokenKernel(
     if constexpr (kCOUNT)
     {
         // Every thread leaves the loop (the kernel returns nowhere before this), so the whole block takes part.
-        addSeen(kSeen, vSeen, hasV, params.counters);
+        addSeen(kSeen, vSeen, hasV, amaxBefore, params.counters);
     }
 }
 
