@@ -14,12 +14,10 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -70,15 +68,6 @@ Setup& setup()
     return *instance;
 }
 
-//! How long the stream waits on the host before each timed call: long enough for the host to enqueue the call, so the
-//! time between the events is the GPU's alone (as in a serving loop whose host runs ahead), not the host's enqueueing.
-constexpr int32_t kHOLD_MICROSECONDS = 200;
-
-void CUDART_CB holdStream(void* /*unused*/)
-{
-    std::this_thread::sleep_for(std::chrono::microseconds(kHOLD_MICROSECONDS));
-}
-
 //! Times `enqueue` with CUDA events behind a hold of the stream: the seconds of one call, the median of `reps` calls
 //! after a warm-up.
 template <typename Enqueue>
@@ -90,7 +79,7 @@ double secondsPerCall(cudaStream_t stream, Enqueue&& enqueue, int32_t reps = 7)
     std::vector<double> times;
     for (int32_t r = 0; r < reps; ++r)
     {
-        KVCACHE_CUDA_TRY(cudaLaunchHostFunc(stream, holdStream, nullptr));
+        holdStream(stream);
         times.push_back(eventSeconds(stream, start.get(), stop.get(), enqueue));
     }
     return median(std::move(times));
