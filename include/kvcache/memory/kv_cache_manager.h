@@ -215,8 +215,8 @@ public:
         return mLayout;
     }
     //! Returns the device bytes the manager holds: layout().cacheBytes (data and scale pools), layout().stateBytes
-    //! (state layers), the table that the page kernels read, 16 bytes an entry: one a layer, two a layer with scale
-    //! pools, and the table that the state copy reads, 24 bytes a state tensor.
+    //! (state layers) and the table that the page kernels read, 16 bytes an entry: one a layer, two a layer with scale
+    //! pools.
     int64_t allocatedBytes() const noexcept;
     //! Returns the stream the memory was allocated on and will be freed on.
     cudaStream_t stream() const noexcept
@@ -252,8 +252,6 @@ private:
     std::vector<DeviceAllocation> mStateBuffers{};
     //! Data entries then scale entries, group by group, read by the page kernels (see src/memory/cache/layer_table.h).
     DeviceAllocation mLayerTable{};
-    //! One entry a state tensor, read by the state copy kernel (see src/memory/cache/layer_table.h).
-    DeviceAllocation mStateTable{};
 };
 
 } // namespace kvcache::rt

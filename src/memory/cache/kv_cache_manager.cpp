@@ -88,7 +88,6 @@ KVCacheManager::KVCacheManager(Config const& config, cudaStream_t stream)
         }
     }
     mLayerTable = detail::makeLayerTable(mBuffers, mScaleBuffers, mLayout, stream, config.memPool);
-    mStateTable = detail::makeStateTable(mStateBuffers, mLayout, stream, config.memPool);
     if (detail::keepsHostScales(mLayout.quantization))
     {
         mLayerScales.assign(static_cast<size_t>(layerCount), LayerScales{});
@@ -297,7 +296,7 @@ void* KVCacheManager::statePtr(int32_t stateLayerIdx) const noexcept
 
 int64_t KVCacheManager::allocatedBytes() const noexcept
 {
-    int64_t bytes = mLayerTable.size() + mStateTable.size();
+    int64_t bytes = mLayerTable.size();
     for (DeviceAllocation const& buffer : mStateBuffers)
     {
         bytes += buffer.size();

@@ -104,43 +104,4 @@ DeviceAllocation makeLayerTable(std::vector<DeviceAllocation> const& buffers,
     return uploadTable(entriesOf(buffers, scaleBuffers, layout), stream, pool);
 }
 
-std::vector<StateTableEntry> stateTableEntries(KVCacheLayout const& layout, std::vector<char*> const& stateBases)
-{
-    std::vector<StateTableEntry> entries;
-    int64_t chunks = 0;
-    for (size_t l = 0; l < layout.stateLayers.size(); ++l)
-    {
-        for (StateTensorLayout const& tensor : layout.stateLayers[l].tensors)
-        {
-            entries.push_back(StateTableEntry{stateBases[l] + tensor.offsetBytes, tensor.slotBytes, chunks});
-            chunks += stateSlotChunks(tensor.slotBytes);
-        }
-    }
-    return entries;
-}
-
-int64_t stateCopyChunks(KVCacheLayout const& layout)
-{
-    int64_t chunks = 0;
-    for (StateLayerLayout const& layer : layout.stateLayers)
-    {
-        for (StateTensorLayout const& tensor : layer.tensors)
-        {
-            chunks += stateSlotChunks(tensor.slotBytes);
-        }
-    }
-    return chunks;
-}
-
-DeviceAllocation makeStateTable(std::vector<DeviceAllocation> const& stateBuffers, KVCacheLayout const& layout,
-    cudaStream_t stream, cudaMemPool_t pool)
-{
-    std::vector<char*> bases;
-    for (DeviceAllocation const& buffer : stateBuffers)
-    {
-        bases.push_back(static_cast<char*>(buffer.data()));
-    }
-    return uploadTable(stateTableEntries(layout, bases), stream, pool);
-}
-
 } // namespace kvcache::rt::detail

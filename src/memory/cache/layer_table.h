@@ -38,38 +38,6 @@ DeviceAllocation makeLayerTable(std::vector<DeviceAllocation> const& buffers,
     std::vector<DeviceAllocation> const& scaleBuffers, KVCacheLayout const& layout, cudaStream_t stream,
     cudaMemPool_t pool);
 
-//! Bytes of the chunks a state copy splits each state tensor's slot into: one block moves one chunk.
-constexpr int64_t kSTATE_COPY_CHUNK_BYTES = int64_t{32} << 10;
-
-//! Returns the kSTATE_COPY_CHUNK_BYTES chunks of a state tensor slot of `slotBytes` bytes.
-constexpr int64_t stateSlotChunks(int64_t slotBytes)
-{
-    return (slotBytes + kSTATE_COPY_CHUNK_BYTES - 1) / kSTATE_COPY_CHUNK_BYTES;
-}
-
-//! One state tensor as the state copy kernel reads it: slot n is slotBytes bytes at base + n * slotBytes. The chunks of
-//! one slot of every state tensor, tensor after tensor in layer order, are numbered from 0; this tensor's start at
-//! firstChunk.
-struct StateTableEntry
-{
-    char* base;         //!< the tensor's start: its layer's allocation plus offsetBytes
-    int64_t slotBytes;  //!< one slot of the tensor
-    int64_t firstChunk; //!< the number of kSTATE_COPY_CHUNK_BYTES chunks of one slot of the tensors before it
-};
-static_assert(sizeof(StateTableEntry) == 24, "KVCacheManager::allocatedBytes documents 24 bytes per state tensor");
-
-//! Returns the state table of `layout` (host side, no CUDA): one entry per tensor of every state layer, in layer then
-//! tensor order, state layer l's allocation at `stateBases[l]`.
-std::vector<StateTableEntry> stateTableEntries(KVCacheLayout const& layout, std::vector<char*> const& stateBases);
-
-//! Returns the kSTATE_COPY_CHUNK_BYTES chunks of one slot of every state tensor of `layout`: a state copy's grid.
-int64_t stateCopyChunks(KVCacheLayout const& layout);
-
-//! Allocates the device table of stateTableEntries(layout, bases of `stateBuffers`) on `stream` from `pool` and fills
-//! it stream-ordered, as makeLayerTable does; empty without state layers.
-DeviceAllocation makeStateTable(std::vector<DeviceAllocation> const& stateBuffers, KVCacheLayout const& layout,
-    cudaStream_t stream, cudaMemPool_t pool);
-
 //! The library's own access to a KVCacheManager beyond its public calls: what page operations read of it.
 class KVCacheManagerInternal
 {
@@ -97,11 +65,6 @@ public:
             return nullptr;
         }
         return layerTable(cache, group) + cache.mLayout.groups[static_cast<size_t>(group)].layers.size();
-    }
-    //! Returns the device state table (stateTableEntries), one entry per state tensor; nullptr without state layers.
-    static StateTableEntry const* stateTable(KVCacheManager const& cache) noexcept
-    {
-        return static_cast<StateTableEntry const*>(cache.mStateTable.data());
     }
 };
 

@@ -30,8 +30,6 @@ class StateViewsTest : public GpuTest
 
 //! Bytes of the page kernels' table entry of one attention layer.
 constexpr int64_t kLAYER_TABLE_ENTRY_BYTES = 16;
-//! Bytes of the state copy's table entry of one state tensor.
-constexpr int64_t kSTATE_TABLE_ENTRY_BYTES = 24;
 
 //! One attention layer (2 x 64, float16), and two state layers: a Mamba2-like one (conv [16, 3] bfloat16, SSM
 //! [4, 8, 16] float32) and a short convolution (conv [10, 2] float16); 3 sequences and 2 checkpoints: 5 slots.
@@ -85,9 +83,9 @@ TEST_F(StateViewsTest, ViewsHaveTheLayoutsShapesAndOffsets)
     EXPECT_EQ(shortConv.rawPointer(), manager.statePtr(1));
 
     // Pages: 3 sequences x 64 / 16 = 12 pages of 16 x 2 x 64 x 2 = 4096 bytes a half, 2 halves: 98,304 bytes. State:
-    // 10752 + 200 bytes. One layer table entry; three state table entries (one a state tensor).
+    // 10752 + 200 bytes. One layer table entry; the state copy keeps no table in device memory.
     EXPECT_EQ(manager.layout().cacheBytes, 98304);
-    EXPECT_EQ(manager.allocatedBytes(), 98304 + 10752 + 200 + kLAYER_TABLE_ENTRY_BYTES + 3 * kSTATE_TABLE_ENTRY_BYTES);
+    EXPECT_EQ(manager.allocatedBytes(), 98304 + 10752 + 200 + kLAYER_TABLE_ENTRY_BYTES);
 }
 
 TEST_F(StateViewsTest, WritesThroughAViewLandWhereTheLayoutSays)

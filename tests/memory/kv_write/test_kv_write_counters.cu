@@ -4,7 +4,8 @@
 // calibrated scales, with scales four times too small (so values saturate), with infinities and NaN among the values,
 // float32 and float16 inputs, a latent layer (its V counters untouched) and the page-table form. The counters start
 // from values that are not zero and accumulate over two writes; skipped, bad and uncounted tokens hold the largest
-// values (1000 times the others) and must not count. The pages written with counters equal those written without.
+// values (1000 times the others) and must not count. The pages written with counters equal those written without. A
+// write of more tokens than the device runs at once counts each of them.
 
 #include "kvcache/core/errors.h"
 #include "kvcache/memory/kv_cache_manager.h"
@@ -126,12 +127,14 @@ struct Observed
     uint64_t saturated = 0;
 };
 
-Observed expectedHalf(Q quantization, float hostScale, std::vector<float> const& values, int32_t heads, int32_t dim)
+//! Over the first `tokens` tokens of `values`, those `counts` takes.
+Observed expectedHalf(Q quantization, float hostScale, std::vector<float> const& values, int32_t heads, int32_t dim,
+    int32_t tokens = kTOKENS, bool (*counts)(int32_t) = written)
 {
     Observed observed;
-    for (int32_t t = 0; t < kTOKENS; ++t)
+    for (int32_t t = 0; t < tokens; ++t)
     {
-        if (!written(t))
+        if (!counts(t))
         {
             continue;
         }
@@ -329,6 +332,95 @@ TEST_F(WriteCountersTest, CountersHoldTheAmaxAndTheSaturatedValuesWorkedOutOnThe
                 }
             }
         }
+    }
+}
+
+TEST_F(WriteCountersTest, AWriteOfMoreTokensThanTheDeviceRunsAtOnceCountsEveryToken)
+{
+    // Four times as many tokens as the device has warps in flight at most: the counted kernel's blocks each stride over
+    // several tokens. The largest values lie on the last token, and with scales four times too small values saturate
+    // all along the write.
+    int device = 0;
+    KVCACHE_CUDA_TRY(cudaGetDevice(&device));
+    int multiprocessors = 0;
+    int threadsPerMultiprocessor = 0;
+    KVCACHE_CUDA_TRY(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device));
+    KVCACHE_CUDA_TRY(cudaDeviceGetAttribute(&threadsPerMultiprocessor, cudaDevAttrMaxThreadsPerMultiProcessor, device));
+    int32_t const tokens = 4 * multiprocessors * (threadsPerMultiprocessor / 32);
+    constexpr int32_t kDIM = 16;
+    for (ScaledFormat const format : kQUANTIZED_FORMATS)
+    {
+        SCOPED_TRACE(rt::kvQuantizationName(format.quantization));
+        CudaStream stream;
+        rt::KVCacheManager cache(ConfigBuilder({{1, kDIM}})
+                                     .maxBatchSize(1)
+                                     .maxSequenceLength(tokens)
+                                     .tokensPerPage(kTOKENS_PER_PAGE)
+                                     .dataType(format.storage)
+                                     .quantization(format.quantization)
+                                     .build(),
+            stream.get());
+        std::mt19937_64 rng(static_cast<uint64_t>(tokens));
+        std::normal_distribution<float> normal(0.0F, 1.0F);
+        std::vector<float> k(static_cast<size_t>(tokens) * kDIM);
+        std::vector<float> v(k.size());
+        for (size_t i = 0; i < k.size(); ++i)
+        {
+            k[i] = normal(rng);
+            v[i] = 3.0F * normal(rng);
+        }
+        size_t const last = static_cast<size_t>(tokens - 1) * kDIM;
+        k[last + 5] = 40.0F;
+        v[last + 9] = -90.0F;
+        auto const every = [](int32_t) { return true; };
+        Observed const kTrue = expectedHalf(Q::kNONE, 1.0F, k, 1, kDIM, tokens, every);
+        Observed const vTrue = expectedHalf(Q::kNONE, 1.0F, v, 1, kDIM, tokens, every);
+        ASSERT_EQ(kTrue.amax, 40.0F);
+        ASSERT_EQ(vTrue.amax, 90.0F);
+        rt::LayerScales scales;
+        if (format.quantization != Q::kFP8_PER_TOKEN_HEAD)
+        {
+            // A quarter of the calibrated scales of the values before the last token (amax about 5 and 15).
+            float const divisor = format.quantization == Q::kNVFP4 ? 448.0F * 6.0F : 448.0F;
+            scales = {5.0F / divisor / 4.0F, 15.0F / divisor / 4.0F};
+            cache.setLayerScales(0, scales);
+        }
+        Observed const kExpected = expectedHalf(format.quantization, scales.k, k, 1, kDIM, tokens, every);
+        Observed const vExpected = expectedHalf(format.quantization, scales.v, v, 1, kDIM, tokens, every);
+        if (format.quantization != Q::kFP8_PER_TOKEN_HEAD)
+        {
+            ASSERT_GT(kExpected.saturated, 1000U);
+            ASSERT_GT(vExpected.saturated, 1000U);
+        }
+
+        DeviceArray<uint8_t> const kIn = upload(k, rt::DataType::kFLOAT, stream.get());
+        DeviceArray<uint8_t> const vIn = upload(v, rt::DataType::kFLOAT, stream.get());
+        rt::Coords const shape{tokens, 1, kDIM};
+        rt::Tensor const kTensor(kIn.get(), shape, rt::DataType::kFLOAT, rt::DeviceType::kGPU);
+        rt::Tensor const vTensor(vIn.get(), shape, rt::DataType::kFLOAT, rt::DeviceType::kGPU);
+        // Every token its own slot, in a shuffled order.
+        std::vector<int64_t> addresses(static_cast<size_t>(tokens));
+        std::iota(addresses.begin(), addresses.end(), 0);
+        std::shuffle(addresses.begin(), addresses.end(), rng);
+        DeviceArray<int64_t> const deviceAddresses(addresses, stream.get());
+        DeviceArray<rt::WriteCounters> counters(std::vector<rt::WriteCounters>{kSTART}, stream.get());
+        auto const write = [&](rt::WriteCounters* deviceCounters)
+        {
+            rt::TokenOpOptions options;
+            options.deviceCounters = deviceCounters;
+            rt::writeTokens(cache, 0, kTensor, vTensor, deviceAddresses.get(), stream.get(), options);
+        };
+        poison(cache, 0, stream.get());
+        write(nullptr);
+        std::vector<uint8_t> const without = poolBytes(cache, 0, stream.get());
+        poison(cache, 0, stream.get());
+        write(counters.get());
+        EXPECT_EQ(poolBytes(cache, 0, stream.get()), without) << "counting changed what was written";
+        rt::WriteCounters const got = counters.download(stream.get())[0];
+        EXPECT_EQ(got.kAmax, 40.0F);
+        EXPECT_EQ(got.vAmax, 90.0F);
+        EXPECT_EQ(got.kSaturated, kSTART.kSaturated + kExpected.saturated);
+        EXPECT_EQ(got.vSaturated, kSTART.vSaturated + vExpected.saturated);
     }
 }
 

@@ -2,8 +2,8 @@
 // offset (never zero), then copies over state layers of several tensor shapes and dtypes (slots of 15, 14 and 32773
 // bytes among them, and slots of several chunks), checked byte for byte against copies made on the host with offsets
 // worked out by hand: copied slots equal their sources, every other byte (other slots, padding, the attention pages)
-// is untouched. Also: lists longer than one launch, the L2-hint and wide-block paths, graph capture, a fork's copies
-// from a PageManager, and refused lists that launch nothing.
+// is untouched. Also: lists longer than one launch, more state tensors than one launch takes, the L2-hint and
+// wide-block paths, graph capture, a fork's copies from a PageManager, and refused lists that launch nothing.
 
 #include "kvcache/core/errors.h"
 #include "kvcache/core/kv_cache_config.h"
@@ -272,6 +272,33 @@ TEST_F(StateCopyTest, ListsLongerThanOneLaunch)
     {
         copies.push_back({(i * 7) % 300, 300 + i});
     }
+    rt::copyStates(sut.cache(), copies, sut.stream());
+    sut.expect(copies);
+    EXPECT_EQ(sut.mismatch(), "");
+}
+
+//! 43 state layers of three tensors: a [5] float32 (20 bytes a slot, 120 at 0), b [3, 7] int8 (21 bytes a slot at 256,
+//! 120 rounded up) and c [9000] float32 (36000 bytes, two chunks, a slot at 512); 4 sequences and 2 checkpoint slots.
+//! 129 tensors: more than one launch takes, the last launch's one tensor the third of the last layer.
+rt::KVCacheConfig manyTensorsConfig()
+{
+    std::vector<rt::StateLayerConfig> const layers(43,
+        rt::StateLayerConfig{{{"a", {5}, rt::DataType::kFLOAT}, {"b", {3, 7}, rt::DataType::kINT8},
+            {"c", {9000}, rt::DataType::kFLOAT}}});
+    return ConfigBuilder({{1, 16}})
+        .maxBatchSize(4)
+        .maxSequenceLength(16)
+        .tokensPerPage(16)
+        .stateLayers(layers)
+        .numCheckpointSlots(2)
+        .build();
+}
+
+TEST_F(StateCopyTest, MoreStateTensorsThanOneLaunchTakes)
+{
+    StateUnderTest sut(
+        manyTensorsConfig(), std::vector<std::vector<TensorPlace>>(43, {{0, 20}, {256, 21}, {512, 36000}}));
+    std::vector<rt::StateSlotCopy> const copies = {{0, 3}, {1, 5}, {2, 4}};
     rt::copyStates(sut.cache(), copies, sut.stream());
     sut.expect(copies);
     EXPECT_EQ(sut.mismatch(), "");

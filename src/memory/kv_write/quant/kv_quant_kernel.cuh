@@ -325,7 +325,8 @@ __device__ __forceinline__ void dequantizeLane(
 //! tensor -> pages, else pages -> tensor. A head is 2^laneShift neighbouring lanes of a warp; a warp takes one token
 //! and 32 >> laneShift of its heads (grid y picks which), so that a decode step's few tokens still spread over the GPU
 //! and every lane loads a whole vector. Grid-strided over tokens in x. kCOUNT (writes only) keeps each lane's amax and
-//! saturated values of the tokens it writes in registers and adds a warp's to params.counters once, at its end.
+//! saturated values of the tokens it writes in registers and adds its block's to params.counters once, at the
+//! block's end (addSeen).
 template <typename TensorT, KVQuantization kFORMAT, int32_t kV, bool kWRITE, bool kCOUNT, typename Source>
 __global__ void __launch_bounds__(32 * kQUANT_WARPS_PER_BLOCK) quantTokenKernel(QuantKernelParams params, Source source)
 {
