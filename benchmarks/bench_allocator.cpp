@@ -47,8 +47,6 @@ namespace kvcache::bench
 namespace
 {
 
-namespace rt = kvcache::rt;
-
 //! The baseline's pool: POOL_BLOCKS in bench_vllm_alloc.py.
 constexpr int32_t kPOOL_PAGES = 100'000;
 //! The baseline's request: PROMPT tokens.

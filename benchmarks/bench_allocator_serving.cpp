@@ -25,8 +25,6 @@ namespace kvcache::bench
 namespace
 {
 
-namespace rt = kvcache::rt;
-
 // Case f: hybrid models against their full-attention twins
 
 //! Seeds of case f: each iteration runs one.

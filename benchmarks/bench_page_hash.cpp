@@ -16,8 +16,6 @@ namespace kvcache::bench
 namespace
 {
 
-namespace rt = kvcache::rt;
-
 constexpr int32_t kPROMPT_TOKENS = 8192;
 
 using Clock = std::chrono::steady_clock;

@@ -50,8 +50,6 @@ namespace kvcache::bench
 namespace
 {
 
-namespace rt = kvcache::rt;
-
 constexpr int32_t kTOKENS_PER_PAGE = 16;
 //! Page ids are drawn from a pool this large, so that the batch's pages are scattered as a busy cache's are.
 constexpr int32_t kPOOL_PAGES = 100'000;

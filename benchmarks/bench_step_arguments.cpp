@@ -27,8 +27,6 @@ namespace kvcache::bench
 namespace
 {
 
-namespace rt = kvcache::rt;
-
 constexpr int32_t kBATCH = 256;
 constexpr int32_t kTOKENS_PER_PAGE = 16;
 constexpr int32_t kLENGTH = 64 * kTOKENS_PER_PAGE;

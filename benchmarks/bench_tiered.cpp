@@ -46,8 +46,6 @@ namespace kvcache::bench
 namespace
 {
 
-namespace rt = kvcache::rt;
-
 using Clock = std::chrono::steady_clock;
 
 //! Case g's seeds: each iteration runs one.

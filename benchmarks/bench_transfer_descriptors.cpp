@@ -24,8 +24,6 @@ namespace kvcache::bench
 namespace
 {
 
-namespace rt = kvcache::rt;
-
 constexpr int32_t kSEQUENCES = 256;
 constexpr int32_t kPAGES = 64;
 constexpr int32_t kLAYERS = 64;

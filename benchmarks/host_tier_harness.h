@@ -21,8 +21,6 @@
 namespace kvcache::bench
 {
 
-namespace rt = kvcache::rt;
-
 //! The geometry every row measures: 32 layers of 8 KV heads x 128, 16 tokens a page, K and V, kPAGES device pages
 //! per half and layer, kHOST_PAGES host pages.
 constexpr int32_t kLAYERS = 32;

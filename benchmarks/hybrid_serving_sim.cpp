@@ -20,8 +20,6 @@ namespace kvcache::bench
 namespace
 {
 
-namespace rt = kvcache::rt;
-
 constexpr int32_t kRUNNING = kSERVING_RUNNING;
 constexpr int64_t kTWIN_POOL_TOKENS = 262'144;
 
@@ -99,25 +97,14 @@ constexpr int32_t kHOT_FULL_PAGES = 4096;
 
 ServingShape hotPrefixShape()
 {
-    RequestShape requests;
-    requests.families = kHOT_PREFIXES;
-    requests.minFamilyTokens = 256;
-    requests.maxFamilyTokens = 256;
-    requests.familySeed = 4242;
     // Every draw is a new request: no repeats, no follow-ups.
-    requests.kindDraws = 1;
-    requests.firstRepeatDraw = 1;
-    requests.minNewTokens = 16;
-    requests.maxNewTokens = 256;
-    requests.minOutput = 8;
-    requests.maxOutput = 64;
-    requests.history = 1;
-    ServingShape shape{requests};
-    shape.running = kHOT_RUNNING;
-    shape.chunk = kHOT_CHUNK;
-    shape.warmSteps = 1000;
-    shape.measuredSteps = 8000;
-    return shape;
+    RequestShape const requests = RequestShape()
+                                      .sharedPrompts(kHOT_PREFIXES, {256, 256}, 4242)
+                                      .kindsInOrder(1, 0, 0, 0)
+                                      .newAfterSharedPrompt({16, 256})
+                                      .outputs({8, 64})
+                                      .keep(1);
+    return ServingShape{requests, kHOT_RUNNING, kHOT_CHUNK, 1000, 8000};
 }
 
 HybridRunResult runOn(rt::KVCacheConfig const& config, uint64_t seed, ServingShape const& shape)

@@ -28,8 +28,6 @@
 namespace kvcache::bench
 {
 
-namespace rt = kvcache::rt;
-
 //! Warm-up calls before any timing, of a method and of a ceiling alike.
 constexpr int32_t kWARMUP_CALLS = 3;
 //! cudaMemsetAsync writes a byte value; the reset kernel's 4-byte pattern matches it only for 0.

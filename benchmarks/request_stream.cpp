@@ -12,11 +12,11 @@ RequestStream::RequestStream(RequestShape const& shape, uint64_t seed)
     : mShape(shape)
     , mRandom(seed)
 {
-    SplitMix64 familyRandom(shape.familySeed);
-    for (int32_t f = 0; f < shape.families; ++f)
+    SplitMix64 familyRandom(shape.families.seed);
+    for (int32_t f = 0; f < shape.families.count; ++f)
     {
         std::vector<int32_t>& family = mFamilies.emplace_back();
-        family.resize(static_cast<size_t>(familyRandom.between(shape.minFamilyTokens, shape.maxFamilyTokens)));
+        family.resize(static_cast<size_t>(familyRandom.between(shape.families.tokens.min, shape.families.tokens.max)));
         for (int32_t& token : family)
         {
             token = familyRandom.between(0, kREQUEST_VOCAB - 1);
@@ -40,8 +40,8 @@ Request RequestStream::next()
         request.kind = 2;
         request.prompt =
             mConversations[static_cast<size_t>(mRandom.below(static_cast<int32_t>(mConversations.size())))];
-        appendRandom(request.prompt, mRandom.between(mShape.minFollowUpTokens, mShape.maxFollowUpTokens));
-        if (static_cast<int32_t>(request.prompt.size()) > mShape.maxFollowUp)
+        appendRandom(request.prompt, drawLength(mShape.followUp.userTokens));
+        if (static_cast<int32_t>(request.prompt.size()) > mShape.followUp.maxTokens)
         {
             request.prompt.clear();
         }
@@ -49,16 +49,17 @@ Request RequestStream::next()
     if (request.prompt.empty())
     {
         request.kind = 0;
-        std::vector<int32_t> const& family = mFamilies[static_cast<size_t>(mRandom.below(mShape.families))];
-        int32_t const drawn = mRandom.between(mShape.minNewTokens, mShape.maxNewTokens);
+        std::vector<int32_t> const& family = mFamilies[static_cast<size_t>(mRandom.below(mShape.families.count))];
+        int32_t const drawn = drawLength(mShape.newPrompt.tokens);
         int32_t const familyTokens = static_cast<int32_t>(family.size());
-        int32_t const shared =
-            mShape.newLengthIsPrompt ? std::min(familyTokens, drawn - mShape.minUserTokens) : familyTokens;
-        int32_t const user = mShape.newLengthIsPrompt ? drawn - shared : drawn;
+        int32_t const shared = mShape.newPrompt.lengthIsPrompt
+            ? std::min(familyTokens, drawn - mShape.newPrompt.minUserTokens)
+            : familyTokens;
+        int32_t const user = mShape.newPrompt.lengthIsPrompt ? drawn - shared : drawn;
         request.prompt.assign(family.begin(), family.begin() + shared);
         appendRandom(request.prompt, user);
     }
-    appendRandom(request.output, mRandom.between(mShape.minOutput, mShape.maxOutput));
+    appendRandom(request.output, drawLength(mShape.outputTokens));
     remember(mPrompts, mNextPrompt, request.prompt);
     return request;
 }
@@ -68,6 +69,11 @@ void RequestStream::finished(Request const& request)
     std::vector<int32_t> conversation = request.prompt;
     conversation.insert(conversation.end(), request.output.begin(), request.output.end());
     remember(mConversations, mNextConversation, conversation);
+}
+
+int32_t RequestStream::drawLength(TokenRange range)
+{
+    return mRandom.between(range.min, range.max);
 }
 
 void RequestStream::appendRandom(std::vector<int32_t>& tokens, int32_t count)

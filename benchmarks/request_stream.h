@@ -4,7 +4,7 @@
 // earlier conversations. The serving workload (serving_workload.cpp, cases f and g) and case j
 // (state_checkpoint_sim.cpp) draw their requests from it, each with its own lengths and shares. The stream never looks
 // at a cache, so every cache a case compares sees the same requests in the same order. Both also run their requests
-// the same way: serveRequests, the continuous-batching loop over RunningRequest.
+// the same way: serveRequests, the continuous-batching loop over RunningRequest, sized by a ServingShape.
 
 #include "split_mix64.h"
 
@@ -21,38 +21,114 @@ namespace kvcache::bench
 //! Token ids are drawn from [0, kREQUEST_VOCAB).
 inline constexpr int32_t kREQUEST_VOCAB = 151'936;
 
-//! The lengths and shares of a request stream. Each request draws a kind from [0, kindDraws): a draw in
-//! [firstRepeatDraw, firstRepeatDraw + repeatDraws) repeats one of the last `history` prompts, one of the next
-//! `followUpDraws` draws follows up one of the last `history` finished conversations, and any other draw (or a repeat
-//! or follow-up with nothing to draw on) makes a new prompt.
+//! Lengths drawn from [min, max].
+struct TokenRange
+{
+    int32_t min = 0;
+    int32_t max = 0;
+};
+
+//! The shared prompts new requests start from: their count, their lengths and their own seed.
+struct PromptFamilies
+{
+    int32_t count = 0;
+    TokenRange tokens;
+    uint64_t seed = 0;
+};
+
+//! A follow-up's prompt: the conversation and `userTokens` user tokens; a new request instead when that passes
+//! `maxTokens` tokens.
+struct FollowUpPrompts
+{
+    TokenRange userTokens;
+    int32_t maxTokens = 0;
+};
+
+//! A new prompt, from one family. With `lengthIsPrompt`, a length drawn from `tokens`: the family's start fills all
+//! but the last `minUserTokens` (the whole family when it is shorter) and user tokens the rest (minUserTokens <=
+//! tokens.min). Otherwise the whole family and `tokens` user tokens.
+struct NewPrompts
+{
+    bool lengthIsPrompt = false;
+    TokenRange tokens;
+    int32_t minUserTokens = 0;
+};
+
+//! The lengths and shares of a request stream. A workload writes its shape with the setters, a rule each, so that the
+//! shape reads as its rules.
 struct RequestShape
 {
-    //! The shared prompts new requests start from: their count, their lengths and their own seed.
-    int32_t families = 0;
-    int32_t minFamilyTokens = 0;
-    int32_t maxFamilyTokens = 0;
-    uint64_t familySeed = 0;
+    //! Each request draws a kind from [0, kindDraws): a draw in [firstRepeatDraw, firstRepeatDraw + repeatDraws)
+    //! repeats one of the last `history` prompts, one of the next `followUpDraws` draws follows up one of the last
+    //! `history` finished conversations, and any other draw (or a repeat or follow-up with nothing to draw on) makes a
+    //! new prompt.
     int32_t kindDraws = 0;
     int32_t firstRepeatDraw = 0;
     int32_t repeatDraws = 0;
     int32_t followUpDraws = 0;
-    //! A follow-up's prompt: the conversation and [minFollowUpTokens, maxFollowUpTokens] user tokens; a new request
-    //! instead when that passes maxFollowUp tokens.
-    int32_t minFollowUpTokens = 0;
-    int32_t maxFollowUpTokens = 0;
-    int32_t maxFollowUp = 0;
-    //! A new prompt, from one family. With newLengthIsPrompt, a length drawn from [minNewTokens, maxNewTokens]: the
-    //! family's start fills all but the last minUserTokens (the whole family when it is shorter) and user tokens the
-    //! rest (minUserTokens <= minNewTokens). Otherwise the whole family and [minNewTokens, maxNewTokens] user tokens.
-    bool newLengthIsPrompt = false;
-    int32_t minNewTokens = 0;
-    int32_t maxNewTokens = 0;
-    int32_t minUserTokens = 0;
+    PromptFamilies families;
+    FollowUpPrompts followUp;
+    NewPrompts newPrompt;
     //! Output tokens a request produces.
-    int32_t minOutput = 0;
-    int32_t maxOutput = 0;
+    TokenRange outputTokens;
     //! Prompts and finished conversations kept for repeats and follow-ups.
     int32_t history = 0;
+
+    //! `count` shared prompts of `tokens` tokens each, drawn from their own `seed`.
+    RequestShape& sharedPrompts(int32_t count, TokenRange tokens, uint64_t seed)
+    {
+        families = PromptFamilies{count, tokens, seed};
+        return *this;
+    }
+    //! The kinds' draws in order: `newFirst` new, `repeatCount` repeats, `followUpCount` follow-ups, `newLast` new.
+    RequestShape& kindsInOrder(int32_t newFirst, int32_t repeatCount, int32_t followUpCount, int32_t newLast)
+    {
+        kindDraws = newFirst + repeatCount + followUpCount + newLast;
+        firstRepeatDraw = newFirst;
+        repeatDraws = repeatCount;
+        followUpDraws = followUpCount;
+        return *this;
+    }
+    //! A follow-up adds `userTokens` to the conversation; it is a new request instead past `maxTokens` tokens.
+    RequestShape& followUps(TokenRange userTokens, int32_t maxTokens)
+    {
+        followUp = FollowUpPrompts{userTokens, maxTokens};
+        return *this;
+    }
+    //! A new prompt is a whole shared prompt and `userTokens` user tokens.
+    RequestShape& newAfterSharedPrompt(TokenRange userTokens)
+    {
+        newPrompt = NewPrompts{false, userTokens, 0};
+        return *this;
+    }
+    //! A new prompt has `tokens` tokens: a shared prompt's start and at least `minUserTokens` user tokens.
+    RequestShape& newOfLength(TokenRange tokens, int32_t minUserTokens)
+    {
+        newPrompt = NewPrompts{true, tokens, minUserTokens};
+        return *this;
+    }
+    //! A request produces `tokens` output tokens.
+    RequestShape& outputs(TokenRange tokens)
+    {
+        outputTokens = tokens;
+        return *this;
+    }
+    //! The stream keeps the last `count` prompts and finished conversations.
+    RequestShape& keep(int32_t count)
+    {
+        history = count;
+        return *this;
+    }
+};
+
+//! A serving loop's requests, its sequences at once, its prefill chunk and its steps.
+struct ServingShape
+{
+    RequestShape requests;
+    int32_t running = 0;
+    int32_t chunk = 0;
+    int32_t warmSteps = 0;
+    int32_t measuredSteps = 0;
 };
 
 //! One request: its prompt and the output tokens it will produce.
@@ -76,6 +152,12 @@ struct RunningRequest
     bool decoding() const
     {
         return produced < static_cast<int32_t>(request.output.size());
+    }
+
+    //! The tokens of its prompt.
+    int32_t promptLength() const
+    {
+        return static_cast<int32_t>(request.prompt.size());
     }
 
     //! The tokens its sequence holds once it has finished: the prompt and all output tokens but the last.
@@ -112,6 +194,8 @@ public:
     void finished(Request const& request);
 
 private:
+    //! Returns a length drawn from `range`.
+    int32_t drawLength(TokenRange range);
     void appendRandom(std::vector<int32_t>& tokens, int32_t count);
     void remember(std::vector<std::vector<int32_t>>& ring, size_t& next, std::vector<int32_t> const& tokens) const;
 
@@ -124,22 +208,23 @@ private:
     size_t mNextConversation = 0;
 };
 
-//! Runs `steps` decode steps of continuous batching over `source`, `runningCount` requests at a time. A request drawn
-//! from the stream goes to `admit(entry)`, which creates its sequence and prefills its prompt (its first output token
-//! is then sampled). Each step hands the running requests' next tokens to `step(index, appends)`; then a request with
-//! more to produce goes to `decoded(entry)`, and a finished one to `finished(entry)`, which frees its sequence, and
-//! back to the stream; new requests take the finished ones' places. `Running` is RunningRequest or a type derived from
-//! it.
+//! Runs shape.warmSteps + shape.measuredSteps decode steps of continuous batching over the request stream of
+//! shape.requests seeded by `seed`, shape.running requests at a time. A request drawn from the stream goes to
+//! `admit(entry)`, which creates its sequence and prefills its prompt (its first output token is then sampled). Each
+//! step hands the running requests' next tokens to `step(index, appends)`; then a request with more to produce goes to
+//! `decoded(entry)`, and a finished one to `finished(entry)`, which frees its sequence, and back to the stream; new
+//! requests take the finished ones' places. `Running` is RunningRequest or a type derived from it.
 template <typename Running, typename Admit, typename Step, typename Decoded, typename Finished>
-void serveRequests(RequestStream& source, int32_t runningCount, int32_t steps, Admit&& admit, Step&& step,
-    Decoded&& decoded, Finished&& finished)
+void serveRequests(
+    ServingShape const& shape, uint64_t seed, Admit&& admit, Step&& step, Decoded&& decoded, Finished&& finished)
 {
+    RequestStream source(shape.requests, seed);
     std::vector<Running> running;
     std::vector<Running> still;
     std::vector<rt::SequenceAppend> appends;
     auto const fill = [&]
     {
-        while (static_cast<int32_t>(running.size()) < runningCount)
+        while (static_cast<int32_t>(running.size()) < shape.running)
         {
             Running entry;
             entry.request = source.next();
@@ -149,7 +234,7 @@ void serveRequests(RequestStream& source, int32_t runningCount, int32_t steps, A
         }
     };
     fill();
-    for (int32_t index = 0; index < steps; ++index)
+    for (int32_t index = 0; index < shape.warmSteps + shape.measuredSteps; ++index)
     {
         decodeAppends(running, appends);
         step(index, appends);

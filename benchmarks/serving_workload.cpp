@@ -26,41 +26,28 @@ namespace kvcache::bench
 
 ServingShape servingShape()
 {
-    // The stream's rules (see the top of this file).
-    RequestShape shape;
-    shape.families = 24;
-    shape.minFamilyTokens = 256;
-    shape.maxFamilyTokens = 2048;
-    shape.familySeed = 777;
-    // Draws 0 and 3 are new requests, 1 a repeat, 2 a follow-up.
-    shape.kindDraws = 4;
-    shape.firstRepeatDraw = 1;
-    shape.repeatDraws = 1;
-    shape.followUpDraws = 1;
-    shape.minFollowUpTokens = 32;
-    shape.maxFollowUpTokens = 256;
-    shape.maxFollowUp = 6144;
-    shape.newLengthIsPrompt = false;
-    shape.minNewTokens = 64;
-    shape.maxNewTokens = 1024;
-    shape.minOutput = 16;
-    shape.maxOutput = 256;
-    shape.history = 512;
-    return ServingShape{shape};
+    // The stream's rules (see the top of this file). Draws 0 and 3 are new requests, 1 a repeat, 2 a follow-up.
+    RequestShape const requests = RequestShape()
+                                      .sharedPrompts(24, {256, 2048}, 777)
+                                      .kindsInOrder(1, 1, 1, 1)
+                                      .followUps({32, 256}, 6144)
+                                      .newAfterSharedPrompt({64, 1024})
+                                      .outputs({16, 256})
+                                      .keep(512);
+    return ServingShape{requests, kSERVING_RUNNING, kSERVING_CHUNK, kSERVING_WARM_STEPS, kSERVING_MEASURED_STEPS};
 }
 
 ServingResult runServingWorkload(ServingCache& cache, uint64_t seed, ServingShape const& shape)
 {
-    RequestStream source(shape.requests, seed);
     ServingResult result;
     bool measuring = false;
     auto start = std::chrono::steady_clock::now();
     serveRequests<RunningRequest>(
-        source, shape.running, shape.warmSteps + shape.measuredSteps,
+        shape, seed,
         [&](RunningRequest& entry)
         {
             std::vector<int32_t> const& prompt = entry.request.prompt;
-            int32_t const length = static_cast<int32_t>(prompt.size());
+            int32_t const length = entry.promptLength();
             entry.id = cache.create();
             ServingHit const hit = cache.admit(entry.id, prompt.data(), length);
             for (int32_t at = hit.deviceTokens + hit.hostTokens; at < length; at += shape.chunk)

@@ -75,16 +75,6 @@ struct ServingResult
     double nanoseconds = 0; //!< wall time of the measured steps
 };
 
-//! A serving loop's requests, its sequences at once, its prefill chunk and its steps.
-struct ServingShape
-{
-    RequestShape requests;
-    int32_t running = kSERVING_RUNNING;
-    int32_t chunk = kSERVING_CHUNK;
-    int32_t warmSteps = kSERVING_WARM_STEPS;
-    int32_t measuredSteps = kSERVING_MEASURED_STEPS;
-};
-
 //! The workload of cases f and g (serving_workload.cpp): the requests described there, the kSERVING_* sizes.
 ServingShape servingShape();
 

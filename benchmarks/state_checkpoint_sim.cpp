@@ -33,38 +33,23 @@ namespace kvcache::bench
 namespace
 {
 
-namespace rt = kvcache::rt;
-
 constexpr int32_t kRUNNING = 32;
 constexpr int32_t kMAX_LENGTH = 2304;
 constexpr int32_t kCHUNK = 2048;
-constexpr int32_t kWARM_STEPS = 1000;
-constexpr int32_t kMEASURED_STEPS = 4000;
 
-//! The stream's rules (see the top of this file).
-RequestShape checkpointShape()
+//! The stream's rules (see the top of this file), kRUNNING sequences in prefill chunks of kCHUNK tokens, 1000 untimed
+//! steps and 4000 measured ones.
+ServingShape checkpointShape()
 {
-    RequestShape shape;
-    shape.families = 16;
-    shape.minFamilyTokens = 64;
-    shape.maxFamilyTokens = 1024;
-    shape.familySeed = 4242;
     // Draws 0 to 6 are repeats, 7 to 11 follow-ups, 12 to 19 new requests.
-    shape.kindDraws = 20;
-    shape.firstRepeatDraw = 0;
-    shape.repeatDraws = 7;
-    shape.followUpDraws = 5;
-    shape.minFollowUpTokens = 32;
-    shape.maxFollowUpTokens = 256;
-    shape.maxFollowUp = 2000;
-    shape.newLengthIsPrompt = true;
-    shape.minNewTokens = 100;
-    shape.maxNewTokens = 2000;
-    shape.minUserTokens = 16;
-    shape.minOutput = 16;
-    shape.maxOutput = 128;
-    shape.history = 256;
-    return shape;
+    RequestShape const requests = RequestShape()
+                                      .sharedPrompts(16, {64, 1024}, 4242)
+                                      .kindsInOrder(0, 7, 5, 8)
+                                      .followUps({32, 256}, 2000)
+                                      .newOfLength({100, 2000}, 16)
+                                      .outputs({16, 128})
+                                      .keep(256);
+    return ServingShape{requests, kRUNNING, kCHUNK, 1000, 4000};
 }
 
 //! The model's config: `attentionLayers` full-attention layers (2 KV heads of 256), and the 36 gated delta net layers
@@ -152,16 +137,16 @@ CheckpointRunResult runCheckpointWorkload(
     {
         int32_t boundary = -1; //!< the length at which its state is saved next
     };
-    RequestStream source(checkpointShape(), seed);
+    ServingShape const shape = checkpointShape();
     CheckpointRunResult result;
     bool measuring = false;
     rt::PageManagerStats before{};
     serveRequests<Running>(
-        source, kRUNNING, kWARM_STEPS + kMEASURED_STEPS,
+        shape, seed,
         [&](Running& entry)
         {
             std::vector<int32_t> const& prompt = entry.request.prompt;
-            int32_t const length = static_cast<int32_t>(prompt.size());
+            int32_t const length = entry.promptLength();
             entry.id = manager.create();
             auto const start = std::chrono::steady_clock::now();
             int32_t const hit = manager.adoptPrefix(entry.id, prompt.data(), length);
@@ -170,7 +155,7 @@ CheckpointRunResult runCheckpointWorkload(
             for (int32_t at = hit; at < length;)
             {
                 int32_t const boundary = boundaryOf(entry.id);
-                int32_t end = std::min(length, at + kCHUNK);
+                int32_t end = std::min(length, at + shape.chunk);
                 end = boundary > at && boundary < end ? boundary : end;
                 rt::SequenceAppend const chunk{entry.id, prompt.data() + at, end - at};
                 manager.step(&chunk, 1);
@@ -192,7 +177,7 @@ CheckpointRunResult runCheckpointWorkload(
         },
         [&](int32_t step, std::vector<rt::SequenceAppend> const& appends)
         {
-            if (step == kWARM_STEPS)
+            if (step == shape.warmSteps)
             {
                 measuring = true;
                 before = manager.stats();

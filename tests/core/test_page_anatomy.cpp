@@ -22,15 +22,10 @@
 #include "support/layout_model.h"
 #include "support/scaled_configs.h"
 
+namespace kvcache::test
+{
 namespace
 {
-
-namespace rt = kvcache::rt;
-using kvcache::test::ConfigBuilder;
-using kvcache::test::kEVERY_FORMAT;
-using kvcache::test::nameOf;
-using kvcache::test::ScaledFormat;
-using kvcache::test::throwsNaming;
 
 std::vector<int64_t> offsetsOf(rt::detail::PageAnatomy const& anatomy)
 {
@@ -47,15 +42,15 @@ TEST(PageAnatomyTest, EntriesAreEveryLayersDataThenEveryLayersScalesOfEveryForma
     for (ScaledFormat const format : kEVERY_FORMAT)
     {
         SCOPED_TRACE(nameOf(format));
-        rt::KVCacheConfig const config = kvcache::test::scaledConfig(format);
+        rt::KVCacheConfig const config = scaledConfig(format);
         rt::KVCacheLayout const layout = rt::computeLayout(config);
-        kvcache::test::LayoutModel const model = kvcache::test::modelLayout(config);
+        LayoutModel const model = modelLayout(config);
         bool const scaled = format.quantization == rt::KVQuantization::kFP8_PER_TOKEN_HEAD
             || format.quantization == rt::KVQuantization::kNVFP4;
         for (int32_t group = 0; group < 3; ++group)
         {
             SCOPED_TRACE("group " + std::to_string(group));
-            kvcache::test::ModelGroup const& modelGroup = model.groups[static_cast<size_t>(group)];
+            ModelGroup const& modelGroup = model.groups[static_cast<size_t>(group)];
             // From the model: K then V data pages of each layer in order, then, with scales, K then V scale pages.
             std::vector<int64_t> offsets;
             int64_t offset = 0;
@@ -69,7 +64,7 @@ TEST(PageAnatomyTest, EntriesAreEveryLayersDataThenEveryLayersScalesOfEveryForma
                 }
                 for (int32_t const layer : modelGroup.layers)
                 {
-                    kvcache::test::ModelLayer const& m = model.layers[static_cast<size_t>(layer)];
+                    ModelLayer const& m = model.layers[static_cast<size_t>(layer)];
                     int64_t const pageBytes = scales ? m.scalePageBytes : m.pageBytes;
                     offsets.push_back(offset);
                     offset += m.numHalves * pageBytes;
@@ -143,7 +138,7 @@ TEST(PageAnatomyTest, PageBytesOfEachFormatMatchNumbersWorkedOutByHand)
 TEST(PageAnatomyTest, PageGeometriesRecordTheQuantizationAndTellEqualBytesApart)
 {
     auto const geometryOf = [](ScaledFormat format)
-    { return rt::pageGeometry(rt::computeLayout(kvcache::test::scaledConfig(format)), 0); };
+    { return rt::pageGeometry(rt::computeLayout(scaledConfig(format)), 0); };
     for (ScaledFormat const format : kEVERY_FORMAT)
     {
         EXPECT_EQ(geometryOf(format).quantization, format.quantization) << nameOf(format);
@@ -265,11 +260,6 @@ TEST(PageAnatomyTest, FingerprintIsTheDocumentedHashAndChangesWithEveryField)
     }
 }
 
-} // namespace
-
-namespace
-{
-
 // A state slot: two state layers of 4 slots (3 sequences + 1 checkpoint). Layer 0: conv [8, 3] bfloat16 = 48 bytes a
 // slot, 192 in all, so recurrent [2, 4, 4] float32 = 128 bytes a slot starts at 256 (the next multiple of 256);
 // layer 1: one float32 tensor [5] = 20 bytes a slot. Packed: 0, 48, 48 + 128 = 176; 196 bytes.
@@ -318,3 +308,4 @@ TEST(StateSlotAnatomy, IsEmptyWithoutStateLayers)
 }
 
 } // namespace
+} // namespace kvcache::test

@@ -29,16 +29,12 @@
 #include "support/layout_model.h"
 #include "support/token_write_model.h"
 
+namespace kvcache::test
+{
 namespace
 {
 
-namespace rt = kvcache::rt;
-using kvcache::test::ConfigBuilder;
-using kvcache::test::CudaStream;
-using kvcache::test::DeviceArray;
-using kvcache::test::LayoutModel;
-
-using TokenWriteTest = kvcache::test::GpuTest;
+using TokenWriteTest = GpuTest;
 
 constexpr int32_t kTOKENS_PER_PAGE = 16;
 //! Written over pools and outputs before a kernel runs, so a write that never happens cannot pass.
@@ -59,7 +55,7 @@ struct Cache
                      .dataType(type)
                      .maxTokensPerStep(16)
                      .build())
-        , model(kvcache::test::modelLayout(config))
+        , model(modelLayout(config))
         , manager(config, stream.get())
     {
     }
@@ -75,7 +71,7 @@ struct Cache
     //! Returns layer `layer`'s whole buffer after the queued work.
     std::vector<uint8_t> download(int32_t layer) const
     {
-        return kvcache::test::downloadBytes(
+        return downloadBytes(
             manager.kPoolPtr(layer), model.layers[static_cast<size_t>(layer)].layerBytes, stream.get());
     }
     //! Returns the tokens layer `layer`'s pools hold: numPages * tokensPerPage.
@@ -203,7 +199,7 @@ int32_t badAddresses(std::vector<int64_t> const& addresses, int64_t count, int64
 std::vector<uint8_t> expectedLayer(Cache const& cache, int32_t layer, std::vector<uint8_t> before, InputTensor const& k,
     InputTensor const* v, std::vector<int64_t> const& addresses, int64_t count)
 {
-    kvcache::test::ModelLayer const& m = cache.model.layers[static_cast<size_t>(layer)];
+    ModelLayer const& m = cache.model.layers[static_cast<size_t>(layer)];
     rt::DataType const cacheType = cache.config.kvCacheType;
     for (int64_t i = 0; i < count; ++i)
     {
@@ -220,7 +216,7 @@ std::vector<uint8_t> expectedLayer(Cache const& cache, int32_t layer, std::vecto
                 for (int64_t dim = 0; dim < m.headDim; ++dim)
                 {
                     std::vector<uint8_t> const value =
-                        kvcache::test::convertElementBytes(input.element(i, head, dim), input.type, cacheType);
+                        convertElementBytes(input.element(i, head, dim), input.type, cacheType);
                     int64_t const at = cache.model.poolByteOffset(
                         layer, kv, address / kTOKENS_PER_PAGE, address % kTOKENS_PER_PAGE, head, dim);
                     std::copy(value.begin(), value.end(), before.begin() + at);
@@ -267,7 +263,7 @@ std::vector<uint8_t> expectedOutput(Cache const& cache, int32_t layer, int64_t k
     std::vector<uint8_t> const& layerBytes, std::vector<int64_t> const& addresses, int64_t n, int64_t count,
     rt::DataType type)
 {
-    kvcache::test::ModelLayer const& m = cache.model.layers[static_cast<size_t>(layer)];
+    ModelLayer const& m = cache.model.layers[static_cast<size_t>(layer)];
     int64_t const size = rt::dataTypeSize(type);
     std::vector<uint8_t> out(static_cast<size_t>(n * m.numKVHeads * m.headDim * size), kPOISON_BYTE);
     for (int64_t i = 0; i < count; ++i)
@@ -283,8 +279,8 @@ std::vector<uint8_t> expectedOutput(Cache const& cache, int32_t layer, int64_t k
             {
                 int64_t const at = cache.model.poolByteOffset(
                     layer, kv, address / kTOKENS_PER_PAGE, address % kTOKENS_PER_PAGE, head, dim);
-                std::vector<uint8_t> const value = kvcache::test::convertElementBytes(
-                    &layerBytes[static_cast<size_t>(at)], cache.config.kvCacheType, type);
+                std::vector<uint8_t> const value =
+                    convertElementBytes(&layerBytes[static_cast<size_t>(at)], cache.config.kvCacheType, type);
                 std::copy(
                     value.begin(), value.end(), out.begin() + ((i * m.numKVHeads + head) * m.headDim + dim) * size);
             }
@@ -409,7 +405,7 @@ TEST_F(TokenWriteTest, ACapturedWriteReplaysWithNewAddressesAndANewCount)
     DeviceArray<int64_t> deviceAddresses(static_cast<size_t>(kCAPACITY));
     DeviceArray<int32_t> count(1);
     DeviceArray<int32_t> errors(1);
-    kvcache::test::CapturedGraph graph(stream,
+    CapturedGraph graph(stream,
         [&]
         {
             rt::writeTokens(cache.manager, layer, k.tensor, v.tensor, deviceAddresses.get(), stream,
@@ -445,7 +441,7 @@ TEST_F(TokenWriteTest, ThePageTableFormWritesWhatTheAddressFormWritesForTheSameT
         std::vector<rt::SequencePages> const sequences{{first.data(), 4, 60}, {second.data(), 3, 40}};
         rt::PageTableBuffers tables(2, 8, kTOKENS_PER_PAGE, stream);
         tables.build(sequences.data(), 2, stream);
-        kvcache::test::TableAddressModel const model({{3, 5}, {6, 0, 2}}, {2 * kTOKENS_PER_PAGE, 0}, kTOKENS_PER_PAGE,
+        TableAddressModel const model({{3, 5}, {6, 0, 2}}, {2 * kTOKENS_PER_PAGE, 0}, kTOKENS_PER_PAGE,
             static_cast<int32_t>(cache.model.layers[static_cast<size_t>(layer)].numPages));
 
         // Tokens inside both rows, one skipped, and bad ones: before row 0's first token, past the pages of rows 0 and
@@ -501,16 +497,16 @@ TEST_F(TokenWriteTest, EightBitCachesAndBadArgumentsAreRefusedBeforeLaunchingAnd
     DeviceArray<uint8_t> values(4 * 2 * 64 * 2);
     DeviceArray<int64_t> addresses(4);
     rt::Tensor const k(values.get(), rt::Coords{4, 2, 64}, rt::DataType::kHALF, rt::DeviceType::kGPU);
-    EXPECT_TRUE(kvcache::test::throwsNaming<rt::InvalidArgumentError>(
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
         [&] { rt::writeTokens(fp8, 0, k, k, addresses.get(), stream.get()); }, {"writeTokens", "fp8_e4m3"}));
-    EXPECT_TRUE(kvcache::test::throwsNaming<rt::InvalidArgumentError>(
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
         [&] { rt::readTokens(fp8, 0, k, k, addresses.get(), stream.get()); }, {"readTokens", "fp8_e4m3"}));
 
     Cache cache(rt::DataType::kHALF);
-    EXPECT_TRUE(kvcache::test::throwsNaming<rt::InvalidArgumentError>([&]
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>([&]
         { rt::writeTokens(cache.manager, 0, k, k, nullptr, cache.stream.get()); },
         {"deviceTokenAddresses is null with capacity 4"}));
-    EXPECT_TRUE(kvcache::test::throwsNaming<rt::InvalidArgumentError>([&]
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>([&]
         { rt::writeTokens(cache.manager, 2, k, rt::Tensor(), addresses.get(), cache.stream.get()); },
         {"k has shape [4, 2, 64]", "layer 2 needs [capacity, 1, 72]"}));
     std::vector<uint8_t> const before = cache.poison(0);
@@ -518,11 +514,6 @@ TEST_F(TokenWriteTest, EightBitCachesAndBadArgumentsAreRefusedBeforeLaunchingAnd
     rt::writeTokens(cache.manager, 0, none, none, nullptr, cache.stream.get());
     EXPECT_TRUE(sameBytes(before, cache.download(0)));
 }
-
-} // namespace
-
-namespace
-{
 
 TEST_F(TokenWriteTest, TheLatentPoolViewShowsWrittenTokensWhereMlaKernelsReadThem)
 {
@@ -536,10 +527,10 @@ TEST_F(TokenWriteTest, TheLatentPoolViewShowsWrittenTokensWhereMlaKernelsReadThe
     EXPECT_EQ(view.getStride(), (rt::Coords{kTOKENS_PER_PAGE * 72, 72, 1}));
     EXPECT_EQ(view.rawPointer(), cache.manager.kPoolPtr(layer));
     EXPECT_EQ(view.getDataType(), rt::DataType::kBF16);
-    EXPECT_TRUE(kvcache::test::throwsNaming<rt::InvalidArgumentError>(
+    EXPECT_TRUE(throwsNaming<rt::InvalidArgumentError>(
         [&] { cache.manager.latentPoolView(0); }, {"latentPoolView", "layer 0 is a KV layer", "latent"}));
-    EXPECT_TRUE(kvcache::test::throwsNaming<rt::OutOfRangeError>(
-        [&] { cache.manager.latentPoolView(4); }, {"latentPoolView", "4", "[0, 4)"}));
+    EXPECT_TRUE(
+        throwsNaming<rt::OutOfRangeError>([&] { cache.manager.latentPoolView(4); }, {"latentPoolView", "4", "[0, 4)"}));
 
     constexpr int64_t kTOKENS = 20;
     InputTensor const k(rt::DataType::kBF16, kTOKENS, 1, 72, kLAYOUTS[0], true, rng, stream);
@@ -548,7 +539,7 @@ TEST_F(TokenWriteTest, TheLatentPoolViewShowsWrittenTokensWhereMlaKernelsReadThe
     DeviceArray<int64_t> const deviceAddresses(addresses, stream);
     cache.poison(layer);
     rt::writeTokens(cache.manager, layer, k.tensor, rt::Tensor(), deviceAddresses.get(), stream);
-    std::vector<uint8_t> const pool = kvcache::test::downloadBytes(view.rawPointer(), view.sizeBytes(), stream);
+    std::vector<uint8_t> const pool = downloadBytes(view.rawPointer(), view.sizeBytes(), stream);
     for (int64_t i = 0; i < kTOKENS; ++i)
     {
         int64_t const address = addresses[static_cast<size_t>(i)];
@@ -560,3 +551,4 @@ TEST_F(TokenWriteTest, TheLatentPoolViewShowsWrittenTokensWhereMlaKernelsReadThe
 }
 
 } // namespace
+} // namespace kvcache::test

@@ -21,16 +21,12 @@
 #include "support/scaled_configs.h"
 #include "support/sequence_file_fixture.h"
 
+namespace kvcache::test
+{
 namespace
 {
 
-namespace rt = kvcache::rt;
 namespace fs = std::filesystem;
-using kvcache::test::kEVERY_FORMAT;
-using kvcache::test::nameOf;
-using kvcache::test::patchHeader;
-using kvcache::test::ScaledFormat;
-using kvcache::test::throwsNaming;
 
 constexpr ScaledFormat kPLAIN_FP8 = kEVERY_FORMAT[1];
 constexpr ScaledFormat kPER_TENSOR = kEVERY_FORMAT[2];
@@ -44,7 +40,7 @@ constexpr int64_t kHEADER_BYTES = 56 + 3 * 24 + 8 + 8;
 
 rt::PageGeometry geometryOf(ScaledFormat format, int32_t group = 0)
 {
-    return rt::pageGeometry(rt::computeLayout(kvcache::test::scaledConfig(format)), group);
+    return rt::pageGeometry(rt::computeLayout(scaledConfig(format)), group);
 }
 
 bool keepsHostScales(rt::KVQuantization quantization)
@@ -73,7 +69,7 @@ T fieldAt(std::vector<char> const& bytes, int64_t offset)
     return value;
 }
 
-class SequenceFileQuantizedTest : public kvcache::test::SequenceFileFixture
+class SequenceFileQuantizedTest : public SequenceFileFixture
 {
 protected:
     //! Writes `count` random pages of `geometry` under `scales` and returns them.
@@ -329,3 +325,4 @@ TEST_F(SequenceFileQuantizedTest, TheWriterRefusesQuantizedGeometriesALayoutWoul
 }
 
 } // namespace
+} // namespace kvcache::test
