@@ -35,6 +35,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
@@ -83,7 +84,8 @@ double threadCpuNanoseconds()
 }
 
 //! batching_sim's step thread on one CPU (KVCACHE_BENCH_STEP_CPU=N), the threads each simulation starts (the
-//! publisher's) left free to run on any: pinning the whole process (taskset) would put them on the step's CPU too.
+//! publisher's) on the process's other CPUs except those that share N's core (its hyperthread siblings), whose work
+//! would slow the step's own: pinning the whole process (taskset) would put them on the step's CPU too.
 class StepThreadPin
 {
 public:
@@ -98,20 +100,31 @@ public:
         check(
             sched_getaffinity(0, sizeof(mAll), &mAll) == 0 && mCpu >= 0 && mCpu < CPU_SETSIZE && CPU_ISSET(mCpu, &mAll),
             std::string("KVCACHE_BENCH_STEP_CPU is ") + value + "; it must be a CPU this process may run on");
+        mOthers = mAll;
+        for (int const sibling : coreSiblings(mCpu))
+        {
+            CPU_CLR(sibling, &mOthers);
+        }
+        check(CPU_COUNT(&mOthers) > 0,
+            std::string("KVCACHE_BENCH_STEP_CPU is ") + value + "; the process needs a CPU of another core besides it");
     }
     ~StepThreadPin()
-    {
-        unpin();
-    }
-    StepThreadPin(StepThreadPin const&) = delete;
-    StepThreadPin& operator=(StepThreadPin const&) = delete;
-
-    //! Lets this thread, and the threads it starts from now on, run on any CPU of the process's set.
-    void unpin() noexcept
     {
         if (mCpu >= 0)
         {
             sched_setaffinity(0, sizeof(mAll), &mAll);
+        }
+    }
+    StepThreadPin(StepThreadPin const&) = delete;
+    StepThreadPin& operator=(StepThreadPin const&) = delete;
+
+    //! Lets this thread, and the threads it starts from now on, run on any CPU of the process's set but the step
+    //! CPU's core.
+    void unpin() noexcept
+    {
+        if (mCpu >= 0)
+        {
+            sched_setaffinity(0, sizeof(mOthers), &mOthers);
         }
     }
     //! Pins this thread to the CPU asked for, if any.
@@ -127,8 +140,33 @@ public:
     }
 
 private:
+    //! The CPUs that share `cpu`'s core, itself among them, as Linux lists them ("2,18" or "2-3"); just `cpu` where the
+    //! list cannot be read.
+    static std::vector<int> coreSiblings(int cpu)
+    {
+        std::ifstream file("/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/thread_siblings_list");
+        std::vector<int> cpus;
+        std::string range;
+        while (std::getline(file, range, ','))
+        {
+            size_t const dash = range.find('-');
+            int const first = std::stoi(range.substr(0, dash));
+            int const last = dash == std::string::npos ? first : std::stoi(range.substr(dash + 1));
+            for (int c = first; c <= last && c < CPU_SETSIZE; ++c)
+            {
+                cpus.push_back(c);
+            }
+        }
+        if (cpus.empty())
+        {
+            cpus.push_back(cpu);
+        }
+        return cpus;
+    }
+
     int mCpu = -1;
     cpu_set_t mAll{};
+    cpu_set_t mOthers{};
 };
 
 double nanosecondsSince(Clock::time_point start)
