@@ -1,4 +1,4 @@
-// KVEventPublisher: the PUB side (the owner's thread), the replay buffer, and the ROUTER side (a thread of its own).
+// KVEventPublisher: the queue the owner's thread fills and the sending thread that empties it onto the PUB socket.
 #include "kvcache/events/kv_event_publisher.h"
 
 #include "kvcache/core/errors.h"
@@ -8,37 +8,18 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <utility>
 #include <zmq.hpp>
 
+#include "events/kv_event_replay.h"
+
 namespace kvcache::rt
 {
 namespace
 {
-
-//! Returns `value` as 8 bytes, big-endian.
-std::array<uint8_t, 8> bigEndian(int64_t value)
-{
-    std::array<uint8_t, 8> bytes{};
-    auto const bits = static_cast<uint64_t>(value);
-    for (int i = 0; i < 8; ++i)
-    {
-        bytes[static_cast<size_t>(i)] = static_cast<uint8_t>(bits >> (56 - 8 * i));
-    }
-    return bytes;
-}
-
-int64_t fromBigEndian(uint8_t const* bytes)
-{
-    uint64_t bits = 0;
-    for (int i = 0; i < 8; ++i)
-    {
-        bits = (bits << 8) | bytes[i];
-    }
-    return static_cast<int64_t>(bits);
-}
 
 //! Whether vLLM binds `endpoint` (else it connects).
 bool binds(std::string const& endpoint)
@@ -56,42 +37,10 @@ void checkRange(char const* field, int64_t value, int64_t low, int64_t high)
     }
 }
 
-//! Binds or connects `socket` to `endpoint` and returns the endpoint as ZeroMQ reports it; throws InvalidArgumentError
-//! naming `field`.
-std::string open(zmq::socket_t& socket, char const* field, std::string const& endpoint, bool bind)
-{
-    if (endpoint.empty())
-    {
-        throw InvalidArgumentError(fmt::format(
-            "KVEventPublisher: options.{} is empty; it must be a ZeroMQ endpoint such as tcp://*:5557", field));
-    }
-    try
-    {
-        if (bind)
-        {
-            socket.bind(endpoint);
-            return socket.get(zmq::sockopt::last_endpoint);
-        }
-        socket.connect(endpoint);
-        return endpoint;
-    }
-    catch (zmq::error_t const& error)
-    {
-        throw InvalidArgumentError(fmt::format("KVEventPublisher: options.{} is \"{}\"; it cannot be {}: {}", field,
-            endpoint, bind ? "bound" : "connected", error.what()));
-    }
-}
-
 } // namespace
 
 struct KVEventPublisher::Impl
 {
-    //! One batch kept for replay.
-    struct Kept
-    {
-        int64_t sequence = -1;
-        std::vector<uint8_t> payload;
-    };
     //! One batch waiting for the sending thread.
     struct Queued
     {
@@ -103,7 +52,8 @@ struct KVEventPublisher::Impl
     KVEventPublisherOptions options;
     zmq::context_t context{1};
     zmq::socket_t pub{context, zmq::socket_type::xpub};
-    zmq::socket_t replay;
+    //! Only with a replay endpoint. Declared after the context, so that its socket closes first.
+    std::unique_ptr<detail::KVEventReplay> replay;
     std::string pubEndpoint;
     std::string replayEndpoint;
 
@@ -128,24 +78,12 @@ struct KVEventPublisher::Impl
     std::vector<KVEventBatch> spares;
     static constexpr size_t kMAX_SPARES = 64;
 
-    //! How long one replay reply waits for room in the client's queue before the replay ends; it also bounds how long
-    //! a stuck client can delay the publisher's destruction.
-    static constexpr int kREPLAY_SEND_WAIT_MS = 500;
-
-    //! The replay buffer, a ring of options.replayBatches payloads (only with a replay endpoint), under `mutex`.
-    std::mutex mutex;
-    std::vector<Kept> kept;
-    size_t nextKept = 0;
-
     std::atomic<int64_t> batches{0};
     std::atomic<int64_t> events{0};
     std::atomic<int64_t> dropped{0};
-    std::atomic<int64_t> replays{0};
-    std::atomic<int64_t> badReplays{0};
     std::atomic<int32_t> subscriptions{0};
     std::atomic<bool> running{true};
     std::thread sender;
-    std::thread replayer;
 
     explicit Impl(KVEventPublisherOptions const& opts)
         : options(opts)
@@ -166,36 +104,18 @@ struct KVEventPublisher::Impl
         // every subscribe and unsubscribe is passed on, so subscribers are counted.
         pub.set(zmq::sockopt::xpub_nodrop, 1);
         pub.set(zmq::sockopt::xpub_verboser, 1);
-        pubEndpoint = open(pub, "endpoint", options.endpoint, binds(options.endpoint));
+        pubEndpoint = detail::openEndpoint(pub, "endpoint", options.endpoint, binds(options.endpoint));
         if (!options.replayEndpoint.empty())
         {
-            replay = zmq::socket_t(context, zmq::socket_type::router);
-            replay.set(zmq::sockopt::linger, 0);
-            // A ROUTER drops what a full peer queue cannot take; a replay must arrive whole or end early, so a reply
-            // waits for room (kREPLAY_SEND_WAIT_MS at most) and a peer that is gone fails the send.
-            replay.set(zmq::sockopt::router_mandatory, 1);
-            replay.set(zmq::sockopt::sndtimeo, kREPLAY_SEND_WAIT_MS);
-            replayEndpoint = open(replay, "replayEndpoint", options.replayEndpoint, true);
-            kept.resize(static_cast<size_t>(options.replayBatches));
+            replay = std::make_unique<detail::KVEventReplay>(context, options.replayEndpoint, options.replayBatches);
+            replayEndpoint = replay->endpoint();
         }
         queue.resize(static_cast<size_t>(options.queueBatches));
         spares.reserve(kMAX_SPARES);
         sender = std::thread([this] { sendQueued(); });
-        if (replay)
-        {
-            try
-            {
-                replayer = std::thread([this] { serveReplays(); });
-            }
-            catch (...)
-            {
-                stop();
-                throw;
-            }
-        }
     }
 
-    //! Lets the threads finish and joins them.
+    //! Lets the sending thread finish what is queued and joins it (the replay thread stops with `replay`).
     void stop() noexcept
     {
         {
@@ -203,12 +123,9 @@ struct KVEventPublisher::Impl
             running = false;
         }
         queueChanged.notify_all();
-        for (std::thread* thread : {&sender, &replayer})
+        if (sender.joinable())
         {
-            if (thread->joinable())
-            {
-                thread->join();
-            }
+            sender.join();
         }
     }
 
@@ -384,7 +301,7 @@ struct KVEventPublisher::Impl
                 drainSubscriptions();
                 payload.clear();
                 encodeKVEventBatch(batch, timestamp, options.encoding, options.dataParallelRank, payload);
-                std::array<uint8_t, 8> const sequenceBytes = bigEndian(sequence);
+                std::array<uint8_t, 8> const sequenceBytes = detail::bigEndian(sequence);
                 // The parts of one message go out together or not at all: only the first send can be refused.
                 bool const sent =
                     pub.send(zmq::buffer(options.topic), zmq::send_flags::sndmore | zmq::send_flags::dontwait)
@@ -399,13 +316,9 @@ struct KVEventPublisher::Impl
                     // Written only then: the counters' cache line stays with the publishing thread.
                     ++dropped;
                 }
-                if (!kept.empty())
+                if (replay)
                 {
-                    std::lock_guard<std::mutex> lock(mutex);
-                    Kept& slot = kept[nextKept];
-                    slot.sequence = sequence;
-                    slot.payload.assign(payload.begin(), payload.end());
-                    nextKept = (nextKept + 1) % kept.size();
+                    replay->keep(sequence, payload);
                 }
             }
             catch (std::exception const&)
@@ -424,85 +337,6 @@ struct KVEventPublisher::Impl
             }
             queueChanged.notify_all();
         }
-    }
-
-    //! The replay thread: answers each request with the kept batches from its start on, oldest first, then the end
-    //! marker.
-    void serveReplays()
-    {
-        std::vector<zmq::message_t> request;
-        std::vector<Kept> answer;
-        while (running)
-        {
-            zmq::pollitem_t item{replay.handle(), 0, ZMQ_POLLIN, 0};
-            try
-            {
-                if (zmq::poll(&item, 1, std::chrono::milliseconds(50)) == 0)
-                {
-                    continue;
-                }
-                request.clear();
-                do
-                {
-                    request.emplace_back();
-                    if (!replay.recv(request.back(), zmq::recv_flags::dontwait))
-                    {
-                        request.pop_back();
-                        break;
-                    }
-                } while (request.back().more());
-                if (request.size() != 3 || request[1].size() != 0 || request[2].size() != 8)
-                {
-                    ++badReplays;
-                    continue;
-                }
-                int64_t const start = fromBigEndian(static_cast<uint8_t const*>(request[2].data()));
-                answer.clear();
-                {
-                    std::lock_guard<std::mutex> lock(mutex);
-                    ++replays;
-                    for (size_t i = 0; i < kept.size(); ++i)
-                    {
-                        Kept const& slot = kept[(nextKept + i) % kept.size()];
-                        if (slot.sequence >= 0 && slot.sequence >= start)
-                        {
-                            answer.push_back(slot);
-                        }
-                    }
-                }
-                bool whole = true;
-                for (size_t i = 0; i < answer.size() && whole; ++i)
-                {
-                    whole = running
-                        && sendReply(
-                            request[0], answer[i].sequence, answer[i].payload.data(), answer[i].payload.size());
-                }
-                if (whole)
-                {
-                    sendReply(request[0], -1, nullptr, 0);
-                }
-            }
-            catch (std::exception const&)
-            {
-                // A failed replay (memory, a peer gone) must not end the thread: the client asks again.
-            }
-        }
-    }
-
-    //! Sends one reply; false when the peer's queue stayed full for kREPLAY_SEND_WAIT_MS (the replay then ends
-    //! without its end marker, and the client asks again). A peer that is gone throws.
-    bool sendReply(zmq::message_t const& identity, int64_t sequence, uint8_t const* data, size_t size)
-    {
-        std::array<uint8_t, 8> const sequenceBytes = bigEndian(sequence);
-        // The first frame waits for room; a message's later frames always follow it.
-        if (!replay.send(zmq::buffer(identity.data(), identity.size()), zmq::send_flags::sndmore))
-        {
-            return false;
-        }
-        replay.send(zmq::const_buffer(nullptr, 0), zmq::send_flags::sndmore);
-        replay.send(zmq::buffer(sequenceBytes), zmq::send_flags::sndmore);
-        replay.send(zmq::const_buffer(data, size), zmq::send_flags::none);
-        return true;
     }
 };
 
@@ -575,8 +409,11 @@ KVEventPublisherStats KVEventPublisher::stats() const noexcept
     stats.batches = mImpl->batches;
     stats.events = mImpl->events;
     stats.droppedBatches = mImpl->dropped;
-    stats.replays = mImpl->replays;
-    stats.badReplayRequests = mImpl->badReplays;
+    if (mImpl->replay)
+    {
+        stats.replays = mImpl->replay->replays();
+        stats.badReplayRequests = mImpl->replay->badRequests();
+    }
     return stats;
 }
 
