@@ -4,7 +4,8 @@
 # isolation) into build/python-gpu/site, then runs the pytest suite with KVCACHE_REQUIRE_GPU=1 (a GPU test that cannot
 # run fails), the example and the overhead benchmark. Logs go to $OUT when it is set, else to build/python-gpu/logs.
 # KVCACHE_PYTHON overrides the interpreter. KVCACHE_PYTHON_STEPS picks the steps after the build (default: pytest
-# example serve bench nixl). The serve step runs examples/python/serve_hybrid.py (a hybrid transformers model whose
+# example serve bench nixl). The pytest step then runs the state layer tests (FLA's kernels when fla imports) under
+# compute-sanitizer memcheck and racecheck. The serve step runs examples/python/serve_hybrid.py (a hybrid transformers model whose
 # attention pages and recurrent states live in kvcache) when transformers imports, and
 # examples/python/serve_transformers.py (a transformers model served over kvcache and FlashInfer in every format,
 # then NVFP4 again under memcheck) when flashinfer imports too; each is skipped with the reason otherwise. The nixl step runs examples/python/nixl_disaggregated.py (two processes, pages pulled through
@@ -89,6 +90,22 @@ else
     grep -E '^(FAILED|ERROR)|Error' "${log_dir}/pytest.log" | head -n 30
 fi
 tail -n 1 "${log_dir}/pytest.log"
+# The state layer tests again under the sanitizers: FLA's kernels and the torch references read and write kvcache's
+# state slots. torch and Triton make CUDA calls that are expected to fail, so only memory errors count; racecheck
+# looks at kvcache's kernels only (FLA's and torch's shared memory is not this project's to check).
+for tool in memcheck racecheck; do
+    filter=()
+    [[ ${tool} == racecheck ]] && filter=(--kernel-name kns=kvcache)
+    echo "+ python/tests/test_state_layers_gpu.py under compute-sanitizer ${tool} > ${log_dir}/states_${tool}.log"
+    if compute-sanitizer --tool "${tool}" --report-api-errors no --error-exitcode 1 ${filter[@]+"${filter[@]}"} \
+        "${python}" -m pytest python/tests/test_state_layers_gpu.py -v -rs -p no:cacheprovider \
+        >"${log_dir}/states_${tool}.log" 2>&1; then
+        record "state layer tests ${tool}" pass
+    else
+        record "state layer tests ${tool}" fail
+    fi
+    grep -E '(passed|failed|skipped)( |,|$)|ERROR SUMMARY|RACECHECK SUMMARY' "${log_dir}/states_${tool}.log" | tail -n 3
+done
 fi
 
 if wants example; then
