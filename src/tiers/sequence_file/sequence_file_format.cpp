@@ -8,7 +8,6 @@
 #include "kvcache/core/errors.h"
 
 #include <fmt/format.h>
-#include <fmt/ranges.h>
 
 // Header-only use, as in page_hash.cpp: nothing links libxxhash.
 #define XXH_INLINE_ALL
@@ -18,7 +17,6 @@
 #include <cstring>
 #include <limits>
 #include <string>
-#include <utility>
 
 namespace kvcache::rt::detail
 {
@@ -37,23 +35,6 @@ constexpr int64_t kQUANTIZATION_AT = 28;
 constexpr int32_t kMAX_FILE_LAYERS = 1 << 16;
 //! Version 3: after the layer records, the state tensor count and a reserved int32.
 constexpr int64_t kSTATE_COUNT_BYTES = 8;
-//! Where a state tensor record keeps its extents.
-constexpr int64_t kSTATE_SHAPE_AT = 24;
-static_assert(kSTATE_SHAPE_AT + kMAX_STATE_DIMS * 8 == kSEQUENCE_STATE_RECORD_BYTES, "a record's extents end it");
-
-template <typename T>
-void put(std::vector<char>& out, int64_t offset, T value)
-{
-    std::memcpy(out.data() + offset, &value, sizeof(T));
-}
-
-template <typename T>
-T get(std::vector<char> const& in, int64_t offset)
-{
-    T value;
-    std::memcpy(&value, in.data() + offset, sizeof(T));
-    return value;
-}
 
 //! Returns "" when every field of `geometry` is within the rules computeLayout applies to the layers of a page
 //! group, else the first broken rule naming the field, its value and the limit.
@@ -101,46 +82,6 @@ std::string geometryProblem(PageGeometry const& geometry)
     return quantizationProblem(geometry);
 }
 
-//! Reads the state tensor records of a version 3 header into `info` (stateTensors, stateBytes), checked as a writer
-//! checks them; unused extents must be 0.
-void decodeStateTensors(
-    std::string const& prefix, std::vector<char> const& header, int32_t numLayers, SequenceFileInfo& info)
-{
-    int64_t const statesAt = sequenceHeaderBytesBeforeStates(info.version, numLayers);
-    auto const count = get<int32_t>(header, statesAt - kSTATE_COUNT_BYTES);
-    for (int32_t i = 0; i < count; ++i)
-    {
-        int64_t const at = statesAt + int64_t{i} * kSEQUENCE_STATE_RECORD_BYTES;
-        SequenceStateTensor tensor;
-        tensor.stateLayer = get<int32_t>(header, at);
-        tensor.tensor = get<int32_t>(header, at + 4);
-        tensor.dataType = static_cast<DataType>(get<int32_t>(header, at + 8));
-        auto const dims = get<int32_t>(header, at + 12);
-        tensor.slotBytes = get<int64_t>(header, at + 16);
-        if (dims < 1 || dims > kMAX_STATE_DIMS)
-        {
-            throw InvalidArgumentError(fmt::format(
-                "{}stateTensors[{}] has {} dimensions; it must have 1 to {}", prefix, i, dims, kMAX_STATE_DIMS));
-        }
-        for (int32_t d = 0; d < kMAX_STATE_DIMS; ++d)
-        {
-            auto const extent = get<int64_t>(header, at + kSTATE_SHAPE_AT + int64_t{d} * 8);
-            if (d < dims)
-            {
-                tensor.shape.push_back(extent);
-            }
-            else if (extent != 0)
-            {
-                throw InvalidArgumentError(fmt::format("{}stateTensors[{}] extent {} (past its {} dimensions) is {}; "
-                                                       "it must be 0 (corrupt header)",
-                    prefix, i, d, dims, extent));
-            }
-        }
-        info.stateTensors.push_back(std::move(tensor));
-    }
-    info.stateBytes = checkStateTensors(prefix, "stateTensors", info.stateTensors);
-}
-
 } // namespace
 
 int64_t sequenceHeaderBytesBeforeStates(uint32_t version, int64_t numLayers)
@@ -156,20 +97,20 @@ int64_t sequenceHeaderBytes(uint32_t version, int64_t numLayers, int64_t numStat
 
 uint32_t sequenceHeaderVersion(std::vector<char> const& header)
 {
-    return get<uint32_t>(header, 8);
+    return readAt<uint32_t>(header, 8);
 }
 
 int32_t decodeStateCount(char const* what, std::string const& path, std::vector<char> const& header, int32_t numLayers)
 {
     int64_t const at = kSEQUENCE_FIXED_HEADER_BYTES + int64_t{numLayers} * kLAYER_RECORD_BYTES;
-    auto const count = get<int32_t>(header, at);
+    auto const count = readAt<int32_t>(header, at);
     if (count < 0 || count > kMAX_FILE_STATE_TENSORS)
     {
         throw InvalidArgumentError(fmt::format("{}: '{}' header numStateTensors is {}; it must be in [0, {}] (corrupt "
                                                "header)",
             what, path, count, kMAX_FILE_STATE_TENSORS));
     }
-    auto const reserved = get<uint32_t>(header, at + 4);
+    auto const reserved = readAt<uint32_t>(header, at + 4);
     if (reserved != 0)
     {
         throw InvalidArgumentError(fmt::format("{}: '{}' header reserved field at byte {} is {:#010x}; it must be 0 "
@@ -179,113 +120,6 @@ int32_t decodeStateCount(char const* what, std::string const& path, std::vector<
     return count;
 }
 
-int64_t checkStateTensors(std::string const& prefix, char const* field, std::vector<SequenceStateTensor> const& tensors)
-{
-    if (tensors.size() > static_cast<size_t>(kMAX_FILE_STATE_TENSORS))
-    {
-        throw InvalidArgumentError(fmt::format(
-            "{}{} has {} entries; the limit is {}", prefix, field, tensors.size(), kMAX_FILE_STATE_TENSORS));
-    }
-    int64_t total = 0;
-    for (size_t i = 0; i < tensors.size(); ++i)
-    {
-        SequenceStateTensor const& tensor = tensors[i];
-        // The packed order: each tensor the next of its layer, or the first of the next layer.
-        bool inOrder = tensor.stateLayer == 0 && tensor.tensor == 0;
-        if (i > 0)
-        {
-            SequenceStateTensor const& before = tensors[i - 1];
-            inOrder = (tensor.stateLayer == before.stateLayer && tensor.tensor == before.tensor + 1)
-                || (tensor.stateLayer == before.stateLayer + 1 && tensor.tensor == 0);
-        }
-        if (!inOrder)
-        {
-            throw InvalidArgumentError(fmt::format("{}{}[{}] is state layer {} tensor {}; a state slot's tensors go "
-                                                   "layer by layer from state layer 0 tensor 0, each layer's in order",
-                prefix, field, i, tensor.stateLayer, tensor.tensor));
-        }
-        int64_t const elementBytes = dataTypeSize(tensor.dataType);
-        if (elementBytes == 0)
-        {
-            throw InvalidArgumentError(fmt::format("{}{}[{}].dataType is {}, which is not a DataType value", prefix,
-                field, i, static_cast<int32_t>(tensor.dataType)));
-        }
-        if (tensor.shape.empty() || tensor.shape.size() > static_cast<size_t>(kMAX_STATE_DIMS))
-        {
-            throw InvalidArgumentError(fmt::format("{}{}[{}].shape has {} dimensions; it must have 1 to {}", prefix,
-                field, i, tensor.shape.size(), kMAX_STATE_DIMS));
-        }
-        int64_t bytes = elementBytes;
-        bool overflow = false;
-        for (size_t d = 0; d < tensor.shape.size(); ++d)
-        {
-            if (tensor.shape[d] <= 0)
-            {
-                throw InvalidArgumentError(
-                    fmt::format("{}{}[{}].shape[{}] is {}; it must be > 0", prefix, field, i, d, tensor.shape[d]));
-            }
-            overflow = overflow || __builtin_mul_overflow(bytes, tensor.shape[d], &bytes);
-        }
-        if (overflow || bytes != tensor.slotBytes)
-        {
-            throw InvalidArgumentError(fmt::format("{}{}[{}].slotBytes is {}; its shape of {}-byte elements makes {}",
-                prefix, field, i, tensor.slotBytes, elementBytes,
-                overflow ? std::string("more than 64-bit sizes hold") : std::to_string(bytes)));
-        }
-        if (__builtin_add_overflow(total, tensor.slotBytes, &total))
-        {
-            throw InvalidArgumentError(fmt::format("{}{}[{}].slotBytes is {}; the state's bytes overflow 64 bits "
-                                                   "(limit {})",
-                prefix, field, i, tensor.slotBytes, std::numeric_limits<int64_t>::max()));
-        }
-    }
-    return total;
-}
-
-void expectStateTensors(char const* what, std::string const& path, std::vector<SequenceStateTensor> const& file,
-    std::vector<SequenceStateTensor> const& expected)
-{
-    if (file.empty())
-    {
-        throw InvalidArgumentError(fmt::format("{}: '{}' holds no state (stateTensors is empty); the destination "
-                                               "expects {} state tensors",
-            what, path, expected.size()));
-    }
-    if (file.size() != expected.size())
-    {
-        throw InvalidArgumentError(fmt::format("{}: '{}' has another state: stateTensors has {} entries in the file "
-                                               "and {} in the destination",
-            what, path, file.size(), expected.size()));
-    }
-    for (size_t i = 0; i < file.size(); ++i)
-    {
-        SequenceStateTensor const& mine = file[i];
-        SequenceStateTensor const& theirs = expected[i];
-        std::string difference;
-        if (mine.stateLayer != theirs.stateLayer || mine.tensor != theirs.tensor)
-        {
-            difference = fmt::format("is state layer {} tensor {} in the file and state layer {} tensor {} in the "
-                                     "destination",
-                mine.stateLayer, mine.tensor, theirs.stateLayer, theirs.tensor);
-        }
-        else if (mine.dataType != theirs.dataType)
-        {
-            difference = fmt::format(".dataType is {} in the file and {} in the destination",
-                dataTypeName(mine.dataType), dataTypeName(theirs.dataType));
-        }
-        else if (mine.shape != theirs.shape)
-        {
-            difference = fmt::format(".shape is [{}] in the file and [{}] in the destination",
-                fmt::join(mine.shape, ", "), fmt::join(theirs.shape, ", "));
-        }
-        if (!difference.empty())
-        {
-            throw InvalidArgumentError(
-                fmt::format("{}: '{}' has another state: stateTensors[{}]{}", what, path, i, difference));
-        }
-    }
-}
-
 uint64_t sequencePageChecksum(void const* page, int64_t bytes, int64_t index)
 {
     return XXH3_64bits_withSeed(page, static_cast<size_t>(bytes), static_cast<XXH64_hash_t>(index));
@@ -293,7 +127,7 @@ uint64_t sequencePageChecksum(void const* page, int64_t bytes, int64_t index)
 
 uint64_t storedChecksum(std::vector<char> const& bytes, int64_t offset)
 {
-    return get<uint64_t>(bytes, offset);
+    return readAt<uint64_t>(bytes, offset);
 }
 
 void checkFileGeometry(std::string const& prefix, PageGeometry const& geometry)
@@ -351,46 +185,33 @@ std::vector<char> encodeSequenceHeader(PageGeometry const& geometry, std::vector
     auto const numStates = static_cast<int64_t>(stateTensors.size());
     std::vector<char> header(static_cast<size_t>(sequenceHeaderBytes(kSEQUENCE_FILE_VERSION, numLayers, numStates)), 0);
     std::memcpy(header.data(), kMAGIC.data(), kMAGIC.size());
-    put<uint32_t>(header, 8, kSEQUENCE_FILE_VERSION);
-    put<int32_t>(header, 12, static_cast<int32_t>(geometry.dataType));
-    put<int32_t>(header, 16, geometry.tokensPerPage);
-    put<int32_t>(header, 20, geometry.slidingWindow);
-    put<int32_t>(header, 24, static_cast<int32_t>(numLayers));
-    put<int32_t>(header, kQUANTIZATION_AT, static_cast<int32_t>(geometry.quantization));
-    put<int64_t>(header, 32, geometry.bytesPerPage);
-    put<int64_t>(header, 40, pageCount);
-    put<int64_t>(header, 48, tokenCount);
+    writeAt<uint32_t>(header, 8, kSEQUENCE_FILE_VERSION);
+    writeAt<int32_t>(header, 12, static_cast<int32_t>(geometry.dataType));
+    writeAt<int32_t>(header, 16, geometry.tokensPerPage);
+    writeAt<int32_t>(header, 20, geometry.slidingWindow);
+    writeAt<int32_t>(header, 24, static_cast<int32_t>(numLayers));
+    writeAt<int32_t>(header, kQUANTIZATION_AT, static_cast<int32_t>(geometry.quantization));
+    writeAt<int64_t>(header, 32, geometry.bytesPerPage);
+    writeAt<int64_t>(header, 40, pageCount);
+    writeAt<int64_t>(header, 48, tokenCount);
     for (int64_t i = 0; i < numLayers; ++i)
     {
         PageLayerGeometry const& layer = geometry.layers[static_cast<size_t>(i)];
         int64_t const at = kSEQUENCE_FIXED_HEADER_BYTES + i * kLAYER_RECORD_BYTES;
-        put<int32_t>(header, at, static_cast<int32_t>(layer.kind));
-        put<int32_t>(header, at + 4, layer.numKVHeads);
-        put<int32_t>(header, at + 8, layer.headDim);
-        put<int32_t>(header, at + 12, 0);
+        writeAt<int32_t>(header, at, static_cast<int32_t>(layer.kind));
+        writeAt<int32_t>(header, at + 4, layer.numKVHeads);
+        writeAt<int32_t>(header, at + 8, layer.headDim);
+        writeAt<int32_t>(header, at + 12, 0);
         // Scales the quantization does not keep, and a latent layer's V, stay 0.
         LayerScales const scales = layerScales.empty() ? LayerScales{0.0F, 0.0F} : layerScales[static_cast<size_t>(i)];
-        put<float>(header, at + 16, scales.k);
-        put<float>(header, at + 20, layer.kind == KVLayerKind::kLATENT ? 0.0F : scales.v);
+        writeAt<float>(header, at + 16, scales.k);
+        writeAt<float>(header, at + 20, layer.kind == KVLayerKind::kLATENT ? 0.0F : scales.v);
     }
     int64_t const statesAt = sequenceHeaderBytesBeforeStates(kSEQUENCE_FILE_VERSION, numLayers);
-    put<int32_t>(header, statesAt - kSTATE_COUNT_BYTES, static_cast<int32_t>(numStates));
-    for (int64_t i = 0; i < numStates; ++i)
-    {
-        SequenceStateTensor const& tensor = stateTensors[static_cast<size_t>(i)];
-        int64_t const at = statesAt + i * kSEQUENCE_STATE_RECORD_BYTES;
-        put<int32_t>(header, at, tensor.stateLayer);
-        put<int32_t>(header, at + 4, tensor.tensor);
-        put<int32_t>(header, at + 8, static_cast<int32_t>(tensor.dataType));
-        put<int32_t>(header, at + 12, static_cast<int32_t>(tensor.shape.size()));
-        put<int64_t>(header, at + 16, tensor.slotBytes);
-        for (size_t d = 0; d < tensor.shape.size(); ++d)
-        {
-            put<int64_t>(header, at + kSTATE_SHAPE_AT + static_cast<int64_t>(d) * 8, tensor.shape[d]);
-        }
-    }
+    writeAt<int32_t>(header, statesAt - kSTATE_COUNT_BYTES, static_cast<int32_t>(numStates));
+    encodeStateTensors(stateTensors, statesAt, header);
     int64_t const checksumAt = static_cast<int64_t>(header.size()) - kSEQUENCE_CHECKSUM_BYTES;
-    put<uint64_t>(header, checksumAt, XXH3_64bits(header.data(), static_cast<size_t>(checksumAt)));
+    writeAt<uint64_t>(header, checksumAt, XXH3_64bits(header.data(), static_cast<size_t>(checksumAt)));
     return header;
 }
 
@@ -400,13 +221,13 @@ int32_t decodeFixedHeader(char const* what, std::string const& path, std::vector
     {
         throw InvalidArgumentError(fmt::format("{}: '{}' is not a sequence file: its magic bytes differ", what, path));
     }
-    auto const version = get<uint32_t>(fixed, 8);
+    auto const version = readAt<uint32_t>(fixed, 8);
     if (version < kSEQUENCE_FILE_OLDEST_VERSION || version > kSEQUENCE_FILE_VERSION)
     {
         throw InvalidArgumentError(fmt::format("{}: '{}' has version {}; this build reads versions {} to {}", what,
             path, version, kSEQUENCE_FILE_OLDEST_VERSION, kSEQUENCE_FILE_VERSION));
     }
-    auto const numLayers = get<int32_t>(fixed, 24);
+    auto const numLayers = readAt<int32_t>(fixed, 24);
     if (numLayers <= 0 || numLayers > kMAX_FILE_LAYERS)
     {
         throw InvalidArgumentError(
@@ -421,7 +242,7 @@ SequenceFileInfo decodeSequenceHeader(
 {
     auto const allHeaderBytes = static_cast<int64_t>(header.size());
     int64_t const checksumAt = allHeaderBytes - kSEQUENCE_CHECKSUM_BYTES;
-    auto const stored = get<uint64_t>(header, checksumAt);
+    auto const stored = readAt<uint64_t>(header, checksumAt);
     uint64_t const computed = XXH3_64bits(header.data(), static_cast<size_t>(checksumAt));
     if (stored != computed)
     {
@@ -431,34 +252,34 @@ SequenceFileInfo decodeSequenceHeader(
     }
 
     SequenceFileInfo info{};
-    info.version = get<uint32_t>(header, 8);
-    info.geometry.dataType = static_cast<DataType>(get<int32_t>(header, 12));
-    info.geometry.quantization = static_cast<KVQuantization>(get<int32_t>(header, kQUANTIZATION_AT));
-    info.geometry.tokensPerPage = get<int32_t>(header, 16);
-    info.geometry.slidingWindow = get<int32_t>(header, 20);
-    info.geometry.bytesPerPage = get<int64_t>(header, 32);
-    info.pageCount = get<int64_t>(header, 40);
-    info.tokenCount = get<int64_t>(header, 48);
+    info.version = readAt<uint32_t>(header, 8);
+    info.geometry.dataType = static_cast<DataType>(readAt<int32_t>(header, 12));
+    info.geometry.quantization = static_cast<KVQuantization>(readAt<int32_t>(header, kQUANTIZATION_AT));
+    info.geometry.tokensPerPage = readAt<int32_t>(header, 16);
+    info.geometry.slidingWindow = readAt<int32_t>(header, 20);
+    info.geometry.bytesPerPage = readAt<int64_t>(header, 32);
+    info.pageCount = readAt<int64_t>(header, 40);
+    info.tokenCount = readAt<int64_t>(header, 48);
     std::string const prefix = fmt::format("{}: '{}' header ", what, path);
     // The padding in each layer record, and scales nobody uses: a writer leaves them 0.
     auto const checkReserved = [&](int64_t at, char const* field)
     {
-        auto const reserved = get<uint32_t>(header, at);
+        auto const reserved = readAt<uint32_t>(header, at);
         if (reserved != 0)
         {
             throw InvalidArgumentError(
                 fmt::format("{}{} at byte {} is {:#010x}; it must be 0 (corrupt header)", prefix, field, at, reserved));
         }
     };
-    auto const numLayers = get<int32_t>(header, 24);
+    auto const numLayers = readAt<int32_t>(header, 24);
     info.geometry.layers.resize(static_cast<size_t>(numLayers));
     for (int32_t i = 0; i < numLayers; ++i)
     {
         int64_t const at = kSEQUENCE_FIXED_HEADER_BYTES + int64_t{i} * kLAYER_RECORD_BYTES;
         PageLayerGeometry& layer = info.geometry.layers[static_cast<size_t>(i)];
-        layer.kind = static_cast<KVLayerKind>(get<int32_t>(header, at));
-        layer.numKVHeads = get<int32_t>(header, at + 4);
-        layer.headDim = get<int32_t>(header, at + 8);
+        layer.kind = static_cast<KVLayerKind>(readAt<int32_t>(header, at));
+        layer.numKVHeads = readAt<int32_t>(header, at + 4);
+        layer.headDim = readAt<int32_t>(header, at + 8);
         checkReserved(at + 12, "reserved field");
     }
     checkFileGeometry(prefix, info.geometry);
@@ -478,13 +299,16 @@ SequenceFileInfo decodeSequenceHeader(
         }
         if (hostScales)
         {
-            info.layerScales.push_back(LayerScales{get<float>(header, at + 16), get<float>(header, at + 20)});
+            info.layerScales.push_back(LayerScales{readAt<float>(header, at + 16), readAt<float>(header, at + 20)});
         }
     }
     checkLayerScales(prefix, "layerScales", info.geometry, info.layerScales);
     if (info.version >= 3)
     {
-        decodeStateTensors(prefix, header, numLayers, info);
+        int64_t const statesAt = sequenceHeaderBytesBeforeStates(info.version, numLayers);
+        info.stateTensors =
+            decodeStateTensors(prefix, header, statesAt, readAt<int32_t>(header, statesAt - kSTATE_COUNT_BYTES));
+        info.stateBytes = checkStateTensors(prefix, "stateTensors", info.stateTensors);
     }
     if (info.pageCount < 0 || info.tokenCount < 0)
     {
@@ -530,22 +354,3 @@ void expectGeometry(char const* what, std::string const& path, PageGeometry cons
 }
 
 } // namespace kvcache::rt::detail
-
-namespace kvcache::rt
-{
-
-std::vector<SequenceStateTensor> sequenceStateTensors(KVCacheLayout const& layout)
-{
-    // The packed order is the state slot anatomy's.
-    std::vector<SequenceStateTensor> tensors;
-    for (detail::StateSlotEntry const& entry : detail::stateSlotAnatomy(layout).entries)
-    {
-        StateTensorLayout const& tensor =
-            layout.stateLayers[static_cast<size_t>(entry.stateLayer)].tensors[static_cast<size_t>(entry.tensor)];
-        tensors.push_back(
-            SequenceStateTensor{entry.stateLayer, entry.tensor, tensor.dataType, tensor.shape, entry.bytes});
-    }
-    return tensors;
-}
-
-} // namespace kvcache::rt

@@ -4,11 +4,13 @@
 // (sequence_file.cpp reads and writes the files).
 
 #include "tiers/sequence_file/sequence_file_scales.h"
+#include "tiers/sequence_file/sequence_file_states.h"
 
 #include "kvcache/core/page_geometry.h"
 #include "kvcache/tiers/sequence_file.h"
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -20,11 +22,21 @@ constexpr int64_t kSEQUENCE_FIXED_HEADER_BYTES = 56;
 //! Bytes of one checksum (the header's and each page's).
 constexpr int64_t kSEQUENCE_CHECKSUM_BYTES = 8;
 
-//! Bytes of one state tensor record (version 3): stateLayer, tensor, dataType, number of dimensions (int32 each),
-//! slotBytes, then kMAX_STATE_DIMS extents (int64 each, 0 past the tensor's dimensions).
-constexpr int64_t kSEQUENCE_STATE_RECORD_BYTES = 80;
-//! More state tensors than any model has; bounds what a corrupt count can make the reader allocate.
-constexpr int32_t kMAX_FILE_STATE_TENSORS = 1 << 16;
+//! Writes `value` at byte `offset` of `out` as memory holds it (the format is little-endian).
+template <typename T>
+void writeAt(std::vector<char>& out, int64_t offset, T value)
+{
+    std::memcpy(out.data() + offset, &value, sizeof(T));
+}
+
+//! Returns the value at byte `offset` of `in`, as writeAt wrote it.
+template <typename T>
+T readAt(std::vector<char> const& in, int64_t offset)
+{
+    T value;
+    std::memcpy(&value, in.data() + offset, sizeof(T));
+    return value;
+}
 
 //! Returns the bytes of a header of `version` before its state records: the fixed part, `numLayers` layer records and,
 //! from version 3, the state tensor count and a reserved int32.
@@ -39,18 +51,6 @@ uint32_t sequenceHeaderVersion(std::vector<char> const& header);
 //! [0, kMAX_FILE_STATE_TENSORS] or a reserved field other than 0.
 int32_t decodeStateCount(char const* what, std::string const& path, std::vector<char> const& header, int32_t numLayers);
 
-//! Throws InvalidArgumentError, naming `prefix`, `field`[i] and the member, its value and the limit, for state tensors
-//! sequenceStateTensors would not give: more than kMAX_FILE_STATE_TENSORS, out of order (the first is state layer 0
-//! tensor 0, each next one the next tensor of its layer or tensor 0 of the next layer), a data type that is not one,
-//! 0 or more than kMAX_STATE_DIMS extents, an extent <= 0, slotBytes other than the shape implies, or bytes that
-//! leave int64. Returns the sum of their slotBytes.
-int64_t checkStateTensors(
-    std::string const& prefix, char const* field, std::vector<SequenceStateTensor> const& tensors);
-
-//! Throws InvalidArgumentError naming the first difference between the file's state tensors and the expected ones
-//! (their count, then tensor by tensor), with the file's value and the expected one.
-void expectStateTensors(char const* what, std::string const& path, std::vector<SequenceStateTensor> const& file,
-    std::vector<SequenceStateTensor> const& expected);
 //! Returns the checksum of page `index` of `bytes` bytes at `page`.
 uint64_t sequencePageChecksum(void const* page, int64_t bytes, int64_t index);
 //! Returns the checksum stored at `offset` of `bytes`.
