@@ -186,7 +186,8 @@ __device__ __forceinline__ void quantizeLane(LaneValues<TensorT, kV> const& lane
                     divideByReciprocal(lane.value(i + 1), divisor, reciprocal));
                 bytes.setPair(i, __nv_cvt_float2_to_fp8x2(quotients, __NV_SATFINITE, __NV_E4M3));
             }
-            if constexpr (kCOUNT)
+            // Every value here is finite, and FP8 per token-head's divisor is its amax over 448: none of them clips.
+            if constexpr (kCOUNT && kFORMAT == KVQuantization::kFP8_PER_TENSOR)
             {
                 // Division is monotonic: no value of the lane clips unless its amax does, which is rare.
                 if (saturates<kFORMAT>(divideByReciprocal(bitsFloat(bits), divisor, reciprocal)))
@@ -215,54 +216,34 @@ __device__ __forceinline__ void quantizeLane(LaneValues<TensorT, kV> const& lane
     }
 }
 
-//! The counters' amax words as a block's first thread read them when the block started (other threads hold zeros).
-//! Read at the start, so that the read's latency overlaps the block's work instead of lengthening its end; a value
-//! that rose since only costs an atomic that changes nothing.
+//! The counters' amax words as they were when the warp started. Read at the start, so that the read's latency
+//! overlaps the warp's work instead of lengthening its end; a value that rose since only costs an atomic that changes
+//! nothing.
 __device__ __forceinline__ uint2 amaxAtStart(WriteCounters const* counters)
 {
     static_assert(offsetof(WriteCounters, vAmax) == offsetof(WriteCounters, kAmax) + sizeof(float),
         "the two amax words are read as one");
-    return threadIdx.x == 0 && threadIdx.y == 0 ? __ldcg(reinterpret_cast<uint2 const*>(&counters->kAmax))
-                                                : make_uint2(0U, 0U);
+    return __ldcg(reinterpret_cast<uint2 const*>(&counters->kAmax));
 }
 
-//! Adds a block's LaneSeen of both halves to its counters. Each warp reduces its lanes', the first warp reduces the
-//! warps', and the block's first thread raises what the block saw past `before` (amaxAtStart) and adds what saturated:
-//! one atomic a half at most, whose result nothing waits for. Every thread of the block calls it.
+//! Adds a warp's LaneSeen of both halves to its counters. One vote first: once the counters have settled, no lane saw
+//! an amax past `before` (amaxAtStart) or a saturated value, and the warp is done. Otherwise the warp reduces its
+//! lanes' and its first lane raises what the warp saw past `before` and adds what saturated: one atomic a half at most,
+//! whose result nothing waits for. Every lane of the warp calls it.
 __device__ __forceinline__ void addSeen(
     LaneSeen kSeen, LaneSeen vSeen, bool hasV, uint2 before, WriteCounters* counters)
 {
-    // Per warp: K amax bits, K saturated, V amax bits, V saturated.
-    __shared__ uint32_t warpSeen[kQUANT_WARPS_PER_BLOCK][4];
-    uint32_t const seen[4] = {__reduce_max_sync(0xFFFFFFFFU, kSeen.amaxBits),
-        __reduce_add_sync(0xFFFFFFFFU, kSeen.saturated), __reduce_max_sync(0xFFFFFFFFU, vSeen.amaxBits),
-        __reduce_add_sync(0xFFFFFFFFU, vSeen.saturated)};
-    if (threadIdx.x == 0)
-    {
-#pragma unroll
-        for (int32_t i = 0; i < 4; ++i)
-        {
-            warpSeen[threadIdx.y][i] = seen[i];
-        }
-    }
-    __syncthreads();
-    if (threadIdx.y != 0)
+    bool const news = kSeen.amaxBits > before.x || kSeen.saturated != 0U
+        || (hasV && (vSeen.amaxBits > before.y || vSeen.saturated != 0U));
+    if (!__any_sync(0xFFFFFFFFU, news))
     {
         return;
     }
-    bool const holds = threadIdx.x < blockDim.y;
-    uint32_t const kAmaxBits = __reduce_max_sync(0xFFFFFFFFU, holds ? warpSeen[threadIdx.x][0] : 0U);
-    // A warp's count is below 2^32 (its lanes' sum fit), a block's may not be.
-    unsigned long long kCount = holds ? warpSeen[threadIdx.x][1] : 0U;
-    uint32_t const vAmaxBits = __reduce_max_sync(0xFFFFFFFFU, holds ? warpSeen[threadIdx.x][2] : 0U);
-    unsigned long long vCount = holds ? warpSeen[threadIdx.x][3] : 0U;
-#pragma unroll
-    for (int32_t offset = kQUANT_WARPS_PER_BLOCK / 2; offset > 0; offset /= 2)
-    {
-        kCount += __shfl_down_sync(0xFFFFFFFFU, kCount, offset);
-        vCount += __shfl_down_sync(0xFFFFFFFFU, vCount, offset);
-    }
-    if (threadIdx.x != 0)
+    uint32_t const kAmaxBits = __reduce_max_sync(0xFFFFFFFFU, kSeen.amaxBits);
+    uint32_t const kCount = __reduce_add_sync(0xFFFFFFFFU, kSeen.saturated);
+    uint32_t const vAmaxBits = __reduce_max_sync(0xFFFFFFFFU, vSeen.amaxBits);
+    uint32_t const vCount = __reduce_add_sync(0xFFFFFFFFU, vSeen.saturated);
+    if ((threadIdx.x & 31U) != 0)
     {
         return;
     }
@@ -325,8 +306,8 @@ __device__ __forceinline__ void dequantizeLane(
 //! tensor -> pages, else pages -> tensor. A head is 2^laneShift neighbouring lanes of a warp; a warp takes one token
 //! and 32 >> laneShift of its heads (grid y picks which), so that a decode step's few tokens still spread over the GPU
 //! and every lane loads a whole vector. Grid-strided over tokens in x. kCOUNT (writes only) keeps each lane's amax and
-//! saturated values of the tokens it writes in registers and adds its block's to params.counters once, at the
-//! block's end (addSeen).
+//! saturated values of the tokens it writes in registers and adds its warp's to params.counters once, at the
+//! warp's end (addSeen).
 template <typename TensorT, KVQuantization kFORMAT, int32_t kV, bool kWRITE, bool kCOUNT, typename Source>
 __global__ void __launch_bounds__(32 * kQUANT_WARPS_PER_BLOCK) quantTokenKernel(QuantKernelParams params, Source source)
 {
@@ -432,7 +413,7 @@ __global__ void __launch_bounds__(32 * kQUANT_WARPS_PER_BLOCK) quantTokenKernel(
     }
     if constexpr (kCOUNT)
     {
-        // Every thread leaves the loop (the kernel returns nowhere before this), so the whole block takes part.
+        // Every thread leaves the loop (the kernel returns nowhere before this), so every lane of a warp votes.
         addSeen(kSeen, vSeen, hasV, amaxBefore, params.counters);
     }
 }
