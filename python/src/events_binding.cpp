@@ -138,7 +138,7 @@ void bindEvents(nb::module_& m)
                 {
                     pageManagerArgument(source, "source").manager.takeEvents(h.batch);
                 }
-                // Swapped, not copied: h.batch comes back cleared, for the next take.
+                // h.batch comes back cleared, its buffers kept for the next take.
                 return h.publisher.publishSwap(h.batch);
             },
             nb::arg("source"),

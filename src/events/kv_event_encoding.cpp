@@ -6,6 +6,8 @@
 #include <cstring>
 #include <msgpack.hpp>
 
+#include "events/kv_event_packed.h"
+
 namespace kvcache::rt
 {
 namespace
@@ -62,29 +64,29 @@ void packHash(Packer& packer, PageHash hash)
     packBytes(packer, bytes, sizeof(bytes));
 }
 
-void packHashes(Packer& packer, KVEventBatch const& batch, KVEvent const& event)
+void packHashes(Packer& packer, detail::KVEventArrays const& batch, KVEvent const& event)
 {
     packer.pack_array(static_cast<uint32_t>(event.numHashes));
     for (int64_t h = event.firstHash; h < event.firstHash + event.numHashes; ++h)
     {
-        packHash(packer, batch.hashes()[static_cast<size_t>(h)]);
+        packHash(packer, batch.hashes[static_cast<size_t>(h)]);
     }
 }
 
 //! Per page nil, or [salt (bin, when any), key bytes (bin, 20 each)...].
-void packExtraKeys(Packer& packer, KVEventBatch const& batch, KVEvent const& event)
+void packExtraKeys(Packer& packer, detail::KVEventArrays const& batch, KVEvent const& event)
 {
     packer.pack_array(static_cast<uint32_t>(event.numHashes));
     for (int64_t h = event.firstHash; h < event.firstHash + event.numHashes; ++h)
     {
-        KVEventPageKeys const& keys = batch.pageKeys()[static_cast<size_t>(h)];
+        KVEventPageKeys const& keys = batch.pageKeys[static_cast<size_t>(h)];
         if (keys.saltBytes == 0 && keys.numKeys == 0)
         {
             packer.pack_nil();
             continue;
         }
         packer.pack_array(static_cast<uint32_t>((keys.saltBytes > 0 ? 1 : 0) + keys.numKeys));
-        uint8_t const* bytes = batch.keyBytes().data() + keys.offset;
+        uint8_t const* bytes = batch.keyBytes + keys.offset;
         if (keys.saltBytes > 0)
         {
             packBytes(packer, bytes, static_cast<size_t>(keys.saltBytes));
@@ -97,7 +99,7 @@ void packExtraKeys(Packer& packer, KVEventBatch const& batch, KVEvent const& eve
     }
 }
 
-void packStored(Packer& packer, KVEventBatch const& batch, KVEvent const& event, bool map)
+void packStored(Packer& packer, detail::KVEventArrays const& batch, KVEvent const& event, bool map)
 {
     // Map: the tag, the seven fields without defaults, extra_keys when there are any, group_idx. Array: every field
     // up to group_idx, the last one set.
@@ -135,7 +137,7 @@ void packStored(Packer& packer, KVEventBatch const& batch, KVEvent const& event,
     packer.pack_array(static_cast<uint32_t>(event.numTokens));
     for (int64_t t = event.firstToken; t < event.firstToken + event.numTokens; ++t)
     {
-        packer.pack_int32(batch.tokens()[static_cast<size_t>(t)]);
+        packer.pack_int32(batch.tokens[static_cast<size_t>(t)]);
     }
     if (map)
     {
@@ -176,7 +178,7 @@ void packStored(Packer& packer, KVEventBatch const& batch, KVEvent const& event,
     packer.pack_int32(event.group);
 }
 
-void packRemoved(Packer& packer, KVEventBatch const& batch, KVEvent const& event, bool map)
+void packRemoved(Packer& packer, detail::KVEventArrays const& batch, KVEvent const& event, bool map)
 {
     if (map)
     {
@@ -220,6 +222,12 @@ char const* toString(KVEventEncoding encoding) noexcept
 void encodeKVEventBatch(KVEventBatch const& batch, double timestamp, KVEventEncoding encoding,
     std::optional<int32_t> dataParallelRank, std::vector<uint8_t>& out)
 {
+    detail::encodeKVEventArrays(detail::arraysOf(batch), timestamp, encoding, dataParallelRank, out);
+}
+
+void detail::encodeKVEventArrays(detail::KVEventArrays const& batch, double timestamp, KVEventEncoding encoding,
+    std::optional<int32_t> dataParallelRank, std::vector<uint8_t>& out)
+{
     ByteWriter writer{&out};
     Packer packer(writer);
     bool const map = encoding == KVEventEncoding::kTAGGED_MAP;
@@ -237,9 +245,10 @@ void encodeKVEventBatch(KVEventBatch const& batch, double timestamp, KVEventEnco
     {
         packString(packer, "events");
     }
-    packer.pack_array(static_cast<uint32_t>(batch.events().size()));
-    for (KVEvent const& event : batch.events())
+    packer.pack_array(static_cast<uint32_t>(batch.numEvents));
+    for (size_t e = 0; e < batch.numEvents; ++e)
     {
+        KVEvent const& event = batch.events[e];
         switch (event.type)
         {
         case KVEventType::kSTORED: packStored(packer, batch, event, map); break;

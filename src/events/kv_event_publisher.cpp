@@ -14,6 +14,7 @@
 #include <utility>
 #include <zmq.hpp>
 
+#include "events/kv_event_packed.h"
 #include "events/kv_event_replay.h"
 
 namespace kvcache::rt
@@ -41,12 +42,22 @@ void checkRange(char const* field, int64_t value, int64_t low, int64_t high)
 
 struct KVEventPublisher::Impl
 {
-    //! One batch waiting for the sending thread.
-    struct Queued
+    //! One queued batch. Its fields are the owner's until the batch is queued (head passes it) and the sending
+    //! thread's until that thread is done with it (tail passes it).
+    struct alignas(64) Slot
     {
         int64_t sequence = -1;
         double timestamp = 0;
-        KVEventBatch batch;
+        detail::KVEventPackedBatch packed;
+    };
+
+    //! Where the sending thread waits: not at all, for kBUSY_LOOK after a batch (unwoken unless the queue is half
+    //! full), or idle, for kIDLE_LOOK (woken by the next batch).
+    enum Wait : int32_t
+    {
+        kNOT_WAITING = 0,
+        kBUSY = 1,
+        kIDLE = 2,
     };
 
     KVEventPublisherOptions options;
@@ -57,31 +68,46 @@ struct KVEventPublisher::Impl
     std::string pubEndpoint;
     std::string replayEndpoint;
 
-    //! The queue publish() fills and the sending thread empties, a ring of options.queueBatches slots whose batches
-    //! keep their buffers, under queueMutex.
-    std::mutex queueMutex;
-    std::condition_variable queueChanged;
-    std::vector<Queued> queue;
-    size_t queueHead = 0;
-    size_t queueSize = 0;
-    int64_t nextSequence = 0;
-    //! Batches the sending thread has finished with (sent or dropped), all of them below nextSequence.
-    int64_t finished = 0;
-    //! Whether the sending thread waits on queueChanged (else it looks at the queue before it waits again), and
-    //! whether it waits as an idle thread does, without looking again within kBUSY_LOOK: only then, or when the queue
-    //! is half full, does publish() pay for a wake-up.
-    bool senderWaiting = false;
-    bool senderIdle = false;
-    //! Cleared batches whose buffers the sending thread is done with, for the next publish to fill (publish) or hand
-    //! back (publishSwap), so that a steady stream of batches allocates nothing; at most kMAX_SPARES (reserved), the
-    //! most recent last. More would only keep memory that a burst once needed.
-    std::vector<KVEventBatch> spares;
-    static constexpr size_t kMAX_SPARES = 64;
+    //! The queue: a ring of options.queueBatches slots between two counters that only grow. The owner's thread
+    //! alone writes `head` (batches queued), the sending thread alone writes `tail` (batches it is done with), so
+    //! queueing takes no lock and never waits for the sending thread (which may be descheduled) to release one.
+    std::vector<Slot> slots;
+    alignas(64) std::atomic<uint64_t> head{0};
+    alignas(64) std::atomic<uint64_t> tail{0};
 
-    std::atomic<int64_t> batches{0};
+    //! The owner's own: its last look at `tail`, the next sequence number, and the buffer the next batch is
+    //! copied into.
+    alignas(64) uint64_t tailSeen = 0;
+    int64_t nextSequence = 0;
+    detail::KVEventPackedBatch next;
+
+    //! Buffers the sending thread is done with, back to the owner for its next batches, so that a steady stream of
+    //! batches allocates nothing: a second ring, kSPARES slots, the sending thread writing `sparesHead` and the
+    //! owner `sparesTail`. More spares would only keep memory that a burst once needed.
+    static constexpr uint64_t kSPARES = 64;
+    struct alignas(64) Spare
+    {
+        detail::KVEventPackedBatch packed;
+    };
+    std::vector<Spare> spares;
+    alignas(64) std::atomic<uint64_t> sparesHead{0};
+    alignas(64) std::atomic<uint64_t> sparesTail{0};
+    uint64_t sparesHeadSeen = 0;
+
+    //! Counters: `batches`, `events` and `droppedFull` written by the owner only, `droppedSends` by the sending
+    //! thread only, so neither takes the other's cache line.
+    alignas(64) std::atomic<int64_t> batches{0};
     std::atomic<int64_t> events{0};
-    std::atomic<int64_t> dropped{0};
+    std::atomic<int64_t> droppedFull{0};
+    alignas(64) std::atomic<int64_t> droppedSends{0};
     std::atomic<int32_t> subscriptions{0};
+
+    //! The sending thread sleeps on `wake` under `wakeMutex`; flush() waits on `done`.
+    alignas(64) std::mutex wakeMutex;
+    std::condition_variable wake;
+    std::condition_variable done;
+    std::atomic<int32_t> waiting{kNOT_WAITING};
+    std::atomic<bool> flushing{false};
     std::atomic<bool> running{true};
     std::thread sender;
 
@@ -110,8 +136,8 @@ struct KVEventPublisher::Impl
             replay = std::make_unique<detail::KVEventReplay>(context, options.replayEndpoint, options.replayBatches);
             replayEndpoint = replay->endpoint();
         }
-        queue.resize(static_cast<size_t>(options.queueBatches));
-        spares.reserve(kMAX_SPARES);
+        slots.resize(static_cast<size_t>(options.queueBatches));
+        spares.resize(kSPARES);
         sender = std::thread([this] { sendQueued(); });
     }
 
@@ -119,10 +145,10 @@ struct KVEventPublisher::Impl
     void stop() noexcept
     {
         {
-            std::lock_guard<std::mutex> lock(queueMutex);
+            std::lock_guard<std::mutex> lock(wakeMutex);
             running = false;
         }
-        queueChanged.notify_all();
+        wake.notify_all();
         if (sender.joinable())
         {
             sender.join();
@@ -153,49 +179,90 @@ struct KVEventPublisher::Impl
     //! How long the idle sending thread waits before it counts the subscriptions again.
     static constexpr std::chrono::milliseconds kIDLE_LOOK{10};
 
-    //! Counts a batch of `numEvents` events published while the queue is full: lost, its sequence number a gap.
-    //! Under queueMutex.
-    int64_t dropFull(size_t numEvents)
+    //! Adds to a counter only this thread writes, without a locked instruction.
+    static void addOwn(std::atomic<int64_t>& counter, int64_t value) noexcept
     {
-        int64_t const sequence = nextSequence++;
-        ++batches;
-        events += static_cast<int64_t>(numEvents);
-        ++dropped;
-        ++finished;
-        return sequence;
+        counter.store(counter.load(std::memory_order_relaxed) + value, std::memory_order_relaxed);
     }
 
-    //! Puts a batch of `eventCount` events into the queue's next slot with `fill(slot)` and returns its sequence
-    //! number; when the queue is full, the batch is dropped (its number taken and counted) and `full()` runs. Wakes the
-    //! sending thread when it is idle or the queue is half full. `fill` runs first: when it throws, nothing is counted.
-    template <typename Fill, typename Full>
-    int64_t enqueue(size_t eventCount, double timestamp, Fill&& fill, Full&& full)
+    //! Takes a spare buffer the sending thread handed back into `next`, when there is one (owner's thread).
+    void takeSpare() noexcept
     {
-        int64_t sequence = 0;
-        bool wake = false;
+        uint64_t const taken = sparesTail.load(std::memory_order_relaxed);
+        if (taken == sparesHeadSeen)
         {
-            std::lock_guard<std::mutex> lock(queueMutex);
-            if (queueSize == queue.size())
+            sparesHeadSeen = sparesHead.load(std::memory_order_acquire);
+            if (taken == sparesHeadSeen)
             {
-                int64_t const lost = dropFull(eventCount);
-                full();
-                return lost;
+                return;
             }
-            Queued& slot = queue[(queueHead + queueSize) % queue.size()];
-            fill(slot);
-            slot.sequence = nextSequence++;
-            slot.timestamp = timestamp;
-            ++batches;
-            events += static_cast<int64_t>(eventCount);
-            ++queueSize;
-            sequence = slot.sequence;
-            wake = senderWaiting && (senderIdle || 2 * queueSize >= queue.size());
         }
-        if (wake)
+        next = std::move(spares[taken % kSPARES].packed);
+        sparesTail.store(taken + 1, std::memory_order_release);
+    }
+
+    //! Whether the queue has room for one more batch (owner's thread).
+    bool hasRoom() noexcept
+    {
+        uint64_t const queued = head.load(std::memory_order_relaxed);
+        if (queued - tailSeen < slots.size())
         {
-            queueChanged.notify_all();
+            return true;
         }
-        return sequence;
+        tailSeen = tail.load(std::memory_order_acquire);
+        return queued - tailSeen < slots.size();
+    }
+
+    //! Whether `queued` batches fill half the queue or more; looks at `tail` only when the last look says so
+    //! (owner's thread).
+    bool halfFull(uint64_t queued) noexcept
+    {
+        if (2 * (queued - tailSeen) < slots.size())
+        {
+            return false;
+        }
+        tailSeen = tail.load(std::memory_order_acquire);
+        return 2 * (queued - tailSeen) >= slots.size();
+    }
+
+    //! Queues `batch` stamped with `timestamp` and returns its sequence number; when the queue is full, the batch is
+    //! dropped (its number taken and counted). Throws std::bad_alloc when the copy needs a larger buffer and none can
+    //! be had (nothing queued or counted then).
+    int64_t enqueue(KVEventBatch const& batch, double timestamp)
+    {
+        int64_t const numEvents = static_cast<int64_t>(batch.events().size());
+        if (!hasRoom())
+        {
+            addOwn(batches, 1);
+            addOwn(events, numEvents);
+            addOwn(droppedFull, 1);
+            return nextSequence++;
+        }
+        next.pack(batch);
+        uint64_t const queued = head.load(std::memory_order_relaxed);
+        Slot& slot = slots[queued % slots.size()];
+        slot.sequence = nextSequence++;
+        slot.timestamp = timestamp;
+        std::swap(slot.packed, next);
+        addOwn(batches, 1);
+        addOwn(events, numEvents);
+        // The copy's streaming stores first, then the slot, then the new head; sequentially consistent so that the
+        // look at `waiting` below cannot pass it, which would miss a sending thread just going idle.
+        detail::streamingStoresDone();
+        head.store(queued + 1, std::memory_order_seq_cst);
+        int32_t const wait = waiting.load(std::memory_order_seq_cst);
+        if (wait == kIDLE || (wait == kBUSY && halfFull(queued + 1)))
+        {
+            {
+                std::lock_guard<std::mutex> lock(wakeMutex);
+            }
+            wake.notify_all();
+        }
+        if (!next.hasBuffer())
+        {
+            takeSpare();
+        }
+        return slot.sequence;
     }
 
     int64_t publish(KVEventBatch const& batch, double timestamp)
@@ -204,18 +271,7 @@ struct KVEventPublisher::Impl
         {
             return -1;
         }
-        return enqueue(
-            batch.events().size(), timestamp,
-            [&](Queued& slot)
-            {
-                if (!spares.empty())
-                {
-                    slot.batch = std::move(spares.back());
-                    spares.pop_back();
-                }
-                slot.batch = batch;
-            },
-            [] {});
+        return enqueue(batch, timestamp);
     }
 
     int64_t publishSwap(KVEventBatch& batch, double timestamp) noexcept
@@ -224,118 +280,131 @@ struct KVEventPublisher::Impl
         {
             return -1;
         }
-        return enqueue(
-            batch.events().size(), timestamp,
-            [&](Queued& slot)
-            {
-                // The sending thread took the slot's buffers, so nothing is freed here (but what a failed copy left).
-                slot.batch = std::move(batch);
-                if (!spares.empty())
-                {
-                    batch = std::move(spares.back());
-                    spares.pop_back();
-                }
-                batch.clear();
-            },
-            [&] { batch.clear(); });
+        int64_t sequence = -1;
+        try
+        {
+            sequence = enqueue(batch, timestamp);
+        }
+        catch (std::bad_alloc const&)
+        {
+            // No buffer for the copy: the batch is lost as one published into a full queue is.
+            addOwn(batches, 1);
+            addOwn(events, static_cast<int64_t>(batch.events().size()));
+            addOwn(droppedFull, 1);
+            sequence = nextSequence++;
+        }
+        batch.clear();
+        return sequence;
     }
 
     bool flush(int32_t timeoutMs)
     {
-        std::unique_lock<std::mutex> lock(queueMutex);
-        if (senderWaiting && queueSize > 0)
+        uint64_t const queued = head.load(std::memory_order_relaxed);
+        std::unique_lock<std::mutex> lock(wakeMutex);
+        flushing.store(true, std::memory_order_seq_cst);
+        // The sending thread may be waiting out kBUSY_LOOK: no need to.
+        wake.notify_all();
+        bool const finished = done.wait_for(lock, std::chrono::milliseconds(timeoutMs),
+            [&] { return tail.load(std::memory_order_seq_cst) == queued; });
+        flushing.store(false, std::memory_order_relaxed);
+        return finished;
+    }
+
+    //! Waits for a batch for up to `look` (sending thread); returns early when one is queued, when flush() asks or
+    //! when the publisher stops.
+    void waitForBatch(uint64_t taken, Wait kind, std::chrono::milliseconds look)
+    {
+        std::unique_lock<std::mutex> lock(wakeMutex);
+        waiting.store(kind, std::memory_order_seq_cst);
+        wake.wait_for(lock, look,
+            [&]
+            {
+                return head.load(std::memory_order_seq_cst) != taken || !running
+                    || flushing.load(std::memory_order_relaxed);
+            });
+        waiting.store(kNOT_WAITING, std::memory_order_relaxed);
+    }
+
+    //! Encodes the batch of `slot` and sends it on the PUB socket, and keeps it for replay (sending thread).
+    void send(Slot const& slot, std::vector<uint8_t>& payload)
+    {
+        try
         {
-            // The sending thread may be waiting out kBUSY_LOOK: no need to.
-            queueChanged.notify_all();
+            drainSubscriptions();
+            payload.clear();
+            detail::encodeKVEventArrays(
+                slot.packed.arrays(), slot.timestamp, options.encoding, options.dataParallelRank, payload);
+            std::array<uint8_t, 8> const sequenceBytes = detail::bigEndian(slot.sequence);
+            // The parts of one message go out together or not at all: only the first send can be refused.
+            bool const sent =
+                pub.send(zmq::buffer(options.topic), zmq::send_flags::sndmore | zmq::send_flags::dontwait)
+                    .has_value();
+            if (sent)
+            {
+                pub.send(zmq::buffer(sequenceBytes), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+                pub.send(zmq::buffer(payload), zmq::send_flags::dontwait);
+            }
+            else
+            {
+                ++droppedSends;
+            }
+            if (replay)
+            {
+                replay->keep(slot.sequence, payload);
+            }
         }
-        return queueChanged.wait_for(
-            lock, std::chrono::milliseconds(timeoutMs), [this] { return finished == nextSequence; });
+        catch (std::exception const&)
+        {
+            // Memory or ZeroMQ failed for this batch: it is lost like a refused one, and the thread goes on.
+            ++droppedSends;
+        }
+    }
+
+    //! Hands the buffer of a sent batch back to the owner when the spares have room; else it stays in its slot, to
+    //! be traded for the owner's next buffer when the slot comes round again (sending thread).
+    void giveBack(Slot& slot) noexcept
+    {
+        uint64_t const given = sparesHead.load(std::memory_order_relaxed);
+        if (given - sparesTail.load(std::memory_order_acquire) < kSPARES)
+        {
+            spares[given % kSPARES].packed = std::move(slot.packed);
+            sparesHead.store(given + 1, std::memory_order_release);
+        }
     }
 
     //! The sending thread: encodes and sends each queued batch in order, keeps it for replay, and counts the
     //! subscriptions; it finishes what is queued before it stops.
     void sendQueued()
     {
-        KVEventBatch batch;
         std::vector<uint8_t> payload;
         // Whether the last look at the queue found a batch: then the thread waits only kBUSY_LOOK, unwoken.
         bool busy = false;
         while (true)
         {
-            int64_t sequence = 0;
-            double timestamp = 0;
+            uint64_t const taken = tail.load(std::memory_order_relaxed);
+            if (head.load(std::memory_order_acquire) == taken)
             {
-                std::unique_lock<std::mutex> lock(queueMutex);
-                if (queueSize == 0 && running)
+                if (!running)
                 {
-                    senderWaiting = true;
-                    senderIdle = !busy;
-                    queueChanged.wait_for(
-                        lock, busy ? kBUSY_LOOK : kIDLE_LOOK, [this] { return queueSize > 0 || !running; });
-                    senderWaiting = false;
-                    senderIdle = false;
+                    return;
                 }
-                if (queueSize == 0)
-                {
-                    if (!running)
-                    {
-                        return;
-                    }
-                    busy = false;
-                    lock.unlock();
-                    drainSubscriptions();
-                    continue;
-                }
-                busy = true;
-                Queued& slot = queue[queueHead];
-                sequence = slot.sequence;
-                timestamp = slot.timestamp;
-                // The slot is left holding no buffers, for publishSwap(); `batch`'s went back to the spares (or, when
-                // those were full, are freed here).
-                batch = std::move(slot.batch);
-                queueHead = (queueHead + 1) % queue.size();
-                --queueSize;
-            }
-            try
-            {
                 drainSubscriptions();
-                payload.clear();
-                encodeKVEventBatch(batch, timestamp, options.encoding, options.dataParallelRank, payload);
-                std::array<uint8_t, 8> const sequenceBytes = detail::bigEndian(sequence);
-                // The parts of one message go out together or not at all: only the first send can be refused.
-                bool const sent =
-                    pub.send(zmq::buffer(options.topic), zmq::send_flags::sndmore | zmq::send_flags::dontwait)
-                        .has_value();
-                if (sent)
-                {
-                    pub.send(zmq::buffer(sequenceBytes), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-                    pub.send(zmq::buffer(payload), zmq::send_flags::dontwait);
-                }
-                if (!sent)
-                {
-                    // Written only then: the counters' cache line stays with the publishing thread.
-                    ++dropped;
-                }
-                if (replay)
-                {
-                    replay->keep(sequence, payload);
-                }
+                waitForBatch(taken, busy ? kBUSY : kIDLE, busy ? kBUSY_LOOK : kIDLE_LOOK);
+                busy = false;
+                continue;
             }
-            catch (std::exception const&)
+            busy = true;
+            Slot& slot = slots[taken % slots.size()];
+            send(slot, payload);
+            giveBack(slot);
+            tail.store(taken + 1, std::memory_order_seq_cst);
+            if (flushing.load(std::memory_order_seq_cst))
             {
-                // Memory or ZeroMQ failed for this batch: it is lost like a refused one, and the thread goes on.
-                ++dropped;
-            }
-            {
-                std::lock_guard<std::mutex> lock(queueMutex);
-                ++finished;
-                batch.clear();
-                if (spares.size() < kMAX_SPARES)
                 {
-                    spares.push_back(std::move(batch));
+                    std::lock_guard<std::mutex> lock(wakeMutex);
                 }
+                done.notify_all();
             }
-            queueChanged.notify_all();
         }
     }
 };
@@ -408,7 +477,7 @@ KVEventPublisherStats KVEventPublisher::stats() const noexcept
     KVEventPublisherStats stats;
     stats.batches = mImpl->batches;
     stats.events = mImpl->events;
-    stats.droppedBatches = mImpl->dropped;
+    stats.droppedBatches = mImpl->droppedFull + mImpl->droppedSends;
     if (mImpl->replay)
     {
         stats.replays = mImpl->replay->replays();

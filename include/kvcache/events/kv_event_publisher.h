@@ -88,8 +88,9 @@ struct KVEventPublisherStats
 //! an empty frame and the 8-byte big-endian start, and receives [empty, sequence, payload] for each batch still kept
 //! from there, then [empty, -1 as 8 bytes, empty].
 //!
-//! publish() never blocks and costs the caller a copy of the batch (publishSwap() not even that): it queues the batch
-//! with its sequence number, and a thread of the publisher's own encodes and sends it. publish() wakes that thread
+//! publish() never blocks and takes no lock: it copies the batch into a buffer of the queue (on x86-64 with stores
+//! that bypass the caches, so that it never waits for lines the sending thread read last) and queues it with its
+//! sequence number, and a thread of the publisher's own encodes and sends it. publish() wakes that thread
 //! only when it is idle or the queue is half full; while batches keep coming, the thread looks at the queue every
 //! millisecond, so a batch waits at most about a millisecond. That thread sends without waiting and the PUB side
 //! refuses (ZMQ_XPUB_NODROP) a batch that some subscriber's queue has no room for; the batch is then counted as
@@ -114,10 +115,10 @@ public:
     int64_t publish(KVEventBatch const& batch);
     //! publish() at `timestamp` (seconds since the epoch).
     int64_t publish(KVEventBatch const& batch, double timestamp);
-    //! publish() without the copy: queues `batch`'s buffers themselves and leaves in `batch` a cleared batch, with the
-    //! buffers of one sent earlier when the publisher has one to spare (queued or dropped, `batch` comes back cleared).
-    //! A runtime that takes each step's events into the same batch (PageManager::takeEvents) and publishes it this
-    //! way copies nothing and, once the buffers have grown, allocates nothing. Never throws.
+    //! publish(), then clears `batch`, which keeps its buffers (queued or dropped, `batch` comes back cleared). A
+    //! runtime that takes each step's events into the same batch (PageManager::takeEvents) and publishes it this way
+    //! records each step into memory its own core holds and, once the buffers have grown, allocates nothing. When the
+    //! queue's copy cannot get the memory it needs, the batch is dropped (counted). Never throws.
     int64_t publishSwap(KVEventBatch& batch) noexcept;
     //! publishSwap() at `timestamp` (seconds since the epoch).
     int64_t publishSwap(KVEventBatch& batch, double timestamp) noexcept;
