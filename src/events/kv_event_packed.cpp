@@ -2,6 +2,7 @@
 #include "events/kv_event_packed.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <new>
 #include <type_traits>
@@ -19,34 +20,46 @@ namespace
 
 constexpr size_t kLINE = 64;
 
-// The buffer is read back as these types: they must be copyable as bytes and fit the buffer's alignment (operator
-// new[] gives at least alignof(std::max_align_t), and every array starts on a 64-byte boundary).
+// The buffer is read back as these types: they must be copyable as bytes and fit the 64-byte boundary that every
+// array starts on.
 static_assert(std::is_trivially_copyable_v<KVEvent> && std::is_trivially_copyable_v<PageHash>
     && std::is_trivially_copyable_v<KVEventPageKeys>);
-static_assert(alignof(KVEvent) <= alignof(std::max_align_t) && alignof(PageHash) <= alignof(std::max_align_t)
-    && alignof(KVEventPageKeys) <= alignof(std::max_align_t));
+static_assert(alignof(KVEvent) <= kLINE && alignof(PageHash) <= kLINE && alignof(KVEventPageKeys) <= kLINE);
 
 size_t roundUpToLine(size_t bytes)
 {
     return (bytes + kLINE - 1) / kLINE * kLINE;
 }
 
-//! Copies `bytes` bytes from `src` to `dst`, which is 16-byte aligned.
+//! Copies `bytes` bytes from `src` to `dst`, which is 64-byte aligned, and fills the rest of the last 64-byte line
+//! with zeros. With streaming stores every line is written whole, so none is read back from memory to be merged.
 void copyStreaming(uint8_t* dst, void const* src, size_t bytes) noexcept
 {
     auto const* from = static_cast<uint8_t const*>(src);
-    size_t done = 0;
 #ifdef KVCACHE_STREAMING_STORES
+    size_t done = 0;
     for (; done + 16 <= bytes; done += 16)
     {
         _mm_stream_si128(reinterpret_cast<__m128i*>(dst + done),
             _mm_loadu_si128(reinterpret_cast<__m128i const*>(from + done)));
     }
-#endif
     if (done < bytes)
     {
-        std::memcpy(dst + done, from + done, bytes - done);
+        alignas(16) uint8_t last[16] = {};
+        std::memcpy(last, from + done, bytes - done);
+        _mm_stream_si128(reinterpret_cast<__m128i*>(dst + done), _mm_load_si128(reinterpret_cast<__m128i const*>(last)));
+        done += 16;
     }
+    for (; done % kLINE != 0; done += 16)
+    {
+        _mm_stream_si128(reinterpret_cast<__m128i*>(dst + done), _mm_setzero_si128());
+    }
+#else
+    if (bytes > 0)
+    {
+        std::memcpy(dst, from, bytes);
+    }
+#endif
 }
 
 } // namespace
@@ -72,7 +85,8 @@ KVEventPackedBatch& KVEventPackedBatch::operator=(KVEventPackedBatch&& other) no
 {
     if (this != &other)
     {
-        mBytes = std::move(other.mBytes);
+        mStorage = std::move(other.mStorage);
+        mBytes = std::exchange(other.mBytes, nullptr);
         mCapacity = std::exchange(other.mCapacity, 0);
         for (size_t i = 0; i < kARRAYS; ++i)
         {
@@ -101,12 +115,15 @@ void KVEventPackedBatch::pack(KVEventBatch const& batch)
     {
         // Grown at least twofold, so that a stream of batches growing slowly reallocates rarely.
         size_t const capacity = std::max(total, 2 * mCapacity);
-        mBytes.reset(new uint8_t[capacity]);
+        std::unique_ptr<uint8_t[]> storage(new uint8_t[capacity + kLINE]);
+        auto const address = reinterpret_cast<uintptr_t>(storage.get());
+        mBytes = storage.get() + (kLINE - address % kLINE) % kLINE;
+        mStorage = std::move(storage);
         mCapacity = capacity;
     }
     for (size_t i = 0; i < kARRAYS; ++i)
     {
-        copyStreaming(mBytes.get() + offsets[i], sources[i], counts[i] * sizes[i]);
+        copyStreaming(mBytes + offsets[i], sources[i], counts[i] * sizes[i]);
         mCounts[i] = counts[i];
         mOffsets[i] = offsets[i];
     }
@@ -114,7 +131,7 @@ void KVEventPackedBatch::pack(KVEventBatch const& batch)
 
 KVEventArrays KVEventPackedBatch::arrays() const noexcept
 {
-    uint8_t const* const base = mBytes.get();
+    uint8_t const* const base = mBytes;
     KVEventArrays arrays;
     if (base == nullptr)
     {
