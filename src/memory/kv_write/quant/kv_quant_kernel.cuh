@@ -218,12 +218,13 @@ __device__ __forceinline__ void quantizeLane(LaneValues<TensorT, kV> const& lane
 
 //! The counters' amax words as they were when the warp started. Read at the start, so that the read's latency
 //! overlaps the warp's work instead of lengthening its end; a value that rose since only costs an atomic that changes
-//! nothing.
+//! nothing. Read through L1: every warp of the grid reads this one line, and most find it in their SM's L1 instead of
+//! all queueing at one L2 slice. A stale line is harmless for the same reason, and L1 does not outlive the launch.
 __device__ __forceinline__ uint2 amaxAtStart(WriteCounters const* counters)
 {
     static_assert(offsetof(WriteCounters, vAmax) == offsetof(WriteCounters, kAmax) + sizeof(float),
         "the two amax words are read as one");
-    return __ldcg(reinterpret_cast<uint2 const*>(&counters->kAmax));
+    return __ldca(reinterpret_cast<uint2 const*>(&counters->kAmax));
 }
 
 //! Adds a warp's LaneSeen of both halves to its counters. One vote first: once the counters have settled, no lane saw
