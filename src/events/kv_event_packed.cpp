@@ -76,6 +76,11 @@ KVEventArrays arraysOf(KVEventBatch const& batch) noexcept
     return arrays;
 }
 
+void KVEventPackedBatch::LineAlignedDelete::operator()(uint8_t* bytes) const noexcept
+{
+    ::operator delete[](bytes, std::align_val_t{kLINE});
+}
+
 KVEventPackedBatch::KVEventPackedBatch(KVEventPackedBatch&& other) noexcept
 {
     *this = std::move(other);
@@ -85,8 +90,7 @@ KVEventPackedBatch& KVEventPackedBatch::operator=(KVEventPackedBatch&& other) no
 {
     if (this != &other)
     {
-        mStorage = std::move(other.mStorage);
-        mBytes = std::exchange(other.mBytes, nullptr);
+        mBytes = std::move(other.mBytes);
         mCapacity = std::exchange(other.mCapacity, 0);
         for (size_t i = 0; i < kARRAYS; ++i)
         {
@@ -115,15 +119,12 @@ void KVEventPackedBatch::pack(KVEventBatch const& batch)
     {
         // Grown at least twofold, so that a stream of batches growing slowly reallocates rarely.
         size_t const capacity = std::max(total, 2 * mCapacity);
-        std::unique_ptr<uint8_t[]> storage(new uint8_t[capacity + kLINE]);
-        auto const address = reinterpret_cast<uintptr_t>(storage.get());
-        mBytes = storage.get() + (kLINE - address % kLINE) % kLINE;
-        mStorage = std::move(storage);
+        mBytes.reset(static_cast<uint8_t*>(::operator new[](capacity, std::align_val_t{kLINE})));
         mCapacity = capacity;
     }
     for (size_t i = 0; i < kARRAYS; ++i)
     {
-        copyStreaming(mBytes + offsets[i], sources[i], counts[i] * sizes[i]);
+        copyStreaming(mBytes.get() + offsets[i], sources[i], counts[i] * sizes[i]);
         mCounts[i] = counts[i];
         mOffsets[i] = offsets[i];
     }
@@ -131,7 +132,7 @@ void KVEventPackedBatch::pack(KVEventBatch const& batch)
 
 KVEventArrays KVEventPackedBatch::arrays() const noexcept
 {
-    uint8_t const* const base = mBytes;
+    uint8_t const* const base = mBytes.get();
     KVEventArrays arrays;
     if (base == nullptr)
     {

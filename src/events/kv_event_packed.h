@@ -55,9 +55,12 @@ public:
 private:
     //! Bytes of the five arrays (events, hashes, tokens, page keys, key bytes), each rounded up to 64.
     static constexpr size_t kARRAYS = 5;
-    //! mCapacity bytes from mBytes, the first 64-byte boundary in mStorage.
-    std::unique_ptr<uint8_t[]> mStorage;
-    uint8_t* mBytes = nullptr;
+    //! Frees a buffer allocated on a 64-byte boundary.
+    struct LineAlignedDelete
+    {
+        void operator()(uint8_t* bytes) const noexcept;
+    };
+    std::unique_ptr<uint8_t[], LineAlignedDelete> mBytes;
     size_t mCapacity = 0;
     size_t mCounts[kARRAYS] = {};
     size_t mOffsets[kARRAYS] = {};
