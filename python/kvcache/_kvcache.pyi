@@ -2065,9 +2065,9 @@ class KVEventPublisher:
     Publishes KV events in vLLM's wire format over ZeroMQ (kvcache::events): three frames a message (topic, 8-byte big-endian sequence number, msgpack batch), an optional ROUTER replay socket, never blocking the caller (docs/kv_events.md). Needs a build with kvcache::events: see available().
     """
 
-    def __init__(self, endpoint: str = 'tcp://*:5557', *, replay_endpoint: str = '', topic: str = '', encoding: str = 'map', data_parallel_rank: int | None = None, replay_batches: int = 10000, queue_batches: int = 4096, send_high_water_mark: int = 100000, linger_ms: int = 0) -> None:
+    def __init__(self, endpoint: str = 'tcp://*:5557', *, replay_endpoint: str = '', topic: str = '', encoding: str = 'map', data_parallel_rank: int | None = None, replay_batches: int = 10000, queue_bytes: int = 16777216, send_high_water_mark: int = 100000, linger_ms: int = 0) -> None:
         """
-        Opens the sockets. endpoint is bound when it holds '*' or '::' or is ipc:// or inproc:// ('tcp://127.0.0.1:*' binds a free port: see endpoint), connected otherwise; replay_endpoint (bound) is empty for no replays; encoding 'map' (vLLM's current form) or 'array' (the older positional form); linger_ms: how long closing lets sent batches reach subscribers.
+        Opens the sockets. endpoint is bound when it holds '*' or '::' or is ipc:// or inproc:// ('tcp://127.0.0.1:*' binds a free port: see endpoint), connected otherwise; replay_endpoint (bound) is empty for no replays; encoding 'map' (vLLM's current form) or 'array' (the older positional form); queue_bytes: the queue between publish and the sending thread (a batch that finds no room is dropped); linger_ms: how long closing lets sent batches reach subscribers.
         """
 
     @staticmethod

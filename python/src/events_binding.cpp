@@ -106,7 +106,7 @@ void bindEvents(nb::module_& m)
             "__init__",
             [](PublisherHandle* self, std::string const& endpoint, std::string const& replayEndpoint,
                 std::string const& topic, std::string const& encoding, std::optional<int32_t> dataParallelRank,
-                int32_t replayBatches, int32_t queueBatches, int32_t sendHighWaterMark, int32_t lingerMs)
+                int32_t replayBatches, int64_t queueBytes, int32_t sendHighWaterMark, int32_t lingerMs)
             {
                 rt::KVEventPublisherOptions options;
                 options.endpoint = endpoint;
@@ -115,17 +115,18 @@ void bindEvents(nb::module_& m)
                 options.encoding = encodingArgument(encoding);
                 options.dataParallelRank = dataParallelRank;
                 options.replayBatches = replayBatches;
-                options.queueBatches = queueBatches;
+                options.queueBytes = queueBytes;
                 options.sendHighWaterMark = sendHighWaterMark;
                 options.lingerMs = lingerMs;
                 new (self) PublisherHandle(options);
             },
             nb::arg("endpoint") = "tcp://*:5557", nb::kw_only(), nb::arg("replay_endpoint") = "", nb::arg("topic") = "",
             nb::arg("encoding") = "map", nb::arg("data_parallel_rank") = nb::none(), nb::arg("replay_batches") = 10000,
-            nb::arg("queue_batches") = 4096, nb::arg("send_high_water_mark") = 100000, nb::arg("linger_ms") = 0,
+            nb::arg("queue_bytes") = int64_t{16} << 20, nb::arg("send_high_water_mark") = 100000, nb::arg("linger_ms") = 0,
             "Opens the sockets. endpoint is bound when it holds '*' or '::' or is ipc:// or inproc:// "
             "('tcp://127.0.0.1:*' binds a free port: see endpoint), connected otherwise; replay_endpoint (bound) is "
             "empty for no replays; encoding 'map' (vLLM's current form) or 'array' (the older positional form); "
+            "queue_bytes: the queue between publish and the sending thread (a batch that finds no room is dropped); "
             "linger_ms: how long closing lets sent batches reach subscribers.")
         .def_static(
             "available", []() { return kAVAILABLE; },

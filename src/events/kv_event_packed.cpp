@@ -1,17 +1,10 @@
-// KVEventPackedBatch: a batch's arrays copied into one buffer with streaming stores, for the sending thread.
+// KVEventRing: batches copied whole into one ring of bytes, for the publisher's sending thread.
 #include "events/kv_event_packed.h"
 
-#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <new>
 #include <type_traits>
-#include <utility>
-
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-#define KVCACHE_STREAMING_STORES 1
-#endif
 
 namespace kvcache::rt::detail
 {
@@ -19,47 +12,42 @@ namespace
 {
 
 constexpr size_t kLINE = 64;
+//! The arrays of a record: events, hashes, tokens, page keys and key bytes.
+constexpr size_t kARRAYS = 5;
+constexpr size_t kELEMENT_BYTES[kARRAYS] = {sizeof(KVEvent), sizeof(PageHash), sizeof(int32_t), sizeof(KVEventPageKeys), 1};
 
-// The buffer is read back as these types: they must be copyable as bytes and fit the 64-byte boundary that every
-// array starts on.
+// A record's arrays are read back as these types: they must be copyable as bytes and fit the 64-byte boundary that
+// every array starts on.
 static_assert(std::is_trivially_copyable_v<KVEvent> && std::is_trivially_copyable_v<PageHash>
     && std::is_trivially_copyable_v<KVEventPageKeys>);
 static_assert(alignof(KVEvent) <= kLINE && alignof(PageHash) <= kLINE && alignof(KVEventPageKeys) <= kLINE);
+
+//! The first 64 bytes of a record. `bytes` 0 marks the end of the ring's used part: the next record is at its start.
+struct alignas(kLINE) RecordHeader
+{
+    uint64_t bytes;
+    int64_t sequence;
+    double timestamp;
+    uint64_t counts[kARRAYS];
+};
+static_assert(sizeof(RecordHeader) == kLINE);
 
 size_t roundUpToLine(size_t bytes)
 {
     return (bytes + kLINE - 1) / kLINE * kLINE;
 }
 
-//! Copies `bytes` bytes from `src` to `dst`, which is 64-byte aligned, and fills the rest of the last 64-byte line
-//! with zeros. With streaming stores every line is written whole, so none is read back from memory to be merged.
-void copyStreaming(uint8_t* dst, void const* src, size_t bytes) noexcept
+//! Sets where each array of a record of `counts` elements starts (from the record's start) and returns the record's
+//! bytes.
+size_t layOut(uint64_t const (&counts)[kARRAYS], size_t (&offsets)[kARRAYS])
 {
-    auto const* from = static_cast<uint8_t const*>(src);
-#ifdef KVCACHE_STREAMING_STORES
-    size_t done = 0;
-    for (; done + 16 <= bytes; done += 16)
+    size_t total = sizeof(RecordHeader);
+    for (size_t i = 0; i < kARRAYS; ++i)
     {
-        _mm_stream_si128(reinterpret_cast<__m128i*>(dst + done),
-            _mm_loadu_si128(reinterpret_cast<__m128i const*>(from + done)));
+        offsets[i] = total;
+        total += roundUpToLine(static_cast<size_t>(counts[i]) * kELEMENT_BYTES[i]);
     }
-    if (done < bytes)
-    {
-        alignas(16) uint8_t last[16] = {};
-        std::memcpy(last, from + done, bytes - done);
-        _mm_stream_si128(reinterpret_cast<__m128i*>(dst + done), _mm_load_si128(reinterpret_cast<__m128i const*>(last)));
-        done += 16;
-    }
-    for (; done % kLINE != 0; done += 16)
-    {
-        _mm_stream_si128(reinterpret_cast<__m128i*>(dst + done), _mm_setzero_si128());
-    }
-#else
-    if (bytes > 0)
-    {
-        std::memcpy(dst, from, bytes);
-    }
-#endif
+    return total;
 }
 
 } // namespace
@@ -76,82 +64,105 @@ KVEventArrays arraysOf(KVEventBatch const& batch) noexcept
     return arrays;
 }
 
-void KVEventPackedBatch::LineAlignedDelete::operator()(uint8_t* bytes) const noexcept
+void KVEventRing::LineAlignedDelete::operator()(uint8_t* bytes) const noexcept
 {
     ::operator delete[](bytes, std::align_val_t{kLINE});
 }
 
-KVEventPackedBatch::KVEventPackedBatch(KVEventPackedBatch&& other) noexcept
+KVEventRing::KVEventRing(size_t bytes)
+    : mBytes(static_cast<uint8_t*>(::operator new[](bytes, std::align_val_t{kLINE})))
+    , mCapacity(bytes)
 {
-    *this = std::move(other);
+    std::memset(mBytes.get(), 0, bytes);
 }
 
-KVEventPackedBatch& KVEventPackedBatch::operator=(KVEventPackedBatch&& other) noexcept
-{
-    if (this != &other)
-    {
-        mBytes = std::move(other.mBytes);
-        mCapacity = std::exchange(other.mCapacity, 0);
-        for (size_t i = 0; i < kARRAYS; ++i)
-        {
-            mCounts[i] = std::exchange(other.mCounts[i], 0);
-            mOffsets[i] = std::exchange(other.mOffsets[i], 0);
-        }
-    }
-    return *this;
-}
-
-void KVEventPackedBatch::pack(KVEventBatch const& batch)
+bool KVEventRing::push(KVEventBatch const& batch, int64_t sequence, double timestamp) noexcept
 {
     void const* const sources[kARRAYS] = {batch.events().data(), batch.hashes().data(), batch.tokens().data(),
         batch.pageKeys().data(), batch.keyBytes().data()};
-    size_t const counts[kARRAYS] = {batch.events().size(), batch.hashes().size(), batch.tokens().size(),
+    uint64_t const counts[kARRAYS] = {batch.events().size(), batch.hashes().size(), batch.tokens().size(),
         batch.pageKeys().size(), batch.keyBytes().size()};
-    size_t const sizes[kARRAYS] = {sizeof(KVEvent), sizeof(PageHash), sizeof(int32_t), sizeof(KVEventPageKeys), 1};
     size_t offsets[kARRAYS] = {};
-    size_t total = 0;
+    size_t const bytes = layOut(counts, offsets);
+    uint64_t const written = mWritten.load(std::memory_order_relaxed);
+    size_t const at = static_cast<size_t>(written % mCapacity);
+    // A record that does not fit before the ring's end goes to its start, and the bytes left at the end are skipped.
+    size_t const skipped = at + bytes > mCapacity ? mCapacity - at : 0;
+    uint64_t const end = written + skipped + bytes;
+    if (end - mFinishedSeen > mCapacity)
+    {
+        mFinishedSeen = mFinished.load(std::memory_order_acquire);
+        if (end - mFinishedSeen > mCapacity)
+        {
+            return false;
+        }
+    }
+    if (skipped > 0)
+    {
+        reinterpret_cast<RecordHeader*>(mBytes.get() + at)->bytes = 0;
+    }
+    uint8_t* const record = mBytes.get() + (at + skipped) % mCapacity;
+    auto* const header = reinterpret_cast<RecordHeader*>(record);
+    header->bytes = bytes;
+    header->sequence = sequence;
+    header->timestamp = timestamp;
     for (size_t i = 0; i < kARRAYS; ++i)
     {
-        offsets[i] = total;
-        total += roundUpToLine(counts[i] * sizes[i]);
+        header->counts[i] = counts[i];
+        if (counts[i] > 0)
+        {
+            std::memcpy(record + offsets[i], sources[i], static_cast<size_t>(counts[i]) * kELEMENT_BYTES[i]);
+        }
     }
-    if (total > mCapacity)
-    {
-        // Grown at least twofold, so that a stream of batches growing slowly reallocates rarely.
-        size_t const capacity = std::max(total, 2 * mCapacity);
-        mBytes.reset(static_cast<uint8_t*>(::operator new[](capacity, std::align_val_t{kLINE})));
-        mCapacity = capacity;
-    }
-    for (size_t i = 0; i < kARRAYS; ++i)
-    {
-        copyStreaming(mBytes.get() + offsets[i], sources[i], counts[i] * sizes[i]);
-        mCounts[i] = counts[i];
-        mOffsets[i] = offsets[i];
-    }
+    // Sequentially consistent, so that the publisher's look at whether the reader sleeps cannot pass it.
+    mWritten.store(end, std::memory_order_seq_cst);
+    return true;
 }
 
-KVEventArrays KVEventPackedBatch::arrays() const noexcept
+bool KVEventRing::halfFull() noexcept
 {
-    uint8_t const* const base = mBytes.get();
-    KVEventArrays arrays;
-    if (base == nullptr)
+    uint64_t const written = mWritten.load(std::memory_order_relaxed);
+    if (2 * (written - mFinishedSeen) < mCapacity)
     {
-        return arrays;
+        return false;
     }
-    arrays.events = reinterpret_cast<KVEvent const*>(base + mOffsets[0]);
-    arrays.numEvents = mCounts[0];
-    arrays.hashes = reinterpret_cast<PageHash const*>(base + mOffsets[1]);
-    arrays.tokens = reinterpret_cast<int32_t const*>(base + mOffsets[2]);
-    arrays.pageKeys = reinterpret_cast<KVEventPageKeys const*>(base + mOffsets[3]);
-    arrays.keyBytes = base + mOffsets[4];
-    return arrays;
+    mFinishedSeen = mFinished.load(std::memory_order_acquire);
+    return 2 * (written - mFinishedSeen) >= mCapacity;
 }
 
-void streamingStoresDone() noexcept
+bool KVEventRing::front(KVEventRecord& record) noexcept
 {
-#ifdef KVCACHE_STREAMING_STORES
-    _mm_sfence();
-#endif
+    uint64_t const finished = mFinished.load(std::memory_order_relaxed);
+    if (mWritten.load(std::memory_order_acquire) == finished)
+    {
+        return false;
+    }
+    size_t const at = static_cast<size_t>(finished % mCapacity);
+    auto const* header = reinterpret_cast<RecordHeader const*>(mBytes.get() + at);
+    size_t skipped = 0;
+    if (header->bytes == 0)
+    {
+        skipped = mCapacity - at;
+        header = reinterpret_cast<RecordHeader const*>(mBytes.get());
+    }
+    mFrontBytes = skipped + header->bytes;
+    size_t offsets[kARRAYS] = {};
+    layOut(header->counts, offsets);
+    auto const* base = reinterpret_cast<uint8_t const*>(header);
+    record.sequence = header->sequence;
+    record.timestamp = header->timestamp;
+    record.arrays.events = reinterpret_cast<KVEvent const*>(base + offsets[0]);
+    record.arrays.numEvents = static_cast<size_t>(header->counts[0]);
+    record.arrays.hashes = reinterpret_cast<PageHash const*>(base + offsets[1]);
+    record.arrays.tokens = reinterpret_cast<int32_t const*>(base + offsets[2]);
+    record.arrays.pageKeys = reinterpret_cast<KVEventPageKeys const*>(base + offsets[3]);
+    record.arrays.keyBytes = base + offsets[4];
+    return true;
+}
+
+void KVEventRing::pop() noexcept
+{
+    mFinished.store(mFinished.load(std::memory_order_relaxed) + mFrontBytes, std::memory_order_seq_cst);
 }
 
 } // namespace kvcache::rt::detail

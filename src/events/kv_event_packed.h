@@ -1,8 +1,9 @@
-// A KV event batch copied into one buffer for the publisher's sending thread, and the arrays the encoder reads.
+// KV event batches queued for the publisher's sending thread in one ring of bytes, and the arrays the encoder reads.
 #pragma once
 
 #include "kvcache/events/kv_event_publisher.h"
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -31,42 +32,75 @@ KVEventArrays arraysOf(KVEventBatch const& batch) noexcept;
 void encodeKVEventArrays(KVEventArrays const& arrays, double timestamp, KVEventEncoding encoding,
     std::optional<int32_t> dataParallelRank, std::vector<uint8_t>& out);
 
-//! A copy of a batch's arrays in one buffer, each from a 64-byte boundary, kept when the next batch is copied in. On
-//! x86-64 the copy uses stores that bypass the caches: another core reads the buffer next, and ordinary stores would
-//! have to take each line back from that core's cache when the buffer is filled again, stalling the thread that
-//! fills it. Call streamingStoresDone() before handing the buffer to another thread.
-class KVEventPackedBatch
+//! One batch in a KVEventRing, as the reading thread sees it.
+struct KVEventRecord
+{
+    int64_t sequence = -1;
+    double timestamp = 0;
+    KVEventArrays arrays;
+};
+
+//! Batches queued from one thread (the writer) to another (the reader) in one ring of bytes allocated once: each batch
+//! is copied whole into a record (a 64-byte header, then the batch's arrays, each from a 64-byte boundary) after the
+//! records before it, wrapping to the ring's start when it does not fit before the end. The writer alone advances the
+//! count of bytes written, the reader alone the count it has finished with, so neither takes a lock or waits.
+//!
+//! The writer reads nothing the reader writes, except the reader's count when the ring looks too full for the next
+//! record.
+class KVEventRing
 {
 public:
-    KVEventPackedBatch() = default;
-    //! A moved-from batch holds no buffer.
-    KVEventPackedBatch(KVEventPackedBatch&& other) noexcept;
-    KVEventPackedBatch& operator=(KVEventPackedBatch&& other) noexcept;
+    //! Allocates `bytes` (a multiple of 64) and writes every page of it once, so that no later copy takes a page
+    //! fault; throws std::bad_alloc.
+    explicit KVEventRing(size_t bytes);
 
-    //! Copies `batch` in, growing the buffer when it is too small; throws std::bad_alloc (the buffer as it was).
-    void pack(KVEventBatch const& batch);
-    //! The arrays of the batch copied in last; never throws.
-    KVEventArrays arrays() const noexcept;
-    bool hasBuffer() const noexcept
+    size_t capacity() const noexcept
     {
-        return mBytes != nullptr;
+        return mCapacity;
+    }
+
+    //! Writer: copies `batch` in as the next record and makes it visible to the reader; returns false, copying
+    //! nothing, when the ring has no room for it (a record larger than the ring never has). Never throws.
+    bool push(KVEventBatch const& batch, int64_t sequence, double timestamp) noexcept;
+    //! Writer: the bytes written so far (records and the gaps left at the ring's end).
+    uint64_t written() const noexcept
+    {
+        return mWritten.load(std::memory_order_relaxed);
+    }
+    //! Writer: whether the records not yet finished take half the ring or more, looking at the reader's count only
+    //! when the writer's last look says so.
+    bool halfFull() noexcept;
+
+    //! Reader: whether a record is waiting (sequentially consistent, for the sending thread's look before it sleeps).
+    bool waiting() const noexcept
+    {
+        return mWritten.load(std::memory_order_seq_cst) != mFinished.load(std::memory_order_relaxed);
+    }
+    //! Reader: the oldest record not finished with, when there is one.
+    bool front(KVEventRecord& record) noexcept;
+    //! Reader: finishes with the record front() returned last.
+    void pop() noexcept;
+    //! Any thread: the bytes the reader has finished with.
+    uint64_t finished() const noexcept
+    {
+        return mFinished.load(std::memory_order_seq_cst);
     }
 
 private:
-    //! Bytes of the five arrays (events, hashes, tokens, page keys, key bytes), each rounded up to 64.
-    static constexpr size_t kARRAYS = 5;
     //! Frees a buffer allocated on a 64-byte boundary.
     struct LineAlignedDelete
     {
         void operator()(uint8_t* bytes) const noexcept;
     };
+
     std::unique_ptr<uint8_t[], LineAlignedDelete> mBytes;
     size_t mCapacity = 0;
-    size_t mCounts[kARRAYS] = {};
-    size_t mOffsets[kARRAYS] = {};
+    //! Written by the writer only: bytes written; and its last look at mFinished.
+    alignas(64) std::atomic<uint64_t> mWritten{0};
+    uint64_t mFinishedSeen = 0;
+    //! Written by the reader only: bytes finished with; and the size of the record front() returned last.
+    alignas(64) std::atomic<uint64_t> mFinished{0};
+    uint64_t mFrontBytes = 0;
 };
-
-//! Orders the streaming stores made so far before this thread's later stores (x86-64's sfence); never throws.
-void streamingStoresDone() noexcept;
 
 } // namespace kvcache::rt::detail

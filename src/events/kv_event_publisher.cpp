@@ -42,15 +42,6 @@ void checkRange(char const* field, int64_t value, int64_t low, int64_t high)
 
 struct KVEventPublisher::Impl
 {
-    //! One queued batch. Its fields are the owner's until the batch is queued (head passes it) and the sending
-    //! thread's until that thread is done with it (tail passes it).
-    struct alignas(64) Slot
-    {
-        int64_t sequence = -1;
-        double timestamp = 0;
-        detail::KVEventPackedBatch packed;
-    };
-
     //! Where the sending thread waits: not at all, for kBUSY_LOOK after a batch (unwoken unless the queue is half
     //! full), or idle, for kIDLE_LOOK (woken by the next batch).
     enum Wait : int32_t
@@ -68,31 +59,10 @@ struct KVEventPublisher::Impl
     std::string pubEndpoint;
     std::string replayEndpoint;
 
-    //! The queue: a ring of options.queueBatches slots between two counters that only grow. The owner's thread
-    //! alone writes `head` (batches queued), the sending thread alone writes `tail` (batches it is done with), so
-    //! queueing takes no lock and never waits for the sending thread (which may be descheduled) to release one.
-    std::vector<Slot> slots;
-    alignas(64) std::atomic<uint64_t> head{0};
-    alignas(64) std::atomic<uint64_t> tail{0};
-
-    //! The owner's own: its last look at `tail`, the next sequence number, and the buffer the next batch is
-    //! copied into.
-    alignas(64) uint64_t tailSeen = 0;
+    //! The queue: the owner's thread writes each batch into it, the sending thread reads them in order.
+    std::unique_ptr<detail::KVEventRing> queue;
+    //! The owner's own: the next sequence number.
     int64_t nextSequence = 0;
-    detail::KVEventPackedBatch next;
-
-    //! Buffers the sending thread is done with, back to the owner for its next batches, so that a steady stream of
-    //! batches allocates nothing: a second ring, kSPARES slots, the sending thread writing `sparesHead` and the
-    //! owner `sparesTail`. More spares would only keep memory that a burst once needed.
-    static constexpr uint64_t kSPARES = 64;
-    struct alignas(64) Spare
-    {
-        detail::KVEventPackedBatch packed;
-    };
-    std::vector<Spare> spares;
-    alignas(64) std::atomic<uint64_t> sparesHead{0};
-    alignas(64) std::atomic<uint64_t> sparesTail{0};
-    uint64_t sparesHeadSeen = 0;
 
     //! Counters: `batches`, `events` and `droppedFull` written by the owner only, `droppedSends` by the sending
     //! thread only, so neither takes the other's cache line.
@@ -115,7 +85,12 @@ struct KVEventPublisher::Impl
         : options(opts)
     {
         checkRange("replayBatches", options.replayBatches, 1, int64_t{1} << 20);
-        checkRange("queueBatches", options.queueBatches, 1, int64_t{1} << 20);
+        checkRange("queueBytes", options.queueBytes, int64_t{1} << 16, int64_t{1} << 34);
+        if (options.queueBytes % 64 != 0)
+        {
+            throw InvalidArgumentError(fmt::format(
+                "KVEventPublisher: options.queueBytes is {}; it must be a multiple of 64", options.queueBytes));
+        }
         checkRange("sendHighWaterMark", options.sendHighWaterMark, 1, int64_t{1} << 24);
         checkRange("lingerMs", options.lingerMs, 0, 60000);
         if (options.encoding != KVEventEncoding::kTAGGED_MAP && options.encoding != KVEventEncoding::kTAGGED_ARRAY)
@@ -136,8 +111,7 @@ struct KVEventPublisher::Impl
             replay = std::make_unique<detail::KVEventReplay>(context, options.replayEndpoint, options.replayBatches);
             replayEndpoint = replay->endpoint();
         }
-        slots.resize(static_cast<size_t>(options.queueBatches));
-        spares.resize(kSPARES);
+        queue = std::make_unique<detail::KVEventRing>(static_cast<size_t>(options.queueBytes));
         sender = std::thread([this] { sendQueued(); });
     }
 
@@ -185,156 +159,76 @@ struct KVEventPublisher::Impl
         counter.store(counter.load(std::memory_order_relaxed) + value, std::memory_order_relaxed);
     }
 
-    //! Takes a spare buffer the sending thread handed back into `next`, when there is one (owner's thread).
-    void takeSpare() noexcept
+    //! Queues a copy of `batch` stamped with `timestamp` and returns its sequence number; when the queue has no room
+    //! for it, the batch is dropped (its number taken and counted). Never throws.
+    int64_t publish(KVEventBatch const& batch, double timestamp) noexcept
     {
-        uint64_t const taken = sparesTail.load(std::memory_order_relaxed);
-        if (taken == sparesHeadSeen)
+        if (batch.empty())
         {
-            sparesHeadSeen = sparesHead.load(std::memory_order_acquire);
-            if (taken == sparesHeadSeen)
-            {
-                return;
-            }
+            return -1;
         }
-        next = std::move(spares[taken % kSPARES].packed);
-        sparesTail.store(taken + 1, std::memory_order_release);
-    }
-
-    //! Whether the queue has room for one more batch (owner's thread).
-    bool hasRoom() noexcept
-    {
-        uint64_t const queued = head.load(std::memory_order_relaxed);
-        if (queued - tailSeen < slots.size())
-        {
-            return true;
-        }
-        tailSeen = tail.load(std::memory_order_acquire);
-        return queued - tailSeen < slots.size();
-    }
-
-    //! Whether `queued` batches fill half the queue or more; looks at `tail` only when the last look says so
-    //! (owner's thread).
-    bool halfFull(uint64_t queued) noexcept
-    {
-        if (2 * (queued - tailSeen) < slots.size())
-        {
-            return false;
-        }
-        tailSeen = tail.load(std::memory_order_acquire);
-        return 2 * (queued - tailSeen) >= slots.size();
-    }
-
-    //! Queues `batch` stamped with `timestamp` and returns its sequence number; when the queue is full, the batch is
-    //! dropped (its number taken and counted). Throws std::bad_alloc when the copy needs a larger buffer and none can
-    //! be had (nothing queued or counted then).
-    int64_t enqueue(KVEventBatch const& batch, double timestamp)
-    {
-        int64_t const numEvents = static_cast<int64_t>(batch.events().size());
-        if (!hasRoom())
-        {
-            addOwn(batches, 1);
-            addOwn(events, numEvents);
-            addOwn(droppedFull, 1);
-            return nextSequence++;
-        }
-        next.pack(batch);
-        uint64_t const queued = head.load(std::memory_order_relaxed);
-        Slot& slot = slots[queued % slots.size()];
-        slot.sequence = nextSequence++;
-        slot.timestamp = timestamp;
-        std::swap(slot.packed, next);
+        int64_t const sequence = nextSequence++;
         addOwn(batches, 1);
-        addOwn(events, numEvents);
-        // The copy's streaming stores first, then the slot, then the new head; sequentially consistent so that the
-        // look at `waiting` below cannot pass it, which would miss a sending thread just going idle.
-        detail::streamingStoresDone();
-        head.store(queued + 1, std::memory_order_seq_cst);
+        addOwn(events, static_cast<int64_t>(batch.events().size()));
+        if (!queue->push(batch, sequence, timestamp))
+        {
+            addOwn(droppedFull, 1);
+            return sequence;
+        }
+        // push() published the record with a sequentially consistent store, so this look cannot pass it and miss a
+        // sending thread just going idle.
         int32_t const wait = waiting.load(std::memory_order_seq_cst);
-        if (wait == kIDLE || (wait == kBUSY && halfFull(queued + 1)))
+        if (wait == kIDLE || (wait == kBUSY && queue->halfFull()))
         {
             {
                 std::lock_guard<std::mutex> lock(wakeMutex);
             }
             wake.notify_all();
         }
-        if (!next.hasBuffer())
-        {
-            takeSpare();
-        }
-        return slot.sequence;
-    }
-
-    int64_t publish(KVEventBatch const& batch, double timestamp)
-    {
-        if (batch.empty())
-        {
-            return -1;
-        }
-        return enqueue(batch, timestamp);
+        return sequence;
     }
 
     int64_t publishSwap(KVEventBatch& batch, double timestamp) noexcept
     {
-        if (batch.empty())
-        {
-            return -1;
-        }
-        int64_t sequence = -1;
-        try
-        {
-            sequence = enqueue(batch, timestamp);
-        }
-        catch (std::bad_alloc const&)
-        {
-            // No buffer for the copy: the batch is lost as one published into a full queue is.
-            addOwn(batches, 1);
-            addOwn(events, static_cast<int64_t>(batch.events().size()));
-            addOwn(droppedFull, 1);
-            sequence = nextSequence++;
-        }
+        int64_t const sequence = publish(batch, timestamp);
         batch.clear();
         return sequence;
     }
 
     bool flush(int32_t timeoutMs)
     {
-        uint64_t const queued = head.load(std::memory_order_relaxed);
+        uint64_t const queued = queue->written();
         std::unique_lock<std::mutex> lock(wakeMutex);
         flushing.store(true, std::memory_order_seq_cst);
         // The sending thread may be waiting out kBUSY_LOOK: no need to.
         wake.notify_all();
-        bool const finished = done.wait_for(lock, std::chrono::milliseconds(timeoutMs),
-            [&] { return tail.load(std::memory_order_seq_cst) == queued; });
+        bool const finished = done.wait_for(
+            lock, std::chrono::milliseconds(timeoutMs), [&] { return queue->finished() == queued; });
         flushing.store(false, std::memory_order_relaxed);
         return finished;
     }
 
     //! Waits for a batch for up to `look` (sending thread); returns early when one is queued, when flush() asks or
     //! when the publisher stops.
-    void waitForBatch(uint64_t taken, Wait kind, std::chrono::milliseconds look)
+    void waitForBatch(Wait kind, std::chrono::milliseconds look)
     {
         std::unique_lock<std::mutex> lock(wakeMutex);
         waiting.store(kind, std::memory_order_seq_cst);
         wake.wait_for(lock, look,
-            [&]
-            {
-                return head.load(std::memory_order_seq_cst) != taken || !running
-                    || flushing.load(std::memory_order_relaxed);
-            });
+            [&] { return queue->waiting() || !running || flushing.load(std::memory_order_relaxed); });
         waiting.store(kNOT_WAITING, std::memory_order_relaxed);
     }
 
-    //! Encodes the batch of `slot` and sends it on the PUB socket, and keeps it for replay (sending thread).
-    void send(Slot const& slot, std::vector<uint8_t>& payload)
+    //! Encodes `record` and sends it on the PUB socket, and keeps it for replay (sending thread).
+    void send(detail::KVEventRecord const& record, std::vector<uint8_t>& payload)
     {
         try
         {
             drainSubscriptions();
             payload.clear();
             detail::encodeKVEventArrays(
-                slot.packed.arrays(), slot.timestamp, options.encoding, options.dataParallelRank, payload);
-            std::array<uint8_t, 8> const sequenceBytes = detail::bigEndian(slot.sequence);
+                record.arrays, record.timestamp, options.encoding, options.dataParallelRank, payload);
+            std::array<uint8_t, 8> const sequenceBytes = detail::bigEndian(record.sequence);
             // The parts of one message go out together or not at all: only the first send can be refused.
             bool const sent =
                 pub.send(zmq::buffer(options.topic), zmq::send_flags::sndmore | zmq::send_flags::dontwait)
@@ -350,25 +244,13 @@ struct KVEventPublisher::Impl
             }
             if (replay)
             {
-                replay->keep(slot.sequence, payload);
+                replay->keep(record.sequence, payload);
             }
         }
         catch (std::exception const&)
         {
             // Memory or ZeroMQ failed for this batch: it is lost like a refused one, and the thread goes on.
             ++droppedSends;
-        }
-    }
-
-    //! Hands the buffer of a sent batch back to the owner when the spares have room; else it stays in its slot, to
-    //! be traded for the owner's next buffer when the slot comes round again (sending thread).
-    void giveBack(Slot& slot) noexcept
-    {
-        uint64_t const given = sparesHead.load(std::memory_order_relaxed);
-        if (given - sparesTail.load(std::memory_order_acquire) < kSPARES)
-        {
-            spares[given % kSPARES].packed = std::move(slot.packed);
-            sparesHead.store(given + 1, std::memory_order_release);
         }
     }
 
@@ -379,25 +261,23 @@ struct KVEventPublisher::Impl
         std::vector<uint8_t> payload;
         // Whether the last look at the queue found a batch: then the thread waits only kBUSY_LOOK, unwoken.
         bool busy = false;
+        detail::KVEventRecord record;
         while (true)
         {
-            uint64_t const taken = tail.load(std::memory_order_relaxed);
-            if (head.load(std::memory_order_acquire) == taken)
+            if (!queue->front(record))
             {
                 if (!running)
                 {
                     return;
                 }
                 drainSubscriptions();
-                waitForBatch(taken, busy ? kBUSY : kIDLE, busy ? kBUSY_LOOK : kIDLE_LOOK);
+                waitForBatch(busy ? kBUSY : kIDLE, busy ? kBUSY_LOOK : kIDLE_LOOK);
                 busy = false;
                 continue;
             }
             busy = true;
-            Slot& slot = slots[taken % slots.size()];
-            send(slot, payload);
-            giveBack(slot);
-            tail.store(taken + 1, std::memory_order_seq_cst);
+            send(record, payload);
+            queue->pop();
             if (flushing.load(std::memory_order_seq_cst))
             {
                 {
@@ -416,13 +296,13 @@ KVEventPublisher::KVEventPublisher(KVEventPublisherOptions const& options)
 
 KVEventPublisher::~KVEventPublisher() = default;
 
-int64_t KVEventPublisher::publish(KVEventBatch const& batch)
+int64_t KVEventPublisher::publish(KVEventBatch const& batch) noexcept
 {
     auto const now = std::chrono::system_clock::now().time_since_epoch();
     return publish(batch, std::chrono::duration<double>(now).count());
 }
 
-int64_t KVEventPublisher::publish(KVEventBatch const& batch, double timestamp)
+int64_t KVEventPublisher::publish(KVEventBatch const& batch, double timestamp) noexcept
 {
     return mImpl->publish(batch, timestamp);
 }

@@ -2,7 +2,7 @@
 // subscriber receives each batch as three frames (topic, sequence number, payload); a subscriber that never reads
 // never blocks publish(), drops are counted, and the replay socket hands back every batch from a sequence number on;
 // publishSwap() sends exactly what was recorded and clears the batch, which keeps its buffers; a full publisher queue
-// drops what does not fit.
+// drops what does not fit, and a batch larger than the whole queue is dropped.
 
 #include "kvcache/core/errors.h"
 #include "kvcache/events/kv_event_publisher.h"
@@ -142,10 +142,13 @@ TEST(KVEventPublisher, RefusesBadOptionsNamingThem)
     EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
         [&] { KVEventPublisher p(options); }, {"options.lingerMs", "60001", "[0, 60000]"}));
     options.lingerMs = 0;
-    options.queueBatches = 0;
+    options.queueBytes = 0;
     EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
-        [&] { KVEventPublisher p(options); }, {"options.queueBatches", "is 0", "[1, 1048576]"}));
-    options.queueBatches = 1;
+        [&] { KVEventPublisher p(options); }, {"options.queueBytes", "is 0", "[65536, 17179869184]"}));
+    options.queueBytes = (int64_t{1} << 16) + 32;
+    EXPECT_TRUE(throwsNaming<InvalidArgumentError>(
+        [&] { KVEventPublisher p(options); }, {"options.queueBytes", "65568", "multiple of 64"}));
+    options.queueBytes = int64_t{1} << 16;
     options.encoding = static_cast<KVEventEncoding>(5);
     EXPECT_TRUE(throwsNaming<InvalidArgumentError>([&] { KVEventPublisher p(options); }, {"options.encoding", "5"}));
 }
@@ -361,7 +364,7 @@ TEST(KVEventPublisher, PublishSwapSendsWhatWasRecordedAndHandsBackACleanBatch)
         }
         if (i == kBATCHES / 2)
         {
-            // Everything sent: the next batches are copied into buffers the sending thread handed back.
+            // Everything sent: the next batches are queued behind bytes the sending thread has finished with.
             ASSERT_TRUE(publisher.flush(5000));
         }
     }
@@ -382,15 +385,15 @@ TEST(KVEventPublisher, PublishSwapSendsWhatWasRecordedAndHandsBackACleanBatch)
     EXPECT_EQ(stats.droppedBatches, 0);
 }
 
-//! Publishes 2000 batches, each through `publishOne(publisher, i)`, into a queue of one slot: some find the slot taken
-//! (the sending thread is busy with the one before). Each still gets its sequence number, and every batch ends up
-//! sent or dropped.
+//! Publishes 2000 batches, each through `publishOne(publisher, i)`, into a queue of 64 KiB that holds a few of them:
+//! some find no room (the sending thread is busy with those before). Each still gets its sequence number, and every
+//! batch ends up sent or dropped.
 template <typename PublishOne>
 void expectAFullQueueDropsAndCounts(PublishOne&& publishOne)
 {
     KVEventPublisherOptions options;
     options.endpoint = "tcp://127.0.0.1:*";
-    options.queueBatches = 1;
+    options.queueBytes = int64_t{1} << 16;
     KVEventPublisher publisher(options);
     for (int64_t i = 0; i < 2000; ++i)
     {
@@ -419,6 +422,30 @@ TEST(KVEventPublisher, PublishSwapIntoAFullQueueDropsCountsAndClears)
             EXPECT_TRUE(batch.empty()) << "batch " << i;
             return sequence;
         });
+}
+
+TEST(KVEventPublisher, ABatchLargerThanTheQueueIsDroppedAndTheNextOneSent)
+{
+    KVEventPublisherOptions options;
+    options.endpoint = "tcp://127.0.0.1:*";
+    options.queueBytes = int64_t{1} << 16;
+    KVEventPublisher publisher(options);
+    zmq::context_t context;
+    zmq::socket_t sub(context, zmq::socket_type::sub);
+    sub.set(zmq::sockopt::subscribe, "");
+    sub.connect(publisher.endpoint());
+    ASSERT_TRUE(publisher.waitForSubscriber(5000));
+
+    // 1024 pages of 16 tokens: 64 KiB of token ids alone.
+    EXPECT_EQ(publisher.publish(batchOf(1, 1024), 1.0), 0);
+    EXPECT_EQ(publisher.publish(batchOf(2, 2), 2.0), 1);
+    std::vector<zmq::message_t> const parts = receive(sub);
+    ASSERT_EQ(parts.size(), 3u);
+    EXPECT_EQ(sequenceOf(parts[1]), 1) << "the batch too large for the queue was sent";
+    EXPECT_EQ(bytesOf(parts[2]), payloadOf(batchOf(2, 2), 2.0, options));
+    KVEventPublisherStats const stats = statsOnceFlushed(publisher);
+    EXPECT_EQ(stats.batches, 2);
+    EXPECT_EQ(stats.droppedBatches, 1);
 }
 
 } // namespace

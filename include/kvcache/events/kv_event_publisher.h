@@ -58,9 +58,11 @@ struct KVEventPublisherOptions
     std::optional<int32_t> dataParallelRank = {};
     //! Batches kept for replay, the most recent; [1, 1 << 20].
     int32_t replayBatches = 10000;
-    //! Batches publish() may queue for the sending thread; [1, 1 << 20]. One published while the queue is full is
-    //! dropped (counted), its sequence number a gap no replay fills.
-    int32_t queueBatches = 4096;
+    //! Bytes of the queue between publish() and the sending thread, allocated and written once at construction; a
+    //! multiple of 64 in [1 << 16, 1 << 34]. A queued batch takes 64 bytes and its arrays, each rounded up to 64 bytes
+    //! (about 80 bytes a stored page of 16 tokens). A batch published while the queue has no room for it is dropped
+    //! (counted), its sequence number a gap no replay fills.
+    int64_t queueBytes = int64_t{16} << 20;
     //! Messages queued per subscriber before a batch is dropped (ZeroMQ's send high-water mark); [1, 1 << 24].
     int32_t sendHighWaterMark = 100000;
     //! How long the destructor lets batches already sent reach their subscribers (ZeroMQ's linger), in milliseconds;
@@ -88,10 +90,9 @@ struct KVEventPublisherStats
 //! an empty frame and the 8-byte big-endian start, and receives [empty, sequence, payload] for each batch still kept
 //! from there, then [empty, -1 as 8 bytes, empty].
 //!
-//! publish() never blocks and takes no lock: it copies the batch into a buffer of the queue (on x86-64 with stores
-//! that bypass the caches, so that it never waits for lines the sending thread read last) and queues it with its
-//! sequence number, and a thread of the publisher's own encodes and sends it. publish() wakes that thread
-//! only when it is idle or the queue is half full; while batches keep coming, the thread looks at the queue every
+//! publish() never blocks, takes no lock and allocates nothing: it copies the batch with its sequence number into the
+//! queue (a ring of bytes allocated once, options.queueBytes), and a thread of the publisher's own encodes and sends
+//! it. publish() wakes that thread only when it is idle or the queue is half full; while batches keep coming, the thread looks at the queue every
 //! millisecond, so a batch waits at most about a millisecond. That thread sends without waiting and the PUB side
 //! refuses (ZMQ_XPUB_NODROP) a batch that some subscriber's queue has no room for; the batch is then counted as
 //! dropped, for everyone, and stays available for replay. Replay requests are served by another thread of the
@@ -111,14 +112,14 @@ public:
     KVEventPublisher& operator=(KVEventPublisher const&) = delete;
 
     //! Queues a copy of `batch` (nothing when it is empty) for sending, stamped with the current time; returns its
-    //! sequence number, or -1 when empty. Throws std::bad_alloc (nothing queued then).
-    int64_t publish(KVEventBatch const& batch);
+    //! sequence number, or -1 when empty. Never throws.
+    int64_t publish(KVEventBatch const& batch) noexcept;
     //! publish() at `timestamp` (seconds since the epoch).
-    int64_t publish(KVEventBatch const& batch, double timestamp);
+    int64_t publish(KVEventBatch const& batch, double timestamp) noexcept;
     //! publish(), then clears `batch`, which keeps its buffers (queued or dropped, `batch` comes back cleared). A
     //! runtime that takes each step's events into the same batch (PageManager::takeEvents) and publishes it this way
-    //! records each step into memory its own core holds and, once the buffers have grown, allocates nothing. When the
-    //! queue's copy cannot get the memory it needs, the batch is dropped (counted). Never throws.
+    //! records each step into memory its own core holds and, once the buffers have grown, allocates nothing. Never
+    //! throws.
     int64_t publishSwap(KVEventBatch& batch) noexcept;
     //! publishSwap() at `timestamp` (seconds since the epoch).
     int64_t publishSwap(KVEventBatch& batch, double timestamp) noexcept;
