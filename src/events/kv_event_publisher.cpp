@@ -61,14 +61,13 @@ struct KVEventPublisher::Impl
 
     //! The queue: the owner's thread writes each batch into it, the sending thread reads them in order.
     std::unique_ptr<detail::KVEventRing> queue;
-    //! The owner's own: the next sequence number.
-    int64_t nextSequence = 0;
 
-    //! Counters: `batches`, `events` and `droppedFull` written by the owner only, `droppedSends` by the sending
-    //! thread only, so neither takes the other's cache line.
+    //! Counters: `batches`, `events` and `droppedFull` written by the owner only (beside its next sequence number),
+    //! `droppedSends` by the sending thread only, so neither takes the other's cache line.
     alignas(64) std::atomic<int64_t> batches{0};
     std::atomic<int64_t> events{0};
     std::atomic<int64_t> droppedFull{0};
+    int64_t nextSequence = 0;
     alignas(64) std::atomic<int64_t> droppedSends{0};
     std::atomic<int32_t> subscriptions{0};
 
