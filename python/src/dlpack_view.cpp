@@ -46,10 +46,22 @@ constexpr char const* capsuleName() noexcept
     }
 }
 
-// Consumers may drop their tensor on any thread, with or without the GIL.
+// Consumers may drop their tensor on any thread, with or without the GIL. While the interpreter finalizes (it clears
+// the modules' globals, which may hold a capsule or a consumer's tensor), Py_IsInitialized() is already false but the
+// finalizing thread holds the GIL: the reference is dropped there, so the owner goes with the modules. Any other thread
+// after that point leaves it: the process is ending.
 void releaseOwner(PyObject* owner) noexcept
 {
-    if (owner == nullptr || !Py_IsInitialized())
+    if (owner == nullptr)
+    {
+        return;
+    }
+    if (PyGILState_Check())
+    {
+        Py_DECREF(owner);
+        return;
+    }
+    if (!Py_IsInitialized())
     {
         return;
     }
