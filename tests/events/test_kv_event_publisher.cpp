@@ -62,6 +62,20 @@ std::vector<zmq::message_t> receive(zmq::socket_t& socket)
     return parts;
 }
 
+//! A SUB socket of its own context, subscribed to `prefix` and connected to `publisher`, which has seen it subscribe.
+struct Subscriber
+{
+    zmq::context_t context;
+    zmq::socket_t socket{context, zmq::socket_type::sub};
+
+    Subscriber(KVEventPublisher& publisher, std::string const& prefix)
+    {
+        socket.set(zmq::sockopt::subscribe, prefix);
+        socket.connect(publisher.endpoint());
+        EXPECT_TRUE(publisher.waitForSubscriber(5000)) << "the subscriber was not seen";
+    }
+};
+
 //! A batch of one stored event of `pages` pages of 16 tokens, its hashes and tokens derived from `seed`.
 KVEventBatch batchOf(uint64_t seed, int32_t pages)
 {
@@ -164,11 +178,8 @@ TEST(KVEventPublisher, SubscriberReceivesEachBatchAsThreeFrames)
         options.dataParallelRank = 1;
         KVEventPublisher publisher(options);
         ASSERT_EQ(publisher.endpoint().rfind("tcp://127.0.0.1:", 0), 0u) << publisher.endpoint();
-        zmq::context_t context;
-        zmq::socket_t sub(context, zmq::socket_type::sub);
-        sub.set(zmq::sockopt::subscribe, "kv@");
-        sub.connect(publisher.endpoint());
-        ASSERT_TRUE(publisher.waitForSubscriber(5000));
+        Subscriber subscriber(publisher, "kv@");
+        zmq::socket_t& sub = subscriber.socket;
         EXPECT_EQ(publisher.numSubscribers(), 1);
 
         EXPECT_EQ(publisher.publish(KVEventBatch{}), -1) << "an empty batch is not sent";
@@ -333,11 +344,8 @@ TEST(KVEventPublisher, PublishSwapSendsWhatWasRecordedAndHandsBackACleanBatch)
     KVEventPublisherOptions options;
     options.endpoint = "tcp://127.0.0.1:*";
     KVEventPublisher publisher(options);
-    zmq::context_t context;
-    zmq::socket_t sub(context, zmq::socket_type::sub);
-    sub.set(zmq::sockopt::subscribe, "");
-    sub.connect(publisher.endpoint());
-    ASSERT_TRUE(publisher.waitForSubscriber(5000));
+    Subscriber subscriber(publisher, "");
+    zmq::socket_t& sub = subscriber.socket;
 
     constexpr uint64_t kBATCHES = 24;
     auto const pagesOf = [](uint64_t i) { return static_cast<int32_t>(i % 4 == 0 ? 40 : 1 + i % 3); };
@@ -430,11 +438,8 @@ TEST(KVEventPublisher, ABatchLargerThanTheQueueIsDroppedAndTheNextOneSent)
     options.endpoint = "tcp://127.0.0.1:*";
     options.queueBytes = int64_t{1} << 16;
     KVEventPublisher publisher(options);
-    zmq::context_t context;
-    zmq::socket_t sub(context, zmq::socket_type::sub);
-    sub.set(zmq::sockopt::subscribe, "");
-    sub.connect(publisher.endpoint());
-    ASSERT_TRUE(publisher.waitForSubscriber(5000));
+    Subscriber subscriber(publisher, "");
+    zmq::socket_t& sub = subscriber.socket;
 
     // 1024 pages of 16 tokens: 64 KiB of token ids alone.
     EXPECT_EQ(publisher.publish(batchOf(1, 1024), 1.0), 0);
