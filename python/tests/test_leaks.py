@@ -46,18 +46,22 @@ del manager, other
     assert_no_leaks(run_python(["-c", script]))
 
 
-def test_a_dlpack_capsule_alive_at_exit_releases_its_owner():
-    # A capsule (or a tensor a consumer made of it) left in a module's globals is freed while the interpreter
+@pytest.mark.parametrize("consumer", ["capsule", "numpy"])
+def test_a_dlpack_export_alive_at_exit_releases_its_owner(consumer, np):
+    # A capsule, or an array a consumer made of one, left in a module's globals is freed while the interpreter
     # finalizes, when Py_IsInitialized() is already false: it must still drop its reference to the owner.
-    script = """
+    take = "view.__dlpack__()" if consumer == "capsule" else "numpy.from_dlpack(view)"
+    script = f"""
 import array
+import numpy
 import kvcache
 from kvcache import _kvcache
 config = kvcache.Config(layer_configs=[(1, 8)], max_batch_size=2, max_sequence_length=16, tokens_per_page=4)
 owner = kvcache.PageManager(config)
 values = array.array("f", [1.5] * 8)
-capsule = _kvcache._view_of_buffer(values.buffer_info()[0], [8], [1], kvcache.DataType.FLOAT32, owner).__dlpack__()
-del owner
+view = _kvcache._view_of_buffer(values.buffer_info()[0], [8], [1], kvcache.DataType.FLOAT32, owner)
+exported = {take}
+del owner, view
 """
     assert_no_leaks(run_python(["-c", script]))
 
