@@ -98,6 +98,8 @@ rt::KVEventEncoding encodingArgument(std::string const& encoding)
 
 void bindEvents(nb::module_& m)
 {
+    // The keyword arguments' defaults are the C++ options' own.
+    rt::KVEventPublisherOptions const defaults;
     nb::class_<PublisherHandle>(m, "KVEventPublisher",
         "Publishes KV events in vLLM's wire format over ZeroMQ (kvcache::events): three frames a message (topic, "
         "8-byte big-endian sequence number, msgpack batch), an optional ROUTER replay socket, never blocking the "
@@ -120,9 +122,11 @@ void bindEvents(nb::module_& m)
                 options.lingerMs = lingerMs;
                 new (self) PublisherHandle(options);
             },
-            nb::arg("endpoint") = "tcp://*:5557", nb::kw_only(), nb::arg("replay_endpoint") = "", nb::arg("topic") = "",
-            nb::arg("encoding") = "map", nb::arg("data_parallel_rank") = nb::none(), nb::arg("replay_batches") = 10000,
-            nb::arg("queue_bytes") = int64_t{16} << 20, nb::arg("send_high_water_mark") = 100000, nb::arg("linger_ms") = 0,
+            nb::arg("endpoint") = defaults.endpoint, nb::kw_only(),
+            nb::arg("replay_endpoint") = defaults.replayEndpoint, nb::arg("topic") = defaults.topic,
+            nb::arg("encoding") = "map", nb::arg("data_parallel_rank") = nb::none(),
+            nb::arg("replay_batches") = defaults.replayBatches, nb::arg("queue_bytes") = defaults.queueBytes,
+            nb::arg("send_high_water_mark") = defaults.sendHighWaterMark, nb::arg("linger_ms") = defaults.lingerMs,
             "Opens the sockets. endpoint is bound when it holds '*' or '::' or is ipc:// or inproc:// "
             "('tcp://127.0.0.1:*' binds a free port: see endpoint), connected otherwise; replay_endpoint (bound) is "
             "empty for no replays; encoding 'map' (vLLM's current form) or 'array' (the older positional form); "

@@ -14,7 +14,8 @@ namespace
 constexpr size_t kLINE = 64;
 //! The arrays of a record: events, hashes, tokens, page keys and key bytes.
 constexpr size_t kARRAYS = 5;
-constexpr size_t kELEMENT_BYTES[kARRAYS] = {sizeof(KVEvent), sizeof(PageHash), sizeof(int32_t), sizeof(KVEventPageKeys), 1};
+constexpr size_t kELEMENT_BYTES[kARRAYS] = {
+    sizeof(KVEvent), sizeof(PageHash), sizeof(int32_t), sizeof(KVEventPageKeys), 1};
 
 // A record's arrays are read back as these types: they must be copyable as bytes and fit the 64-byte boundary that
 // every array starts on.

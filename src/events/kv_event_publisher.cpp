@@ -201,8 +201,8 @@ struct KVEventPublisher::Impl
         flushing.store(true, std::memory_order_seq_cst);
         // The sending thread may be waiting out kBUSY_LOOK: no need to.
         wake.notify_all();
-        bool const finished = done.wait_for(
-            lock, std::chrono::milliseconds(timeoutMs), [&] { return queue->finished() == queued; });
+        bool const finished =
+            done.wait_for(lock, std::chrono::milliseconds(timeoutMs), [&] { return queue->finished() == queued; });
         flushing.store(false, std::memory_order_relaxed);
         return finished;
     }
@@ -213,8 +213,8 @@ struct KVEventPublisher::Impl
     {
         std::unique_lock<std::mutex> lock(wakeMutex);
         waiting.store(kind, std::memory_order_seq_cst);
-        wake.wait_for(lock, look,
-            [&] { return queue->waiting() || !running || flushing.load(std::memory_order_relaxed); });
+        wake.wait_for(
+            lock, look, [&] { return queue->waiting() || !running || flushing.load(std::memory_order_relaxed); });
         waiting.store(kNOT_WAITING, std::memory_order_relaxed);
     }
 

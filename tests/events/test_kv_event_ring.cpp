@@ -56,14 +56,14 @@ void recordFor(KVEventBatch& batch, uint64_t sequence, int32_t maxPages)
     recordFor(expected, sequence, maxPages);
     if (record.sequence != static_cast<int64_t>(sequence) || record.timestamp != static_cast<double>(sequence) / 8)
     {
-        return ::testing::AssertionFailure() << "record " << record.sequence << " at " << record.timestamp
-                                             << " where " << sequence << " was expected";
+        return ::testing::AssertionFailure()
+            << "record " << record.sequence << " at " << record.timestamp << " where " << sequence << " was expected";
     }
     KVEventArrays const& got = record.arrays;
     if (got.numEvents != expected.events().size())
     {
-        return ::testing::AssertionFailure() << "sequence " << sequence << ": " << got.numEvents << " events, not "
-                                             << expected.events().size();
+        return ::testing::AssertionFailure()
+            << "sequence " << sequence << ": " << got.numEvents << " events, not " << expected.events().size();
     }
     for (size_t e = 0; e < got.numEvents; ++e)
     {

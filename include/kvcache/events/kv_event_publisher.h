@@ -92,12 +92,12 @@ struct KVEventPublisherStats
 //!
 //! publish() never blocks, takes no lock and allocates nothing: it copies the batch with its sequence number into the
 //! queue (a ring of bytes allocated once, options.queueBytes), and a thread of the publisher's own encodes and sends
-//! it. publish() wakes that thread only when it is idle or the queue is half full; while batches keep coming, the thread looks at the queue every
-//! millisecond, so a batch waits at most about a millisecond. That thread sends without waiting and the PUB side
-//! refuses (ZMQ_XPUB_NODROP) a batch that some subscriber's queue has no room for; the batch is then counted as
-//! dropped, for everyone, and stays available for replay. Replay requests are served by another thread of the
-//! publisher's. One owner calls publish() and flush(); the other calls may come from any thread. Neither copyable nor
-//! movable.
+//! it. publish() wakes that thread only when it is idle or the queue is half full; while batches keep coming, the
+//! thread looks at the queue every millisecond, so a batch waits at most about a millisecond. That thread sends without
+//! waiting and the PUB side refuses (ZMQ_XPUB_NODROP) a batch that some subscriber's queue has no room for; the batch
+//! is then counted as dropped, for everyone, and stays available for replay. Replay requests are served by another
+//! thread of the publisher's. One owner calls publish() and flush(); the other calls may come from any thread. Neither
+//! copyable nor movable.
 class KVEventPublisher
 {
 public:
