@@ -10,7 +10,8 @@
 # examples/python/serve_transformers.py (a transformers model served over kvcache and FlashInfer in every format,
 # then NVFP4 again under memcheck) when flashinfer imports too; each is skipped with the reason otherwise. The nixl step runs examples/python/nixl_disaggregated.py (two processes, pages pulled through
 # NIXL: float16, FP8 per token-head and NVFP4, the decode process once under memcheck, and the benchmark) when nixl
-# imports, and is skipped with the reason otherwise. Prints a summary table last; exits non-zero on any failure.
+# imports, and is skipped with the reason otherwise. A step run without the sanitizer also fails when nanobind reports
+# objects of the binding still alive at exit. Prints a summary table last; exits non-zero on any failure.
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
@@ -34,6 +35,17 @@ record()
     steps+=("$1")
     results+=("$2")
     [[ $2 == pass || $2 == skipped* ]] || failed=1
+}
+# nanobind prints "nanobind: leaked ..." at exit for every binding object still alive then. A run without the
+# sanitizer that prints it fails its step. Under compute-sanitizer the frames of the test functions stay alive after
+# they return, with nothing in Python referring to them, so the objects they held are reported there too; those runs
+# are not checked for it.
+no_leak_report()
+{
+    if grep -q "nanobind: leaked" "$@"; then
+        grep -h -A 4 "nanobind: leaked" "$@" | head -n 20
+        return 1
+    fi
 }
 wanted=" ${KVCACHE_PYTHON_STEPS:-pytest example serve bench nixl} "
 wants() { [[ ${wanted} == *" $1 "* ]]; }
@@ -83,7 +95,7 @@ export PYTHONPATH="${PWD}/${site_dir}${PYTHONPATH:+:${PYTHONPATH}}"
 if wants pytest; then
 echo "+ pytest python/tests > ${log_dir}/pytest.log"
 if "${python}" -m pytest python/tests -v -rs -p no:cacheprovider --junitxml="${log_dir}/pytest.xml" \
-    >"${log_dir}/pytest.log" 2>&1; then
+    >"${log_dir}/pytest.log" 2>&1 && no_leak_report "${log_dir}/pytest.log"; then
     record "pytest (KVCACHE_REQUIRE_GPU=1)" "pass"
 else
     record "pytest (KVCACHE_REQUIRE_GPU=1)" "fail"
@@ -110,7 +122,8 @@ fi
 
 if wants example; then
 echo "+ examples/python/paged_attention.py > ${log_dir}/example.log"
-if "${python}" examples/python/paged_attention.py >"${log_dir}/example.log" 2>&1; then
+if "${python}" examples/python/paged_attention.py >"${log_dir}/example.log" 2>&1 \
+    && no_leak_report "${log_dir}/example.log"; then
     record "example paged_attention" pass
 else
     record "example paged_attention" fail
@@ -121,7 +134,8 @@ fi
 if wants serve; then
     if reason=$("${python}" -c "import transformers" 2>&1); then
         echo "+ examples/python/serve_hybrid.py > ${log_dir}/serve_hybrid.log"
-        if "${python}" examples/python/serve_hybrid.py >"${log_dir}/serve_hybrid.log" 2>&1; then
+        if "${python}" examples/python/serve_hybrid.py >"${log_dir}/serve_hybrid.log" 2>&1 \
+            && no_leak_report "${log_dir}/serve_hybrid.log"; then
             record "example serve_hybrid" pass
         else
             record "example serve_hybrid" fail
@@ -133,7 +147,8 @@ if wants serve; then
     fi
     if reason=$("${python}" -c "import transformers, flashinfer" 2>&1); then
         echo "+ examples/python/serve_transformers.py > ${log_dir}/serve.log"
-        if "${python}" examples/python/serve_transformers.py >"${log_dir}/serve.log" 2>&1; then
+        if "${python}" examples/python/serve_transformers.py >"${log_dir}/serve.log" 2>&1 \
+            && no_leak_report "${log_dir}/serve.log"; then
             record "example serve_transformers" pass
         else
             record "example serve_transformers" fail
@@ -157,7 +172,8 @@ fi
 if wants bench; then
 echo "+ python/bench/bench_overhead.py > ${log_dir}/bench_overhead.log"
 if "${python}" python/bench/bench_overhead.py >"${log_dir}/bench_overhead.log" 2>&1 \
-    && "${python}" python/bench/bench_overhead.py --json >"${log_dir}/bench_overhead.json" 2>>"${log_dir}/bench_overhead.log"; then
+    && "${python}" python/bench/bench_overhead.py --json >"${log_dir}/bench_overhead.json" 2>>"${log_dir}/bench_overhead.log" \
+    && no_leak_report "${log_dir}/bench_overhead.log"; then
     record "bench_overhead" pass
 else
     record "bench_overhead" fail
@@ -170,7 +186,7 @@ if wants nixl; then
         for quantization in none fp8_per_token_head nvfp4; do
             echo "+ examples/python/nixl_disaggregated.py --quantization ${quantization} > ${log_dir}/nixl_${quantization}.log"
             if timeout 300 "${python}" examples/python/nixl_disaggregated.py --quantization "${quantization}" \
-                >"${log_dir}/nixl_${quantization}.log" 2>&1; then
+                >"${log_dir}/nixl_${quantization}.log" 2>&1 && no_leak_report "${log_dir}/nixl_${quantization}.log"; then
                 record "nixl ${quantization}" pass
             else
                 record "nixl ${quantization}" fail
@@ -188,7 +204,8 @@ if wants nixl; then
         fi
         grep -E '^(decode|prefill)|ERROR SUMMARY' "${log_dir}/nixl_memcheck.log"
         echo "+ examples/python/nixl_disaggregated.py --bench > ${log_dir}/nixl_bench.log"
-        if timeout 300 "${python}" examples/python/nixl_disaggregated.py --bench >"${log_dir}/nixl_bench.log" 2>&1; then
+        if timeout 300 "${python}" examples/python/nixl_disaggregated.py --bench >"${log_dir}/nixl_bench.log" 2>&1 \
+            && no_leak_report "${log_dir}/nixl_bench.log"; then
             record "nixl bench" pass
         else
             record "nixl bench" fail
