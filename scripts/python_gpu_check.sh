@@ -37,9 +37,9 @@ record()
     [[ $2 == pass || $2 == skipped* ]] || failed=1
 }
 # nanobind prints "nanobind: leaked ..." at exit for every binding object still alive then. A run without the
-# sanitizer that prints it fails its step. Under compute-sanitizer the frames of the test functions stay alive after
-# they return, with nothing in Python referring to them, so the objects they held are reported there too; those runs
-# are not checked for it.
+# sanitizer that prints it fails its step. Under compute-sanitizer the frames of Python functions stay alive after
+# they return (in the state layer tests, with nothing in Python referring to them), so the objects they held are
+# reported there too; those runs are not checked for it.
 no_leak_report()
 {
     if grep -q "nanobind: leaked" "$@"; then
