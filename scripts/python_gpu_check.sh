@@ -42,10 +42,17 @@ record()
 # reported there too; those runs are not checked for it.
 no_leak_report()
 {
-    if grep -q "nanobind: leaked" "$@"; then
-        grep -h -A 4 "nanobind: leaked" "$@" | head -n 20
+    if grep -q "nanobind: leaked" "$1"; then
+        grep -A 4 "nanobind: leaked" "$1" | head -n 20
         return 1
     fi
+}
+# run_plain LOG COMMAND...: runs a step without the sanitizer, its output in LOG; fails on its leak report too.
+run_plain()
+{
+    local log=$1
+    shift
+    "$@" >"${log}" 2>&1 && no_leak_report "${log}"
 }
 wanted=" ${KVCACHE_PYTHON_STEPS:-pytest example serve bench nixl} "
 wants() { [[ ${wanted} == *" $1 "* ]]; }
@@ -94,8 +101,8 @@ export PYTHONPATH="${PWD}/${site_dir}${PYTHONPATH:+:${PYTHONPATH}}"
 
 if wants pytest; then
 echo "+ pytest python/tests > ${log_dir}/pytest.log"
-if "${python}" -m pytest python/tests -v -rs -p no:cacheprovider --junitxml="${log_dir}/pytest.xml" \
-    >"${log_dir}/pytest.log" 2>&1 && no_leak_report "${log_dir}/pytest.log"; then
+if run_plain "${log_dir}/pytest.log" "${python}" -m pytest python/tests -v -rs -p no:cacheprovider \
+    --junitxml="${log_dir}/pytest.xml"; then
     record "pytest (KVCACHE_REQUIRE_GPU=1)" "pass"
 else
     record "pytest (KVCACHE_REQUIRE_GPU=1)" "fail"
@@ -122,8 +129,7 @@ fi
 
 if wants example; then
 echo "+ examples/python/paged_attention.py > ${log_dir}/example.log"
-if "${python}" examples/python/paged_attention.py >"${log_dir}/example.log" 2>&1 \
-    && no_leak_report "${log_dir}/example.log"; then
+if run_plain "${log_dir}/example.log" "${python}" examples/python/paged_attention.py; then
     record "example paged_attention" pass
 else
     record "example paged_attention" fail
@@ -134,8 +140,7 @@ fi
 if wants serve; then
     if reason=$("${python}" -c "import transformers" 2>&1); then
         echo "+ examples/python/serve_hybrid.py > ${log_dir}/serve_hybrid.log"
-        if "${python}" examples/python/serve_hybrid.py >"${log_dir}/serve_hybrid.log" 2>&1 \
-            && no_leak_report "${log_dir}/serve_hybrid.log"; then
+        if run_plain "${log_dir}/serve_hybrid.log" "${python}" examples/python/serve_hybrid.py; then
             record "example serve_hybrid" pass
         else
             record "example serve_hybrid" fail
@@ -147,8 +152,7 @@ if wants serve; then
     fi
     if reason=$("${python}" -c "import transformers, flashinfer" 2>&1); then
         echo "+ examples/python/serve_transformers.py > ${log_dir}/serve.log"
-        if "${python}" examples/python/serve_transformers.py >"${log_dir}/serve.log" 2>&1 \
-            && no_leak_report "${log_dir}/serve.log"; then
+        if run_plain "${log_dir}/serve.log" "${python}" examples/python/serve_transformers.py; then
             record "example serve_transformers" pass
         else
             record "example serve_transformers" fail
@@ -171,7 +175,7 @@ fi
 
 if wants bench; then
 echo "+ python/bench/bench_overhead.py > ${log_dir}/bench_overhead.log"
-if "${python}" python/bench/bench_overhead.py >"${log_dir}/bench_overhead.log" 2>&1 \
+if run_plain "${log_dir}/bench_overhead.log" "${python}" python/bench/bench_overhead.py \
     && "${python}" python/bench/bench_overhead.py --json >"${log_dir}/bench_overhead.json" 2>>"${log_dir}/bench_overhead.log" \
     && no_leak_report "${log_dir}/bench_overhead.log"; then
     record "bench_overhead" pass
@@ -185,8 +189,8 @@ if wants nixl; then
     if reason=$("${python}" -c "import nixl._api" 2>&1); then
         for quantization in none fp8_per_token_head nvfp4; do
             echo "+ examples/python/nixl_disaggregated.py --quantization ${quantization} > ${log_dir}/nixl_${quantization}.log"
-            if timeout 300 "${python}" examples/python/nixl_disaggregated.py --quantization "${quantization}" \
-                >"${log_dir}/nixl_${quantization}.log" 2>&1 && no_leak_report "${log_dir}/nixl_${quantization}.log"; then
+            if run_plain "${log_dir}/nixl_${quantization}.log" timeout 300 "${python}" \
+                examples/python/nixl_disaggregated.py --quantization "${quantization}"; then
                 record "nixl ${quantization}" pass
             else
                 record "nixl ${quantization}" fail
@@ -204,8 +208,7 @@ if wants nixl; then
         fi
         grep -E '^(decode|prefill)|ERROR SUMMARY' "${log_dir}/nixl_memcheck.log"
         echo "+ examples/python/nixl_disaggregated.py --bench > ${log_dir}/nixl_bench.log"
-        if timeout 300 "${python}" examples/python/nixl_disaggregated.py --bench >"${log_dir}/nixl_bench.log" 2>&1 \
-            && no_leak_report "${log_dir}/nixl_bench.log"; then
+        if run_plain "${log_dir}/nixl_bench.log" timeout 300 "${python}" examples/python/nixl_disaggregated.py --bench; then
             record "nixl bench" pass
         else
             record "nixl bench" fail
